@@ -1,0 +1,33 @@
+// Shared CUDA helpers for every kernel file: CUDA_CHECK (statement, file, line, error name) and the debug
+// switch LILY_CUDA_SYNC=1 that synchronises after every launch so a failing kernel is named at once.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "util/check.h"
+
+namespace lily::cuda {
+
+[[noreturn]] inline void cuda_fail(cudaError_t e, const char* stmt, const char* file, int line) {
+  ::lily::fail("CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") in `", stmt, "` at ", file, ":",
+               line);
+}
+
+bool debug_sync_enabled();  // reads LILY_CUDA_SYNC once
+
+}  // namespace lily::cuda
+
+#define CUDA_CHECK(stmt)                                                             \
+  do {                                                                               \
+    cudaError_t e_ = (stmt);                                                         \
+    if (e_ != cudaSuccess) ::lily::cuda::cuda_fail(e_, #stmt, __FILE__, __LINE__);   \
+  } while (0)
+
+// After a <<<>>> launch: check the launch and, in debug mode, wait for it and check its execution.
+#define CUDA_CHECK_LAUNCH()                                                                      \
+  do {                                                                                           \
+    CUDA_CHECK(cudaGetLastError());                                                              \
+    if (::lily::cuda::debug_sync_enabled()) CUDA_CHECK(cudaDeviceSynchronize());                 \
+  } while (0)
