@@ -10,3 +10,7 @@ if [ -f tests/oracle/package.json ]; then
 fi
 BUILD=${LILY_BUILD_DIR:-build}
 ctest --test-dir "$BUILD" -LE gpu --output-on-failure -j"$(nproc)" --timeout 900
+# Bounded fuzzing of every tests/*/fuzz_*.cpp under ASan + UBSan (LILY_FUZZ_SECONDS per target; 0 skips).
+if [ "${LILY_FUZZ_SECONDS:-60}" != 0 ]; then
+  scripts/fuzz.sh "${LILY_FUZZ_SECONDS:-60}"
+fi
