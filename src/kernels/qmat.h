@@ -1,0 +1,135 @@
+// Weight matrices on the GPU in the layout of lily's weight-streaming kernels, and the launchers that stream
+// them: upload/repack from the MLX checkpoint layout, quantize-on-GPU from bf16, GEMV (4-bit, 8-bit, bf16
+// weights; fp32 or bf16 x; fp32 y; plain, accumulate, fused gate+up SwiGLU, up to 4 matrices sharing one x in
+// one launch), the MoE block (router + softmax + top-k, experts gate/up, experts down + shared gate + residual)
+// and the embedding row gather. Sampling is in kernels/sampling.h.
+// All launchers take raw device pointers and a stream, never synchronise and never read device memory on the
+// host, so they can be captured into a CUDA graph. Kernels: kernels/gemv.cu, moe.cu, embed.cu, repack.cu.
+//
+// Layout (chosen for 16-byte coalesced loads with the dequantisation in registers):
+//   w  : the packed weights, row-major, one row after the other, rows 16-byte aligned (cols % 64 == 0):
+//        q4   : [n_mats][rows][cols/2] bytes; byte j of a row holds element 2j in its low nibble, 2j+1 in
+//               its high nibble (the MLX uint32 words, byte for byte, little-endian);
+//        q8   : [n_mats][rows][cols]   bytes, one uint8 per element (the MLX words byte for byte);
+//        bf16 : [n_mats][rows][cols]   uint16 (bf16 bits).
+//   sb : q4/q8 only: [n_mats][rows][cols/64] uint32; low 16 bits = bf16 scale, high 16 bits = bf16 bias of
+//        group g = col/64. w[r][c] = scale * q + bias (fp32 math; scales may be negative).
+// Stacked experts (n_mats > 1): matrix e starts at w + e * mat_w_bytes(), sb + e * mat_groups().
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lily::cuda {
+
+enum class QFormat : int { q4 = 4, q8 = 8, bf16 = 16 };  // value = bits per weight
+
+inline constexpr int kGroupSize = 64;  // elements per scale/bias group (MLX group_size; the only one supported)
+
+// Real-model shapes (shared/spec/model.md §1.2) the fast paths are built for.
+inline constexpr int kHidden = 2048;      // H
+inline constexpr int kExperts = 256;      // E
+inline constexpr int kTopK = 8;           // experts per token
+inline constexpr int kMoeFfn = 512;       // F (routed and shared expert)
+inline constexpr int kVocab = 248320;     // V (rows of lm_head / embed_tokens)
+inline constexpr int kVocabReal = 248077; // ids >= this are padding and are masked before sampling
+
+struct QMat {
+  QFormat format = QFormat::q4;
+  int rows = 0;                  // output features (per matrix)
+  int cols = 0;                  // input features; multiple of kGroupSize
+  int n_mats = 1;                // stacked matrices (experts); 1 for plain linears
+  uint8_t* w = nullptr;          // device: see layout above
+  uint32_t* sb = nullptr;        // device: [n_mats][rows][cols/64] scale|bias<<16; null for bf16
+
+  int bits() const { return static_cast<int>(format); }
+  size_t row_bytes() const { return static_cast<size_t>(cols) * bits() / 8; }
+  size_t mat_w_bytes() const { return row_bytes() * rows; }
+  size_t mat_groups() const { return format == QFormat::bf16 ? 0 : static_cast<size_t>(rows) * (cols / kGroupSize); }
+  size_t w_bytes() const { return mat_w_bytes() * n_mats; }                 // size of the `w` allocation
+  size_t sb_bytes() const { return mat_groups() * n_mats * sizeof(uint32_t); }  // size of the `sb` allocation
+  size_t bytes() const { return w_bytes() + sb_bytes(); }                   // bytes one full pass streams
+};
+
+// Allocates w and sb with cudaMalloc for the shape and format already set in m (cudaFree both to release).
+void qmat_alloc(QMat& m);
+void qmat_free(QMat& m);
+
+// ---- upload / repack (on the GPU) ----
+// From the MLX checkpoint layout already in DEVICE memory (a staging buffer): words uint32
+// [n_mats][rows][cols*bits/32], scales/biases bf16 [n_mats][rows][cols/64]. Copies the words into m.w
+// (skipped when words == m.w) and interleaves scales/biases into m.sb. m must be q4 or q8 and allocated.
+void repack_mlx(const QMat& m, const uint32_t* words, const uint16_t* scales, const uint16_t* biases,
+                cudaStream_t stream);
+// Same from HOST pointers (e.g. the memory-mapped checkpoint): the words go straight into m.w, the scales
+// and biases through `staging` (device, >= 2 * n_mats*rows*(cols/64) * 2 bytes), then repack on the GPU.
+// Asynchronous: the host memory must stay valid until the stream reaches this point.
+void upload_mlx(const QMat& m, const uint32_t* host_words, const uint16_t* host_scales,
+                const uint16_t* host_biases, void* staging, cudaStream_t stream);
+size_t upload_mlx_staging_bytes(const QMat& m);
+// From bf16 [n_mats][rows][cols] in DEVICE memory: m.format bf16 -> copy; q4/q8 -> quantize on the GPU with
+// the MLX affine rule (shared/spec/model.md §4.2, round half to even), so HF bf16 checkpoints can run on
+// the same 4/8-bit kernels.
+void from_bf16(const QMat& m, const uint16_t* src, cudaStream_t stream);
+
+// ---- GEMV: y = W x ----
+// W one matrix (n_mats == 1, or `mat` selects one of a stack), x [cols] fp32 or bf16 on the device,
+// y [rows] fp32. accumulate: y += W x (fused residual add), else y = W x.
+void gemv(const QMat& W, const float* x, float* y, bool accumulate, cudaStream_t stream);
+void gemv(const QMat& W, const uint16_t* x_bf16, float* y, bool accumulate, cudaStream_t stream);
+
+// Up to 4 matrices with the same cols and format sharing one x, in one launch (e.g. GDN in_proj_qkv, _z, _b,
+// _a; attention q, k, v): y[i] = W[i] x (or += when accumulate).
+inline constexpr int kMaxMulti = 4;
+struct GemvBatch {
+  int n = 0;
+  QMat W[kMaxMulti];
+  float* y[kMaxMulti] = {};
+};
+void gemv_multi(const GemvBatch& b, const float* x, bool accumulate, cudaStream_t stream);
+
+// Fused gate+up with SwiGLU: out[r] = silu(gate[r] . x) * (up[r] . x), gate/up [F, cols], out [F] fp32.
+void gemv_swiglu(const QMat& gate, const QMat& up, const float* x, float* out, cudaStream_t stream);
+
+// ---- MoE block (shared/spec/model.md §2.4) ----
+struct MoeWeightsDev {
+  QMat router;              // mlp.gate [E, H] (q8 in MLX)
+  QMat shared_expert_gate;  // [1, H] (q8 in MLX); same format and cols as router
+  QMat gate, up;            // switch_mlp.{gate,up}_proj: n_mats = E, [F, H] each
+  QMat down;                // switch_mlp.down_proj: n_mats = E, [H, F]
+  QMat sh_gate, sh_up;      // shared_expert.{gate,up}_proj [Fs, H]
+  QMat sh_down;             // shared_expert.down_proj [H, Fs]
+};
+// Device scratch for one MoE call; allocate with moe_scratch_alloc (zeroes the counter once).
+struct MoeScratch {
+  float* logits = nullptr;     // [E + 1]: router logits, then the shared-expert-gate logit
+  int* topk_idx = nullptr;     // [top_k] selected experts, by decreasing probability (ties: lower id)
+  float* topk_w = nullptr;     // [top_k] renormalised routing weights
+  float* sh_scale = nullptr;   // [1] sigmoid(shared_expert_gate . x)
+  float* act = nullptr;        // [top_k + 1][F] SwiGLU activations pre-multiplied by their weight
+  unsigned* counter = nullptr; // [1] block ticket for the fused softmax/top-k; must start at 0
+  int n_experts = 0, top_k = 0, ffn = 0;
+};
+MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn);
+void moe_scratch_free(MoeScratch& s);
+
+// Launch 1: router logits (+ the shared-expert-gate logit) for x [H]; the last block to finish computes the
+// fp32 softmax over all E, the top_k, renormalises and writes topk_idx / topk_w / sh_scale.
+void moe_route(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream);
+// Launch 2: act[j] = topk_w[j] * silu(G_e x) * (U_e x) for e = topk_idx[j], j < top_k, and
+// act[top_k] = sh_scale * silu(Gs x) * (Us x).
+void moe_gate_up(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream);
+// Launch 3: h[i] += sum_j D_{e_j}[i] . act[j] + Ds[i] . act[top_k]   (residual add fused; h [H] fp32).
+void moe_down(const MoeWeightsDev& m, const MoeScratch& s, float* h, cudaStream_t stream);
+// All three: h += MoE(x).
+void moe_forward(const MoeWeightsDev& m, const float* x, const MoeScratch& s, float* h, cudaStream_t stream);
+
+// ---- embedding ----
+// out[c] = E[token][c] dequantised (fp32 [cols]); token read from DEVICE memory (e.g. the sampler's output),
+// so no host sync is needed. Out-of-range ids (< 0 or >= rows) write zeros.
+void embed_row(const QMat& E, const int* token, float* out, cudaStream_t stream);
+// Same, writing bf16 [cols].
+void embed_row_bf16(const QMat& E, const int* token, uint16_t* out, cudaStream_t stream);
+
+}  // namespace lily::cuda

@@ -1,0 +1,55 @@
+// Token sampling on the GPU (kernels/sampling.cu): penalties from a device-side token-count buffer, padding
+// mask, greedy argmax, temperature, top-k, top-p, min-p and a seeded counter-based RNG. The chosen token is
+// written to device memory (read by embed_row for the next step) with no host synchronisation.
+//
+// Exact semantics (the tests' CPU reference implements the same):
+//   z_i = logits_i for i < n_valid, -inf for i >= n_valid (padding mask)
+//   if counts[i] > 0 and repetition != 1:  z_i = z_i > 0 ? z_i / repetition : z_i * repetition
+//   z_i -= frequency * counts[i] + presence * (counts[i] > 0)
+//   temperature <= 0  -> greedy: the largest z_i (ties: lowest id)
+//   else z_i /= temperature, and the kept set is the longest prefix of the order (z desc, id asc) such that
+//     - its length <= top_k                        (top_k <= 0: no limit)
+//     - it is the shortest prefix whose softmax mass (renormalised over the top_k prefix) >= top_p
+//     - every member has z >= z_max + log(min_p)   (min_p <= 0: no limit)
+//   then u = uniform [0,1) from (seed, *rng_counter) and the token is the first id, walking the kept set in
+//   ascending id order, whose running sum of exp(z - z_max) exceeds u * total. *rng_counter is incremented.
+//   With update_counts, counts[token] += 1 afterwards.
+// top_k in 1..kSampleFastTopK uses a one-pass candidate path; other values an exact full-vocabulary path.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lily::cuda {
+
+inline constexpr int kSampleFastTopK = 64;
+
+struct SamplingParams {
+  float temperature = 1.0f;   // <= 0: greedy
+  int top_k = 0;              // <= 0: off
+  float top_p = 1.0f;         // >= 1: off
+  float min_p = 0.0f;         // <= 0: off
+  float presence = 0.0f;      // OpenAI presence_penalty
+  float frequency = 0.0f;     // OpenAI frequency_penalty
+  float repetition = 1.0f;    // HF repetition_penalty (1: off)
+  uint64_t seed = 0;
+  int n_valid = 0;            // ids >= n_valid are masked (kVocabReal for the real model); 0: no mask
+  bool update_counts = true;  // counts[token] += 1 after sampling
+};
+
+// Device scratch for a vocabulary of V; sampling_scratch_bytes(V) bytes, any alignment >= 256.
+size_t sampling_scratch_bytes(int vocab);
+
+// logits [vocab] fp32 (not modified); counts [vocab] int32 (may be null when no penalty and
+// !update_counts); rng_counter [1] device uint64; out_token [1] device int32.
+void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng_counter,
+            int* out_token, void* scratch, cudaStream_t stream);
+
+// counts[tokens[i]] += 1 for i < n (device tokens), e.g. the prompt before the first sampled token.
+void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream);
+
+// The uniform number in [0,1) the sampler draws for (seed, counter); host and device give the same value.
+float sample_uniform(uint64_t seed, uint64_t counter);
+
+}  // namespace lily::cuda
