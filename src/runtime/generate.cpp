@@ -1,0 +1,52 @@
+// generate(): prefill, then sample -> callback -> stop checks -> decode one token, repeated.
+#include "runtime/generate.h"
+
+#include <algorithm>
+
+#include "util/check.h"
+
+namespace lily {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const GenerateOptions& opt) {
+  LILY_CHECK(!prompt.empty(), "generate: the prompt is empty");
+  const Config& cfg = backend.config();
+  GenerateResult res;
+  res.prompt_tokens = static_cast<int>(prompt.size());
+  std::vector<int32_t> stop_ids = opt.extra_stop_ids;
+  if (!opt.ignore_eos) stop_ids.insert(stop_ids.end(), cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+
+  Sampler sampler(opt.sampling, cfg.vocab);
+  sampler.add_prompt(prompt);
+  std::vector<float> logits(cfg.vocab);
+  backend.forward(prompt, logits.data(), false);
+  res.finish = FinishReason::length;
+  for (int i = 0; i < opt.max_tokens; ++i) {
+    SampleResult s = sampler.sample(logits.data());
+    res.tokens.push_back(s.token);
+    res.samples.push_back(s);
+    const bool keep_going = !opt.on_token || opt.on_token(s, i);
+    if (std::find(stop_ids.begin(), stop_ids.end(), s.token) != stop_ids.end()) {
+      res.finish = FinishReason::stop;
+      break;
+    }
+    if (!keep_going) {
+      res.finish = FinishReason::cancelled;
+      break;
+    }
+    if (i + 1 == opt.max_tokens) break;
+    if (backend.position() >= backend.max_context()) break;  // no room to decode another token
+    backend.forward(std::span<const int32_t>(&s.token, 1), logits.data(), false);
+  }
+  return res;
+}
+
+}  // namespace lily

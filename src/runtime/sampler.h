@@ -1,0 +1,74 @@
+// Token sampling on the host (the CPU backend's sampler and the reference for the GPU one). Steps, in order:
+//   logit_bias -> repetition penalty (HF: over prompt + generated ids, z > 0 ? z / p : z * p)
+//   -> presence / frequency penalties (OpenAI: over generated ids, z -= frequency * count + presence * [count > 0])
+//   -> padding mask (ids >= n_valid get -inf) -> temperature (<= 0: greedy argmax, ties to the lowest id)
+//   -> top_k -> top_p -> min_p -> draw.
+// The kept set is the longest prefix of the order (z desc, id asc) such that: its length <= top_k; it is the
+// shortest prefix whose softmax mass (renormalised over the top_k prefix) >= top_p; every member has
+// z >= z_max + log(min_p). The draw: u = sample_uniform(seed, counter) (counter = draws so far), and the token
+// is the first id, walking the kept set in ascending id order, whose running sum of exp(z - z_max) exceeds
+// u * total. The same seed gives the same tokens on every platform (no std:: distributions).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+namespace lily {
+
+struct SamplingParams {
+  float temperature = 1.0f;        // <= 0: greedy
+  int top_k = 0;                   // <= 0: off
+  float top_p = 1.0f;              // >= 1: off
+  float min_p = 0.0f;              // <= 0: off
+  float presence_penalty = 0.0f;   // OpenAI presence_penalty, over generated ids
+  float frequency_penalty = 0.0f;  // OpenAI frequency_penalty, over generated ids
+  float repetition_penalty = 1.0f; // HF repetition_penalty over prompt + generated ids (1: off)
+  std::map<int32_t, float> logit_bias;  // id -> added to its logit
+  uint64_t seed = 0;
+  int n_valid = 0;                 // ids >= n_valid are padding (the tokenizer's size); <= 0: the whole vocab
+  int top_logprobs = 0;            // how many alternatives SampleResult::top lists
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0;               // log-softmax of the processed logits (see Sampler::process) at `token`
+  std::vector<TokenLogprob> top;   // the top_logprobs most likely ids, descending (ties: lower id first)
+};
+
+// splitmix64 finaliser of seed and counter mapped to [0, 1) with 24 random bits (exact in float).
+float sample_uniform(uint64_t seed, uint64_t counter);
+
+class Sampler {
+ public:
+  Sampler(const SamplingParams& params, int vocab);
+
+  const SamplingParams& params() const { return p_; }
+  // Ids already in the context (the prompt): they count for the repetition penalty only.
+  void add_prompt(std::span<const int32_t> prompt);
+  // Records a generated id (counts for all penalties). sample() records its own choice.
+  void add_generated(int32_t token);
+
+  // Chooses the next id from logits [vocab] (not modified) and records it as generated.
+  SampleResult sample(const float* logits);
+
+  // z [vocab] = logits after logit_bias, penalties, padding mask and temperature (skipped when greedy): the
+  // distribution the log-probabilities refer to, before top_k / top_p / min_p truncation.
+  void process(const float* logits, float* z) const;
+
+ private:
+  SamplingParams p_;
+  int vocab_ = 0;
+  int n_valid_ = 0;
+  uint64_t draws_ = 0;                 // RNG counter
+  std::vector<int32_t> generated_count_;  // [vocab]
+  std::vector<uint8_t> in_context_;       // [vocab] prompt or generated
+  std::vector<float> z_;                  // [vocab] scratch
+};
+
+}  // namespace lily
