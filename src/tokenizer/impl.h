@@ -1,0 +1,79 @@
+// Tokenizer internals shared by load.cpp (building from tokenizer.json) and tokenizer.cpp (encode/decode).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tokenizer/bpe.h"
+#include "tokenizer/pretokenizer.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lily {
+
+enum : uint8_t { kIdExists = 1, kIdAdded = 2, kIdSpecial = 4 };
+
+struct AddedToken {
+  std::string content;  // literal matched in text (raw UTF-8)
+  int32_t id = -1;
+  bool special = false, normalized = false, lstrip = false, rstrip = false;
+};
+
+// Leftmost-longest literal matcher over the added tokens of one kind (normalized or not).
+struct AddedMatcher {
+  std::vector<AddedToken> tokens;
+  std::array<std::vector<uint16_t>, 256> by_first;  // token indices by first byte, longest content first
+  void build();
+  bool empty() const { return tokens.empty(); }
+  // Finds the leftmost position >= from where a token matches, preferring the longest; returns false if none.
+  bool find(std::string_view s, size_t from, size_t& at, const AddedToken*& tok) const;
+};
+
+// Open-addressing map from byte strings (views into an arena owned by the caller) to ids.
+class StrMap {
+ public:
+  void reserve(size_t n);
+  // Inserts key → id unless the key exists; returns the id stored for the key.
+  int32_t insert(std::string_view key, int32_t id);
+  int32_t find(std::string_view key) const;  // -1 when absent
+
+ private:
+  static uint64_t hash(std::string_view s);
+  struct Slot {
+    const char* data = nullptr;
+    uint32_t len = 0;
+    int32_t id = -1;  // -1: empty
+  };
+  std::vector<Slot> slots_;  // [capacity], a power of two, load <= 1/2
+  size_t mask_ = 0, count_ = 0;
+};
+
+struct Tokenizer::Impl {
+  std::string source;                 // path of tokenizer.json (for messages)
+  std::string arena;                  // raw bytes of every vocabulary token, back to back
+  std::string added_arena;            // raw bytes of every added token (kept apart so `arena` never moves)
+  std::vector<uint32_t> id_start;     // [vocab_size] token id's bytes = arena[id_start[id], + id_len[id])
+  std::vector<uint32_t> id_len;       // [vocab_size]
+  std::vector<uint8_t> id_flags;      // [vocab_size] bit0: exists, bit1: added, bit2: special
+  StrMap bytes_to_id;                 // vocabulary entries by raw bytes (views into arena)
+  std::unordered_map<std::string, int32_t> added_to_id;  // added tokens by content
+  std::array<int32_t, 256> byte_id{};  // id of the single-byte token for each byte
+  MergeTable merges;
+  bool ignore_merges = false;
+  bool nfc = true;
+  std::optional<Splitter> splitter;
+  AddedMatcher added_raw;         // normalized: false — matched on the raw text
+  AddedMatcher added_normalized;  // normalized: true — matched after NFC
+  uint64_t instance = 0;          // unique per loaded tokenizer (keys the per-thread piece cache)
+
+  std::string_view bytes_of(int32_t id) const {
+    return {((id_flags[id] & kIdAdded) ? added_arena : arena).data() + id_start[id], id_len[id]};
+  }
+  void encode_text(std::string_view text, bool parse_special, std::vector<int32_t>& out) const;
+  void encode_normalized(std::string_view text, bool parse_special, std::vector<int32_t>& out) const;
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+};
+
+}  // namespace lily
