@@ -68,7 +68,14 @@ void dot4(const float* const w[4], const float* x, int64_t n, float out[4]) {
   out[3] = hsum(a3 + b3) + t3;
 }
 
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef uint8_t u8x8 __attribute__((vector_size(8)));
+
 // One affine row: out[i] = scale[g] * q_i + bias[g], q_i the i-th `bits`-wide field, low bits first.
+// 4- and 8-bit rows unpack eight fields per step with vector shifts; other widths go field by field.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+#endif
 void dequant_affine_row(const Mat& w, int64_t row, float* out) {
   const int per_word = 32 / w.bits;
   const uint32_t mask = (1u << w.bits) - 1u;
@@ -81,16 +88,52 @@ void dequant_affine_row(const Mat& w, int64_t row, float* out) {
   for (int64_t g = 0; g < groups; ++g) {
     const float s = bf16_to_f32(sc[g]);
     const float b = bf16_to_f32(bi[g]);
+    const f32x8 sv = {s, s, s, s, s, s, s, s}, bv = {b, b, b, b, b, b, b, b};
     const uint32_t* qg = q + g * words_per_group;
     float* o = out + g * w.group_size;
-    for (int64_t k = 0; k < words_per_group; ++k) {
-      uint32_t word = qg[k];
-      for (int j = 0; j < per_word; ++j) {
-        o[k * per_word + j] = s * static_cast<float>(word & mask) + b;
-        word >>= w.bits;
+    if (w.bits == 4) {
+      const i32x8 shifts = {0, 4, 8, 12, 16, 20, 24, 28};
+      for (int64_t k = 0; k < words_per_group; ++k) {
+        const int32_t word = static_cast<int32_t>(qg[k]);
+        const i32x8 v = (i32x8{word, word, word, word, word, word, word, word} >> shifts) & 15;
+        const f32x8 f = __builtin_convertvector(v, f32x8) * sv + bv;
+        std::memcpy(o + 8 * k, &f, sizeof(f));
+      }
+    } else if (w.bits == 8 && w.group_size % 8 == 0) {
+      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(qg);  // little-endian: byte j = field j
+      for (int64_t k = 0; k < w.group_size; k += 8) {
+        u8x8 v;
+        std::memcpy(&v, bytes + k, sizeof(v));
+        const f32x8 f = __builtin_convertvector(__builtin_convertvector(v, i32x8), f32x8) * sv + bv;
+        std::memcpy(o + k, &f, sizeof(f));
+      }
+    } else {
+      for (int64_t k = 0; k < words_per_group; ++k) {
+        uint32_t word = qg[k];
+        for (int j = 0; j < per_word; ++j) {
+          o[k * per_word + j] = s * static_cast<float>(word & mask) + b;
+          word >>= w.bits;
+        }
       }
     }
   }
+}
+
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+
+// out[i] = f32(p[i]) for bf16 p [n]: eight at a time (bf16 is the top half of an fp32).
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+#endif
+void widen_bf16_row(const uint16_t* p, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    u16x8 h;
+    std::memcpy(&h, p + i, sizeof(h));
+    const i32x8 v = __builtin_convertvector(h, i32x8) << 16;
+    std::memcpy(out + i, &v, sizeof(v));
+  }
+  for (; i < n; ++i) out[i] = bf16_to_f32(p[i]);
 }
 
 // Pointers to rows [row0, row0 + n) as fp32: f32 matrices in place, others dequantized into `scratch`.
@@ -124,11 +167,9 @@ void dequantize_rows(const Mat& w, int64_t row0, int64_t n_rows, float* out) {
       case MatFormat::f32:
         std::memcpy(o, static_cast<const float*>(w.data) + row * w.cols, w.cols * sizeof(float));
         break;
-      case MatFormat::bf16: {
-        const uint16_t* p = static_cast<const uint16_t*>(w.data) + row * w.cols;
-        for (int64_t i = 0; i < w.cols; ++i) o[i] = bf16_to_f32(p[i]);
+      case MatFormat::bf16:
+        widen_bf16_row(static_cast<const uint16_t*>(w.data) + row * w.cols, w.cols, o);
         break;
-      }
       case MatFormat::affine:
         dequant_affine_row(w, row, o);
         break;
