@@ -1,0 +1,149 @@
+// GEMV launchers: y = W x (q4 / q8 / bf16 weights, fp32 or bf16 x, fp32 y), optional fused residual add,
+// up to kMaxMulti matrices sharing x in one launch, and the fused gate+up SwiGLU. Fast paths for
+// K = 512, 2048, 4096 (the model's widths) keep x in registers; other K (multiple of 64) use a generic path.
+// Tested by tests/gpu/test_gemv.cu, timed by bench/bench_kernels.cu.
+#include "kernels/common.cuh"
+#include "kernels/gemv_impl.cuh"
+
+namespace lily::cuda {
+namespace detail {
+
+template <QFormat F, int K, int R, typename XT>
+__global__ void __launch_bounds__(kBlockThreads) gemv_kernel(MultiArgs a, const XT* x, bool accumulate) {
+  using M = RowMap<F, K>;
+  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const int task0 = warp * R * M::sub;
+  if (task0 >= a.total) return;
+  gemv_warp<F, K, R, XT>(a, x, task0, accumulate);
+}
+
+template <QFormat F, int R, typename XT>
+__global__ void __launch_bounds__(kBlockThreads) gemv_generic_kernel(MultiArgs a, const XT* x, bool accumulate) {
+  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  gemv_warp_generic<F, R, XT>(a, x, warp * R, accumulate);
+}
+
+template <QFormat F, int K, typename XT>
+void launch_fast(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
+  constexpr int R = rows_per_warp<F, K>();
+  const int rows_per_block = kWarpsPerBlock * R * RowMap<F, K>::sub;
+  const int blocks = (a.total + rows_per_block - 1) / rows_per_block;
+  gemv_kernel<F, K, R, XT><<<blocks, kBlockThreads, 0, s>>>(a, x, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <QFormat F, typename XT>
+void launch_format(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
+  switch (a.cols) {
+    case 512: launch_fast<F, 512>(a, x, accumulate, s); return;
+    case 2048: launch_fast<F, 2048>(a, x, accumulate, s); return;
+    case 4096: launch_fast<F, 4096>(a, x, accumulate, s); return;
+    default: {
+      constexpr int R = 4;
+      const int blocks = (a.total + kWarpsPerBlock * R - 1) / (kWarpsPerBlock * R);
+      gemv_generic_kernel<F, R, XT><<<blocks, kBlockThreads, 0, s>>>(a, x, accumulate);
+      CUDA_CHECK_LAUNCH();
+    }
+  }
+}
+
+void check_mat(const QMat& m, const char* what) {
+  LILY_CHECK(m.rows > 0 && m.cols > 0 && m.cols % kGroupSize == 0, what, ": bad shape ", m.rows, "x", m.cols,
+             " (cols must be a positive multiple of ", kGroupSize, ")");
+  LILY_CHECK(m.w != nullptr && (m.format == QFormat::bf16 || m.sb != nullptr), what, ": matrix not allocated");
+}
+
+template <typename XT>
+void launch_multi(const GemvBatch& b, const XT* x, bool accumulate, cudaStream_t s) {
+  LILY_CHECK(b.n >= 1 && b.n <= kMaxMulti, "gemv: batch of ", b.n, " matrices (1..", kMaxMulti, ")");
+  MultiArgs a{};
+  a.n = b.n;
+  a.cols = b.W[0].cols;
+  a.total = 0;
+  for (int i = 0; i < b.n; ++i) {
+    check_mat(b.W[i], "gemv");
+    LILY_CHECK(b.W[i].format == b.W[0].format && b.W[i].cols == a.cols, "gemv: batched matrices differ in format/cols");
+    a.w[i] = b.W[i].w;
+    a.sb[i] = b.W[i].sb;
+    a.y[i] = b.y[i];
+    a.off[i] = a.total;
+    a.total += b.W[i].rows;
+  }
+  for (int i = b.n; i < kMaxMulti; ++i) {
+    a.w[i] = a.w[0]; a.sb[i] = a.sb[0]; a.y[i] = a.y[0]; a.off[i] = a.total;
+  }
+  switch (b.W[0].format) {
+    case QFormat::q4: launch_format<QFormat::q4>(a, x, accumulate, s); return;
+    case QFormat::q8: launch_format<QFormat::q8>(a, x, accumulate, s); return;
+    case QFormat::bf16: launch_format<QFormat::bf16>(a, x, accumulate, s); return;
+  }
+}
+
+template <QFormat F, int K, int R>
+__global__ void __launch_bounds__(kBlockThreads) swiglu_kernel(PairArgs a, const float* x) {
+  using M = RowMap<F, K>;
+  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const int task0 = warp * R * M::sub;
+  if (task0 >= a.F) return;
+  swiglu_warp<F, K, R, false>(a, x, task0, a.F);
+}
+
+template <QFormat F, int R>
+__global__ void __launch_bounds__(kBlockThreads) swiglu_generic_kernel(PairArgs a, const float* x) {
+  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  swiglu_warp_generic<F, R, false>(a, x, warp * R, a.F);
+}
+
+template <QFormat F>
+void launch_swiglu(const PairArgs& a, const float* x, cudaStream_t s) {
+  if (a.cols == 2048) {
+    constexpr int R = rows_per_warp<F, 2048>() / 2 > 0 ? rows_per_warp<F, 2048>() / 2 : 1;
+    const int per_block = kWarpsPerBlock * R * RowMap<F, 2048>::sub;
+    swiglu_kernel<F, 2048, R><<<(a.F + per_block - 1) / per_block, kBlockThreads, 0, s>>>(a, x);
+  } else {
+    constexpr int R = 2;
+    swiglu_generic_kernel<F, R><<<(a.F + kWarpsPerBlock * R - 1) / (kWarpsPerBlock * R), kBlockThreads, 0, s>>>(a, x);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace detail
+
+void gemv(const QMat& W, const float* x, float* y, bool accumulate, cudaStream_t stream) {
+  GemvBatch b;
+  b.n = 1;
+  b.W[0] = W;
+  b.y[0] = y;
+  detail::launch_multi(b, x, accumulate, stream);
+}
+
+void gemv(const QMat& W, const uint16_t* x_bf16, float* y, bool accumulate, cudaStream_t stream) {
+  GemvBatch b;
+  b.n = 1;
+  b.W[0] = W;
+  b.y[0] = y;
+  detail::launch_multi(b, x_bf16, accumulate, stream);
+}
+
+void gemv_multi(const GemvBatch& b, const float* x, bool accumulate, cudaStream_t stream) {
+  detail::launch_multi(b, x, accumulate, stream);
+}
+
+void gemv_swiglu(const QMat& gate, const QMat& up, const float* x, float* out, cudaStream_t stream) {
+  detail::check_mat(gate, "gemv_swiglu gate");
+  detail::check_mat(up, "gemv_swiglu up");
+  LILY_CHECK(gate.format == up.format && gate.rows == up.rows && gate.cols == up.cols,
+             "gemv_swiglu: gate and up differ in format or shape");
+  detail::PairArgs a{};
+  a.gw = gate.w; a.gsb = gate.sb; a.uw = up.w; a.usb = up.sb;
+  a.F = gate.rows;
+  a.cols = gate.cols;
+  a.out = out;
+  switch (gate.format) {
+    case QFormat::q4: detail::launch_swiglu<QFormat::q4>(a, x, stream); return;
+    case QFormat::q8: detail::launch_swiglu<QFormat::q8>(a, x, stream); return;
+    case QFormat::bf16: detail::launch_swiglu<QFormat::bf16>(a, x, stream); return;
+  }
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,385 @@
+// The sparse MoE block on the GPU (shared/spec/model.md §2.4) in three launches, no host sync:
+//   moe_route   : router GEMV (8-bit in MLX) + the shared-expert-gate logit; the last block to finish does the
+//                 fp32 softmax over all experts, top-k (ties: lower expert id), renormalisation, sigmoid gate.
+//   moe_gate_up : gate/up GEMVs of the k selected experts and the shared expert with SwiGLU, scaled by the
+//                 routing weight (shared: sigmoid gate), into act [(k+1)][F].
+//   moe_down    : h += sum over the k+1 down projections of act (residual add fused).
+// Tested by tests/gpu/test_moe.cu, timed by bench/bench_kernels.cu.
+#include "kernels/common.cuh"
+#include "kernels/gemv_impl.cuh"
+
+namespace lily::cuda {
+namespace detail {
+
+struct RouteOut {
+  float* logits; int* idx; float* w; float* sh_scale; unsigned* counter;
+  int E, k;
+};
+
+inline constexpr int kRouteMaxPerThread = 4;  // E <= 4 * kBlockThreads
+
+// (value, index) argmax across the block: larger value wins, ties go to the lower index.
+__device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
+  if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
+}
+__device__ void block_argmax(float& v, int& i) {
+  __shared__ float sv[kWarpsPerBlock];
+  __shared__ int si[kWarpsPerBlock];
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+  const int w = threadIdx.x / 32;
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) { sv[w] = v; si[w] = i; }
+  __syncthreads();
+  v = sv[0]; i = si[0];
+  for (int k = 1; k < kWarpsPerBlock; ++k) better(v, i, sv[k], si[k]);
+}
+__device__ float block_sum(float v) {
+  __shared__ float s[kWarpsPerBlock];
+  v = group_sum<32>(v);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) s[threadIdx.x / 32] = v;
+  __syncthreads();
+  float t = 0.f;
+  for (int k = 0; k < kWarpsPerBlock; ++k) t += s[k];
+  return t;
+}
+
+// Stage: softmax over E logits, top-k, renormalise, sigmoid of the shared gate logit (one block).
+__device__ void route_epilogue(const RouteOut& o) {
+  float p[kRouteMaxPerThread];
+  float m = -INFINITY;
+  int dummy = 0;
+#pragma unroll
+  for (int i = 0; i < kRouteMaxPerThread; ++i) {
+    const int e = threadIdx.x + i * kBlockThreads;
+    p[i] = e < o.E ? __ldcg(o.logits + e) : -INFINITY;
+    m = fmaxf(m, p[i]);
+  }
+  block_argmax(m, dummy);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRouteMaxPerThread; ++i) {
+    const int e = threadIdx.x + i * kBlockThreads;
+    p[i] = e < o.E ? expf(p[i] - m) : 0.f;
+    s += p[i];
+  }
+  s = block_sum(s);
+#pragma unroll
+  for (int i = 0; i < kRouteMaxPerThread; ++i) p[i] = (threadIdx.x + i * kBlockThreads) < o.E ? p[i] / s : -1.f;
+  __shared__ float sel_p[kRouteMaxPerThread * kBlockThreads];
+  __shared__ int sel_i[kRouteMaxPerThread * kBlockThreads];
+  for (int j = 0; j < o.k; ++j) {
+    float bv = -2.f;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < kRouteMaxPerThread; ++i) better(bv, bi, p[i], threadIdx.x + i * kBlockThreads);
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) { sel_p[j] = bv; sel_i[j] = bi; }
+#pragma unroll
+    for (int i = 0; i < kRouteMaxPerThread; ++i)
+      if (threadIdx.x + i * kBlockThreads == bi) p[i] = -1.f;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.f;
+    for (int j = 0; j < o.k; ++j) t += sel_p[j];
+    for (int j = 0; j < o.k; ++j) { o.idx[j] = sel_i[j]; o.w[j] = sel_p[j] / t; }
+    *o.sh_scale = 1.f / (1.f + expf(-__ldcg(o.logits + o.E)));
+  }
+}
+
+// Stage: block ticket; true in the last block to finish (its view of every block's stores is complete).
+__device__ bool last_block(unsigned* counter) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+template <QFormat F, int K>
+__global__ void __launch_bounds__(kBlockThreads) route_kernel(MultiArgs a, const float* x, RouteOut o) {
+  using M = RowMap<F, K>;
+  constexpr int R = 1;
+  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const int task0 = warp * R * M::sub;
+  if (task0 < a.total) gemv_warp<F, K, R, float>(a, x, task0, false);
+  if (!last_block(o.counter)) return;
+  route_epilogue(o);
+  if (threadIdx.x == 0) *o.counter = 0u;
+}
+
+template <QFormat F>
+__global__ void __launch_bounds__(kBlockThreads) route_generic_kernel(MultiArgs a, const float* x, RouteOut o) {
+  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  gemv_warp_generic<F, 1, float>(a, x, warp, false);
+  if (!last_block(o.counter)) return;
+  route_epilogue(o);
+  if (threadIdx.x == 0) *o.counter = 0u;
+}
+
+template <QFormat F>
+void launch_route(const MultiArgs& a, const float* x, const RouteOut& o, cudaStream_t s) {
+  const int rows = a.total;
+  if (a.cols == 2048) {
+    const int per_block = kWarpsPerBlock * RowMap<F, 2048>::sub;
+    route_kernel<F, 2048><<<(rows + per_block - 1) / per_block, kBlockThreads, 0, s>>>(a, x, o);
+  } else {
+    route_generic_kernel<F><<<(rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kBlockThreads, 0, s>>>(a, x, o);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+template <QFormat F, int K, int R>
+__global__ void __launch_bounds__(kBlockThreads) gate_up_kernel(PairArgs a, const float* x) {
+  using M = RowMap<F, K>;
+  const int total = (a.k + 1) * a.F;
+  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const int task0 = warp * R * M::sub;
+  if (task0 >= total) return;
+  swiglu_warp<F, K, R, true>(a, x, task0, total);
+}
+
+template <QFormat F, int R>
+__global__ void __launch_bounds__(kBlockThreads) gate_up_generic_kernel(PairArgs a, const float* x) {
+  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  swiglu_warp_generic<F, R, true>(a, x, warp * R, (a.k + 1) * a.F);
+}
+
+template <QFormat F>
+void launch_gate_up(const PairArgs& a, const float* x, cudaStream_t s) {
+  const int total = (a.k + 1) * a.F;
+  if (a.cols == 2048) {
+    constexpr int R = 2;
+    const int per_block = kWarpsPerBlock * R * RowMap<F, 2048>::sub;
+    gate_up_kernel<F, 2048, R><<<(total + per_block - 1) / per_block, kBlockThreads, 0, s>>>(a, x);
+  } else {
+    constexpr int R = 2;
+    gate_up_generic_kernel<F, R><<<(total + kWarpsPerBlock * R - 1) / (kWarpsPerBlock * R), kBlockThreads, 0, s>>>(a, x);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+// Down projections: output row i = sum_j D_j[i] . act[j], j < k routed (expert idx[j]), j == k shared.
+struct DownArgs {
+  const uint8_t* w; const uint32_t* sb;     // routed stack [E][H][F]
+  const uint8_t* sw; const uint32_t* ssb;   // shared [H][F]
+  size_t mat_w_bytes, mat_groups;
+  const int* idx; const float* act;
+  int k, rows, cols;                        // rows = H, cols = F
+  float* h;
+};
+
+inline constexpr int kDownRowsPerWarp = 2;
+
+__device__ __forceinline__ const uint8_t* down_row(const DownArgs& a, int j, int i, size_t row_bytes,
+                                                    const uint32_t*& sb, int G) {
+  if (j < a.k) {
+    const size_t e = static_cast<size_t>(__ldg(a.idx + j));
+    sb = a.sb ? a.sb + e * a.mat_groups + static_cast<size_t>(i) * G : nullptr;
+    return a.w + e * a.mat_w_bytes + static_cast<size_t>(i) * row_bytes;
+  }
+  sb = a.ssb ? a.ssb + static_cast<size_t>(i) * G : nullptr;
+  return a.sw + static_cast<size_t>(i) * row_bytes;
+}
+
+// Stage: act [(k+1)][F] into shared memory, each chunk padded by 4 floats (no bank conflicts on the
+// 16-byte reads of lanes that hold consecutive chunks), plus the per-chunk sums.
+template <int EPC>
+__device__ void stage_act_to_smem(const float* act, int n_chunks, float* xs_smem, float* xsum_smem) {
+  for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
+    float v[EPC];
+    xsum_smem[c] = load_x(act + static_cast<size_t>(c) * EPC, EPC, v);
+#pragma unroll
+    for (int i = 0; i < EPC; i += 4)
+      *reinterpret_cast<float4*>(xs_smem + c * (EPC + 4) + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
+  }
+  __syncthreads();
+}
+
+template <QFormat F, int KF, int NM>
+__global__ void __launch_bounds__(kBlockThreads) down_kernel(DownArgs a) {
+  using M = RowMap<F, KF>;
+  constexpr int EPC = M::epc, J = (NM + M::sub - 1) / M::sub, G = KF / kGroupSize;
+  extern __shared__ float4 smem4[];
+  float* xsm = reinterpret_cast<float*>(smem4);
+  float* xsum = xsm + NM * M::ch * (EPC + 4);
+  stage_act_to_smem<EPC>(a.act, NM * M::ch, xsm, xsum);
+  const int lane = threadIdx.x & 31, sub = lane / M::lpr, li = lane % M::lpr;
+  const size_t row_bytes = static_cast<size_t>(KF) * static_cast<int>(F) / 8;
+  const int row0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * kDownRowsPerWarp;
+  uint4 wv[kDownRowsPerWarp][J][M::nc];
+  uint32_t sv[kDownRowsPerWarp][J][M::nc];
+#pragma unroll
+  for (int r = 0; r < kDownRowsPerWarp; ++r)
+#pragma unroll
+    for (int t = 0; t < J; ++t) {
+      const int j = t * M::sub + sub, i = row0 + r;
+      const bool valid = j < NM && i < a.rows;
+      const uint32_t* sbrow = nullptr;
+      const uint8_t* wrow = down_row(a, valid ? j : 0, valid ? i : 0, row_bytes, sbrow, G);
+      stage_load_row<F, KF>(wrow, sbrow, li, valid, wv[r][t], sv[r][t]);
+    }
+#pragma unroll
+  for (int r = 0; r < kDownRowsPerWarp; ++r) {
+    float acc = 0.f;
+#pragma unroll
+    for (int t = 0; t < J; ++t) {
+      const int j = t * M::sub + sub;
+      if (j >= NM) continue;
+#pragma unroll
+      for (int c = 0; c < M::nc; ++c) {
+        const int chunk = j * M::ch + li + c * M::lpr;
+        float xr[EPC];
+#pragma unroll
+        for (int q = 0; q < EPC; q += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(xsm + chunk * (EPC + 4) + q);
+          xr[q] = v.x; xr[q + 1] = v.y; xr[q + 2] = v.z; xr[q + 3] = v.w;
+        }
+        acc += chunk_dot<F>(wv[r][t][c], sv[r][t][c], xr, xsum[chunk]);
+      }
+    }
+    acc = group_sum<32>(acc);
+    if (lane == 0 && row0 + r < a.rows) a.h[row0 + r] += acc;
+  }
+}
+
+// Any F (multiple of 64) and k: one output row per warp, matrices and chunks walked in loops.
+template <QFormat F>
+__global__ void __launch_bounds__(kBlockThreads) down_generic_kernel(DownArgs a) {
+  constexpr int EPC = Fmt<F>::epc;
+  const int ch = a.cols / EPC, G = a.cols / kGroupSize, nm = a.k + 1;
+  const size_t row_bytes = static_cast<size_t>(a.cols) * static_cast<int>(F) / 8;
+  const int i = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (i >= a.rows) return;
+  float acc = 0.f;
+  for (int t = lane; t < nm * ch; t += 32) {
+    const int j = t / ch, c = t % ch;
+    const uint32_t* sbrow = nullptr;
+    const uint8_t* wrow = down_row(a, j, i, row_bytes, sbrow, G);
+    float xr[EPC];
+    const float xs = load_x(a.act + static_cast<size_t>(j) * a.cols + c * EPC, EPC, xr);
+    acc += chunk_dot<F>(ld_stream(wrow + static_cast<size_t>(c) * 16),
+                        sbrow ? ld_stream_u32(sbrow + c * EPC / kGroupSize) : 0u, xr, xs);
+  }
+  acc = group_sum<32>(acc);
+  if (lane == 0) a.h[i] += acc;
+}
+
+template <QFormat F>
+void launch_down(const DownArgs& a, cudaStream_t s) {
+  if (a.cols == kMoeFfn && a.k == kTopK) {
+    using M = RowMap<F, kMoeFfn>;
+    constexpr int NM = kTopK + 1;
+    const size_t smem = (static_cast<size_t>(NM) * M::ch * (M::epc + 4) + NM * M::ch) * sizeof(float);
+    const int per_block = kWarpsPerBlock * kDownRowsPerWarp;
+    down_kernel<F, kMoeFfn, NM><<<(a.rows + per_block - 1) / per_block, kBlockThreads, smem, s>>>(a);
+  } else {
+    down_generic_kernel<F><<<(a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kBlockThreads, 0, s>>>(a);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+void check(bool ok, const char* what) { LILY_CHECK(ok, "moe: ", what); }
+
+void check_moe(const MoeWeightsDev& m, const MoeScratch& s) {
+  const int E = m.router.rows, H = m.router.cols, F = m.gate.rows;
+  check(s.logits && s.counter && s.act && s.topk_idx && s.topk_w && s.sh_scale, "scratch not allocated");
+  check(E == s.n_experts && F == s.ffn && s.top_k >= 1 && s.top_k <= E, "scratch sized for another shape");
+  check(E <= kRouteMaxPerThread * kBlockThreads, "too many experts");
+  check(m.router.w && m.shared_expert_gate.w && m.gate.w && m.up.w && m.down.w && m.sh_gate.w && m.sh_up.w &&
+            m.sh_down.w, "weights not allocated");
+  check(m.shared_expert_gate.rows == 1 && m.shared_expert_gate.cols == H &&
+            m.shared_expert_gate.format == m.router.format, "shared_expert_gate must be [1, H] in the router's format");
+  check(m.gate.n_mats == E && m.up.n_mats == E && m.down.n_mats == E, "expert stacks must hold E matrices");
+  check(m.up.rows == F && m.gate.cols == H && m.up.cols == H && m.down.rows == H && m.down.cols == F,
+        "expert shapes");
+  check(m.sh_gate.rows == F && m.sh_up.rows == F && m.sh_gate.cols == H && m.sh_up.cols == H &&
+            m.sh_down.rows == H && m.sh_down.cols == F, "shared expert shapes (its FFN must equal the routed one)");
+  check(m.gate.format == m.up.format && m.sh_gate.format == m.gate.format && m.sh_up.format == m.gate.format,
+        "gate/up formats differ");
+  check(m.sh_down.format == m.down.format, "down formats differ");
+  check(H % kGroupSize == 0 && F % kGroupSize == 0, "H and F must be multiples of 64");
+}
+
+}  // namespace detail
+
+MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn) {
+  MoeScratch s;
+  s.n_experts = n_experts; s.top_k = top_k; s.ffn = ffn;
+  CUDA_CHECK(cudaMalloc(&s.logits, sizeof(float) * (n_experts + 1)));
+  CUDA_CHECK(cudaMalloc(&s.topk_idx, sizeof(int) * top_k));
+  CUDA_CHECK(cudaMalloc(&s.topk_w, sizeof(float) * top_k));
+  CUDA_CHECK(cudaMalloc(&s.sh_scale, sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&s.act, sizeof(float) * (top_k + 1) * ffn));
+  CUDA_CHECK(cudaMalloc(&s.counter, sizeof(unsigned)));
+  CUDA_CHECK(cudaMemset(s.counter, 0, sizeof(unsigned)));
+  return s;
+}
+
+void moe_scratch_free(MoeScratch& s) {
+  cudaFree(s.logits); cudaFree(s.topk_idx); cudaFree(s.topk_w); cudaFree(s.sh_scale); cudaFree(s.act);
+  cudaFree(s.counter);
+  s = MoeScratch{};
+}
+
+void moe_route(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream) {
+  detail::check_moe(m, s);
+  detail::MultiArgs a{};
+  a.n = 2;
+  a.cols = m.router.cols;
+  a.w[0] = m.router.w; a.sb[0] = m.router.sb; a.y[0] = s.logits;
+  a.w[1] = m.shared_expert_gate.w; a.sb[1] = m.shared_expert_gate.sb; a.y[1] = s.logits + m.router.rows;
+  for (int i = 2; i < kMaxMulti; ++i) { a.w[i] = a.w[0]; a.sb[i] = a.sb[0]; a.y[i] = a.y[0]; }
+  a.total = m.router.rows + 1;
+  a.off[0] = 0; a.off[1] = m.router.rows;
+  for (int i = 2; i < kMaxMulti; ++i) a.off[i] = a.total;
+  const detail::RouteOut o{s.logits, s.topk_idx, s.topk_w, s.sh_scale, s.counter, m.router.rows, s.top_k};
+  switch (m.router.format) {
+    case QFormat::q4: detail::launch_route<QFormat::q4>(a, x, o, stream); return;
+    case QFormat::q8: detail::launch_route<QFormat::q8>(a, x, o, stream); return;
+    case QFormat::bf16: detail::launch_route<QFormat::bf16>(a, x, o, stream); return;
+  }
+}
+
+void moe_gate_up(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream) {
+  detail::check_moe(m, s);
+  detail::PairArgs a{};
+  a.gw = m.gate.w; a.gsb = m.gate.sb; a.uw = m.up.w; a.usb = m.up.sb;
+  a.sgw = m.sh_gate.w; a.sgsb = m.sh_gate.sb; a.suw = m.sh_up.w; a.susb = m.sh_up.sb;
+  a.mat_w_bytes = m.gate.mat_w_bytes();
+  a.mat_groups = m.gate.mat_groups();
+  a.idx = s.topk_idx; a.wts = s.topk_w; a.sh_scale = s.sh_scale;
+  a.k = s.top_k; a.F = m.gate.rows; a.cols = m.gate.cols; a.out = s.act;
+  switch (m.gate.format) {
+    case QFormat::q4: detail::launch_gate_up<QFormat::q4>(a, x, stream); return;
+    case QFormat::q8: detail::launch_gate_up<QFormat::q8>(a, x, stream); return;
+    case QFormat::bf16: detail::launch_gate_up<QFormat::bf16>(a, x, stream); return;
+  }
+}
+
+void moe_down(const MoeWeightsDev& m, const MoeScratch& s, float* h, cudaStream_t stream) {
+  detail::check_moe(m, s);
+  detail::DownArgs a{};
+  a.w = m.down.w; a.sb = m.down.sb; a.sw = m.sh_down.w; a.ssb = m.sh_down.sb;
+  a.mat_w_bytes = m.down.mat_w_bytes();
+  a.mat_groups = m.down.mat_groups();
+  a.idx = s.topk_idx; a.act = s.act;
+  a.k = s.top_k; a.rows = m.down.rows; a.cols = m.down.cols; a.h = h;
+  switch (m.down.format) {
+    case QFormat::q4: detail::launch_down<QFormat::q4>(a, stream); return;
+    case QFormat::q8: detail::launch_down<QFormat::q8>(a, stream); return;
+    case QFormat::bf16: detail::launch_down<QFormat::bf16>(a, stream); return;
+  }
+}
+
+void moe_forward(const MoeWeightsDev& m, const float* x, const MoeScratch& s, float* h, cudaStream_t stream) {
+  moe_route(m, x, s, stream);
+  moe_gate_up(m, x, s, stream);
+  moe_down(m, s, h, stream);
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,253 @@
+// GPU tests of the MoE block (kernels/moe.cu) against CPU references: router + softmax + top-k (ties to the
+// lower expert id) + renormalisation + shared-expert sigmoid gate; experts gate/up SwiGLU; down projections with
+// the fused residual add; the whole block. Real widths (H 2048, F 512, k 8: the fast paths) and a small
+// generic shape; seeded random weights with negative scales.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <numeric>
+
+#include "kernel_test_util.h"
+
+namespace lily::cuda::test {
+namespace {
+
+struct Shape {
+  int E, H, F, k;
+  QFormat router_fmt, expert_fmt;
+};
+
+struct HostMoe {
+  HostMat router, seg, gate, up, down, sh_gate, sh_up, sh_down;
+};
+
+struct DevMoe {
+  std::vector<std::unique_ptr<DevMat>> mats;
+  MoeWeightsDev w;
+  explicit DevMoe(const HostMoe& h) {
+    auto add = [&](const HostMat& m) {
+      mats.push_back(std::make_unique<DevMat>(m));
+      return mats.back()->m;
+    };
+    w.router = add(h.router);
+    w.shared_expert_gate = add(h.seg);
+    w.gate = add(h.gate);
+    w.up = add(h.up);
+    w.down = add(h.down);
+    w.sh_gate = add(h.sh_gate);
+    w.sh_up = add(h.sh_up);
+    w.sh_down = add(h.sh_down);
+  }
+};
+
+HostMoe random_moe(std::mt19937_64& rng, const Shape& s) {
+  HostMoe m;
+  m.router = random_mat(rng, s.router_fmt, 1, s.E, s.H);
+  m.seg = random_mat(rng, s.router_fmt, 1, 1, s.H);
+  m.gate = random_mat(rng, s.expert_fmt, s.E, s.F, s.H);
+  m.up = random_mat(rng, s.expert_fmt, s.E, s.F, s.H);
+  m.down = random_mat(rng, s.expert_fmt, s.E, s.H, s.F);
+  m.sh_gate = random_mat(rng, s.expert_fmt, 1, s.F, s.H);
+  m.sh_up = random_mat(rng, s.expert_fmt, 1, s.F, s.H);
+  m.sh_down = random_mat(rng, s.expert_fmt, 1, s.H, s.F);
+  return m;
+}
+
+struct Route64 {
+  std::vector<double> logits;  // [E + 1]
+  std::vector<int> idx;
+  std::vector<double> w;
+  double sh_scale;
+  double gap;  // p[k-1] - p[k] in sorted order (how safe the selection is)
+};
+
+Route64 route_ref(const HostMoe& m, const Shape& s, const std::vector<float>& x) {
+  Route64 r;
+  r.logits.resize(s.E + 1);
+  float dummy;
+  for (int e = 0; e < s.E; ++e) ref_dot(m.router, 0, e, x, r.logits[e], dummy);
+  ref_dot(m.seg, 0, 0, x, r.logits[s.E], dummy);
+  double mx = -INFINITY, sum = 0;
+  for (int e = 0; e < s.E; ++e) mx = std::max(mx, r.logits[e]);
+  std::vector<double> p(s.E);
+  for (int e = 0; e < s.E; ++e) sum += p[e] = std::exp(r.logits[e] - mx);
+  for (auto& v : p) v /= sum;
+  std::vector<int> order(s.E);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+  double t = 0;
+  for (int j = 0; j < s.k; ++j) { r.idx.push_back(order[j]); t += p[order[j]]; }
+  for (int j = 0; j < s.k; ++j) r.w.push_back(p[order[j]] / t);
+  r.gap = s.k < s.E ? p[order[s.k - 1]] - p[order[s.k]] : 1.0;
+  r.sh_scale = 1 / (1 + std::exp(-r.logits[s.E]));
+  return r;
+}
+
+// act rows for the given selection (64- and 32-bit references).
+void act_ref(const HostMoe& m, const Shape& s, const std::vector<float>& x, const std::vector<int>& idx,
+             const std::vector<float>& w, float sh, std::vector<double>& a64, std::vector<float>& a32) {
+  a64.assign(static_cast<size_t>(s.k + 1) * s.F, 0);
+  a32.assign(a64.size(), 0);
+  for (int j = 0; j <= s.k; ++j)
+    for (int r = 0; r < s.F; ++r) {
+      double g, u;
+      float g32, u32;
+      if (j < s.k) {
+        ref_dot(m.gate, idx[j], r, x, g, g32);
+        ref_dot(m.up, idx[j], r, x, u, u32);
+      } else {
+        ref_dot(m.sh_gate, 0, r, x, g, g32);
+        ref_dot(m.sh_up, 0, r, x, u, u32);
+      }
+      const float sc = j < s.k ? w[j] : sh;
+      a64[static_cast<size_t>(j) * s.F + r] = sc * (g / (1 + std::exp(-g))) * u;
+      a32[static_cast<size_t>(j) * s.F + r] = sc * (g32 / (1 + std::exp(-g32))) * u32;
+    }
+}
+
+void down_ref(const HostMoe& m, const Shape& s, const std::vector<int>& idx, const std::vector<float>& act,
+              const std::vector<float>& h0, std::vector<double>& h64, std::vector<float>& h32) {
+  h64.assign(s.H, 0);
+  h32.assign(s.H, 0);
+  for (int i = 0; i < s.H; ++i) {
+    double acc = h0[i];
+    float acc32 = h0[i];
+    for (int j = 0; j <= s.k; ++j) {
+      const std::vector<float> a(act.begin() + static_cast<size_t>(j) * s.F, act.begin() + static_cast<size_t>(j + 1) * s.F);
+      double d;
+      float d32;
+      ref_dot(j < s.k ? m.down : m.sh_down, j < s.k ? idx[j] : 0, i, a, d, d32);
+      acc += d;
+      acc32 += d32;
+    }
+    h64[i] = acc;
+    h32[i] = acc32;
+  }
+}
+
+void run_block(const Shape& s, uint64_t seed, int tie_group) {
+  std::mt19937_64 rng(seed);
+  HostMoe m = random_moe(rng, s);
+  const std::vector<float> x = random_vec(rng, s.H);
+  if (tie_group > 0) {  // tie_group identical router rows that beat every other row
+    std::vector<int> rows(s.E);
+    std::iota(rows.begin(), rows.end(), 0);
+    std::shuffle(rows.begin(), rows.end(), rng);
+    rows.resize(tie_group);
+    const int per = 32 / m.router.bits(), G = s.H / kGroupSize;
+    for (int r : rows) {
+      for (int c = 0; c < s.H; c += per) {
+        uint32_t wd = 0;
+        for (int t = 0; t < per; ++t)
+          if (x[c + t] > 0) wd |= ((1u << m.router.bits()) - 1u) << (m.router.bits() * t);
+        m.router.words[(static_cast<size_t>(r) * s.H + c) / per] = wd;
+      }
+      for (int g = 0; g < G; ++g) {
+        m.router.scales[static_cast<size_t>(r) * G + g] = f32_to_bf16(0.01f);
+        m.router.biases[static_cast<size_t>(r) * G + g] = f32_to_bf16(0.0f);
+      }
+    }
+  }
+  DevMoe d(m);
+  MoeScratch sc = moe_scratch_alloc(s.E, s.k, s.F);
+  DevBuf<float> dx(x);
+  const std::vector<float> h0 = random_vec(rng, s.H);
+  DevBuf<float> dh(h0);
+  CUDA_CHECK(cudaMemset(sc.act, 0xff, sizeof(float) * (s.k + 1) * s.F));
+  CUDA_CHECK(cudaMemset(sc.topk_idx, 0xff, sizeof(int) * s.k));
+  moe_route(d.w, dx.p, sc, nullptr);
+  moe_gate_up(d.w, dx.p, sc, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+
+  // route
+  const Route64 r = route_ref(m, s, x);
+  std::vector<float> logits(s.E + 1), w(s.k), sh(1);
+  std::vector<int> idx(s.k);
+  CUDA_CHECK(cudaMemcpy(logits.data(), sc.logits, sizeof(float) * (s.E + 1), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(idx.data(), sc.topk_idx, sizeof(int) * s.k, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(w.data(), sc.topk_w, sizeof(float) * s.k, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(sh.data(), sc.sh_scale, sizeof(float), cudaMemcpyDeviceToHost));
+  {
+    std::vector<float> l32(s.E + 1);
+    std::vector<double> l64(s.E + 1);
+    for (int e = 0; e <= s.E; ++e) ref_dot(e < s.E ? m.router : m.seg, 0, e < s.E ? e : 0, x, l64[e], l32[e]);
+    EXPECT_TRUE(close_enough(logits, l64, l32, "router logits"));
+  }
+  if (tie_group == 0) ASSERT_GT(r.gap, 1e-5) << "random case too close to a tie to be a fair test";
+  EXPECT_EQ(idx, r.idx) << "top-k experts differ";
+  for (int j = 0; j < s.k; ++j) EXPECT_NEAR(w[j], r.w[j], 2e-6 + 1e-5 * r.w[j]) << "routing weight " << j;
+  EXPECT_NEAR(sh[0], r.sh_scale, 1e-6);
+
+  // gate/up with the GPU's selection
+  std::vector<double> a64;
+  std::vector<float> a32;
+  act_ref(m, s, x, idx, w, sh[0], a64, a32);
+  std::vector<float> act(a64.size());
+  CUDA_CHECK(cudaMemcpy(act.data(), sc.act, sizeof(float) * act.size(), cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(close_enough(act, a64, a32, "experts gate/up act"));
+
+  // down + residual
+  moe_down(d.w, sc, dh.p, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> h64;
+  std::vector<float> h32;
+  down_ref(m, s, idx, act, h0, h64, h32);
+  EXPECT_TRUE(close_enough(dh.download(), h64, h32, "experts down + residual"));
+
+  // whole block again (the route ticket must have been reset), from h0
+  dh.upload(h0);
+  moe_forward(d.w, dx.p, sc, dh.p, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int> idx2(s.k);
+  CUDA_CHECK(cudaMemcpy(idx2.data(), sc.topk_idx, sizeof(int) * s.k, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(idx2, idx);
+  EXPECT_TRUE(close_enough(dh.download(), h64, h32, "moe_forward"));
+  moe_scratch_free(sc);
+}
+
+TEST(Moe, RealWidthsQ8RouterQ4Experts) { run_block({64, 2048, 512, 8, QFormat::q8, QFormat::q4}, 11, 0); }
+
+TEST(Moe, RealWidthsBf16) { run_block({16, 2048, 512, 8, QFormat::bf16, QFormat::bf16}, 12, 0); }
+
+TEST(Moe, SmallGenericShape) { run_block({12, 192, 128, 3, QFormat::q8, QFormat::q4}, 13, 0); }
+
+TEST(Moe, SmallGenericQ8Experts) { run_block({10, 320, 64, 4, QFormat::q4, QFormat::q8}, 14, 0); }
+
+TEST(Moe, TiesGoToTheLowerExpertId) {
+  run_block({40, 2048, 512, 8, QFormat::q8, QFormat::q4}, 15, 11);
+  run_block({12, 192, 128, 3, QFormat::q8, QFormat::q4}, 16, 5);
+}
+
+TEST(Moe, RouterAllExpertsRealCount) {
+  const Shape s{256, 2048, 64, 8, QFormat::q8, QFormat::q4};
+  for (uint64_t seed : {21, 22, 23}) {
+    std::mt19937_64 rng(seed);
+    HostMoe m;
+    m.router = random_mat(rng, s.router_fmt, 1, s.E, s.H);
+    m.seg = random_mat(rng, s.router_fmt, 1, 1, s.H);
+    m.gate = random_mat(rng, s.expert_fmt, s.E, s.F, s.H);
+    m.up = m.gate;
+    m.down = random_mat(rng, s.expert_fmt, s.E, s.H, s.F);
+    m.sh_gate = random_mat(rng, s.expert_fmt, 1, s.F, s.H);
+    m.sh_up = m.sh_gate;
+    m.sh_down = random_mat(rng, s.expert_fmt, 1, s.H, s.F);
+    DevMoe d(m);
+    MoeScratch sc = moe_scratch_alloc(s.E, s.k, s.F);
+    const std::vector<float> x = random_vec(rng, s.H);
+    DevBuf<float> dx(x);
+    moe_route(d.w, dx.p, sc, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const Route64 r = route_ref(m, s, x);
+    std::vector<int> idx(s.k);
+    std::vector<float> w(s.k);
+    CUDA_CHECK(cudaMemcpy(idx.data(), sc.topk_idx, sizeof(int) * s.k, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(w.data(), sc.topk_w, sizeof(float) * s.k, cudaMemcpyDeviceToHost));
+    ASSERT_GT(r.gap, 1e-6);
+    EXPECT_EQ(idx, r.idx);
+    for (int j = 0; j < s.k; ++j) EXPECT_NEAR(w[j], r.w[j], 2e-6 + 1e-5 * r.w[j]);
+    moe_scratch_free(sc);
+  }
+}
+
+}  // namespace
+}  // namespace lily::cuda::test
