@@ -1,0 +1,116 @@
+// The engine thread: the only thread that touches the Backend and the prefix cache. HTTP threads submit
+// GenJobs into a bounded FIFO (full -> 429 queue_full with Retry-After); the engine runs one job at a time:
+// restore the longest usable prefix (live state or a PrefixCache snapshot), prefill the rest in chunks with
+// state checkpoints, then decode token by token. Every prefill chunk and every decode step checks the job's
+// cancel flag and deadline, so a client disconnect frees the engine within one step (api.md §10.1 rows 6-7).
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "runtime/sampler.h"
+#include "server/metrics.h"
+#include "server/prefix_cache.h"
+
+namespace lily::server {
+
+using Clock = std::chrono::steady_clock;
+
+// What the engine reports per generated token (called on the engine thread): the id, its log-probability
+// under the processed distribution and, when requested, the top alternatives.
+using TokenEvent = SampleResult;
+
+enum class FinishReason { none, stop, length, cancelled, error };
+
+struct GenJob {
+  // ---- input, set before submit ----
+  std::vector<int32_t> prompt;          // [n_prompt] tokens
+  SamplingParams sampling;              // resolved (defaults applied, n_valid and top_logprobs set)
+  int max_tokens = 1;                   // already clamped to the context
+  std::vector<int> checkpoints;         // prompt positions after which to snapshot the state
+  std::vector<int32_t> stop_ids;        // end-of-generation tokens (not emitted)
+  std::vector<int32_t> turn_tail;       // fed after a stop id so the state sits at the next turn's start
+  Clock::time_point arrival = Clock::now();
+  Clock::time_point deadline = Clock::time_point::max();
+  // Per generated token, on the engine thread; returns false to end generation (a stop string matched).
+  std::function<bool(const TokenEvent&)> on_token;
+  // Called once on the engine thread when the job ends (any reason), after the result fields are set.
+  std::function<void()> on_done;
+
+  // ---- control ----
+  std::atomic<bool> cancel{false};      // set by the HTTP thread (client disconnect, shutdown)
+
+  // ---- result, written by the engine before on_done ----
+  FinishReason finish = FinishReason::none;
+  std::string error;                    // finish == error
+  int n_cached = 0;                     // prompt tokens restored from the prefix cache
+  int n_generated = 0;                  // tokens passed to on_token
+  bool stopped_by_id = false;           // a stop id was sampled (counted in usage, not emitted)
+  double queue_ms = 0, prompt_ms = 0, gen_ms = 0;
+};
+
+struct EngineOptions {
+  int queue_size = 16;                  // waiting jobs (the running one not counted)
+  bool prefix_cache = true;
+  size_t cache_bytes = size_t{8} << 30; // prefix-cache pool cap
+  int checkpoint_interval = 8192;       // extra snapshot every K prompt tokens
+  int prefill_chunk = 512;              // tokens per forward call during prefill (cancel granularity)
+};
+
+class Engine {
+ public:
+  Engine(Backend& backend, Metrics& metrics, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a job. Throws ApiError 429 (queue full, with retry_after) or 503 (shutting down).
+  void submit(std::shared_ptr<GenJob> job);
+  // Removes a waiting job from the queue (its on_done runs with finish = cancelled), or flags a running one.
+  void cancel(const std::shared_ptr<GenJob>& job);
+  // Stops taking jobs; running and queued jobs keep going until drain_deadline, then are cancelled.
+  // Returns when the engine thread has exited.
+  void shutdown(Clock::time_point drain_deadline);
+  bool accepting() const { return accepting_.load(); }
+  int max_context() const { return max_context_; }
+  // Seconds a new request would wait (>= 1), for Retry-After.
+  int estimated_wait_s() const;
+
+ private:
+  void loop();
+  void run(GenJob& job);
+  int prepare_prefix(GenJob& job);
+  bool prefill(GenJob& job, int from, std::vector<float>& logits);
+  void finish(GenJob& job, FinishReason reason);
+  void update_gauges();
+
+  Backend& backend_;
+  Metrics& metrics_;
+  EngineOptions opt_;
+  int max_context_ = 0;
+  int vocab_ = 0;                       // backend logits width
+  PrefixCache cache_;
+  std::vector<int32_t> resident_;       // tokens whose KV (and, at the end, live state) the backend holds
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<GenJob>> queue_;
+  std::shared_ptr<GenJob> running_;
+  bool stop_ = false;
+  std::atomic<bool> accepting_{true};
+  std::atomic<bool> exited_{false};
+  double avg_job_s_ = 1.0;              // moving average of job durations
+  std::thread thread_;
+};
+
+}  // namespace lily::server

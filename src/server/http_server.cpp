@@ -1,0 +1,495 @@
+// HTTP routes, lifecycle and the generation endpoints (see http_server.h). Response formatting lives in
+// responses.cpp.
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <random>
+
+#include "server/api_error.h"
+#include "server/conn_watch.h"
+#include "server/job_setup.h"
+#include "server/request.h"
+#include "server/responses.h"
+#include "server/session.h"
+#include "util/check.h"
+#include "util/log.h"
+
+namespace lily::server {
+namespace {
+
+constexpr auto kPoll = std::chrono::milliseconds(50);
+constexpr double kPingSeconds = 15;
+
+std::string random_hex(size_t n) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* hex = "0123456789abcdef";
+  std::string s(n, '0');
+  for (auto& c : s) c = hex[rng() & 15];
+  return s;
+}
+
+// CR/LF and control characters escaped before a request field reaches the log (CWE-117).
+std::string log_safe(const std::string& s, size_t max = 128) {
+  std::string out;
+  for (unsigned char c : s.substr(0, max)) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += char(c);
+    }
+  }
+  return out;
+}
+
+void send_json(httplib::Response& res, int status, const nlohmann::ordered_json& body) {
+  res.status = status;
+  res.set_content(dump_json(body), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  if (e.retry_after > 0) res.set_header("Retry-After", std::to_string(e.retry_after));
+  res.status = e.status;
+  res.set_content(dump_json(e.to_json()), "application/json");
+}
+
+}  // namespace
+
+// One generation request: the job the engine runs and the session that turns its tokens into events.
+struct HttpServer::Gen {
+  std::shared_ptr<GenJob> job = std::make_shared<GenJob>();
+  std::shared_ptr<Session> session;
+  ResponseInfo info;                // ids, model name, flags for formatting
+  int fd = -1;                      // the client's socket (disconnect polling)
+  Clock::time_point arrival = Clock::now();
+};
+
+HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)), http_(std::make_unique<httplib::Server>()) {
+  fingerprint_ = "lily-0.1.0";
+  int threads = opt_.http_threads > 0 ? opt_.http_threads : opt_.queue + 32;
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http_->set_payload_max_length(opt_.max_body);
+  http_->set_read_timeout(30, 0);
+  http_->set_write_timeout(30, 0);
+  http_->set_keep_alive_timeout(5);
+  routes();
+}
+
+HttpServer::~HttpServer() {
+  shutdown();
+}
+
+void HttpServer::bind() {
+  if (opt_.port == 0) {
+    port_ = http_->bind_to_any_port(opt_.host);
+    if (port_ <= 0) fail("cannot listen on ", opt_.host, " (any port)");
+  } else {
+    if (!http_->bind_to_port(opt_.host, opt_.port))
+      fail("cannot listen on ", opt_.host, ":", opt_.port, " (address in use or not available)");
+    port_ = opt_.port;
+  }
+}
+
+void HttpServer::start() {
+  listen_thread_ = std::thread([this] { http_->listen_after_bind(); });
+}
+
+void HttpServer::set_model(std::unique_ptr<ServedModel> model) {
+  model_ = std::move(model);
+  EngineOptions eo;
+  eo.queue_size = opt_.queue;
+  eo.prefix_cache = opt_.prefix_cache;
+  eo.cache_bytes = opt_.cache_bytes;
+  engine_ = std::make_unique<Engine>(*model_->backend, metrics_, eo);
+  ready_.store(true);
+}
+
+void HttpServer::shutdown() {
+  std::lock_guard l(shutdown_mu_);
+  if (shut_) return;
+  shut_ = true;
+  draining_.store(true);
+  auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(opt_.drain_s * 1000));
+  if (engine_) engine_->shutdown(deadline);
+  // Let the HTTP threads write what the engine produced (bounded).
+  auto write_deadline = Clock::now() + std::chrono::seconds(5);
+  while (in_flight_.load() > 0 && Clock::now() < write_deadline) std::this_thread::sleep_for(kPoll);
+  http_->stop();
+  if (listen_thread_.joinable()) listen_thread_.join();
+}
+
+ServedModel& HttpServer::ready_model() {
+  if (draining_.load()) {
+    ApiError e(503, "unavailable_error", "shutting_down", "", "the server is shutting down");
+    e.retry_after = 1;
+    throw e;
+  }
+  if (!ready_.load()) {
+    ApiError e(503, "unavailable_error", "loading", "", "Loading model");
+    e.retry_after = 5;
+    throw e;
+  }
+  return *model_;
+}
+
+void HttpServer::routes() {
+  auto& s = *http_;
+  // Every handler runs inside this wrapper: errors become OpenAI error objects, nothing escapes.
+  auto wrap = [this](void (HttpServer::*fn)(const httplib::Request&, httplib::Response&)) {
+    return [this, fn](const httplib::Request& req, httplib::Response& res) {
+      try {
+        (this->*fn)(req, res);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+        if (draining_.load()) res.set_header("Connection", "close");
+      } catch (const std::exception& e) {
+        log::error("internal error on ", log_safe(req.path), ": ", e.what());
+        send_error(res, ApiError(500, "server_error", "internal_error", "", e.what()));
+      }
+    };
+  };
+
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    std::string rid = req.has_header("X-Request-Id") ? log_safe(req.get_header_value("X-Request-Id"), 64)
+                                                      : random_hex(16);
+    res.set_header("X-Request-Id", rid);
+    if (!opt_.cors_origin.empty()) {
+      res.set_header("Access-Control-Allow-Origin", opt_.cors_origin);
+      res.set_header("Vary", "Origin");
+      if (req.method == "OPTIONS") {
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key, X-Request-Id");
+        res.set_header("Access-Control-Max-Age", "86400");
+        res.status = 204;
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    // Authenticate on the path exactly as the router sees it.
+    const std::string& p = req.path;
+    bool open = p == "/health" || p == "/v1/health" || p == "/metrics" || p == "/v1/models" ||
+                p.rfind("/v1/models/", 0) == 0;
+    if (!opt_.api_key.empty() && !open) {
+      std::string key;
+      std::string auth = req.get_header_value("Authorization");
+      if (auth.rfind("Bearer ", 0) == 0) key = auth.substr(7);
+      else key = req.get_header_value("X-Api-Key");
+      if (key != opt_.api_key) {
+        send_error(res, ApiError(401, "authentication_error", "invalid_api_key", "", "invalid or missing API key"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty() || res.content_provider_) return;
+    switch (res.status) {
+      case 404:
+        send_error(res, ApiError(404, "not_found_error", "", "", "no route for " + req.method + " " + log_safe(req.path)));
+        break;
+      case 413:
+        send_error(res, ApiError(413, "invalid_request_error", "body_too_large", "", "the request body is too large"));
+        break;
+      case 405:
+        send_error(res, ApiError(405, "invalid_request_error", "method_not_allowed", "", "method not allowed"));
+        break;
+      case 400:
+        send_error(res, ApiError(400, "invalid_request_error", "bad_request", "", "malformed HTTP request"));
+        break;
+      default:
+        send_error(res, ApiError(res.status, res.status >= 500 ? "server_error" : "invalid_request_error", "", "",
+                                 "HTTP error " + std::to_string(res.status)));
+    }
+  });
+
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    send_error(res, ApiError(500, "server_error", "internal_error", "", "internal error"));
+  });
+
+  auto health = [this](const httplib::Request&, httplib::Response& res) {
+    if (draining_.load()) {
+      res.set_header("Retry-After", "1");
+      send_json(res, 503, {{"error", {{"code", 503}, {"message", "Shutting down"}, {"type", "unavailable_error"}}}});
+    } else if (!ready_.load()) {
+      res.set_header("Retry-After", "5");
+      send_json(res, 503, {{"error", {{"code", 503}, {"message", "Loading model"}, {"type", "unavailable_error"}}}});
+    } else {
+      send_json(res, 200, {{"status", "ok"}});
+    }
+  };
+  s.Get("/health", health);
+  s.Get("/v1/health", health);
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_.render(), "text/plain; version=0.0.4");
+  });
+  s.Get("/v1/models", wrap(&HttpServer::handle_models));
+  s.Get(R"(/v1/models/(.+))", wrap(&HttpServer::handle_models));
+  s.Post("/v1/chat/completions", wrap(&HttpServer::handle_chat));
+  s.Post("/chat/completions", wrap(&HttpServer::handle_chat));
+  s.Post("/v1/completions", wrap(&HttpServer::handle_completion));
+  s.Post("/completions", wrap(&HttpServer::handle_completion));
+  s.Post("/tokenize", wrap(&HttpServer::handle_tokenize));
+  s.Post("/detokenize", wrap(&HttpServer::handle_detokenize));
+  s.Post("/apply-template", wrap(&HttpServer::handle_apply_template));
+  if (!opt_.cors_origin.empty()) s.Options(R"(.*)", [](const httplib::Request&, httplib::Response& res) { res.status = 204; });
+}
+
+void HttpServer::handle_models(const httplib::Request& req, httplib::Response& res) {
+  ServedModel& m = ready_model();
+  nlohmann::ordered_json entry = {
+      {"id", m.alias}, {"object", "model"}, {"created", m.created}, {"owned_by", "lily"},
+      {"max_model_len", m.backend->max_context()},
+      {"meta", {{"n_ctx_train", m.model->config.max_position_embeddings}, {"n_params", m.n_params},
+                {"n_vocab", m.model->config.vocab}, {"size", m.size_bytes}, {"demo", m.demo}}}};
+  if (req.matches.size() > 1) {
+    if (req.matches[1].str() != m.alias)
+      throw ApiError(404, "not_found_error", "model_not_found", "model", "the model '" + log_safe(req.matches[1].str()) + "' does not exist");
+    send_json(res, 200, entry);
+    return;
+  }
+  send_json(res, 200, {{"object", "list"}, {"data", nlohmann::ordered_json::array({entry})}});
+}
+
+void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
+  ServedModel& m = ready_model();
+  RequestLimits lim{m.n_vocab};
+  ojson b = parse_body(req.body, lim);
+  std::vector<int32_t> ids;
+  if (b.contains("messages")) {
+    ChatRequest cr = parse_chat_request(b, lim);
+    ojson kwargs = cr.chat_template_kwargs;
+    std::string prompt = m.renderer->render(cr.messages, cr.tools, kwargs);
+    ids = m.tokenizer->encode(prompt, true);
+  } else {
+    auto c = b.find("content");
+    if (c == b.end() || !c->is_string()) throw invalid_value("content", "'content' must be a string");
+    bool parse_special = true;
+    if (b.contains("parse_special")) {
+      if (!b["parse_special"].is_boolean()) throw invalid_value("parse_special", "'parse_special' must be a boolean");
+      parse_special = b["parse_special"].get<bool>();
+    }
+    ids = m.tokenizer->encode(c->get<std::string>(), parse_special);
+  }
+  bool pieces = b.contains("with_pieces") && b["with_pieces"].is_boolean() && b["with_pieces"].get<bool>();
+  ojson tokens = ojson::array();
+  for (int32_t id : ids) {
+    if (!pieces) { tokens.push_back(id); continue; }
+    std::string raw = m.tokenizer->token_text(id);
+    ojson piece;
+    if (valid_utf8(raw)) piece = raw;
+    else { piece = ojson::array(); for (unsigned char ch : raw) piece.push_back(int(ch)); }
+    tokens.push_back({{"id", id}, {"piece", piece}});
+  }
+  send_json(res, 200, {{"tokens", tokens}});
+}
+
+void HttpServer::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
+  ServedModel& m = ready_model();
+  ojson b = parse_body(req.body, {m.n_vocab});
+  auto t = b.find("tokens");
+  if (t == b.end() || !t->is_array()) throw invalid_value("tokens", "'tokens' must be an array of token ids");
+  std::vector<int32_t> ids;
+  for (auto& v : *t) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= m.n_vocab)
+      throw invalid_value("tokens", "token ids must be integers in [0, " + std::to_string(m.n_vocab) + ")");
+    ids.push_back(int32_t(v.get<int64_t>()));
+  }
+  send_json(res, 200, {{"content", m.tokenizer->decode(ids)}});
+}
+
+void HttpServer::handle_apply_template(const httplib::Request& req, httplib::Response& res) {
+  ServedModel& m = ready_model();
+  ojson b = parse_body(req.body, {m.n_vocab});
+  ChatRequest cr = parse_chat_request(b, {m.n_vocab});
+  send_json(res, 200, {{"prompt", m.renderer->render(cr.messages, cr.tools, cr.chat_template_kwargs)}});
+}
+
+void HttpServer::handle_chat(const httplib::Request& req, httplib::Response& res) {
+  ServedModel& m = ready_model();
+  RequestLimits lim{m.n_vocab};
+  ojson body = parse_body(req.body, lim);
+  ChatRequest cr = parse_chat_request(body, lim);
+  ojson kwargs = ojson::object();
+  kwargs["enable_thinking"] = opt_.default_thinking;
+  kwargs["preserve_thinking"] = true;  // api.md §11: replay reasoning so the next turn hits the prefix cache
+  for (auto& [k, v] : cr.chat_template_kwargs.items()) kwargs[k] = v;
+  std::string prompt = m.renderer->render(cr.messages, cr.tools, kwargs);
+
+  auto g = std::make_shared<Gen>();
+  GenJob& job = *g->job;
+  job.prompt = m.tokenizer->encode(prompt, true);
+  check_context(m, static_cast<int>(job.prompt.size()));
+
+  chat::ParserOptions po;
+  po.ids = m.ids;
+  po.start_in_reasoning = chat::initial_reasoning_state(job.prompt, m.ids);
+  if (cr.sampling.seed) po.id_seed = *cr.sampling.seed;
+  SessionOptions so;
+  so.chat = true;
+  so.stop = cr.stop;
+  so.parallel_tool_calls = cr.parallel_tool_calls;
+  so.logprobs = cr.logprobs;
+  so.parser = po;
+  if (cr.tools.is_array()) so.tools = chat::ToolSet::from_json(cr.tools);
+  g->session = std::make_shared<Session>(*m.tokenizer, so);
+
+  job.sampling = resolve_sampling(cr.sampling, m, po.start_in_reasoning ? SamplingMode::thinking
+                                                                         : SamplingMode::non_thinking);
+  job.max_tokens = resolve_max_tokens(cr.max_tokens, m, static_cast<int>(job.prompt.size()), opt_.max_tokens_cap);
+  if (cr.logprobs) job.sampling.top_logprobs = cr.top_logprobs;
+  job.stop_ids = m.stop_ids;
+  job.turn_tail = m.turn_tail;
+  job.checkpoints = turn_checkpoints(job.prompt, m);
+
+  g->info.chat = true;
+  g->info.stream = cr.stream;
+  g->info.include_usage = cr.include_usage;
+  g->info.include_reasoning = cr.include_reasoning;
+  g->info.logprobs = cr.logprobs;
+  g->info.model = m.alias;
+  g->info.fingerprint = fingerprint_;
+  g->info.id = "chatcmpl-" + random_hex(24);
+  g->info.created = static_cast<int64_t>(std::time(nullptr));
+  submit_and_respond(g, req, res);
+}
+
+void HttpServer::handle_completion(const httplib::Request& req, httplib::Response& res) {
+  ServedModel& m = ready_model();
+  RequestLimits lim{m.n_vocab};
+  ojson body = parse_body(req.body, lim);
+  CompletionRequest cr = parse_completion_request(body, lim);
+  auto g = std::make_shared<Gen>();
+  GenJob& job = *g->job;
+  job.prompt = cr.prompt_is_tokens ? cr.prompt_tokens : m.tokenizer->encode(cr.prompt_text, true);
+  if (job.prompt.empty()) throw invalid_value("prompt", "'prompt' encodes to no tokens");
+  check_context(m, static_cast<int>(job.prompt.size()));
+  SessionOptions so;
+  so.chat = false;
+  so.stop = cr.stop;
+  so.logprobs = cr.logprobs >= 0;
+  g->session = std::make_shared<Session>(*m.tokenizer, so);
+  job.sampling = resolve_sampling(cr.sampling, m, SamplingMode::raw);
+  job.max_tokens = resolve_max_tokens(cr.max_tokens, m, static_cast<int>(job.prompt.size()), opt_.max_tokens_cap);
+  if (cr.logprobs > 0) job.sampling.top_logprobs = cr.logprobs;
+  job.stop_ids = m.stop_ids;
+  g->info.chat = false;
+  g->info.stream = cr.stream;
+  g->info.include_usage = cr.include_usage;
+  g->info.logprobs = cr.logprobs >= 0;
+  g->info.model = m.alias;
+  g->info.fingerprint = fingerprint_;
+  g->info.id = "cmpl-" + random_hex(24);
+  g->info.created = static_cast<int64_t>(std::time(nullptr));
+  if (cr.echo) g->info.echo = cr.prompt_is_tokens ? m.tokenizer->decode(cr.prompt_tokens) : cr.prompt_text;
+  submit_and_respond(g, req, res);
+}
+
+void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Request& req, httplib::Response& res) {
+  ServedModel& m = *model_;
+  GenJob& job = *g->job;
+  job.arrival = g->arrival;
+  if (opt_.timeout_s > 0)
+    job.deadline = g->arrival + std::chrono::milliseconds(static_cast<int64_t>(opt_.timeout_s * 1000));
+  std::shared_ptr<Session> s = g->session;
+  job.on_token = [s](const TokenEvent& ev) { return s->on_token(ev); };
+  job.on_done = [s, j = g->job.get()] { s->on_done(*j); };
+  g->fd = find_connection_fd(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  engine_->submit(g->job);  // throws 429 / 503 before any byte is sent
+  in_flight_.fetch_add(1);
+
+  // Waits for events; polls the client socket; cancels the job when the client is gone.
+  auto pump = [this, g](const std::function<bool(std::vector<OutEvent>&, std::vector<LogprobEntry>&)>& write,
+                        const std::function<bool()>& ping) {
+    auto last_write = Clock::now();
+    for (;;) {
+      std::vector<OutEvent> ev;
+      std::vector<LogprobEntry> lps;
+      bool done = g->session->take(ev, lps, kPoll);
+      if (!ev.empty() || !lps.empty()) {
+        if (!write(ev, lps)) break;
+        last_write = Clock::now();
+      } else if (ping && std::chrono::duration<double>(Clock::now() - last_write).count() > kPingSeconds) {
+        if (!ping()) break;
+        last_write = Clock::now();
+      }
+      if (done) return true;
+      if (peer_closed(g->fd)) break;
+    }
+    engine_->cancel(g->job);
+    metrics_.client_disconnect();
+    return false;
+  };
+  auto record = [this, g](int status) {
+    const GenJob& j = *g->job;
+    metrics_.request_done(status);
+    metrics_.add_prompt_tokens(static_cast<int64_t>(j.prompt.size()), j.n_cached);
+    metrics_.add_generated_tokens(j.n_generated, g->session->reasoning_tokens);
+    metrics_.observe_e2e(std::chrono::duration<double>(Clock::now() - g->arrival).count());
+  };
+
+  if (!g->info.stream) {
+    bool finished = pump([](auto&, auto&) { return true; }, nullptr);
+    in_flight_.fetch_sub(1);
+    if (!finished) {
+      record(499);
+      res.status = 499;
+      return;
+    }
+    const GenJob& j = *g->job;
+    if (j.finish == FinishReason::error) {
+      record(500);
+      throw ApiError(500, "server_error", "internal_error", "", "generation failed: " + j.error);
+    }
+    if (j.finish == FinishReason::cancelled) {
+      record(503);
+      ApiError e(503, "unavailable_error", "shutting_down", "", "the server shut down before the request finished");
+      e.retry_after = 1;
+      throw e;
+    }
+    record(200);
+    send_json(res, 200, g->info.chat ? chat_response(g->info, *g->session, j, *m.tokenizer)
+                                     : completion_response(g->info, *g->session, j, *m.tokenizer));
+    return;
+  }
+
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("Connection", "keep-alive");
+  res.set_header("X-Accel-Buffering", "no");
+  const Tokenizer* tok = m.tokenizer.get();
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, g, pump, record, tok](size_t, httplib::DataSink& sink) {
+        StreamFormatter fmt(g->info, *tok);
+        auto put = [&sink](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
+        bool ok = put(fmt.start());
+        if (ok) {
+          ok = pump([&](std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps) { return put(fmt.events(ev, lps)); },
+                    [&] { return put(": ping\n\n"); });
+        }
+        if (!ok) {
+          record(499);
+          return false;
+        }
+        const GenJob& j = *g->job;
+        if (j.finish == FinishReason::error || j.finish == FinishReason::cancelled) {
+          record(j.finish == FinishReason::error ? 500 : 503);
+          put(fmt.error(j.finish == FinishReason::error ? "generation failed: " + j.error
+                                                        : "the server shut down before the request finished"));
+        } else {
+          record(200);
+          put(fmt.finish(*g->session, j));
+        }
+        put("data: [DONE]\n\n");
+        sink.done();
+        return true;
+      },
+      [this, g](bool success) {
+        if (!success) engine_->cancel(g->job);  // headers never went out: the provider did not run
+        in_flight_.fetch_sub(1);
+      });
+}
+
+}  // namespace lily::server

@@ -1,0 +1,62 @@
+// Server metrics in the Prometheus text exposition format (api.md §8, `lily_` prefix): request counters by
+// status, token counters, running/queued gauges, prefix-cache pool gauges, and latency histograms.
+// All members are updated from the HTTP threads and the engine thread; one mutex guards everything.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace lily::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void observe(double v);
+  // Appends the `_bucket`, `_sum` and `_count` series for `name`.
+  void render(std::string& out, const std::string& name, const std::string& help) const;
+  uint64_t count() const { return count_; }
+
+ private:
+  std::vector<double> bounds_;    // upper bounds, ascending
+  std::vector<uint64_t> counts_;  // [bounds + 1] non-cumulative; last = +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+
+  void request_done(int status);                        // requests_total{status}
+  void request_rejected(const std::string& reason);     // requests_rejected_total{reason}
+  void client_disconnect();
+  void add_prompt_tokens(int64_t n, int64_t cached);
+  void add_generated_tokens(int64_t n, int64_t reasoning);
+  void observe_ttft(double s);
+  void observe_inter_token(double s);
+  void observe_e2e(double s);
+  void observe_queue_wait(double s);
+  void observe_prefill_rate(double tokens_per_s);
+  void set_queue(int queued, int running);
+  void set_kv_tokens(int64_t n);
+  void set_checkpoints(int64_t count, int64_t bytes);
+
+  int running() const;
+  int queued() const;
+  uint64_t disconnects() const;
+  std::string render() const;   // text/plain; version=0.0.4
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int, uint64_t> requests_;             // status -> count
+  std::map<std::string, uint64_t> rejected_;     // reason -> count
+  uint64_t disconnects_ = 0;
+  int64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, reasoning_tokens_ = 0;
+  int running_ = 0, queued_ = 0;
+  int64_t kv_tokens_ = 0, checkpoints_ = 0, checkpoint_bytes_ = 0;
+  Histogram ttft_, inter_token_, e2e_, queue_wait_, prefill_rate_;
+};
+
+}  // namespace lily::server

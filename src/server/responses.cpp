@@ -1,0 +1,189 @@
+// Response and SSE chunk formatting (see responses.h).
+#include "server/responses.h"
+
+namespace lily::server {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+ojson bytes_of(const std::string& s) {
+  ojson b = ojson::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+ojson chat_logprobs(const std::vector<LogprobEntry>& lps, const Tokenizer& tok) {
+  ojson content = ojson::array();
+  for (const auto& e : lps) {
+    std::string raw = tok.token_text(e.token);
+    ojson top = ojson::array();
+    for (const auto& t : e.top) {
+      std::string r = tok.token_text(t.token);
+      top.push_back({{"token", utf8_lossy(r)}, {"logprob", t.logprob}, {"bytes", bytes_of(r)}});
+    }
+    content.push_back({{"token", utf8_lossy(raw)}, {"logprob", e.logprob}, {"bytes", bytes_of(raw)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+ojson completion_logprobs(const std::vector<LogprobEntry>& lps, const Tokenizer& tok, size_t offset0) {
+  ojson tokens = ojson::array(), lp = ojson::array(), top = ojson::array(), offs = ojson::array();
+  size_t off = offset0;
+  for (const auto& e : lps) {
+    std::string t = utf8_lossy(tok.token_text(e.token));
+    tokens.push_back(t);
+    lp.push_back(e.logprob);
+    ojson alt = ojson::object();
+    for (const auto& a : e.top) alt[utf8_lossy(tok.token_text(a.token))] = a.logprob;
+    top.push_back(alt);
+    offs.push_back(off);
+    off += t.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", offs}};
+}
+
+const char* finish_reason(const Session& s, const GenJob& job) {
+  if (job.finish == FinishReason::length) return "length";
+  return s.tool_calls.empty() ? "stop" : "tool_calls";
+}
+
+ojson usage(const Session& s, const GenJob& job) {
+  int n_prompt = static_cast<int>(job.prompt.size());
+  int n_gen = job.n_generated + (job.stopped_by_id ? 1 : 0);
+  return {{"prompt_tokens", n_prompt},
+          {"completion_tokens", n_gen},
+          {"total_tokens", n_prompt + n_gen},
+          {"prompt_tokens_details", {{"cached_tokens", job.n_cached}}},
+          {"completion_tokens_details", {{"reasoning_tokens", s.reasoning_tokens}}}};
+}
+
+ojson timings(const GenJob& job) {
+  return {{"cache_n", job.n_cached},
+          {"prompt_n", static_cast<int>(job.prompt.size()) - job.n_cached},
+          {"prompt_ms", job.prompt_ms},
+          {"predicted_n", job.n_generated},
+          {"predicted_ms", job.gen_ms}};
+}
+
+}  // namespace
+
+std::string dump_json(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+ojson chat_response(const ResponseInfo& info, const Session& s, const GenJob& job, const Tokenizer& tok) {
+  ojson msg = {{"role", "assistant"}};
+  bool null_content = s.content.empty() && (!s.tool_calls.empty() || !s.reasoning.empty());
+  msg["content"] = null_content ? ojson(nullptr) : ojson(s.content);
+  if (info.include_reasoning && !s.reasoning.empty()) {
+    msg["reasoning_content"] = s.reasoning;
+    msg["reasoning"] = s.reasoning;
+  }
+  if (!s.tool_calls.empty()) {
+    ojson calls = ojson::array();
+    for (const auto& c : s.tool_calls)
+      calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    msg["tool_calls"] = calls;
+  }
+  ojson choice = {{"index", 0}, {"message", msg},
+                  {"logprobs", info.logprobs ? chat_logprobs(s.all_logprobs, tok) : ojson(nullptr)},
+                  {"finish_reason", finish_reason(s, job)}};
+  return {{"id", info.id}, {"object", "chat.completion"}, {"created", info.created}, {"model", info.model},
+          {"system_fingerprint", info.fingerprint}, {"choices", ojson::array({choice})},
+          {"usage", usage(s, job)}, {"timings", timings(job)}};
+}
+
+ojson completion_response(const ResponseInfo& info, const Session& s, const GenJob& job, const Tokenizer& tok) {
+  ojson choice = {{"index", 0}, {"text", info.echo + s.text},
+                  {"logprobs", info.logprobs ? completion_logprobs(s.all_logprobs, tok, info.echo.size()) : ojson(nullptr)},
+                  {"finish_reason", finish_reason(s, job)}};
+  return {{"id", info.id}, {"object", "text_completion"}, {"created", info.created}, {"model", info.model},
+          {"system_fingerprint", info.fingerprint}, {"choices", ojson::array({choice})},
+          {"usage", usage(s, job)}, {"timings", timings(job)}};
+}
+
+ojson StreamFormatter::chunk(ojson delta_or_text, const char* finish) {
+  ojson choice = {{"index", 0}};
+  if (info_.chat) choice["delta"] = std::move(delta_or_text);
+  else choice["text"] = std::move(delta_or_text);
+  if (info_.logprobs && !lps_.empty()) {
+    choice["logprobs"] = info_.chat ? chat_logprobs(lps_, tok_) : completion_logprobs(lps_, tok_, 0);
+    lps_.clear();
+  } else {
+    choice["logprobs"] = nullptr;
+  }
+  choice["finish_reason"] = finish ? ojson(finish) : ojson(nullptr);
+  ojson c = {{"id", info_.id}, {"object", info_.chat ? "chat.completion.chunk" : "text_completion"},
+             {"created", info_.created}, {"model", info_.model}, {"system_fingerprint", info_.fingerprint},
+             {"choices", ojson::array({choice})}};
+  if (info_.include_usage) c["usage"] = nullptr;
+  return c;
+}
+
+std::string StreamFormatter::start() {
+  if (info_.chat) return event(chunk({{"role", "assistant"}, {"content", nullptr}}, nullptr));
+  if (!info_.echo.empty()) return event(chunk(info_.echo, nullptr));
+  return {};
+}
+
+std::string StreamFormatter::events(std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps) {
+  if (info_.logprobs) lps_.insert(lps_.end(), lps.begin(), lps.end());
+  std::string out;
+  if (!info_.chat) {
+    std::string text;
+    for (auto& e : ev) text += e.text;
+    if (!text.empty()) out += event(chunk(text, nullptr));
+    return out;
+  }
+  // Consecutive text events share one delta; each tool-call event is its own chunk.
+  ojson delta = ojson::object();
+  auto flush = [&] {
+    if (!delta.empty()) out += event(chunk(delta, nullptr));
+    delta = ojson::object();
+  };
+  for (auto& e : ev) {
+    switch (e.kind) {
+      case OutEvent::Kind::reasoning:
+        if (!info_.include_reasoning || e.text.empty()) break;
+        if (delta.contains("content") || delta.contains("tool_calls")) flush();
+        delta["reasoning_content"] = delta.value("reasoning_content", "") + e.text;
+        delta["reasoning"] = delta["reasoning_content"];
+        break;
+      case OutEvent::Kind::content:
+      case OutEvent::Kind::text:
+        if (e.text.empty()) break;
+        if (delta.contains("tool_calls")) flush();
+        delta["content"] = delta.value("content", "") + e.text;
+        break;
+      case OutEvent::Kind::tool_header:
+        flush();
+        delta["tool_calls"] = ojson::array(
+            {{{"index", e.index}, {"id", e.id}, {"type", "function"}, {"function", {{"name", e.name}, {"arguments", ""}}}}});
+        flush();
+        break;
+      case OutEvent::Kind::tool_args:
+        if (e.text.empty()) break;
+        flush();
+        delta["tool_calls"] = ojson::array({{{"index", e.index}, {"function", {{"arguments", e.text}}}}});
+        flush();
+        break;
+    }
+  }
+  flush();
+  return out;
+}
+
+std::string StreamFormatter::finish(const Session& s, const GenJob& job) {
+  std::string out = event(chunk(info_.chat ? ojson::object() : ojson(""), finish_reason(s, job)));
+  if (info_.include_usage) {
+    ojson u = {{"id", info_.id}, {"object", info_.chat ? "chat.completion.chunk" : "text_completion"},
+               {"created", info_.created}, {"model", info_.model}, {"system_fingerprint", info_.fingerprint},
+               {"choices", ojson::array()}, {"usage", usage(s, job)}};
+    out += event(u);
+  }
+  return out;
+}
+
+std::string StreamFormatter::error(const std::string& message) {
+  return event({{"error", {{"message", message}, {"type", "server_error"}, {"code", "internal_error"}}}});
+}
+
+}  // namespace lily::server

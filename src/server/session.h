@@ -1,0 +1,86 @@
+// One request's output side, shared by the engine thread (which feeds tokens) and the HTTP thread (which
+// formats them). Generated ids go through the chat output parser (reasoning / content / tool calls; chat only)
+// or a streaming detokenizer (completions), then through the stop-string matcher; the resulting events are
+// queued for the HTTP thread and also accumulated, so streaming and non-streaming responses are built from the
+// same events (api.md principle: one generation and parsing path).
+#pragma once
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "chat/output_parser.h"
+#include "server/engine.h"
+#include "server/stop_strings.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lily::server {
+
+struct OutEvent {
+  enum class Kind { reasoning, content, tool_header, tool_args, text };
+  Kind kind = Kind::text;
+  std::string text;        // text delta or an arguments fragment
+  int index = -1;          // tool call index
+  std::string id, name;    // tool_header
+};
+
+// One logprobs entry (one generated token).
+using LogprobEntry = SampleResult;
+
+struct ToolCallOut {
+  std::string id, name, arguments;
+};
+
+struct SessionOptions {
+  bool chat = true;                       // false: /v1/completions (no parser)
+  std::vector<std::string> stop;
+  bool parallel_tool_calls = true;
+  bool logprobs = false;                  // keep per-token logprob entries
+  chat::ParserOptions parser;             // chat: delimiter ids, initial reasoning state
+  chat::ToolSet tools;
+};
+
+class Session {
+ public:
+  Session(const Tokenizer& tok, SessionOptions opt);
+
+  // Engine thread.
+  bool on_token(const TokenEvent& ev);
+  void on_done(const GenJob& job);
+
+  // HTTP thread: waits up to `timeout` for news; moves pending events/logprobs out. Returns true when the
+  // job has finished (everything produced has been handed out by this call or earlier).
+  bool take(std::vector<OutEvent>& events, std::vector<LogprobEntry>& lps, std::chrono::milliseconds timeout);
+
+  // Accumulated results (complete once take() returned true).
+  std::string reasoning, content, text;
+  std::vector<ToolCallOut> tool_calls;
+  std::vector<LogprobEntry> all_logprobs;
+  int reasoning_tokens = 0;
+  bool stop_string_hit = false;
+
+ private:
+  void emit(OutEvent ev);
+  void route(const chat::ParserEvent& e);
+  void route_text(OutEvent::Kind kind, const std::string& text);
+  void flush_stop();
+
+  const Tokenizer& tok_;
+  SessionOptions opt_;
+  std::unique_ptr<chat::OutputParser> parser_;
+  std::optional<StreamDecoder> decoder_;
+  StopMatcher stop_;
+  OutEvent::Kind held_kind_ = OutEvent::Kind::text;  // kind of the text the stop matcher holds
+  bool ended_ = false;                               // stop string matched or a call limit reached
+  std::vector<chat::ParserEvent> scratch_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<OutEvent> pending_;
+  std::vector<LogprobEntry> pending_lp_;
+  bool done_ = false;
+};
+
+}  // namespace lily::server
