@@ -8,17 +8,32 @@
 namespace lily::cuda {
 namespace detail {
 
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("LILY_PDL");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 template <QFormat F, int K, int R, typename XT>
 __global__ void __launch_bounds__(kBlockThreads) gemv_kernel(MultiArgs a, const XT* x, bool accumulate) {
   using M = RowMap<F, K>;
-  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
-  const int task0 = warp * R * M::sub;
+  __shared__ __align__(16) float xsm[K];
+  const int task0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * R * M::sub;
+  RowBatch<F, K, R> b;
+  stage_issue_rows<F, K, R>(a, task0, b);
+  pdl_trigger();
+  pdl_wait();
+  stage_x_to_smem(x, K, xsm);
   if (task0 >= a.total) return;
-  gemv_warp<F, K, R, XT>(a, x, task0, accumulate);
+  stage_finish_rows<F, K, R>(a, xsm, b, accumulate);
 }
 
 template <QFormat F, int R, typename XT>
 __global__ void __launch_bounds__(kBlockThreads) gemv_generic_kernel(MultiArgs a, const XT* x, bool accumulate) {
+  pdl_trigger();
+  pdl_wait();
   const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   gemv_warp_generic<F, R, XT>(a, x, warp * R, accumulate);
 }
@@ -28,8 +43,7 @@ void launch_fast(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t 
   constexpr int R = rows_per_warp<F, K>();
   const int rows_per_block = kWarpsPerBlock * R * RowMap<F, K>::sub;
   const int blocks = (a.total + rows_per_block - 1) / rows_per_block;
-  gemv_kernel<F, K, R, XT><<<blocks, kBlockThreads, 0, s>>>(a, x, accumulate);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(gemv_kernel<F, K, R, XT>, blocks, kBlockThreads, 0, s, a, x, accumulate);
 }
 
 template <QFormat F, typename XT>
@@ -41,8 +55,7 @@ void launch_format(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_
     default: {
       constexpr int R = 4;
       const int blocks = (a.total + kWarpsPerBlock * R - 1) / (kWarpsPerBlock * R);
-      gemv_generic_kernel<F, R, XT><<<blocks, kBlockThreads, 0, s>>>(a, x, accumulate);
-      CUDA_CHECK_LAUNCH();
+      launch_kernel(gemv_generic_kernel<F, R, XT>, blocks, kBlockThreads, 0, s, a, x, accumulate);
     }
   }
 }
@@ -81,15 +94,13 @@ void launch_multi(const GemvBatch& b, const XT* x, bool accumulate, cudaStream_t
 
 template <QFormat F, int K, int R>
 __global__ void __launch_bounds__(kBlockThreads) swiglu_kernel(PairArgs a, const float* x) {
-  using M = RowMap<F, K>;
-  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
-  const int task0 = warp * R * M::sub;
-  if (task0 >= a.F) return;
-  swiglu_warp<F, K, R, false>(a, x, task0, a.F);
+  pair_body<F, K, R, false>(a, x);
 }
 
 template <QFormat F, int R>
 __global__ void __launch_bounds__(kBlockThreads) swiglu_generic_kernel(PairArgs a, const float* x) {
+  pdl_trigger();
+  pdl_wait();
   const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   swiglu_warp_generic<F, R, false>(a, x, warp * R, a.F);
 }
@@ -99,12 +110,12 @@ void launch_swiglu(const PairArgs& a, const float* x, cudaStream_t s) {
   if (a.cols == 2048) {
     constexpr int R = rows_per_warp<F, 2048>() / 2 > 0 ? rows_per_warp<F, 2048>() / 2 : 1;
     const int per_block = kWarpsPerBlock * R * RowMap<F, 2048>::sub;
-    swiglu_kernel<F, 2048, R><<<(a.F + per_block - 1) / per_block, kBlockThreads, 0, s>>>(a, x);
+    launch_kernel(swiglu_kernel<F, 2048, R>, (a.F + per_block - 1) / per_block, kBlockThreads, 0, s, a, x);
   } else {
     constexpr int R = 2;
-    swiglu_generic_kernel<F, R><<<(a.F + kWarpsPerBlock * R - 1) / (kWarpsPerBlock * R), kBlockThreads, 0, s>>>(a, x);
+    launch_kernel(swiglu_generic_kernel<F, R>, (a.F + kWarpsPerBlock * R - 1) / (kWarpsPerBlock * R), kBlockThreads,
+                  0, s, a, x);
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace detail

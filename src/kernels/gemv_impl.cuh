@@ -2,6 +2,7 @@
 // weight load of the warp's rows up front, dequantise + dot, reduce across the lanes of a row, store.
 // Fast paths take K (cols) at compile time (x lives in registers); gemv_warp_generic handles any K % 64 == 0.
 #pragma once
+#include "kernels/common.cuh"
 #include "kernels/qdot.cuh"
 
 namespace lily::cuda::detail {
@@ -37,16 +38,36 @@ __device__ __forceinline__ int find_mat(const MultiArgs& a, int task) {
   return m;
 }
 
-// Stage 1: this lane's x chunks into registers (+ their sums).
-template <QFormat F, int K, typename XT>
-__device__ __forceinline__ void stage_load_x(const XT* x, int li, float (&xr)[RowMap<F, K>::nc][Fmt<F>::epc],
+// Programmatic dependent launch: weight loads (independent of earlier kernels) are issued first, then the
+// kernel lets the next one be scheduled and waits for the previous one before it touches activations.
+// Both are no-ops when the kernel was launched without the PDL attribute.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Stage: x [K] (fp32 or bf16) into fp32 shared memory by the whole block (16-byte aligned x).
+__device__ __forceinline__ void stage_x_to_smem(const float* x, int K, float* xsm) {
+  for (int i = threadIdx.x * 4; i < K; i += blockDim.x * 4)
+    *reinterpret_cast<float4*>(xsm + i) = *reinterpret_cast<const float4*>(x + i);
+  __syncthreads();
+}
+__device__ __forceinline__ void stage_x_to_smem(const uint16_t* x, int K, float* xsm) {
+  for (int i = threadIdx.x * 4; i < K; i += blockDim.x * 4) {
+    const uint2 v = *reinterpret_cast<const uint2*>(x + i);
+    *reinterpret_cast<float4*>(xsm + i) = make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
+  }
+  __syncthreads();
+}
+
+// Stage: this lane's x chunks from shared memory into registers (+ their sums).
+template <QFormat F, int K>
+__device__ __forceinline__ void stage_load_x(const float* xsm, int li, float (&xr)[RowMap<F, K>::nc][Fmt<F>::epc],
                                              float (&xs)[RowMap<F, K>::nc]) {
   using M = RowMap<F, K>;
 #pragma unroll
-  for (int c = 0; c < M::nc; ++c) xs[c] = load_x(x + (li + c * M::lpr) * M::epc, M::epc, xr[c]);
+  for (int c = 0; c < M::nc; ++c) xs[c] = load_x(xsm + (li + c * M::lpr) * M::epc, M::epc, xr[c]);
 }
 
-// Stage 2: issue the loads of one row (its NC chunks and their scale|bias words).
+// Stage: issue the loads of one row (its NC chunks and their scale|bias words).
 template <QFormat F, int K>
 __device__ __forceinline__ void stage_load_row(const uint8_t* wrow, const uint32_t* sbrow, int li, bool valid,
                                                uint4 (&wv)[RowMap<F, K>::nc], uint32_t (&sv)[RowMap<F, K>::nc]) {
@@ -60,7 +81,7 @@ __device__ __forceinline__ void stage_load_row(const uint8_t* wrow, const uint32
   }
 }
 
-// Stage 3: this lane's part of the row dot product, then the sum over the row's LPR lanes.
+// Stage: this lane's part of the row dot product, then the sum over the row's LPR lanes.
 template <QFormat F, int K>
 __device__ __forceinline__ float stage_dot_row(const uint4 (&wv)[RowMap<F, K>::nc],
                                                const uint32_t (&sv)[RowMap<F, K>::nc],
@@ -73,35 +94,48 @@ __device__ __forceinline__ float stage_dot_row(const uint4 (&wv)[RowMap<F, K>::n
   return group_sum<M::lpr>(acc);
 }
 
-// One warp computes R * SUB consecutive rows of the concatenated row space starting at task0.
-template <QFormat F, int K, int R, typename XT>
-__device__ __forceinline__ void gemv_warp(const MultiArgs& a, const XT* x, int task0, bool accumulate) {
+// The R * SUB consecutive rows one warp computes (from task0 of the concatenated row space), in registers.
+template <QFormat F, int K, int R>
+struct RowBatch {
   using M = RowMap<F, K>;
-  const int lane = threadIdx.x & 31, sub = lane / M::lpr, li = lane % M::lpr;
-  const int total = a.total;
-  const size_t row_bytes = static_cast<size_t>(K) * static_cast<int>(F) / 8;
-  constexpr int G = K / kGroupSize;
-  float xr[M::nc][M::epc], xs[M::nc];
-  stage_load_x<F, K>(x, li, xr, xs);
   uint4 wv[R][M::nc];
   uint32_t sv[R][M::nc];
   int mat[R], row[R];
+};
+
+// Stage: issue every weight load of the warp's rows.
+template <QFormat F, int K, int R>
+__device__ __forceinline__ void stage_issue_rows(const MultiArgs& a, int task0, RowBatch<F, K, R>& b) {
+  using M = RowMap<F, K>;
+  const int lane = threadIdx.x & 31, sub = lane / M::lpr, li = lane % M::lpr;
+  const size_t row_bytes = static_cast<size_t>(K) * static_cast<int>(F) / 8;
+  constexpr int G = K / kGroupSize;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int task = task0 + r * M::sub + sub;
-    const bool valid = task < total;
-    mat[r] = valid ? find_mat(a, task) : 0;
-    row[r] = valid ? task - pick(a.off, mat[r]) : -1;
-    const uint8_t* wrow = pick(a.w, mat[r]) + static_cast<size_t>(row[r] < 0 ? 0 : row[r]) * row_bytes;
-    const uint32_t* sbrow =
-        Fmt<F>::grouped ? pick(a.sb, mat[r]) + static_cast<size_t>(row[r] < 0 ? 0 : row[r]) * G : nullptr;
-    stage_load_row<F, K>(wrow, sbrow, li, valid, wv[r], sv[r]);
+    const bool valid = task < a.total;
+    b.mat[r] = valid ? find_mat(a, task) : 0;
+    b.row[r] = valid ? task - pick(a.off, b.mat[r]) : -1;
+    const size_t row = static_cast<size_t>(valid ? b.row[r] : 0);
+    const uint8_t* wrow = pick(a.w, b.mat[r]) + row * row_bytes;
+    const uint32_t* sbrow = Fmt<F>::grouped ? pick(a.sb, b.mat[r]) + row * G : nullptr;
+    stage_load_row<F, K>(wrow, sbrow, li, valid, b.wv[r], b.sv[r]);
   }
+}
+
+// Stage: x from shared memory, dot products, store (y = or y +=).
+template <QFormat F, int K, int R>
+__device__ __forceinline__ void stage_finish_rows(const MultiArgs& a, const float* xsm, const RowBatch<F, K, R>& b,
+                                                  bool accumulate) {
+  using M = RowMap<F, K>;
+  const int li = (threadIdx.x & 31) % M::lpr;
+  float xr[M::nc][M::epc], xs[M::nc];
+  stage_load_x<F, K>(xsm, li, xr, xs);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const float v = stage_dot_row<F, K>(wv[r], sv[r], xr, xs);
-    if (li == 0 && row[r] >= 0) {
-      float* y = pick(a.y, mat[r]) + row[r];
+    const float v = stage_dot_row<F, K>(b.wv[r], b.sv[r], xr, xs);
+    if (li == 0 && b.row[r] >= 0) {
+      float* y = pick(a.y, b.mat[r]) + b.row[r];
       *y = accumulate ? *y + v : v;
     }
   }
@@ -135,6 +169,25 @@ __device__ __forceinline__ void gemv_warp_generic(const MultiArgs& a, const XT* 
       *y = accumulate ? *y + acc : acc;
     }
   }
+}
+
+bool pdl_enabled();  // LILY_PDL=0 in the environment turns programmatic dependent launch off
+
+// Launches kernel k with programmatic stream serialisation (PDL) unless disabled.
+template <typename... P, typename... A>
+void launch_kernel(void (*k)(P...), int grid, int block, size_t smem, cudaStream_t s, A... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, args...));
+  CUDA_CHECK_LAUNCH();
 }
 
 // Rows per warp for the fast paths (more bytes in flight per warp for short rows).
@@ -183,33 +236,68 @@ __device__ __forceinline__ PairRow resolve_pair(const PairArgs& a, int task, siz
   return p;
 }
 
-template <QFormat F, int K, int R, bool MOE>
-__device__ __forceinline__ void swiglu_warp(const PairArgs& a, const float* x, int task0, int total) {
+template <QFormat F, int K, int R>
+struct PairBatch {
   using M = RowMap<F, K>;
-  const int lane = threadIdx.x & 31, sub = lane / M::lpr, li = lane % M::lpr;
-  const size_t row_bytes = static_cast<size_t>(K) * static_cast<int>(F) / 8;
-  constexpr int G = K / kGroupSize;
-  float xr[M::nc][M::epc], xs[M::nc];
-  stage_load_x<F, K>(x, li, xr, xs);
   uint4 gv[R][M::nc], uv[R][M::nc];
   uint32_t gs[R][M::nc], us[R][M::nc];
   float scale[R];
   int task[R];
+};
+
+// Stage: issue the gate and up rows of the warp's tasks (MoE: reads the routing result, so after pdl_wait).
+template <QFormat F, int K, int R, bool MOE>
+__device__ __forceinline__ void stage_issue_pairs(const PairArgs& a, int task0, int total, PairBatch<F, K, R>& b) {
+  using M = RowMap<F, K>;
+  const int lane = threadIdx.x & 31, sub = lane / M::lpr, li = lane % M::lpr;
+  const size_t row_bytes = static_cast<size_t>(K) * static_cast<int>(F) / 8;
+  constexpr int G = K / kGroupSize;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    task[r] = task0 + r * M::sub + sub;
-    const bool valid = task[r] < total;
-    const PairRow p = resolve_pair<MOE>(a, valid ? task[r] : 0, row_bytes, G);
-    scale[r] = p.scale;
-    stage_load_row<F, K>(p.gw, p.gsb, li, valid, gv[r], gs[r]);
-    stage_load_row<F, K>(p.uw, p.usb, li, valid, uv[r], us[r]);
+    b.task[r] = task0 + r * M::sub + sub;
+    const bool valid = b.task[r] < total;
+    const PairRow p = resolve_pair<MOE>(a, valid ? b.task[r] : 0, row_bytes, G);
+    b.scale[r] = p.scale;
+    stage_load_row<F, K>(p.gw, p.gsb, li, valid, b.gv[r], b.gs[r]);
+    stage_load_row<F, K>(p.uw, p.usb, li, valid, b.uv[r], b.us[r]);
   }
+}
+
+template <QFormat F, int K, int R>
+__device__ __forceinline__ void stage_finish_pairs(const PairArgs& a, const float* xsm, int total,
+                                                   const PairBatch<F, K, R>& b) {
+  using M = RowMap<F, K>;
+  const int li = (threadIdx.x & 31) % M::lpr;
+  float xr[M::nc][M::epc], xs[M::nc];
+  stage_load_x<F, K>(xsm, li, xr, xs);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const float g = stage_dot_row<F, K>(gv[r], gs[r], xr, xs);
-    const float u = stage_dot_row<F, K>(uv[r], us[r], xr, xs);
-    if (li == 0 && task[r] < total) a.out[task[r]] = scale[r] * silu(g) * u;
+    const float g = stage_dot_row<F, K>(b.gv[r], b.gs[r], xr, xs);
+    const float u = stage_dot_row<F, K>(b.uv[r], b.us[r], xr, xs);
+    if (li == 0 && b.task[r] < total) a.out[b.task[r]] = b.scale[r] * silu(g) * u;
   }
+}
+
+// The whole pair kernel body (plain SwiGLU or MoE gate/up).
+template <QFormat F, int K, int R, bool MOE>
+__device__ __forceinline__ void pair_body(const PairArgs& a, const float* x) {
+  using M = RowMap<F, K>;
+  __shared__ __align__(16) float xsm[K];
+  const int total = MOE ? (a.k + 1) * a.F : a.F;
+  const int task0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * R * M::sub;
+  PairBatch<F, K, R> b;
+  if (MOE) {
+    pdl_trigger();
+    pdl_wait();
+  }
+  stage_issue_pairs<F, K, R, MOE>(a, task0, total, b);
+  if (!MOE) {
+    pdl_trigger();
+    pdl_wait();
+  }
+  stage_x_to_smem(x, K, xsm);
+  if (task0 >= total) return;
+  stage_finish_pairs<F, K, R>(a, xsm, total, b);
 }
 
 template <QFormat F, int R, bool MOE>

@@ -104,9 +104,14 @@ template <QFormat F, int K>
 __global__ void __launch_bounds__(kBlockThreads) route_kernel(MultiArgs a, const float* x, RouteOut o) {
   using M = RowMap<F, K>;
   constexpr int R = 1;
-  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
-  const int task0 = warp * R * M::sub;
-  if (task0 < a.total) gemv_warp<F, K, R, float>(a, x, task0, false);
+  __shared__ __align__(16) float xsm[K];
+  const int task0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * R * M::sub;
+  RowBatch<F, K, R> b;
+  stage_issue_rows<F, K, R>(a, task0, b);
+  pdl_trigger();
+  pdl_wait();
+  stage_x_to_smem(x, K, xsm);
+  if (task0 < a.total) stage_finish_rows<F, K, R>(a, xsm, b, false);
   if (!last_block(o.counter)) return;
   route_epilogue(o);
   if (threadIdx.x == 0) *o.counter = 0u;
@@ -114,6 +119,8 @@ __global__ void __launch_bounds__(kBlockThreads) route_kernel(MultiArgs a, const
 
 template <QFormat F>
 __global__ void __launch_bounds__(kBlockThreads) route_generic_kernel(MultiArgs a, const float* x, RouteOut o) {
+  pdl_trigger();
+  pdl_wait();
   const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   gemv_warp_generic<F, 1, float>(a, x, warp, false);
   if (!last_block(o.counter)) return;
@@ -126,25 +133,21 @@ void launch_route(const MultiArgs& a, const float* x, const RouteOut& o, cudaStr
   const int rows = a.total;
   if (a.cols == 2048) {
     const int per_block = kWarpsPerBlock * RowMap<F, 2048>::sub;
-    route_kernel<F, 2048><<<(rows + per_block - 1) / per_block, kBlockThreads, 0, s>>>(a, x, o);
+    launch_kernel(route_kernel<F, 2048>, (rows + per_block - 1) / per_block, kBlockThreads, 0, s, a, x, o);
   } else {
-    route_generic_kernel<F><<<(rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kBlockThreads, 0, s>>>(a, x, o);
+    launch_kernel(route_generic_kernel<F>, (rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kBlockThreads, 0, s, a, x, o);
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 template <QFormat F, int K, int R>
 __global__ void __launch_bounds__(kBlockThreads) gate_up_kernel(PairArgs a, const float* x) {
-  using M = RowMap<F, K>;
-  const int total = (a.k + 1) * a.F;
-  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
-  const int task0 = warp * R * M::sub;
-  if (task0 >= total) return;
-  swiglu_warp<F, K, R, true>(a, x, task0, total);
+  pair_body<F, K, R, true>(a, x);
 }
 
 template <QFormat F, int R>
 __global__ void __launch_bounds__(kBlockThreads) gate_up_generic_kernel(PairArgs a, const float* x) {
+  pdl_trigger();
+  pdl_wait();
   const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   swiglu_warp_generic<F, R, true>(a, x, warp * R, (a.k + 1) * a.F);
 }
@@ -155,12 +158,12 @@ void launch_gate_up(const PairArgs& a, const float* x, cudaStream_t s) {
   if (a.cols == 2048) {
     constexpr int R = 2;
     const int per_block = kWarpsPerBlock * R * RowMap<F, 2048>::sub;
-    gate_up_kernel<F, 2048, R><<<(total + per_block - 1) / per_block, kBlockThreads, 0, s>>>(a, x);
+    launch_kernel(gate_up_kernel<F, 2048, R>, (total + per_block - 1) / per_block, kBlockThreads, 0, s, a, x);
   } else {
     constexpr int R = 2;
-    gate_up_generic_kernel<F, R><<<(total + kWarpsPerBlock * R - 1) / (kWarpsPerBlock * R), kBlockThreads, 0, s>>>(a, x);
+    launch_kernel(gate_up_generic_kernel<F, R>, (total + kWarpsPerBlock * R - 1) / (kWarpsPerBlock * R),
+                  kBlockThreads, 0, s, a, x);
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 // Down projections: output row i = sum_j D_j[i] . act[j], j < k routed (expert idx[j]), j == k shared.
@@ -207,6 +210,8 @@ __global__ void __launch_bounds__(kBlockThreads) down_kernel(DownArgs a) {
   extern __shared__ float4 smem4[];
   float* xsm = reinterpret_cast<float*>(smem4);
   float* xsum = xsm + NM * M::ch * (EPC + 4);
+  pdl_trigger();
+  pdl_wait();
   stage_act_to_smem<EPC>(a.act, NM * M::ch, xsm, xsum);
   const int lane = threadIdx.x & 31, sub = lane / M::lpr, li = lane % M::lpr;
   const size_t row_bytes = static_cast<size_t>(KF) * static_cast<int>(F) / 8;
@@ -251,6 +256,8 @@ __global__ void __launch_bounds__(kBlockThreads) down_kernel(DownArgs a) {
 template <QFormat F>
 __global__ void __launch_bounds__(kBlockThreads) down_generic_kernel(DownArgs a) {
   constexpr int EPC = Fmt<F>::epc;
+  pdl_trigger();
+  pdl_wait();
   const int ch = a.cols / EPC, G = a.cols / kGroupSize, nm = a.k + 1;
   const size_t row_bytes = static_cast<size_t>(a.cols) * static_cast<int>(F) / 8;
   const int i = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -276,24 +283,30 @@ void launch_down(const DownArgs& a, cudaStream_t s) {
     constexpr int NM = kTopK + 1;
     const size_t smem = (static_cast<size_t>(NM) * M::ch * (M::epc + 4) + NM * M::ch) * sizeof(float);
     const int per_block = kWarpsPerBlock * kDownRowsPerWarp;
-    down_kernel<F, kMoeFfn, NM><<<(a.rows + per_block - 1) / per_block, kBlockThreads, smem, s>>>(a);
+    launch_kernel(down_kernel<F, kMoeFfn, NM>, (a.rows + per_block - 1) / per_block, kBlockThreads, smem, s, a);
   } else {
-    down_generic_kernel<F><<<(a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kBlockThreads, 0, s>>>(a);
+    launch_kernel(down_generic_kernel<F>, (a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kBlockThreads, 0, s, a);
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 void check(bool ok, const char* what) { LILY_CHECK(ok, "moe: ", what); }
 
-void check_moe(const MoeWeightsDev& m, const MoeScratch& s) {
-  const int E = m.router.rows, H = m.router.cols, F = m.gate.rows;
+void check_route(const MoeWeightsDev& m, const MoeScratch& s) {
+  const int E = m.router.rows, H = m.router.cols;
   check(s.logits && s.counter && s.act && s.topk_idx && s.topk_w && s.sh_scale, "scratch not allocated");
-  check(E == s.n_experts && F == s.ffn && s.top_k >= 1 && s.top_k <= E, "scratch sized for another shape");
+  check(E == s.n_experts && s.top_k >= 1 && s.top_k <= E, "scratch sized for another expert count");
   check(E <= kRouteMaxPerThread * kBlockThreads, "too many experts");
-  check(m.router.w && m.shared_expert_gate.w && m.gate.w && m.up.w && m.down.w && m.sh_gate.w && m.sh_up.w &&
-            m.sh_down.w, "weights not allocated");
+  check(m.router.w && m.shared_expert_gate.w, "router weights not allocated");
+  check(H % kGroupSize == 0, "H must be a multiple of 64");
   check(m.shared_expert_gate.rows == 1 && m.shared_expert_gate.cols == H &&
             m.shared_expert_gate.format == m.router.format, "shared_expert_gate must be [1, H] in the router's format");
+}
+
+void check_moe(const MoeWeightsDev& m, const MoeScratch& s) {
+  check_route(m, s);
+  const int E = m.router.rows, H = m.router.cols, F = m.gate.rows;
+  check(F == s.ffn, "scratch sized for another FFN width");
+  check(m.gate.w && m.up.w && m.down.w && m.sh_gate.w && m.sh_up.w && m.sh_down.w, "expert weights not allocated");
   check(m.gate.n_mats == E && m.up.n_mats == E && m.down.n_mats == E, "expert stacks must hold E matrices");
   check(m.up.rows == F && m.gate.cols == H && m.up.cols == H && m.down.rows == H && m.down.cols == F,
         "expert shapes");
@@ -327,7 +340,7 @@ void moe_scratch_free(MoeScratch& s) {
 }
 
 void moe_route(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream) {
-  detail::check_moe(m, s);
+  detail::check_route(m, s);
   detail::MultiArgs a{};
   a.n = 2;
   a.cols = m.router.cols;

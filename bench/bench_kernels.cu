@@ -1,0 +1,356 @@
+// Benchmark of the weight-streaming kernels on the real Qwen3.6-35B-A3B shapes (batch-1 decode).
+// Usage: bench_kernels [out.json]
+// For each case: the weights are replicated into enough copies to exceed the L2 several times (>= ~600 MB),
+// one CUDA graph launches the kernel once per copy, the graph is replayed (after warm-up) and the median
+// replay time / copies is the per-kernel time (includes the graph's inter-kernel gap, as in decode).
+// Reported: µs, bytes streamed (weights + scale/bias words), GB/s and % of the measured D2D copy bandwidth
+// (cudaMemcpy D2D of 1 GiB, bytes read + written). A last case runs the whole per-token weight stream
+// (40 layers of mixer projections + MoE, lm_head) as one graph.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/common.cuh"
+#include "kernels/qmat.h"
+#include "kernels/sampling.h"
+
+using namespace lily::cuda;
+
+namespace {
+
+__global__ void fill_words(uint32_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint64_t x = seed ^ (i * 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 29;
+    p[i] = static_cast<uint32_t>(x);
+  }
+}
+// scale|bias words: bf16 values of magnitude ~0.004..0.008 with random signs.
+__global__ void fill_sb(uint32_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint64_t x = seed ^ (i * 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+    const uint32_t s = 0x3b80u | (x & 0x7fu) | ((x >> 8) & 1u) << 15;
+    const uint32_t b = 0x3b80u | ((x >> 16) & 0x7fu) | ((x >> 24) & 1u) << 15;
+    p[i] = s | (b << 16);
+  }
+}
+__global__ void fill_floats(float* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint64_t x = seed ^ (i * 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+    p[i] = static_cast<float>(x >> 40) / 16777216.0f * 2.f - 1.f;
+  }
+}
+
+uint64_t g_seed = 1;
+std::vector<void*> g_allocs;
+
+void* dalloc(size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  g_allocs.push_back(p);
+  return p;
+}
+
+QMat make_mat(QFormat f, int rows, int cols, int n_mats = 1) {
+  QMat m;
+  m.format = f; m.rows = rows; m.cols = cols; m.n_mats = n_mats;
+  m.w = static_cast<uint8_t*>(dalloc(m.w_bytes()));
+  fill_words<<<1024, 256>>>(reinterpret_cast<uint32_t*>(m.w), m.w_bytes() / 4, g_seed++);
+  if (f != QFormat::bf16) {
+    m.sb = static_cast<uint32_t*>(dalloc(m.sb_bytes()));
+    fill_sb<<<1024, 256>>>(m.sb, m.sb_bytes() / 4, g_seed++);
+  }
+  CUDA_CHECK_LAUNCH();
+  return m;
+}
+
+float* make_vec(size_t n) {
+  float* p = static_cast<float*>(dalloc(n * sizeof(float)));
+  fill_floats<<<64, 256>>>(p, n, g_seed++);
+  CUDA_CHECK_LAUNCH();
+  return p;
+}
+
+struct Result {
+  std::string name;
+  double us = 0, bytes = 0, gbs = 0, pct = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Captures launch(i) for i < copies into one graph, replays it and returns the median µs per launch.
+double time_graph(int copies, const std::function<void(int, cudaStream_t)>& launch, int replays = 15) {
+  CUDA_CHECK(cudaDeviceSynchronize());  // the weight fills ran on the legacy stream
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < copies; ++i) launch(i, s);
+  CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  for (int w = 0; w < 3; ++w) CUDA_CHECK(cudaGraphLaunch(ge, s));
+  std::vector<double> t;
+  for (int r = 0; r < replays; ++r) {
+    CUDA_CHECK(cudaEventRecord(a, s));
+    CUDA_CHECK(cudaGraphLaunch(ge, s));
+    CUDA_CHECK(cudaEventRecord(b, s));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.0 / copies);
+  }
+  CUDA_CHECK(cudaGraphExecDestroy(ge));
+  CUDA_CHECK(cudaGraphDestroy(g));
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  CUDA_CHECK(cudaStreamDestroy(s));
+  return median(t);
+}
+
+double copy_bandwidth() {
+  const size_t n = size_t{1} << 30;
+  void* src = dalloc(n);
+  void* dst = dalloc(n);
+  CUDA_CHECK(cudaMemset(src, 1, n));
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> gbs;
+  for (int r = 0; r < 12; ++r) {
+    CUDA_CHECK(cudaEventRecord(a));
+    CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaEventRecord(b));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (r >= 2) gbs.push_back(2.0 * n / (ms * 1e-3) / 1e9);
+  }
+  return median(gbs);
+}
+
+int copies_for(double bytes) { return std::max(2, static_cast<int>(std::ceil(640e6 / bytes))); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const double bw = copy_bandwidth();
+  const char* pdl = std::getenv("LILY_PDL");
+  std::printf("device %s, %d SMs, L2 %d MB; D2D copy bandwidth %.0f GB/s; PDL %s\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, bw, pdl && pdl[0] == '0' ? "off" : "on");
+  std::vector<Result> res;
+  auto report = [&](const std::string& name, double us, double bytes) {
+    Result r{name, us, bytes, bytes / (us * 1e-6) / 1e9, 0};
+    r.pct = 100.0 * r.gbs / bw;
+    res.push_back(r);
+    std::printf("%-36s %9.2f us %10.2f MB %8.0f GB/s %6.1f%%\n", name.c_str(), us, bytes / 1e6, r.gbs, r.pct);
+    std::fflush(stdout);
+  };
+  float* x = make_vec(8192);
+  float* y = make_vec(1 << 20);
+  const QFormat q4 = QFormat::q4, q8 = QFormat::q8;
+
+  // Plain GEMVs (x fp32 -> y fp32)
+  struct G { const char* name; QFormat f; int rows, cols; bool acc; };
+  const G gemvs[] = {{"gdn in_proj_qkv 8192x2048", q4, 8192, 2048, false},
+                     {"gdn in_proj_z 4096x2048", q4, 4096, 2048, false},
+                     {"gdn out_proj 2048x4096 (+=)", q4, 2048, 4096, true},
+                     {"attn q_proj 8192x2048", q4, 8192, 2048, false},
+                     {"attn o_proj 2048x4096 (+=)", q4, 2048, 4096, true},
+                     {"router q8 256x2048", q8, 256, 2048, false}};
+  for (const G& g : gemvs) {
+    QMat proto;
+    proto.format = g.f; proto.rows = g.rows; proto.cols = g.cols;
+    const int n = copies_for(static_cast<double>(proto.bytes()));
+    std::vector<QMat> ms;
+    for (int i = 0; i < n; ++i) ms.push_back(make_mat(g.f, g.rows, g.cols));
+    const double us = time_graph(n, [&](int i, cudaStream_t s) { gemv(ms[i], x, y, g.acc, s); });
+    report(g.name, us, static_cast<double>(proto.bytes()));
+  }
+  // Batched mixer input projections (one launch)
+  {
+    struct M { const char* name; std::vector<int> rows; };
+    for (const M& mm : {M{"gdn qkv+z+b+a (one launch)", {8192, 4096, 32, 32}}, M{"attn q+k+v (one launch)", {8192, 512, 512}}}) {
+      double bytes = 0;
+      for (int r : mm.rows) {
+        QMat p; p.format = q4; p.rows = r; p.cols = 2048;
+        bytes += static_cast<double>(p.bytes());
+      }
+      const int n = copies_for(bytes);
+      std::vector<GemvBatch> bs(n);
+      for (int i = 0; i < n; ++i) {
+        bs[i].n = static_cast<int>(mm.rows.size());
+        int off = 0;
+        for (int j = 0; j < bs[i].n; ++j) {
+          bs[i].W[j] = make_mat(q4, mm.rows[j], 2048);
+          bs[i].y[j] = y + off;
+          off += mm.rows[j];
+        }
+      }
+      const double us = time_graph(n, [&](int i, cudaStream_t s) { gemv_multi(bs[i], x, false, s); });
+      report(mm.name, us, bytes);
+    }
+  }
+  // MoE: per layer copy a full-size set of E experts would be 453 MB; use 64 experts per copy (the selection is
+  // random and distinct per copy, so the bytes streamed per call are those of 8 experts + the shared one).
+  const int E = 64, n_layers = 16;
+  std::vector<MoeWeightsDev> moe(n_layers);
+  std::vector<MoeScratch> scr(n_layers);
+  for (int l = 0; l < n_layers; ++l) {
+    MoeWeightsDev& m = moe[l];
+    m.router = make_mat(q8, E, kHidden);
+    m.shared_expert_gate = make_mat(q8, 1, kHidden);
+    m.gate = make_mat(q4, kMoeFfn, kHidden, E);
+    m.up = make_mat(q4, kMoeFfn, kHidden, E);
+    m.down = make_mat(q4, kHidden, kMoeFfn, E);
+    m.sh_gate = make_mat(q4, kMoeFfn, kHidden);
+    m.sh_up = make_mat(q4, kMoeFfn, kHidden);
+    m.sh_down = make_mat(q4, kHidden, kMoeFfn);
+    scr[l] = moe_scratch_alloc(E, kTopK, kMoeFfn);
+    std::vector<int> idx(kTopK);
+    for (int j = 0; j < kTopK; ++j) idx[j] = (l * 7 + j * 5) % E;
+    std::vector<float> w(kTopK, 1.f / kTopK), sh(1, 0.5f);
+    CUDA_CHECK(cudaMemcpy(scr[l].topk_idx, idx.data(), sizeof(int) * kTopK, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(scr[l].topk_w, w.data(), sizeof(float) * kTopK, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(scr[l].sh_scale, sh.data(), sizeof(float), cudaMemcpyHostToDevice));
+  }
+  const double expert_gu = 2.0 * moe[0].gate.mat_w_bytes() + 2.0 * moe[0].gate.mat_groups() * 4;
+  const double expert_d = moe[0].down.mat_w_bytes() + moe[0].down.mat_groups() * 4.0;
+  const double route_bytes = static_cast<double>(moe[0].router.bytes() / E * kExperts + moe[0].shared_expert_gate.bytes());
+  {
+    // gate/up and down: copies = layers (16 layers x ~15 MB, rotated 4 times inside one graph)
+    const int reps = 4;
+    double us = time_graph(n_layers * reps, [&](int i, cudaStream_t s) { moe_gate_up(moe[i % n_layers], x, scr[i % n_layers], s); });
+    report("moe gate/up 8 experts + shared", us, 9 * expert_gu);
+    us = time_graph(n_layers * reps, [&](int i, cudaStream_t s) { moe_down(moe[i % n_layers], scr[i % n_layers], y, s); });
+    report("moe down 8 + shared (+= residual)", us, 9 * expert_d);
+    std::vector<MoeWeightsDev> r256(copies_for(route_bytes));
+    std::vector<MoeScratch> s256(r256.size());
+    for (size_t i = 0; i < r256.size(); ++i) {
+      r256[i] = moe[0];
+      r256[i].router = make_mat(q8, kExperts, kHidden);
+      r256[i].shared_expert_gate = make_mat(q8, 1, kHidden);
+      s256[i] = moe_scratch_alloc(kExperts, kTopK, kMoeFfn);
+    }
+    us = time_graph(static_cast<int>(r256.size()), [&](int i, cudaStream_t s) { moe_route(r256[i], x, s256[i], s); });
+    report("moe route (q8 256x2048 + gate, top-8)", us, route_bytes);
+    us = time_graph(n_layers * reps, [&](int i, cudaStream_t s) {
+      moe_forward(moe[i % n_layers], x, scr[i % n_layers], y, s);
+    });
+    report("moe block (route E=64 + gate/up + down)", us, 9 * (expert_gu + expert_d) + moe[0].router.bytes());
+  }
+  // lm_head
+  {
+    const int n = 3;
+    std::vector<QMat> hs;
+    for (int i = 0; i < n; ++i) hs.push_back(make_mat(q4, kVocab, kHidden));
+    float* logits = make_vec(kVocab);
+    const double us = time_graph(n, [&](int i, cudaStream_t s) { gemv(hs[i], x, logits, false, s); }, 9);
+    report("lm_head 248320x2048", us, static_cast<double>(hs[0].bytes()));
+    // embedding gather and sampling (latency; bytes ~0)
+    int* tok = static_cast<int*>(dalloc(sizeof(int)));
+    CUDA_CHECK(cudaMemset(tok, 0, sizeof(int)));
+    double t = time_graph(64, [&](int, cudaStream_t s) { embed_row(hs[0], tok, y, s); });
+    report("embed row gather (q4)", t, kHidden * 0.5625);
+    int* counts = static_cast<int*>(dalloc(sizeof(int) * kVocab));
+    CUDA_CHECK(cudaMemset(counts, 0, sizeof(int) * kVocab));
+    uint64_t* ctr = static_cast<uint64_t*>(dalloc(sizeof(uint64_t)));
+    CUDA_CHECK(cudaMemset(ctr, 0, sizeof(uint64_t)));
+    void* scratch = dalloc(sampling_scratch_bytes(kVocab));
+    SamplingParams p;
+    p.n_valid = kVocabReal;
+    p.temperature = 0.f;
+    t = time_graph(32, [&](int, cudaStream_t s) { sample(logits, kVocab, p, counts, ctr, tok, scratch, s); });
+    report("sample greedy V=248320", t, kVocab * 4.0);
+    p.temperature = 1.f; p.top_k = 20; p.top_p = 0.95f; p.presence = 0.5f;
+    t = time_graph(32, [&](int, cudaStream_t s) { sample(logits, kVocab, p, counts, ctr, tok, scratch, s); });
+    report("sample top_k20 top_p.95 +penalty", t, kVocab * 8.0);
+    p.top_k = 0;
+    t = time_graph(8, [&](int, cudaStream_t s) { sample(logits, kVocab, p, counts, ctr, tok, scratch, s); });
+    report("sample top_p.95 full vocab (slow path)", t, kVocab * 8.0);
+  }
+  // Whole per-token weight stream: 30 GDN + 10 attention mixers' projections, 40 full MoE blocks (E = 256
+  // experts per layer, 18 GB), lm_head.
+  {
+    std::vector<GemvBatch> in(40);
+    std::vector<QMat> out(40);
+    for (int l = 0; l < 40; ++l) {
+      const bool attn = (l + 1) % 4 == 0;
+      const std::vector<int> rows = attn ? std::vector<int>{8192, 512, 512} : std::vector<int>{8192, 4096, 32, 32};
+      in[l].n = static_cast<int>(rows.size());
+      int off = 0;
+      for (int j = 0; j < in[l].n; ++j) {
+        in[l].W[j] = make_mat(q4, rows[j], 2048);
+        in[l].y[j] = y + off;
+        off += rows[j];
+      }
+      out[l] = make_mat(q4, 2048, 4096);
+    }
+    std::vector<MoeWeightsDev> lm(40);
+    std::vector<MoeScratch> ls(40);
+    for (int l = 0; l < 40; ++l) {
+      lm[l] = moe[l % n_layers];
+      lm[l].router = make_mat(q8, kExperts, kHidden);
+      lm[l].shared_expert_gate = make_mat(q8, 1, kHidden);
+      lm[l].gate = make_mat(q4, kMoeFfn, kHidden, kExperts);
+      lm[l].up = make_mat(q4, kMoeFfn, kHidden, kExperts);
+      lm[l].down = make_mat(q4, kHidden, kMoeFfn, kExperts);
+      lm[l].sh_gate = make_mat(q4, kMoeFfn, kHidden);
+      lm[l].sh_up = make_mat(q4, kMoeFfn, kHidden);
+      lm[l].sh_down = make_mat(q4, kHidden, kMoeFfn);
+      ls[l] = moe_scratch_alloc(kExperts, kTopK, kMoeFfn);
+    }
+    QMat head = make_mat(q4, kVocab, kHidden);
+    float* logits = make_vec(kVocab);
+    float* h = make_vec(kHidden);
+    double bytes = static_cast<double>(head.bytes());
+    for (int l = 0; l < 40; ++l) {
+      for (int j = 0; j < in[l].n; ++j) bytes += static_cast<double>(in[l].W[j].bytes());
+      bytes += static_cast<double>(out[l].bytes()) + static_cast<double>(lm[l].router.bytes() + lm[l].shared_expert_gate.bytes());
+      bytes += 9 * (expert_gu + expert_d);
+    }
+    const double us = time_graph(1, [&](int, cudaStream_t s) {
+      for (int l = 0; l < 40; ++l) {
+        gemv_multi(in[l], x, false, s);
+        gemv(out[l], x, h, true, s);
+        moe_forward(lm[l], x, ls[l], h, s);
+      }
+      gemv(head, x, logits, false, s);
+    }, 11);
+    report("TOKEN weight stream (40 layers + head)", us, bytes);
+    std::printf("  -> %.0f tokens/s upper bound from weight streaming alone (%.0f launches)\n", 1e6 / us, 40 * 5.0 + 1);
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  if (argc > 1) {
+    FILE* f = std::fopen(argv[1], "w");
+    if (f) {
+      std::fprintf(f, "{\"device\": \"%s\", \"copy_gbs\": %.1f, \"kernels\": [\n", prop.name, bw);
+      for (size_t i = 0; i < res.size(); ++i)
+        std::fprintf(f, "  {\"name\": \"%s\", \"us\": %.3f, \"bytes\": %.0f, \"gbs\": %.1f, \"pct_copy\": %.1f}%s\n",
+                     res[i].name.c_str(), res[i].us, res[i].bytes, res[i].gbs, res[i].pct, i + 1 < res.size() ? "," : "");
+      std::fprintf(f, "]}\n");
+      std::fclose(f);
+    }
+  }
+  for (void* p : g_allocs) cudaFree(p);
+  return 0;
+}

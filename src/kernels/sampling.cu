@@ -1,0 +1,476 @@
+// Token sampling on the GPU; the semantics are written out in kernels/sampling.h. Two launches:
+//   prep   (one block per 1024 logits): penalties, padding mask, temperature -> z; per-block max and
+//          sum exp(z - max); on the fast path (top_k <= kSampleFastTopK, greedy = top_k 1) the block's top_k
+//          candidates (radix select in shared memory); on the full path z is written to scratch.
+//   finish (one block): global top_k from the candidates (fast) or exact top-k / top-p / min-p cuts over the
+//          whole vocabulary by radix select on the order-preserving keys of z (full), then the draw.
+// Keys: order-preserving uint32 of the float z; among equal keys the lower id comes first.
+// Tested by tests/gpu/test_sampling.cu.
+#include "kernels/common.cuh"
+#include "kernels/sampling.h"
+
+#include <cmath>
+
+namespace lily::cuda {
+
+__host__ __device__ inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+__host__ __device__ inline float uniform_from(uint64_t seed, uint64_t counter) {
+  const uint64_t r = splitmix64(seed ^ splitmix64(counter));
+  return static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // 24 bits -> [0, 1)
+}
+
+float sample_uniform(uint64_t seed, uint64_t counter) { return uniform_from(seed, counter); }
+
+namespace detail {
+
+inline constexpr int kPrepThreads = 256;
+inline constexpr int kPrepPerBlock = 1024;  // logits per prep block
+inline constexpr int kFinishThreads = 1024;
+
+__device__ __forceinline__ uint32_t key_of(float z) {
+  const uint32_t u = __float_as_uint(z);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float z_of(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// Stage: penalties, mask, temperature for one logit.
+__device__ __forceinline__ float process_logit(const float* logits, const int* counts, const SamplingParams& p,
+                                               int i) {
+  if (p.n_valid > 0 && i >= p.n_valid) return -INFINITY;
+  float z = logits[i];
+  if (counts) {
+    const int c = counts[i];
+    if (c > 0 && p.repetition != 1.0f) z = z > 0.f ? __fdiv_rn(z, p.repetition) : __fmul_rn(z, p.repetition);
+    const float pen = __fadd_rn(__fmul_rn(p.frequency, static_cast<float>(c)), c > 0 ? p.presence : 0.f);
+    z = __fsub_rn(z, pen);
+  }
+  if (p.temperature > 0.f) z = __fdiv_rn(z, p.temperature);
+  return z;
+}
+
+struct Stats { float max, sum; };  // per prep block: max z and sum exp(z - max)
+
+template <int NT>
+__device__ float block_reduce(float v, bool is_max) {
+  __shared__ float s[NT / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, w) : v + w;
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) s[threadIdx.x / 32] = v;
+  __syncthreads();
+  float t = s[0];
+  for (int i = 1; i < NT / 32; ++i) t = is_max ? fmaxf(t, s[i]) : t + s[i];
+  return t;
+}
+
+// Result of a prefix cut in the order (key desc, id asc): all keys > key, plus the first n_tie ids with
+// key == key (n_tie == INT_MAX: all of them).
+struct Cut {
+  uint32_t key;
+  int n_tie;
+  int count_above;    // elements with key > cut key
+  float mass_above;   // their sum exp(z - zmax) (mass mode only)
+  int n_at;           // elements with key == cut key
+};
+
+// Block-wide radix select over n elements given by key(i): the shortest prefix with count >= target (by
+// count) or mass sum exp(z - zmax) >= target (by mass). Every thread of the block gets the result.
+template <int NT, typename KeyFn>
+__device__ Cut block_select(KeyFn key, int n, bool by_mass, float target, float zmax) {
+  __shared__ float hist_c[256], hist_m[256];
+  __shared__ uint32_t s_prefix;
+  __shared__ int s_count_above, s_at;
+  __shared__ float s_mass_above;
+  if (threadIdx.x == 0) { s_prefix = 0; s_count_above = 0; s_mass_above = 0.f; s_at = 0; }
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    const uint32_t hi_mask = pass == 0 ? 0u : (0xffffffffu << (32 - 8 * pass));
+    for (int d = threadIdx.x; d < 256; d += NT) { hist_c[d] = 0.f; hist_m[d] = 0.f; }
+    __syncthreads();
+    const uint32_t prefix = s_prefix;
+    for (int i = threadIdx.x; i < n; i += NT) {
+      const uint32_t k = key(i);
+      if ((k & hi_mask) != prefix) continue;
+      const int d = (k >> shift) & 255;
+      atomicAdd(&hist_c[d], 1.f);
+      if (by_mass) atomicAdd(&hist_m[d], expf(z_of(k) - zmax));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      const int l = threadIdx.x;
+      float sc = 0.f, sm = 0.f;
+      for (int q = 0; q < 8; ++q) { sc += hist_c[255 - 8 * l - q]; sm += hist_m[255 - 8 * l - q]; }
+      float pc = sc, pm = sm;  // inclusive prefix over lanes (top digits first)
+      for (int o = 1; o < 32; o *= 2) {
+        const float c2 = __shfl_up_sync(0xffffffffu, pc, o), m2 = __shfl_up_sync(0xffffffffu, pm, o);
+        if (l >= o) { pc += c2; pm += m2; }
+      }
+      const float need = by_mass ? target - s_mass_above : target - static_cast<float>(s_count_above);
+      const unsigned hit = __ballot_sync(0xffffffffu, (by_mass ? pm : pc) >= need);
+      const int owner = hit ? __ffs(hit) - 1 : 31;
+      if (l == owner) {
+        float cc = pc - sc, cm = pm - sm;  // sums of the digits above this lane's first one
+        int digit = 255 - 8 * l - 7;
+        for (int q = 0; q < 8; ++q) {
+          const int d = 255 - 8 * l - q;
+          const float vc = hist_c[d], vm = hist_m[d];
+          if ((by_mass ? cm + vm : cc + vc) >= need || q == 7) { digit = d; break; }
+          cc += vc;
+          cm += vm;
+        }
+        s_prefix = prefix | (static_cast<uint32_t>(digit) << shift);
+        s_count_above += static_cast<int>(cc);
+        s_mass_above += cm;
+        s_at = static_cast<int>(hist_c[digit]);
+      }
+    }
+    __syncthreads();
+  }
+  Cut c;
+  c.key = s_prefix;
+  c.count_above = s_count_above;
+  c.mass_above = s_mass_above;
+  c.n_at = s_at;
+  if (by_mass) {
+    const float e = expf(z_of(c.key) - zmax);
+    const float rem = target - c.mass_above;
+    int t = e > 0.f ? static_cast<int>(ceilf(rem / e)) : c.n_at;
+    c.n_tie = t < 1 ? 1 : (t > c.n_at ? c.n_at : t);
+  } else {
+    const int t = static_cast<int>(target) - c.count_above;
+    c.n_tie = t < 1 ? 1 : (t > c.n_at ? c.n_at : t);
+  }
+  __syncthreads();
+  return c;
+}
+
+struct PrepArgs {
+  const float* logits; const int* counts; int vocab; SamplingParams p;
+  int cand;             // candidates per block (fast path), 0 on the full path
+  uint32_t* cand_key; int* cand_id;  // [blocks][cand]
+  float* z;             // [vocab] (full path)
+  Stats* stats;         // [blocks]
+};
+
+__global__ void __launch_bounds__(kPrepThreads) prep_kernel(PrepArgs a) {
+  __shared__ uint32_t keys[kPrepPerBlock];
+  const int base = blockIdx.x * kPrepPerBlock;
+  const int n = min(kPrepPerBlock, a.vocab - base);
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < n; j += kPrepThreads) {
+    const float z = process_logit(a.logits, a.counts, a.p, base + j);
+    keys[j] = key_of(z);
+    m = fmaxf(m, z);
+    if (a.z) a.z[base + j] = z;
+  }
+  m = block_reduce<kPrepThreads>(m, true);
+  float s = 0.f;
+  if (m > -INFINITY)
+    for (int j = threadIdx.x; j < n; j += kPrepThreads) s += expf(z_of(keys[j]) - m);
+  s = block_reduce<kPrepThreads>(s, false);
+  if (threadIdx.x == 0) a.stats[blockIdx.x] = Stats{m, s};
+  if (a.cand == 0) return;
+  uint32_t* ck = a.cand_key + static_cast<size_t>(blockIdx.x) * a.cand;
+  int* ci = a.cand_id + static_cast<size_t>(blockIdx.x) * a.cand;
+  if (n <= a.cand) {  // the whole block is a candidate (pad with empty keys)
+    for (int j = threadIdx.x; j < a.cand; j += kPrepThreads) {
+      ck[j] = j < n ? keys[j] : 0u;
+      ci[j] = j < n ? base + j : 0x7fffffff;
+    }
+    return;
+  }
+  const Cut c = block_select<kPrepThreads>([&](int i) { return keys[i]; }, n, false, static_cast<float>(a.cand), 0.f);
+  __shared__ int slot;
+  if (threadIdx.x == 0) slot = 0;
+  __syncthreads();
+  for (int j = threadIdx.x; j < n; j += kPrepThreads)
+    if (keys[j] > c.key) {
+      const int s2 = atomicAdd(&slot, 1);
+      ck[s2] = keys[j];
+      ci[s2] = base + j;
+    }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // ties at the cut, lowest ids first, in id order
+    int taken = 0;
+    for (int j0 = 0; j0 < n && taken < c.n_tie; j0 += 32) {
+      const int j = j0 + threadIdx.x;
+      const bool tie = j < n && keys[j] == c.key;
+      const unsigned b = __ballot_sync(0xffffffffu, tie);
+      const int r = taken + __popc(b & ((1u << threadIdx.x) - 1u));
+      if (tie && r < c.n_tie) {
+        ck[slot + r] = c.key;
+        ci[slot + r] = base + j;
+      }
+      taken += __popc(b);
+    }
+  }
+}
+
+struct FinishArgs {
+  int vocab, n_blocks, cand;
+  SamplingParams p;
+  const uint32_t* cand_key; const int* cand_id;
+  const float* z;
+  const Stats* stats;
+  int* counts; uint64_t* rng_counter; int* out_token;
+};
+
+// Stage: global max and total mass from the per-block stats.
+__device__ void global_stats(const FinishArgs& a, float& zmax, float& total) {
+  float m = -INFINITY;
+  for (int b = threadIdx.x; b < a.n_blocks; b += kFinishThreads) m = fmaxf(m, a.stats[b].max);
+  zmax = block_reduce<kFinishThreads>(m, true);
+  float s = 0.f;
+  for (int b = threadIdx.x; b < a.n_blocks; b += kFinishThreads)
+    if (a.stats[b].sum > 0.f) s += a.stats[b].sum * expf(a.stats[b].max - zmax);
+  total = block_reduce<kFinishThreads>(s, false);
+}
+
+__device__ void emit(const FinishArgs& a, int token) {
+  *a.out_token = token;
+  if (a.p.update_counts && a.counts && token >= 0 && token < a.vocab) a.counts[token] += 1;
+  *a.rng_counter += 1;
+}
+
+// Fast path: top_k candidates -> sorted list -> top-p / min-p -> draw (walk in ascending id order).
+__global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs a) {
+  __shared__ uint32_t lk[kSampleFastTopK];
+  __shared__ int lid[kSampleFastTopK];
+  __shared__ uint32_t sk[kSampleFastTopK];
+  __shared__ int sid[kSampleFastTopK];
+  __shared__ int n_list;
+  const int nc = a.n_blocks * a.cand;
+  const int k = a.p.temperature <= 0.f ? 1 : a.p.top_k;
+  const Cut c = block_select<kFinishThreads>([&](int i) { return a.cand_key[i]; }, nc, false, static_cast<float>(k), 0.f);
+  if (threadIdx.x == 0) n_list = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < nc; i += kFinishThreads)
+    if (a.cand_key[i] > c.key) {
+      const int s = atomicAdd(&n_list, 1);
+      lk[s] = a.cand_key[i];
+      lid[s] = a.cand_id[i];
+    }
+  __syncthreads();
+  // ties at the cut: repeatedly take the lowest remaining id (rare; at most k rounds)
+  __shared__ int last_id;
+  if (threadIdx.x == 0) last_id = -1;
+  for (int t = 0; t < c.n_tie; ++t) {
+    __syncthreads();
+    int best = 0x7fffffff;
+    for (int i = threadIdx.x; i < nc; i += kFinishThreads)
+      if (a.cand_key[i] == c.key && a.cand_id[i] > last_id) best = min(best, a.cand_id[i]);
+    best = static_cast<int>(-block_reduce<kFinishThreads>(-static_cast<float>(best), true));
+    if (threadIdx.x == 0) {
+      lk[n_list] = c.key;
+      lid[n_list] = best;
+      ++n_list;
+      last_id = best;
+    }
+  }
+  __syncthreads();
+  const int n = n_list;
+  if (threadIdx.x < n) {  // rank sort: key desc, id asc
+    int r = 0;
+    for (int j = 0; j < n; ++j) r += (lk[j] > lk[threadIdx.x] || (lk[j] == lk[threadIdx.x] && lid[j] < lid[threadIdx.x]));
+    sk[r] = lk[threadIdx.x];
+    sid[r] = lid[threadIdx.x];
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const float z0 = z_of(sk[0]);
+  float zk = 0.f;
+  for (int j = 0; j < n; ++j) zk += expf(z_of(sk[j]) - z0);
+  int keep = n;
+  if (a.p.top_p < 1.f) {
+    float cum = 0.f;
+    for (int j = 0; j < n; ++j) {
+      cum += expf(z_of(sk[j]) - z0);
+      if (cum >= a.p.top_p * zk) { keep = j + 1; break; }
+    }
+  }
+  if (a.p.min_p > 0.f) {
+    int j = 1;
+    while (j < keep && expf(z_of(sk[j]) - z0) >= a.p.min_p) ++j;
+    keep = j;
+  }
+  // draw: kept entries in ascending id order
+  float total = 0.f;
+  for (int j = 0; j < keep; ++j) total += expf(z_of(sk[j]) - z0);
+  const float u = uniform_from(a.p.seed, *a.rng_counter) * total;
+  int prev = -1, token = sid[0];
+  float cum = 0.f;
+  for (int step = 0; step < keep; ++step) {
+    int nxt = 0x7fffffff, nj = 0;
+    for (int j = 0; j < keep; ++j)
+      if (sid[j] > prev && sid[j] < nxt) { nxt = sid[j]; nj = j; }
+    cum += expf(z_of(sk[nj]) - z0);
+    token = nxt;
+    prev = nxt;
+    if (cum > u) break;
+  }
+  emit(a, token);
+}
+
+// Full path over all z: exact cuts by radix select, then the draw in id order.
+__global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs a) {
+  float zmax, total;
+  global_stats(a, zmax, total);
+  const int V = a.vocab;
+  auto key = [&](int i) { return key_of(a.z[i]); };
+  Cut best{0u, 0x7fffffff, 0, 0.f, 0};  // everything
+  float mass_k = total;
+  auto shorter = [](const Cut& x, const Cut& y) { return x.key > y.key || (x.key == y.key && x.n_tie < y.n_tie); };
+  if (a.p.top_k > 0 && a.p.top_k < V) {
+    best = block_select<kFinishThreads>(key, V, false, static_cast<float>(a.p.top_k), zmax);
+    // mass of the top_k set
+    float s = 0.f;
+    for (int i = threadIdx.x; i < V; i += kFinishThreads)
+      if (key(i) > best.key) s += expf(a.z[i] - zmax);
+    mass_k = block_reduce<kFinishThreads>(s, false) + best.n_tie * expf(z_of(best.key) - zmax);
+  }
+  if (a.p.top_p < 1.f) {
+    const Cut c = block_select<kFinishThreads>(key, V, true, a.p.top_p * mass_k, zmax);
+    if (shorter(c, best)) best = c;
+  }
+  if (a.p.min_p > 0.f) {
+    const Cut c{key_of(zmax + logf(a.p.min_p)), 0x7fffffff, 0, 0.f, 0};
+    if (shorter(c, best)) best = c;
+  }
+  // draw: contiguous id ranges per thread; tie ranks from a block scan of the tie counts
+  __shared__ float s_mass[kFinishThreads];
+  __shared__ int s_ties[kFinishThreads];
+  const int per = (V + kFinishThreads - 1) / kFinishThreads;
+  const int lo = threadIdx.x * per, hi = min(V, lo + per);
+  int ties = 0;
+  for (int i = lo; i < hi; ++i) ties += key(i) == best.key;
+  s_ties[threadIdx.x] = ties;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int acc = 0;
+    for (int t = 0; t < kFinishThreads; ++t) { const int v = s_ties[t]; s_ties[t] = acc; acc += v; }
+  }
+  __syncthreads();
+  float m = 0.f;
+  int tr = s_ties[threadIdx.x];
+  for (int i = lo; i < hi; ++i) {
+    const uint32_t k = key(i);
+    const bool kept = k > best.key || (k == best.key && tr++ < best.n_tie);
+    if (kept) m += expf(a.z[i] - zmax);
+  }
+  s_mass[threadIdx.x] = m;
+  __syncthreads();
+  __shared__ float s_u;
+  __shared__ int s_owner;
+  if (threadIdx.x == 0) {
+    float tot = 0.f;
+    for (int t = 0; t < kFinishThreads; ++t) tot += s_mass[t];
+    const float u = uniform_from(a.p.seed, *a.rng_counter) * tot;
+    float acc = 0.f;
+    int owner = -1;
+    for (int t = 0; t < kFinishThreads; ++t) {
+      if (s_mass[t] > 0.f) owner = t;
+      if (s_mass[t] > 0.f && acc + s_mass[t] > u) break;
+      acc += s_mass[t];
+    }
+    s_u = u - acc;
+    s_owner = owner;
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) != s_owner) return;
+  float cum = 0.f;
+  int token = -1;
+  tr = s_ties[threadIdx.x];
+  for (int i = lo; i < hi; ++i) {
+    const uint32_t k = key(i);
+    const bool kept = k > best.key || (k == best.key && tr++ < best.n_tie);
+    if (!kept) continue;
+    cum += expf(a.z[i] - zmax);
+    token = i;
+    if (cum > s_u) break;
+  }
+  emit(a, token);
+}
+
+struct ScratchLayout {
+  int n_blocks;
+  size_t stats, cand_key, cand_id, z, total;
+};
+ScratchLayout layout(int vocab) {
+  ScratchLayout l;
+  l.n_blocks = (vocab + kPrepPerBlock - 1) / kPrepPerBlock;
+  auto al = [](size_t x) { return (x + 255) & ~size_t{255}; };
+  l.stats = 0;
+  l.cand_key = al(l.stats + sizeof(Stats) * l.n_blocks);
+  l.cand_id = al(l.cand_key + sizeof(uint32_t) * l.n_blocks * kSampleFastTopK);
+  l.z = al(l.cand_id + sizeof(int) * l.n_blocks * kSampleFastTopK);
+  l.total = al(l.z + sizeof(float) * vocab);
+  return l;
+}
+
+__global__ void count_tokens_kernel(int* counts, int vocab, const int* tokens, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int t = tokens[i];
+    if (t >= 0 && t < vocab) atomicAdd(counts + t, 1);
+  }
+}
+
+}  // namespace detail
+
+size_t sampling_scratch_bytes(int vocab) { return detail::layout(vocab).total; }
+
+void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng_counter,
+            int* out_token, void* scratch, cudaStream_t stream) {
+  LILY_CHECK(vocab > 0 && logits && rng_counter && out_token && scratch, "sample: missing buffer");
+  const bool penalties = p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
+  LILY_CHECK(counts || (!penalties && !p.update_counts), "sample: penalties or update_counts need a counts buffer");
+  const detail::ScratchLayout l = detail::layout(vocab);
+  char* s = static_cast<char*>(scratch);
+  const bool greedy = p.temperature <= 0.f;
+  const bool fast = greedy || (p.top_k >= 1 && p.top_k <= kSampleFastTopK);
+  detail::PrepArgs pa{};
+  pa.logits = logits;
+  pa.counts = penalties ? counts : nullptr;
+  pa.vocab = vocab;
+  pa.p = p;
+  pa.cand = fast ? (greedy ? 1 : p.top_k) : 0;
+  pa.cand_key = reinterpret_cast<uint32_t*>(s + l.cand_key);
+  pa.cand_id = reinterpret_cast<int*>(s + l.cand_id);
+  pa.z = fast ? nullptr : reinterpret_cast<float*>(s + l.z);
+  pa.stats = reinterpret_cast<detail::Stats*>(s + l.stats);
+  detail::prep_kernel<<<l.n_blocks, detail::kPrepThreads, 0, stream>>>(pa);
+  CUDA_CHECK_LAUNCH();
+  detail::FinishArgs fa{};
+  fa.vocab = vocab;
+  fa.n_blocks = l.n_blocks;
+  fa.cand = pa.cand;
+  fa.p = p;
+  fa.cand_key = pa.cand_key;
+  fa.cand_id = pa.cand_id;
+  fa.z = pa.z;
+  fa.stats = pa.stats;
+  fa.counts = counts;
+  fa.rng_counter = rng_counter;
+  fa.out_token = out_token;
+  if (fast) detail::finish_fast_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
+  else detail::finish_full_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
+  CUDA_CHECK_LAUNCH();
+}
+
+void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream) {
+  if (n <= 0) return;
+  detail::count_tokens_kernel<<<(n + 255) / 256, 256, 0, stream>>>(counts, vocab, tokens, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,297 @@
+// GPU tests of the sampler (kernels/sampling.cu) against a CPU implementation of the semantics written in
+// kernels/sampling.h: greedy with ties, padding mask, repetition / presence / frequency penalties from the
+// device count buffer, temperature, top-k (fast path) and the exact full-vocabulary path (top_k 0 or > 64)
+// with top-p and min-p, the counter-based RNG and the count update. Fast path: the token must equal the
+// reference (draws whose uniform lands within 1e-4 of a cumulative boundary are skipped and counted). Full
+// path (sums over up to 248k fp32 terms): the token must be a valid draw of the reference within a relative
+// tolerance of 2e-5 on the cut masses and on the uniform's position.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "kernel_test_util.h"
+#include "kernels/sampling.h"
+
+namespace lily::cuda::test {
+namespace {
+
+// Returns the token, or -1 when the draw is too close to a boundary to compare.
+int sample_ref(const std::vector<float>& logits, const std::vector<int>& counts, const SamplingParams& p,
+               uint64_t counter) {
+  const int V = static_cast<int>(logits.size());
+  std::vector<float> z(V);
+  for (int i = 0; i < V; ++i) {
+    if (p.n_valid > 0 && i >= p.n_valid) { z[i] = -INFINITY; continue; }
+    float v = logits[i];
+    const int c = counts.empty() ? 0 : counts[i];
+    if (c > 0 && p.repetition != 1.0f) v = v > 0.f ? v / p.repetition : v * p.repetition;
+    const float pen = p.frequency * static_cast<float>(c) + (c > 0 ? p.presence : 0.f);
+    v = v - pen;
+    if (p.temperature > 0.f) v = v / p.temperature;
+    z[i] = v;
+  }
+  std::vector<int> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return z[a] > z[b]; });
+  if (p.temperature <= 0.f) return order[0];
+  int n = V;
+  if (p.top_k > 0 && p.top_k < n) n = p.top_k;
+  const double z0 = z[order[0]];
+  auto e = [&](int j) { return std::exp(static_cast<double>(z[order[j]]) - z0); };
+  double zk = 0;
+  for (int j = 0; j < n; ++j) zk += e(j);
+  int keep = n;
+  if (p.top_p < 1.f) {
+    double cum = 0;
+    for (int j = 0; j < n; ++j) {
+      cum += e(j);
+      if (std::fabs(cum - p.top_p * zk) < 1e-4 * zk) return -1;
+      if (cum >= p.top_p * zk) { keep = j + 1; break; }
+    }
+  }
+  if (p.min_p > 0.f) {
+    int j = 1;
+    while (j < keep && e(j) >= p.min_p) {
+      if (std::fabs(e(j) - p.min_p) < 1e-5) return -1;
+      ++j;
+    }
+    keep = j;
+  }
+  std::vector<int> kept(order.begin(), order.begin() + keep);
+  double total = 0;
+  for (int j = 0; j < keep; ++j) total += e(j);
+  std::sort(kept.begin(), kept.end());
+  const double u = static_cast<double>(sample_uniform(p.seed, counter)) * total;
+  double cum = 0;
+  for (int id : kept) {
+    cum += std::exp(static_cast<double>(z[id]) - z0);
+    if (std::fabs(cum - u) < 1e-4 * total) return -1;
+    if (cum > u) return id;
+  }
+  return kept.back();
+}
+
+// Full-path check: is `token` the draw of the reference for some kept set between the shortest and longest
+// prefixes allowed by the tolerance, with the uniform's position within the tolerance?
+bool acceptable_full(const std::vector<float>& logits, const SamplingParams& p, uint64_t counter, int token) {
+  const double tol = 2e-5;
+  const int V = static_cast<int>(logits.size());
+  std::vector<float> z(V);
+  for (int i = 0; i < V; ++i) {
+    z[i] = (p.n_valid > 0 && i >= p.n_valid) ? -INFINITY : logits[i];
+    if (p.temperature > 0.f) z[i] = z[i] / p.temperature;
+  }
+  std::vector<int> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return z[a] > z[b]; });
+  const int n = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
+  const double z0 = z[order[0]];
+  auto e = [&](int j) { return std::exp(static_cast<double>(z[order[j]]) - z0); };
+  double zk = 0;
+  for (int j = 0; j < n; ++j) zk += e(j);
+  int lo = n, hi = n;
+  if (p.top_p < 1.f) {
+    double cum = 0;
+    int a = -1, b = -1;
+    for (int j = 0; j < n && b < 0; ++j) {
+      cum += e(j);
+      if (a < 0 && cum >= p.top_p * zk * (1 - tol)) a = j + 1;
+      if (cum >= p.top_p * zk * (1 + tol)) b = j + 1;
+    }
+    lo = std::min(lo, a < 0 ? n : a);
+    hi = std::min(hi, b < 0 ? n : b);
+  }
+  if (p.min_p > 0.f) {
+    int a = 1, b = 1;
+    while (a < n && e(a) >= p.min_p * (1 + tol)) ++a;
+    while (b < n && e(b) >= p.min_p * (1 - tol)) ++b;
+    lo = std::min(lo, a);
+    hi = std::min(hi, b);
+  }
+  const double un = sample_uniform(p.seed, counter);
+  std::vector<int> keeps;
+  for (int t = 0; t <= 8; ++t) keeps.push_back(lo + (hi - lo) * t / 8);
+  keeps.erase(std::unique(keeps.begin(), keeps.end()), keeps.end());
+  for (int keep : keeps) {
+    std::vector<int> kept(order.begin(), order.begin() + keep);
+    double total = 0;
+    for (int j = 0; j < keep; ++j) total += e(j);
+    std::sort(kept.begin(), kept.end());
+    const double u = un * total;
+    double cum = 0;
+    for (int id : kept) {
+      const double before = cum;
+      cum += std::exp(static_cast<double>(z[id]) - z0);
+      if (id == token && before <= u + tol * total && cum >= u - tol * total) return true;
+    }
+  }
+  return false;
+}
+
+struct Sampler {
+  int V;
+  DevBuf<float> logits;
+  DevBuf<int> counts, token;
+  DevBuf<uint64_t> rng;
+  DevBuf<char> scratch;
+  explicit Sampler(int v) : V(v), logits(v), counts(v), token(1), rng(1), scratch(sampling_scratch_bytes(v)) {
+    CUDA_CHECK(cudaMemset(rng.p, 0, sizeof(uint64_t)));
+  }
+  int run(const std::vector<float>& l, const std::vector<int>& c, const SamplingParams& p, uint64_t counter) {
+    logits.upload(l);
+    if (!c.empty()) counts.upload(c);
+    CUDA_CHECK(cudaMemcpy(rng.p, &counter, sizeof(counter), cudaMemcpyHostToDevice));
+    token.poison();
+    sample(logits.p, V, p, c.empty() ? nullptr : counts.p, rng.p, token.p, scratch.p, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    uint64_t after = 0;
+    CUDA_CHECK(cudaMemcpy(&after, rng.p, sizeof(after), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(after, counter + 1) << "rng counter must advance by one";
+    return token.download()[0];
+  }
+};
+
+std::vector<float> random_logits(std::mt19937_64& rng, int V, float spread) {
+  std::vector<float> l = random_vec(rng, V, -spread, spread);
+  return l;
+}
+
+TEST(Sampling, GreedyTiesMaskAndPenalties) {
+  for (int V : {1000, 4099, kVocab}) {
+    std::mt19937_64 rng(V);
+    Sampler s(V);
+    std::vector<float> l = random_logits(rng, V, 8.f);
+    SamplingParams p;
+    p.temperature = 0.f;
+    p.update_counts = false;
+    // tie for the maximum at two ids: the lower wins
+    l[V / 3] = 20.f;
+    l[V / 7] = 20.f;
+    EXPECT_EQ(s.run(l, {}, p, 0), V / 7);
+    // a larger logit in the padding region is masked
+    p.n_valid = V - 5;
+    l[V - 2] = 50.f;
+    EXPECT_EQ(s.run(l, {}, p, 1), V / 7);
+    // penalties: counts on the leaders push them down
+    std::vector<int> c(V, 0);
+    for (int i = 0; i < V; i += 17) c[i] = 1 + static_cast<int>(rng() % 3);
+    c[V / 7] = 2;
+    c[V / 3] = 1;
+    for (auto [rep, pres, freq] : {std::tuple{1.3f, 0.f, 0.f}, std::tuple{1.f, 0.7f, 0.f}, std::tuple{1.f, 0.f, 0.4f},
+                                   std::tuple{1.1f, 0.5f, 0.3f}}) {
+      p.repetition = rep;
+      p.presence = pres;
+      p.frequency = freq;
+      EXPECT_EQ(s.run(l, c, p, 2), sample_ref(l, c, p, 2)) << "V " << V << " rep " << rep << " pres " << pres << " freq " << freq;
+    }
+  }
+}
+
+void check_draws(int V, SamplingParams p, int n_draws, uint64_t seed, bool penalties) {
+  std::mt19937_64 rng(seed);
+  Sampler s(V);
+  int skipped = 0, compared = 0;
+  std::vector<int> seen;
+  for (int t = 0; t < n_draws; ++t) {
+    std::vector<float> l = random_logits(rng, V, 6.f);
+    for (int i = 0; i < 30; ++i) l[rng() % V] = 9.f + static_cast<float>(rng() % 1000) * 1e-3f;  // a head
+    std::vector<int> c;
+    if (penalties) {
+      c.assign(V, 0);
+      for (int i = 0; i < V / 50; ++i) c[rng() % V] += 1;
+    }
+    p.seed = seed * 1000 + t;
+    const uint64_t counter = rng() % 100000;
+    const int got = s.run(l, c, p, counter);
+    const bool fast = p.temperature <= 0.f || (p.top_k >= 1 && p.top_k <= kSampleFastTopK);
+    if (!fast) {
+      ++compared;
+      EXPECT_TRUE(acceptable_full(l, p, counter, got)) << "draw " << t << " V " << V << " top_k " << p.top_k
+                                                        << " top_p " << p.top_p << " min_p " << p.min_p << " token " << got;
+      seen.push_back(got);
+      continue;
+    }
+    const int ref = sample_ref(l, c, p, counter);
+    if (ref < 0) { ++skipped; continue; }
+    ++compared;
+    EXPECT_EQ(got, ref) << "draw " << t << " V " << V << " top_k " << p.top_k << " top_p " << p.top_p << " min_p "
+                        << p.min_p << " T " << p.temperature;
+    seen.push_back(got);
+  }
+  EXPECT_GE(compared, n_draws * 3 / 4) << "too many boundary skips (" << skipped << ")";
+  std::sort(seen.begin(), seen.end());
+  if (p.top_k != 1) EXPECT_GT(std::unique(seen.begin(), seen.end()) - seen.begin(), 1) << "sampler never varied";
+}
+
+TEST(Sampling, FastPathTopKTopPMinP) {
+  SamplingParams p;
+  p.update_counts = false;
+  for (int k : {1, 5, 20, 64}) {
+    p.top_k = k;
+    p.temperature = 0.8f;
+    check_draws(5000, p, 20, 30 + k, false);
+  }
+  p.top_k = 20; p.top_p = 0.95f; p.temperature = 1.0f;
+  check_draws(kVocab, p, 20, 41, false);
+  p.top_k = 40; p.top_p = 0.7f; p.min_p = 0.05f; p.temperature = 1.3f; p.n_valid = kVocabReal;
+  check_draws(kVocab, p, 20, 42, false);
+  p.top_k = 20; p.top_p = 1.f; p.min_p = 0.f; p.repetition = 1.2f; p.presence = 0.3f; p.frequency = 0.2f;
+  check_draws(7777, p, 20, 43, true);
+}
+
+TEST(Sampling, FullPathExact) {
+  SamplingParams p;
+  p.update_counts = false;
+  p.top_k = 0; p.top_p = 0.9f; p.temperature = 1.0f;
+  check_draws(5000, p, 15, 51, false);
+  p.top_k = 100; p.top_p = 0.8f;
+  check_draws(9001, p, 15, 52, false);
+  p.top_k = 0; p.top_p = 1.f; p.min_p = 0.1f; p.temperature = 0.7f;
+  check_draws(9001, p, 15, 53, false);
+  p.top_k = 0; p.top_p = 0.95f; p.min_p = 0.f; p.n_valid = kVocabReal; p.temperature = 1.f;
+  check_draws(kVocab, p, 8, 54, false);
+  p.top_k = 0; p.top_p = 1.f; p.min_p = 0.f; p.n_valid = 0;  // plain softmax sampling over everything
+  check_draws(3000, p, 15, 55, false);
+}
+
+TEST(Sampling, UpdatesCountsAndCountTokens) {
+  const int V = 3001;
+  std::mt19937_64 rng(60);
+  Sampler s(V);
+  std::vector<int> c(V, 0);
+  std::vector<int> prompt = {5, 17, 17, 3000, 2, 5, 5};
+  DevBuf<int> dp(prompt);
+  s.counts.upload(c);
+  count_tokens(s.counts.p, V, dp.p, static_cast<int>(prompt.size()), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int> got = s.counts.download();
+  for (int t : prompt) c[t] += 1;
+  EXPECT_EQ(got, c);
+  SamplingParams p;
+  p.temperature = 0.f;
+  p.update_counts = true;
+  std::vector<float> l = random_logits(rng, V, 3.f);
+  l[1234] = 10.f;
+  const int tok = s.run(l, c, p, 0);
+  EXPECT_EQ(tok, 1234);
+  got = s.counts.download();
+  c[1234] += 1;
+  EXPECT_EQ(got, c);
+}
+
+TEST(Sampling, UniformIsCounterBased) {
+  EXPECT_EQ(sample_uniform(7, 3), sample_uniform(7, 3));
+  EXPECT_NE(sample_uniform(7, 3), sample_uniform(7, 4));
+  EXPECT_NE(sample_uniform(7, 3), sample_uniform(8, 3));
+  double mean = 0;
+  for (int i = 0; i < 10000; ++i) {
+    const float u = sample_uniform(1, i);
+    ASSERT_GE(u, 0.f);
+    ASSERT_LT(u, 1.f);
+    mean += u;
+  }
+  EXPECT_NEAR(mean / 10000, 0.5, 0.02);
+}
+
+}  // namespace
+}  // namespace lily::cuda::test
