@@ -299,12 +299,12 @@ struct OutputParser::Impl {
     return h;
   }
 
-  // After `</function>` at s[j..]: whitespace, then a terminator (or, for bare calls, a line-start <function=).
+  // After `</function>` at s[j..]: whitespace, then a terminator. A bare call has no </tool_call> to wait for:
+  // there any next line ends it.
   Match after_function(size_t j, bool terminal) const {
     j = skip_ws(buf, j);
     if (j == buf.size()) return terminal ? Match::yes : Match::more;
-    if (call_bare && buf[j - 1] == '\n') return match_lit(buf, j, kFunctionOpen);
-    return Match::no;
+    return call_bare && buf[j - 1] == '\n' ? Match::yes : Match::no;
   }
   // Is `<parameter=KEY>` at j a structural start (key acceptable)?
   Match param_start(size_t j) const {
@@ -541,11 +541,10 @@ struct OutputParser::Impl {
       }
 
       case St::after_function: {
-        const size_t i = skip_ws(buf, 0);
-        buf.erase(0, i);
-        if (buf.empty()) return false;
+        const size_t i = skip_ws(buf, 0);  // whitespace stays until decided (it tells line starts)
+        if (i == buf.size()) return false;
         swallow_tool_close = true;  // text after </function>: the call is complete, the rest is content
-        content_line_start = true;
+        content_line_start = false;  // the byte before buf was the '>' of </function>
         st = St::content;
         return true;
       }
@@ -620,11 +619,13 @@ struct OutputParser::Impl {
         if (k == Next::tool_close || k == Next::tool_open) {
           close_call(false);
           st = k == Next::tool_open ? St::tool_header : St::content;
+          content_line_start = true;
         }
         break;
       case St::after_function:
+        buf.clear();
         if (k == Next::tool_open) st = St::tool_header;
-        if (k == Next::tool_close) st = St::content;
+        if (k == Next::tool_close) st = St::content, content_line_start = true;
         break;
       default:
         break;
@@ -698,6 +699,27 @@ void OutputParser::finish(std::vector<ParserEvent>& events) {
 }
 
 const ParseResult& OutputParser::result() const { return impl_->res; }
+
+OrderedJson tool_call_json(const ToolCall& call) {
+  OrderedJson j;
+  j["id"] = call.id;
+  j["type"] = "function";
+  j["function"] = {{"name", call.name}, {"arguments", call.arguments}};
+  return j;
+}
+
+OrderedJson tool_call_delta_json(const ParserEvent& event) {
+  OrderedJson j;
+  j["index"] = event.index;
+  if (event.kind == ParserEvent::Kind::tool_header) {
+    j["id"] = event.id;
+    j["type"] = "function";
+    j["function"] = {{"name", event.name}, {"arguments", ""}};
+  } else {
+    j["function"] = {{"arguments", event.text}};
+  }
+  return j;
+}
 
 ParseResult parse_output(std::span<const int32_t> ids, std::span<const std::string> texts, ParserOptions options,
                          const ToolSet& tools) {

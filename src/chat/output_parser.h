@@ -5,8 +5,16 @@
 //
 // Input per token: its id and its raw bytes (`token_text(id)`, which may be a partial UTF-8 sequence). The parser
 // reassembles UTF-8 itself: every emitted text is complete, valid UTF-8 (invalid bytes become U+FFFD). Only the
-// ids in DelimiterIds are treated specially; every other token is text, so results do not depend on how the
-// text between delimiters is split into tokens (tested by feeding every byte split).
+// ids in DelimiterIds are treated specially (their bytes are ignored); every other token is text, so results do
+// not depend on how the text between delimiters is split into tokens (tested by feeding every byte split).
+//
+// Deviations and choices within the spec:
+// - The implicit end of reasoning (§4.3) is decided on text, not on a count of 8 tokens (which would make the
+//   result depend on the tokenisation): <tool_call> + up to 64 whitespace bytes + a complete, valid
+//   `<function=NAME>` (or `{"name"` in the JSON format) ends reasoning; anything else (or the end) refutes it.
+// - Reasoning and content drop leading and trailing whitespace runs (chat.md strips "\n"; replay trims anyway).
+// - Output that ends inside a `<function=` header yields no call but sets call_cut.
+// - Qwen3 JSON calls are emitted whole (header + arguments) at their </tool_call>.
 //
 // Tool-call formats: Qwen3.5/3.6 XML (`<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>`) and
 // Qwen3 JSON (`{"name": ..., "arguments": {...}}`) inside <tool_call>…</tool_call>; `ToolFormat::automatic`
@@ -94,6 +102,11 @@ class OutputParser {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// OpenAI objects: a message's `tool_calls[i]`, and a stream chunk's `delta.tool_calls[0]` for a tool_header or
+// tool_args event (header: index, id, type, function {name, arguments ""}; args: index, function {arguments}).
+OrderedJson tool_call_json(const ToolCall& call);
+OrderedJson tool_call_delta_json(const ParserEvent& event);
 
 // Non-streaming: feeds tokens (ids[i] with texts[i]) and finishes.
 ParseResult parse_output(std::span<const int32_t> ids, std::span<const std::string> texts, ParserOptions options,

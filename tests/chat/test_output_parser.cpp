@@ -206,6 +206,10 @@ TEST(OutputParser, Pitfall07MissingWrapper) {
   expect_call(r, 0, "get_time", "{}");
   expect_call(r, 1, "get_weather", R"({"city": "Oslo"})");
   EXPECT_EQ(r.content, "");
+  // Text after a bare call ends it (there is no </tool_call> to wait for).
+  r = parse("Checking.\n<function=get_weather>\n<parameter=city>\nRoma\n</parameter>\n</function>\nAnything else?");
+  expect_call(r, 0, "get_weather", R"({"city": "Roma"})");
+  EXPECT_EQ(r.content, "Checking.\nAnything else?");
   // Without tools there is no bare-call detection.
   r = parse("<function=get_weather>\n</function>", false, ToolSet{});
   EXPECT_EQ(r.content, "<function=get_weather>\n</function>");
@@ -449,6 +453,18 @@ TEST(OutputParser, CallIdsFromSeedOrGenerator) {
   EXPECT_NE(run_stream(toks, opt, tools()).result.tool_calls[0].id, a.result.tool_calls[0].id);
   opt.make_call_id = [] { return std::string("call_fixedfixedfixedfixedfixe"); };
   EXPECT_EQ(run_stream(toks, opt, tools()).result.tool_calls[0].id, "call_fixedfixedfixedfixedfixe");
+}
+
+TEST(OutputParser, OpenAiJson) {
+  const ToolCall call{"call_abcdefghijklmnopqrstuvwx", "get_weather", R"({"city": "Roma"})"};
+  EXPECT_EQ(tool_call_json(call).dump(),
+            R"({"id":"call_abcdefghijklmnopqrstuvwx","type":"function","function":{"name":"get_weather",)"
+            R"("arguments":"{\"city\": \"Roma\"}"}})");
+  const ParserEvent header{ParserEvent::Kind::tool_header, "", 1, "call_x", "f"};
+  EXPECT_EQ(tool_call_delta_json(header).dump(),
+            R"({"index":1,"id":"call_x","type":"function","function":{"name":"f","arguments":""}})");
+  const ParserEvent args{ParserEvent::Kind::tool_args, "{\"a\": ", 1, "", ""};
+  EXPECT_EQ(tool_call_delta_json(args).dump(), R"({"index":1,"function":{"arguments":"{\"a\": "}})");
 }
 
 TEST(OutputParser, WhitespaceHandling) {
