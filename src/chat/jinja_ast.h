@@ -58,6 +58,7 @@ struct Node {
   Value value;
   bool has_else = false;
   bool negated = false;
+  bool is_tuple = false;  // ListLit written as a tuple: (a, b) or a, b
   std::vector<std::string> targets;  // For/Set: assigned names; Set attribute form: {name, attr}, attr_set
   bool attr_set = false;
   std::vector<std::string> params;  // Macro parameter names

@@ -34,32 +34,66 @@ int64_t need_int(const Value& v, const char* what) {
   throw_error(std::string(what) + " expects an integer, got " + type_name(v));
 }
 
-bool is_upper_c(char32_t c) { return c >= 'A' && c <= 'Z'; }
-bool is_lower_c(char32_t c) { return c >= 'a' && c <= 'z'; }
-char32_t to_upper_c(char32_t c) { return is_lower_c(c) ? c - 32 : c; }
-char32_t to_lower_c(char32_t c) { return is_upper_c(c) ? c + 32 : c; }
+// Simple case mapping for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic (the scripts chat templates
+// might case-convert); other code points are left unchanged.
+char32_t to_upper_c(char32_t c) {
+  if (c >= 'a' && c <= 'z') return c - 32;
+  if ((c >= 0xe0 && c <= 0xfe && c != 0xf7)) return c - 32;
+  if (c == 0xff) return 0x178;
+  if (c >= 0x100 && c <= 0x17f) {
+    if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e)) return (c % 2 == 0) ? c - 1 : c;
+    if (c == 0x131) return 'I';
+    if (c == 0x17f) return 'S';
+    if (c != 0x138 && c != 0x149 && c != 0x130 && (c < 0x139 || c > 0x148) && c % 2 == 1) return c - 1;
+    return c;
+  }
+  if (c >= 0x3b1 && c <= 0x3c9) return c == 0x3c2 ? 0x3a3 : c - 32;
+  if (c >= 0x430 && c <= 0x44f) return c - 32;
+  if (c >= 0x450 && c <= 0x45f) return c - 80;
+  return c;
+}
+char32_t to_lower_c(char32_t c) {
+  if (c >= 'A' && c <= 'Z') return c + 32;
+  if (c >= 0xc0 && c <= 0xde && c != 0xd7) return c + 32;
+  if (c == 0x178) return 0xff;
+  if (c >= 0x100 && c <= 0x17f) {
+    if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e)) return (c % 2 == 1) ? c + 1 : c;
+    if (c == 0x130) return 'i';  // Python gives "i̇"; close enough for templates
+    if (c != 0x138 && c != 0x149 && c != 0x131 && c != 0x17f && c % 2 == 0) return c + 1;
+    return c;
+  }
+  if (c >= 0x391 && c <= 0x3a9 && c != 0x3a2) return c + 32;
+  if (c >= 0x410 && c <= 0x42f) return c + 32;
+  if (c >= 0x400 && c <= 0x40f) return c + 80;
+  return c;
+}
+bool is_lower_c(char32_t c) { return to_upper_c(c) != c || c == 0xdf; }
+bool is_upper_c(char32_t c) { return to_lower_c(c) != c; }
 
 std::string map_chars(const std::string& s, char32_t (*f)(char32_t)) {
   std::string out;
-  for (char c : s) out += static_cast<char>(f(static_cast<unsigned char>(c)));
+  for (char32_t c : decode_utf8(s)) {
+    if (c == 0xdf && f == to_upper_c) out += "SS";  // ß
+    else append_utf8(out, f(c));
+  }
   return out;
 }
 
 std::string py_title(const std::string& s) {
   std::string out;
   bool prev_cased = false;
-  for (char c : s) {
-    char32_t u = static_cast<unsigned char>(c);
+  for (char32_t u : decode_utf8(s)) {
     bool cased = is_upper_c(u) || is_lower_c(u);
-    out += static_cast<char>(cased ? (prev_cased ? to_lower_c(u) : to_upper_c(u)) : u);
+    append_utf8(out, cased ? (prev_cased ? to_lower_c(u) : to_upper_c(u)) : u);
     prev_cased = cased;
   }
   return out;
 }
 
 std::string py_capitalize(const std::string& s) {
-  std::string out = map_chars(s, to_lower_c);
-  if (!out.empty()) out[0] = static_cast<char>(to_upper_c(static_cast<unsigned char>(out[0])));
+  auto cps = decode_utf8(s);
+  std::string out;
+  for (size_t k = 0; k < cps.size(); ++k) append_utf8(out, k == 0 ? to_upper_c(cps[k]) : to_lower_c(cps[k]));
   return out;
 }
 
@@ -250,7 +284,7 @@ Value method(const Value& obj, const std::string& name) {
     if (name == "items")
       return m([d](Args&) {
         ValueList out;
-        for (const auto& [k, v] : *d.dict) out.push_back(Value::make_list({Value::string(k), v}));
+        for (const auto& [k, v] : *d.dict) out.push_back(Value::make_tuple({Value::string(k), v}));
         return Value::make_list(std::move(out));
       });
     if (name == "keys") return m([d](Args&) { return Value::make_list(iterate(d)); });
@@ -413,7 +447,7 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
   }
   ValueList out;
   for (int64_t i : idx) out.push_back((*obj.list)[i]);
-  return Value::make_list(std::move(out));
+  return obj.tuple ? Value::make_tuple(std::move(out)) : Value::make_list(std::move(out));
 }
 
 Value unary_op(const std::string& op, const Value& a) {

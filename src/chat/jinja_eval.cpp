@@ -231,7 +231,7 @@ struct Evaluator {
       case Node::Kind::ListLit: {
         ValueList items;
         for (const auto& k : n.kids) items.push_back(eval(*k));
-        return Value::make_list(std::move(items));
+        return n.is_tuple ? Value::make_tuple(std::move(items)) : Value::make_list(std::move(items));
       }
       case Node::Kind::DictLit: {
         Value d = Value::make_dict();
@@ -264,12 +264,7 @@ struct Evaluator {
         return apply_filter(n.str, v, a, budget);
       }
       case Node::Kind::Test: {
-        Value v;
-        if (n.str == "defined" || n.str == "undefined") {
-          v = eval(*n.kids[0]);
-        } else {
-          v = eval(*n.kids[0]);
-        }
+        Value v = eval(*n.kids[0]);
         Args a = eval_args(n, 1);
         return Value::boolean(apply_test(n.str, v, a) != n.negated);
       }

@@ -38,7 +38,8 @@ Value attr_path(const Value& v, const Value& attribute) {
     size_t dot = path.find('.', start);
     std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
-    cur = numeric ? get_item(cur, Value::integer(std::stoll(part))) : get_item(cur, Value::string(part));
+    cur = numeric && part.size() < 18 ? get_item(cur, Value::integer(std::stoll(part)))
+                                      : get_item(cur, Value::string(part));
     if (dot == std::string::npos) return cur;
     start = dot + 1;
   }
@@ -80,7 +81,7 @@ Value f_items(const Value& v, Args&, Budget&) {
   if (v.is_undefined()) return Value::make_list();
   if (!v.is_dict()) throw_error("Can only get item pairs from a mapping.");
   ValueList out;
-  for (const auto& [k, x] : *v.dict) out.push_back(Value::make_list({Value::string(k), x}));
+  for (const auto& [k, x] : *v.dict) out.push_back(Value::make_tuple({Value::string(k), x}));
   return Value::make_list(std::move(out));
 }
 Value f_string(const Value& v, Args&, Budget&) { return Value::string(to_str(v)); }
@@ -308,7 +309,7 @@ Value f_dictsort(const Value& v, Args& a, Budget&) {
   std::string by = to_str(a.get_or(1, "by", Value::string("key")));
   Value pos = Value::integer(by == "value" ? 1 : 0);
   ValueList items;
-  for (const auto& [k, x] : *v.dict) items.push_back(Value::make_list({Value::string(k), x}));
+  for (const auto& [k, x] : *v.dict) items.push_back(Value::make_tuple({Value::string(k), x}));
   return Value::make_list(sorted(std::move(items), cs, pos, arg_bool(a, 2, "reverse", false)));
 }
 

@@ -140,13 +140,14 @@ struct Lexer {
   // Tokens inside {{ }} or {% %} up to the closing delimiter.
   void read_tag(bool is_block) {
     static const char* ops2[] = {"//", "**", "==", "!=", "<=", ">="};
+    int depth = 0;  // open brackets: "}}" inside {'a': {'b': 1}} closes a dict, not the tag (as in Jinja2)
     while (true) {
       while (pos < src.size() && is_ws(src[pos])) advance_to(pos + 1);
       if (pos >= src.size()) error(is_block ? "unexpected end of template, expected '%}'" : "unexpected end of template, expected '}}'");
       const char* close = is_block ? "%}" : "}}";
-      bool minus = at(is_block ? "-%}" : "-}}");
-      bool plus = is_block && at("+%}");
-      if (minus || plus || at(close)) {
+      bool minus = depth == 0 && at(is_block ? "-%}" : "-}}");
+      bool plus = depth == 0 && is_block && at("+%}");
+      if (minus || plus || (depth == 0 && at(close))) {
         emit(is_block ? Token::Kind::BlockEnd : Token::Kind::VarEnd, "");
         after_tag(pos + (minus || plus ? 3 : 2), minus, is_block && !plus);
         return;
@@ -174,6 +175,8 @@ struct Lexer {
           }
         if (done) continue;
         if (!std::strchr("+-*/%~<>=()[]{},.:|", c)) error(std::string("unexpected character '") + c + "'");
+        if (c == '(' || c == '[' || c == '{') ++depth;
+        if ((c == ')' || c == ']' || c == '}') && depth > 0) --depth;
         emit(Token::Kind::Op, std::string(1, c));
         ++pos;
       }

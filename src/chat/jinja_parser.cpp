@@ -250,6 +250,7 @@ struct Parser {
     auto first = parse_expression();
     if (!is_op(",")) return first;
     auto lst = node(Node::Kind::ListLit);
+    lst->is_tuple = true;
     lst->kids.push_back(std::move(first));
     while (is_op(",")) {
       next();
@@ -573,11 +574,14 @@ struct Parser {
           next();
           if (is_op(")")) {
             next();
-            return node(Node::Kind::ListLit);
+            auto empty = node(Node::Kind::ListLit);
+            empty->is_tuple = true;
+            return empty;
           }
           auto e = parse_expression();
           if (is_op(",")) {
             auto lst = node(Node::Kind::ListLit);
+            lst->is_tuple = true;
             lst->kids.push_back(std::move(e));
             while (is_op(",")) {
               next();

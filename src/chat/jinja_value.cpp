@@ -11,6 +11,10 @@ namespace lily::jinja {
 
 void throw_error(const std::string& msg) { throw TemplateError(msg); }
 
+namespace {
+constexpr size_t kMaxReprBytes = size_t{64} << 20;  // repr/tojson of one value (cyclic namespaces expand)
+}
+
 Value Value::undefined(std::string name, std::string hint) {
   Value v;
   v.name = std::move(name);
@@ -50,6 +54,11 @@ Value Value::make_list(ValueList x) {
   Value v;
   v.kind = Kind::List;
   v.list = std::make_shared<ValueList>(std::move(x));
+  return v;
+}
+Value Value::make_tuple(ValueList x) {
+  Value v = make_list(std::move(x));
+  v.tuple = true;
   return v;
 }
 Value Value::make_dict(DictItems x) {
@@ -262,35 +271,42 @@ static std::string repr_string(const std::string& s) {
   return out + q;
 }
 
-std::string repr(const Value& v) {
+// Appends repr(v); `depth` and the size cap stop self-referencing namespaces.
+static void repr_into(std::string& out, const Value& v, int depth) {
+  if (depth > 200) throw_error("maximum recursion depth exceeded in repr");
+  if (out.size() > kMaxReprBytes) throw_error("repr of a value exceeded the size limit");
   switch (v.kind) {
-    case Value::Kind::String: return repr_string(*v.s);
+    case Value::Kind::String: out += repr_string(*v.s); return;
     case Value::Kind::List: {
-      std::string out = "[";
-      for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
-      return out + "]";
-    }
-    case Value::Kind::Dict: {
-      std::string out = "{";
-      bool first = true;
-      for (const auto& [key, val] : *v.dict) {
-        out += (first ? "" : ", ") + repr_string(key) + ": " + repr(val);
-        first = false;
+      out += v.tuple ? "(" : "[";
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) out += ", ";
+        repr_into(out, (*v.list)[k], depth + 1);
       }
-      return out + "}";
+      out += v.tuple ? (v.list->size() == 1 ? ",)" : ")") : "]";
+      return;
     }
+    case Value::Kind::Dict:
     case Value::Kind::Namespace: {
-      std::string out = "<Namespace {";
+      out += v.kind == Value::Kind::Namespace ? "<Namespace {" : "{";
       bool first = true;
       for (const auto& [key, val] : *v.dict) {
-        out += (first ? "" : ", ") + repr_string(key) + ": " + repr(val);
+        out += (first ? "" : ", ") + repr_string(key) + ": ";
+        repr_into(out, val, depth + 1);
         first = false;
       }
-      return out + "}>";
+      out += v.kind == Value::Kind::Namespace ? "}>" : "}";
+      return;
     }
-    case Value::Kind::Undefined: return "Undefined";
-    default: return to_str(v);
+    case Value::Kind::Undefined: out += "Undefined"; return;
+    default: out += to_str(v);
   }
+}
+
+std::string repr(const Value& v) {
+  std::string out;
+  repr_into(out, v, 0);
+  return out;
 }
 
 std::string to_str(const Value& v) {
@@ -324,7 +340,7 @@ bool equals(const Value& a, const Value& b) {
     case Value::Kind::None: return true;
     case Value::Kind::String: return *a.s == *b.s;
     case Value::Kind::List: {
-      if (a.list->size() != b.list->size()) return false;
+      if (a.tuple != b.tuple || a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!equals((*a.list)[k], (*b.list)[k])) return false;
       return true;
@@ -353,7 +369,7 @@ int compare(const Value& a, const Value& b, std::string_view op) {
     return x < y ? -1 : x > y ? 1 : 0;
   }
   if (a.is_string() && b.is_string()) return a.s->compare(*b.s) < 0 ? -1 : *a.s == *b.s ? 0 : 1;
-  if (a.is_list() && b.is_list()) {
+  if (a.is_list() && b.is_list() && a.tuple == b.tuple) {
     size_t n = std::min(a.list->size(), b.list->size());
     for (size_t k = 0; k < n; ++k)
       if (!equals((*a.list)[k], (*b.list)[k])) return compare((*a.list)[k], (*b.list)[k], op);
@@ -445,6 +461,7 @@ static void json_string(std::string& out, const std::string& s) {
 static void json_value(std::string& out, const Value& v, int indent, bool sort_keys, std::string_view item_sep,
                        std::string_view key_sep, int depth) {
   if (depth > 512) throw_error("tojson: value nested too deeply");
+  if (out.size() > kMaxReprBytes) throw_error("tojson: output exceeded the size limit");
   auto newline = [&](int d) {
     if (indent < 0) return;
     out += '\n';

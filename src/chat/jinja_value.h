@@ -38,7 +38,8 @@ struct Value {
   int64_t i = 0;
   double f = 0;
   std::shared_ptr<const std::string> s;  // String
-  std::shared_ptr<ValueList> list;       // List (tuples are lists too)
+  std::shared_ptr<ValueList> list;       // List
+  bool tuple = false;                    // List: a Python tuple (repr "(1, 2)"; never equal to a list)
   std::shared_ptr<DictItems> dict;       // Dict and Namespace attributes
   std::shared_ptr<NativeFn> fn;          // Callable
   std::string name;                      // Undefined: the missing name (for messages); Callable: its name
@@ -51,6 +52,7 @@ struct Value {
   static Value number(double v);
   static Value string(std::string v);
   static Value make_list(ValueList v = {});
+  static Value make_tuple(ValueList v);
   static Value make_dict(DictItems v = {});
   static Value namespace_(DictItems v = {});
   static Value callable(std::string name, NativeFn f);

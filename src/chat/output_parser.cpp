@@ -191,7 +191,8 @@ struct OutputParser::Impl {
   }
 
   // --- tool calls ------------------------------------------------------------------------------------------
-  void start_call(const std::string& name, bool bare) {
+  void start_call(const std::string& raw_name, bool bare) {
+    const std::string name = utf8_sanitized(raw_name);
     in_call = true;
     call_bare = bare;
     schema = tools.find(name);
