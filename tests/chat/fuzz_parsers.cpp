@@ -81,6 +81,7 @@ ParseResult run(const std::vector<Tok>& toks, const ParserOptions& opt, const To
     require(r.tool_calls[i].arguments == args[i], "streamed arguments == final arguments");
     const auto j = OrderedJson::parse(args[i], nullptr, false);
     require(!j.is_discarded() && j.is_object(), "arguments are a JSON object");
+    require(!tool_call_json(r.tool_calls[i]).dump().empty(), "OpenAI tool call object serialises");
   }
   return r;
 }

@@ -106,6 +106,10 @@ TEST(OutputParser, ReasoningTokensCountIncludesThinkClose) {
   EXPECT_EQ(run.result.reasoning_tokens, 5);
   EXPECT_EQ(run.result.reasoning, "a b");
   EXPECT_EQ(run.result.content, "Hi");
+  // A refuted <tool_call> look-ahead stays reasoning, its tokens counted: "a" " " <tool_call> " " "b" </think>.
+  const auto run2 = run_stream(tokens_words("a <tool_call> b</think>"), opt, tools());
+  EXPECT_EQ(run2.result.reasoning_tokens, 6);
+  EXPECT_EQ(run2.result.reasoning, "a <tool_call> b");
 }
 
 // Pitfall 1: a call inside an unclosed think block ends reasoning implicitly.
