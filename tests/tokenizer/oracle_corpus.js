@@ -7,7 +7,8 @@
 //   nfc.json                        [[input, oracle NFC]]
 //   classes.json                    {L, M, N, s: [[lo, hi], ...]} — code points the oracle's regex engine
 //                                   counts in \p{L}, \p{M}, \p{N}, \s
-// Variants: qwen3 (the file as shipped), qwen35 (the Qwen3.5/3.6 pre-tokenizer regex, chat.md §1.4).
+// Variants: qwen3 (the file as shipped), qwen35 (the Qwen3.5/3.6 pre-tokenizer regex, chat.md §1.4), strip
+// (qwen35 with lstrip/rstrip set on some added tokens; only the texts with '<', spaced around the literals).
 // Deterministic: a seeded PRNG builds every string. Usage: node oracle_corpus.js OUT_DIR [COUNT] [SEED]
 'use strict';
 const fs = require('fs');
@@ -205,25 +206,26 @@ function corpus() {
 
 function writeJson(file, v) { fs.writeFileSync(file, JSON.stringify(v)); }
 
-async function variant(name, json, texts) {
+async function variant(name, json, texts, withPlain = true) {
   const dir = path.join(outDir, name);
   fs.mkdirSync(dir, { recursive: true });
   const file = path.join(dir, 'tokenizer.json');
   fs.writeFileSync(file, JSON.stringify(json));
   const tok = tk.Tokenizer.fromFile(file);
+  const cases = [], plainCases = [];
+  for (const t of texts) cases.push({ t, ids: (await tok.encode(t, null, { addSpecialTokens: false })).getIds() });
+  writeJson(path.join(dir, 'cases.json'), cases);
+  if (!withPlain) return;
   const plainJson = JSON.parse(JSON.stringify(json));
   plainJson.added_tokens = plainJson.added_tokens.filter((t) => !t.special);
   const plainFile = path.join(dir, 'plain_tokenizer.json');
   fs.writeFileSync(plainFile, JSON.stringify(plainJson));
   const plain = tk.Tokenizer.fromFile(plainFile);
-  const cases = [], plainCases = [];
   for (const t of texts) {
-    cases.push({ t, ids: (await tok.encode(t, null, { addSpecialTokens: false })).getIds() });
     // The oracle renumbers added tokens when some are removed: map its ids back through their text.
     const ids = (await plain.encode(t, null, { addSpecialTokens: false })).getIds();
     plainCases.push({ t, ids: ids.map((id) => tok.tokenToId(plain.idToToken(id))) });
   }
-  writeJson(path.join(dir, 'cases.json'), cases);
   writeJson(path.join(dir, 'plain.json'), plainCases);
 }
 
@@ -287,6 +289,14 @@ function nfcCases() {
   const q35 = JSON.parse(JSON.stringify(base));
   q35.pre_tokenizer.pretokenizers[0].pattern.Regex = QWEN35_REGEX;
   await variant('qwen35', q35, texts);
+  // lstrip / rstrip flags (none in the Qwen files): the texts with added-token literals, flags set on some.
+  const strip = JSON.parse(JSON.stringify(q35));
+  for (const t of strip.added_tokens) {
+    if (['<think>', '<|im_start|>', '<tool_call>'].includes(t.content)) t.lstrip = true;
+    if (['</think>', '<|im_end|>', '<tool_call>', '<|endoftext|>'].includes(t.content)) t.rstrip = true;
+  }
+  const spaced = texts.filter((t) => t.includes('<')).map((t, i) => t.replace(/</g, pick([' <', '\n <', '<', '\t\u3000<'])).replace(/>/g, pick(['> ', '>\n\n', '>', '>\u0085 x'])));
+  await variant('strip', strip, spaced, false);
   writeJson(path.join(outDir, 'nfc.json'), nfcCases());
   writeJson(path.join(outDir, 'classes.json'), classes());
   console.log(`wrote ${texts.length} texts per variant to ${outDir}`);
