@@ -20,7 +20,7 @@ uint64_t splitmix64(uint64_t x) {
 }  // namespace
 
 float sample_uniform(uint64_t seed, uint64_t counter) {
-  const uint64_t x = splitmix64(splitmix64(seed) ^ counter);
+  const uint64_t x = splitmix64(seed ^ splitmix64(counter));  // same stream as kernels/sampling.cu
   return static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
 }
 

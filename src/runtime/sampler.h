@@ -41,7 +41,8 @@ struct SampleResult {
   std::vector<TokenLogprob> top;   // the top_logprobs most likely ids, descending (ties: lower id first)
 };
 
-// splitmix64 finaliser of seed and counter mapped to [0, 1) with 24 random bits (exact in float).
+// splitmix64(seed ^ splitmix64(counter)), top 24 bits mapped to [0, 1) (exact in float); the GPU sampler
+// (kernels/sampling.h) draws the same stream.
 float sample_uniform(uint64_t seed, uint64_t counter);
 
 class Sampler {

@@ -114,6 +114,9 @@ TEST(Sampler, SameSeedSameTokensOtherSeedDiffers) {
   // The uniform stream is a fixed function of (seed, counter).
   EXPECT_EQ(sample_uniform(1, 0), sample_uniform(1, 0));
   EXPECT_NE(sample_uniform(1, 0), sample_uniform(1, 1));
+  // splitmix64(0) = 0xE220A8397B1DCDAF (the reference generator's first output), so this seed makes
+  // splitmix64(seed ^ splitmix64(0)) = splitmix64(0), whose top 24 bits are 0xE220A8.
+  EXPECT_EQ(sample_uniform(0xE220A8397B1DCDAFull, 0), static_cast<float>(0xE220A8) / 16777216.0f);
   for (uint64_t c = 0; c < 1000; ++c) {
     const float u = sample_uniform(9, c);
     ASSERT_GE(u, 0.0f);

@@ -1,0 +1,81 @@
+// `lily generate`: greedy or sampled continuation of a token prompt; prints the generated ids on one line.
+// Sampling options left unset take the model's generation_config.json values (temperature, top_k, top_p).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "cli/command.h"
+#include "cli/token_args.h"
+#include "runtime/generate.h"
+#include "tokenizer/tokenizer.h"
+#include "util/log.h"
+
+namespace lily::cli {
+namespace {
+
+CommandRegistrar reg{Command{
+    "generate", "continue a token prompt and print the generated ids", [](CLI::App& sub) {
+      struct Opts {
+        std::string model, tokens, device = "cpu";
+        int max_tokens = 16, threads = 0, top_k = 0, n_valid = 0, max_context = 0;
+        float temperature = 1, top_p = 1, min_p = 0, presence = 0, frequency = 0, repetition = 1;
+        uint64_t seed = 0;
+        bool ignore_eos = false, print_ids = false;
+      };
+      auto o = std::make_shared<Opts>();
+      sub.add_option("--model", o->model, "model directory")->required();
+      sub.add_option("--tokens", o->tokens, "prompt token ids, e.g. \"1 2 3\"")->required();
+      sub.add_option("--max-tokens", o->max_tokens, "tokens to generate at most (default 16)");
+      auto* temp = sub.add_option("--temperature", o->temperature, "0: greedy (default: generation_config)");
+      auto* topk = sub.add_option("--top-k", o->top_k, "0: off (default: generation_config)");
+      auto* topp = sub.add_option("--top-p", o->top_p, "1: off (default: generation_config)");
+      sub.add_option("--min-p", o->min_p, "0: off");
+      sub.add_option("--presence-penalty", o->presence, "OpenAI presence penalty");
+      sub.add_option("--frequency-penalty", o->frequency, "OpenAI frequency penalty");
+      sub.add_option("--repetition-penalty", o->repetition, "HF repetition penalty (1: off)");
+      sub.add_option("--seed", o->seed, "sampling seed");
+      sub.add_option("--n-valid", o->n_valid, "ids >= this are padding (default: the tokenizer's size, else vocab)");
+      sub.add_option("--max-context", o->max_context, "context limit (default: max_position_embeddings)");
+      sub.add_flag("--ignore-eos", o->ignore_eos, "do not stop on the end-of-sequence ids");
+      sub.add_flag("--print-ids", o->print_ids, "print the generated ids (the only output format for now)");
+      sub.add_option("--device", o->device, "cpu (default)");
+      sub.add_option("--threads", o->threads, "CPU worker threads (default: all cores)");
+      return [o, temp, topk, topp]() {
+        const std::vector<int32_t> prompt = parse_token_list(o->tokens);
+        Model model = load_model(o->model);
+        const Config& cfg = model.config;
+        GenerateOptions g;
+        g.max_tokens = o->max_tokens;
+        g.ignore_eos = o->ignore_eos;
+        SamplingParams& s = g.sampling;
+        s.temperature = temp->count() ? o->temperature : cfg.gen_temperature;
+        s.top_k = topk->count() ? o->top_k : cfg.gen_top_k;
+        s.top_p = topp->count() ? o->top_p : cfg.gen_top_p;
+        s.min_p = o->min_p;
+        s.presence_penalty = o->presence;
+        s.frequency_penalty = o->frequency;
+        s.repetition_penalty = o->repetition;
+        s.seed = o->seed;
+        s.n_valid = o->n_valid;
+        if (s.n_valid <= 0 && std::filesystem::exists(std::filesystem::path(o->model) / "tokenizer.json")) {
+          try {
+            s.n_valid = Tokenizer::load(o->model).vocab_size();
+          } catch (const Error& e) {
+            log::warn("generate: tokenizer not loaded (", e.what(), "); no padding mask");
+          }
+        }
+        auto backend = make_backend(o->device, model, o->threads, o->max_context);
+        auto t0 = std::chrono::steady_clock::now();
+        GenerateResult r = generate(*backend, prompt, g);
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::string line;
+        for (size_t i = 0; i < r.tokens.size(); ++i) line += (i ? " " : "") + std::to_string(r.tokens[i]);
+        std::printf("%s\n", line.c_str());
+        std::fprintf(stderr, "generate: %d prompt + %zu generated tokens in %.2f s, finish: %s\n", r.prompt_tokens,
+                     r.tokens.size(), sec, finish_reason_name(r.finish));
+        return 0;
+      };
+    }}};
+
+}  // namespace
+}  // namespace lily::cli

@@ -1,0 +1,46 @@
+// Helpers shared by `lily score` and `lily generate`: parsing a "--tokens" list and choosing the backend.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/forward_cpu.h"
+#include "util/check.h"
+#include "util/thread_pool.h"
+
+namespace lily::cli {
+
+// "12 7 99" (spaces, commas or newlines) -> ids; throws lily::Error on anything else or an empty list.
+inline std::vector<int32_t> parse_token_list(const std::string& text) {
+  std::string s = text;
+  for (char& c : s)
+    if (c == ',' || c == '\n' || c == '\t') c = ' ';
+  std::istringstream is(s);
+  std::vector<int32_t> ids;
+  std::string tok;
+  while (is >> tok) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != tok.size() || v < 0 || v > INT32_MAX) fail("--tokens: \"", tok, "\" is not a token id");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) fail("--tokens: no token ids given");
+  return ids;
+}
+
+// The backend named by --device for `model`; sets the worker thread count first (threads <= 0: all cores).
+inline std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, int threads,
+                                             int max_context) {
+  if (threads > 0) ThreadPool::set_global_threads(threads);
+  if (device == "cpu") return std::make_unique<CpuBackend>(model, max_context);
+  fail("--device ", device, ": this build has no such backend yet (available: cpu)");
+}
+
+}  // namespace lily::cli
