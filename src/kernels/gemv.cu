@@ -1,9 +1,13 @@
 // GEMV launchers: y = W x (q4 / q8 / bf16 weights, fp32 or bf16 x, fp32 y), optional fused residual add,
 // up to kMaxMulti matrices sharing x in one launch, and the fused gate+up SwiGLU. Fast paths for
 // K = 512, 2048, 4096 (the model's widths) keep x in registers; other K (multiple of 64) use a generic path.
+// Every launch uses programmatic dependent launch (kernels/gemv_impl.cuh): weights are fetched before waiting
+// for the previous kernel. Environment: LILY_PDL=0 (no PDL), LILY_GEMV_PIPE=0/1 (persistent K=2048 kernel).
 // Tested by tests/gpu/test_gemv.cu, timed by bench/bench_kernels.cu.
 #include "kernels/common.cuh"
 #include "kernels/gemv_impl.cuh"
+
+#include <algorithm>
 
 namespace lily::cuda {
 namespace detail {
@@ -30,6 +34,62 @@ __global__ void __launch_bounds__(kBlockThreads) gemv_kernel(MultiArgs a, const 
   stage_finish_rows<F, K, R>(a, xsm, b, accumulate);
 }
 
+// Persistent, software-pipelined variant for long matrices with K = 2048 (lm_head, in_proj_qkv, q_proj...):
+// each warp keeps x in registers and walks its row batches (grid-strided) with two batches of loads in flight.
+template <QFormat F, int K, int R, typename XT>
+__global__ void __launch_bounds__(kBlockThreads, 2) gemv_pipe_kernel(MultiArgs a, const XT* x, bool accumulate) {
+  using M = RowMap<F, K>;
+  __shared__ __align__(16) float xsm[K];
+  constexpr int rpb = R * M::sub;
+  const int stride = gridDim.x * kWarpsPerBlock * rpb;
+  int t = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * rpb;
+  RowBatch<F, K, R> b0, b1;
+  stage_issue_rows<F, K, R>(a, t, b0);
+  stage_issue_rows<F, K, R>(a, t + stride, b1);
+  pdl_trigger();
+  pdl_wait();
+  stage_x_to_smem(x, K, xsm);
+  float xr[M::nc][M::epc], xs[M::nc];
+  stage_load_x<F, K>(xsm, (threadIdx.x & 31) % M::lpr, xr, xs);
+  for (; t < a.total; t += 2 * stride) {
+    stage_dot_store_rows<F, K, R>(a, b0, xr, xs, accumulate);
+    stage_issue_rows<F, K, R>(a, t + 2 * stride, b0);
+    if (t + stride >= a.total) break;
+    stage_dot_store_rows<F, K, R>(a, b1, xr, xs, accumulate);
+    stage_issue_rows<F, K, R>(a, t + 3 * stride, b1);
+  }
+}
+
+template <typename Kern>
+int resident_blocks(Kern k) {
+  int dev = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kBlockThreads, 0));
+  return sms * (per_sm > 0 ? per_sm : 1);
+}
+
+// The persistent kernel wins on lm_head (148 vs 227 us on an H200) but loses on 8k-row matrices (10.5 vs
+// 9.0 us), so it is used from kPipeMinRows rows on. LILY_GEMV_PIPE=0 turns it off, =1 forces it on.
+inline constexpr int kPipeMinRows = 16384;
+bool use_pipe(int rows) {
+  static const int mode = [] {
+    const char* e = std::getenv("LILY_GEMV_PIPE");
+    return e ? (e[0] == '0' ? 0 : 1) : 2;
+  }();
+  return mode == 1 || (mode == 2 && rows >= kPipeMinRows);
+}
+
+template <QFormat F, typename XT>
+void launch_pipe(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
+  constexpr int K = 2048;
+  constexpr int R = RowMap<F, K>::nc >= 4 ? 1 : 2;
+  static const int max_blocks = resident_blocks(gemv_pipe_kernel<F, K, R, XT>);
+  const int rows_per_block = kWarpsPerBlock * R * RowMap<F, K>::sub;
+  const int blocks = std::min(max_blocks, (a.total + rows_per_block - 1) / rows_per_block);
+  launch_kernel(gemv_pipe_kernel<F, K, R, XT>, blocks, kBlockThreads, 0, s, a, x, accumulate);
+}
+
 template <QFormat F, int R, typename XT>
 __global__ void __launch_bounds__(kBlockThreads) gemv_generic_kernel(MultiArgs a, const XT* x, bool accumulate) {
   pdl_trigger();
@@ -50,7 +110,10 @@ template <QFormat F, typename XT>
 void launch_format(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
   switch (a.cols) {
     case 512: launch_fast<F, 512>(a, x, accumulate, s); return;
-    case 2048: launch_fast<F, 2048>(a, x, accumulate, s); return;
+    case 2048:
+      if (use_pipe(a.total)) launch_pipe<F>(a, x, accumulate, s);
+      else launch_fast<F, 2048>(a, x, accumulate, s);
+      return;
     case 4096: launch_fast<F, 4096>(a, x, accumulate, s); return;
     default: {
       constexpr int R = 4;

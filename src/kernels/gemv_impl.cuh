@@ -123,14 +123,13 @@ __device__ __forceinline__ void stage_issue_rows(const MultiArgs& a, int task0, 
   }
 }
 
-// Stage: x from shared memory, dot products, store (y = or y +=).
+// Stage: dot products of a batch with x already in registers, store (y = or y +=).
 template <QFormat F, int K, int R>
-__device__ __forceinline__ void stage_finish_rows(const MultiArgs& a, const float* xsm, const RowBatch<F, K, R>& b,
-                                                  bool accumulate) {
+__device__ __forceinline__ void stage_dot_store_rows(const MultiArgs& a, const RowBatch<F, K, R>& b,
+                                                     const float (&xr)[RowMap<F, K>::nc][Fmt<F>::epc],
+                                                     const float (&xs)[RowMap<F, K>::nc], bool accumulate) {
   using M = RowMap<F, K>;
   const int li = (threadIdx.x & 31) % M::lpr;
-  float xr[M::nc][M::epc], xs[M::nc];
-  stage_load_x<F, K>(xsm, li, xr, xs);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const float v = stage_dot_row<F, K>(b.wv[r], b.sv[r], xr, xs);
@@ -139,6 +138,16 @@ __device__ __forceinline__ void stage_finish_rows(const MultiArgs& a, const floa
       *y = accumulate ? *y + v : v;
     }
   }
+}
+
+// Stage: x from shared memory into registers, then stage_dot_store_rows.
+template <QFormat F, int K, int R>
+__device__ __forceinline__ void stage_finish_rows(const MultiArgs& a, const float* xsm, const RowBatch<F, K, R>& b,
+                                                  bool accumulate) {
+  using M = RowMap<F, K>;
+  float xr[M::nc][M::epc], xs[M::nc];
+  stage_load_x<F, K>(xsm, (threadIdx.x & 31) % M::lpr, xr, xs);
+  stage_dot_store_rows<F, K, R>(a, b, xr, xs, accumulate);
 }
 
 // Any K (multiple of 64): one row per warp at a time, x read through L1; R rows per warp.
@@ -286,15 +295,12 @@ __device__ __forceinline__ void pair_body(const PairArgs& a, const float* x) {
   const int total = MOE ? (a.k + 1) * a.F : a.F;
   const int task0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * R * M::sub;
   PairBatch<F, K, R> b;
-  if (MOE) {
-    pdl_trigger();
-    pdl_wait();
-  }
+  if (MOE) pdl_wait();  // the expert ids come from the routing kernel
   stage_issue_pairs<F, K, R, MOE>(a, task0, total, b);
-  if (!MOE) {
-    pdl_trigger();
-    pdl_wait();
-  }
+  // Trigger only after this block's loads are issued: dependents scheduled earlier would sit on the SMs
+  // (waiting) and take residency from this kernel's later blocks.
+  pdl_trigger();
+  if (!MOE) pdl_wait();
   stage_x_to_smem(x, K, xsm);
   if (task0 >= total) return;
   stage_finish_pairs<F, K, R>(a, xsm, total, b);

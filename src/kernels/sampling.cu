@@ -99,12 +99,15 @@ __device__ Cut block_select(KeyFn key, int n, bool by_mass, float target, float 
     for (int d = threadIdx.x; d < 256; d += NT) { hist_c[d] = 0.f; hist_m[d] = 0.f; }
     __syncthreads();
     const uint32_t prefix = s_prefix;
-    for (int i = threadIdx.x; i < n; i += NT) {
-      const uint32_t k = key(i);
-      if ((k & hi_mask) != prefix) continue;
-      const int d = (k >> shift) & 255;
-      atomicAdd(&hist_c[d], 1.f);
-      if (by_mass) atomicAdd(&hist_m[d], expf(z_of(k) - zmax));
+    for (int i0 = 0; i0 < n; i0 += NT) {  // warp-uniform trip count (for __match_any_sync)
+      const int i = i0 + threadIdx.x;
+      const uint32_t k = i < n ? key(i) : 0u;
+      const int d = (i < n && (k & hi_mask) == prefix) ? static_cast<int>((k >> shift) & 255) : -1;
+      const unsigned same = __match_any_sync(0xffffffffu, d);  // lanes with the same digit add once
+      if (d >= 0) {
+        if ((threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist_c[d], static_cast<float>(__popc(same)));
+        if (by_mass) atomicAdd(&hist_m[d], expf(z_of(k) - zmax));
+      }
     }
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -187,6 +190,29 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(PrepArgs a) {
     for (int j = threadIdx.x; j < a.cand; j += kPrepThreads) {
       ck[j] = j < n ? keys[j] : 0u;
       ci[j] = j < n ? base + j : 0x7fffffff;
+    }
+    return;
+  }
+  if (a.cand == 1) {  // greedy: block argmax (largest key, then lowest id)
+    uint32_t bk = 0u;
+    int bi = 0x7fffffff;
+    for (int j = threadIdx.x; j < n; j += kPrepThreads)
+      if (keys[j] > bk || (keys[j] == bk && base + j < bi)) { bk = keys[j]; bi = base + j; }
+    __shared__ uint32_t wk[kPrepThreads / 32];
+    __shared__ int wi[kPrepThreads / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      const uint32_t k2 = __shfl_xor_sync(0xffffffffu, bk, o);
+      const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (k2 > bk || (k2 == bk && i2 < bi)) { bk = k2; bi = i2; }
+    }
+    if ((threadIdx.x & 31) == 0) { wk[threadIdx.x / 32] = bk; wi[threadIdx.x / 32] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < kPrepThreads / 32; ++w)
+        if (wk[w] > bk || (wk[w] == bk && wi[w] < bi)) { bk = wk[w]; bi = wi[w]; }
+      ck[0] = bk;
+      ci[0] = bi;
     }
     return;
   }

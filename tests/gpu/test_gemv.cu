@@ -68,6 +68,13 @@ TEST(Gemv, AccumulateIsFusedResidualAdd) {
   for (const auto& c : kCases) run_gemv(c, false, true, seed++);
 }
 
+// Tall matrices take the persistent, software-pipelined K = 2048 kernel (several batches per warp).
+TEST(Gemv, TallMatrixPersistentPath) {
+  run_gemv({QFormat::q4, 20011, 2048}, false, false, 350);
+  run_gemv({QFormat::q4, 16384, 2048}, true, true, 351);
+  run_gemv({QFormat::q8, 17001, 2048}, false, false, 352);
+}
+
 TEST(Gemv, MultiMatrixBatchOneLaunch) {
   for (int cols : {2048, 512, 320}) {
     std::mt19937_64 rng(400 + cols);
