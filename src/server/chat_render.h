@@ -1,35 +1,28 @@
-// Server-side prompt rendering: pre-render normalisation of OpenAI messages (chat.md §2.4) and the chat template
-// (the model directory's chat_template.jinja, or tokenizer_config.json's chat_template) run by the Jinja
-// interpreter with the request's chat_template_kwargs. Rule violations become ApiError 400 template_error.
+// Server-side prompt rendering over the chat library (chat/template.h): normalises the request's messages
+// (chat.md §2.4), renders the model's template with the request's chat_template_kwargs, and turns every
+// template or message error into ApiError 400. A trailing assistant message is continued (prefill): the
+// prompt ends inside that turn, without its closing <|im_end|> and without a generation prompt.
 #pragma once
 #include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
-#include "chat/jinja.h"
+#include "chat/template.h"
 
 namespace lily::server {
 
 class ChatRenderer {
  public:
-  // Reads DIR/chat_template.jinja, else DIR/tokenizer_config.json "chat_template". Throws lily::Error.
+  // Throws lily::Error when the directory has no usable template.
   static ChatRenderer load(const std::string& model_dir);
 
-  // messages: validated request messages; tools: array or null; kwargs: object merged into the context.
-  // add_generation_prompt is false when the last message is an assistant prefill (continued, not closed).
+  // messages: validated request messages; tools: array or null; kwargs: template variables.
   std::string render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                     const nlohmann::ordered_json& kwargs, bool* continued = nullptr) const;
-
-  // chat.md §2.4 normalisation: developer -> system, leading system messages joined, text parts joined,
-  // tool-call argument strings parsed, reasoning -> reasoning_content, null content -> "".
-  static nlohmann::ordered_json normalise(const nlohmann::ordered_json& messages);
-
-  const std::string& source() const { return source_; }
+                     const nlohmann::ordered_json& kwargs) const;
 
  private:
-  std::string source_;
-  std::shared_ptr<jinja::Template> tmpl_;
+  std::shared_ptr<chat::ChatTemplate> tmpl_;
 };
 
 }  // namespace lily::server

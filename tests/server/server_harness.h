@@ -1,0 +1,176 @@
+// Test harness: runs the real `lily serve --demo` binary (tiny random-weight checkpoint, real Qwen3 byte-level
+// BPE tokenizer and Qwen3.6 chat template) on a free loopback port, and small HTTP helpers around it.
+// Every wait is bounded; the process is killed if it does not exit.
+#pragma once
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+namespace lily::test {
+
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+class ServerProcess {
+ public:
+  // Starts `lily serve --demo --port 0 ARGS`; waits (<= 180 s) until /health is 200.
+  explicit ServerProcess(std::vector<std::string> args, double ready_timeout_s = 180) {
+    log_ = std::string(LILY_BINARY_DIR) + "/test-server-" + std::to_string(getpid()) + "-" +
+           std::to_string(counter()++) + ".log";
+    std::vector<std::string> argv = {std::string(LILY_BINARY_DIR) + "/lily", "serve", "--demo", "--port", "0",
+                                     "--host", "127.0.0.1"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      setenv("XDG_CACHE_HOME", (std::string(LILY_BINARY_DIR) + "/test-cache").c_str(), 1);
+      setenv("LILY_LOG", "warn", 1);
+      FILE* f = freopen(log_.c_str(), "w", stderr);
+      (void)f;
+      std::vector<char*> av;
+      for (auto& a : argv) av.push_back(a.data());
+      av.push_back(nullptr);
+      execv(av[0], av.data());
+      _exit(127);
+    }
+    auto t0 = Clock::now();
+    std::regex re("listening on http://127\\.0\\.0\\.1:([0-9]+)");
+    while (seconds_since(t0) < ready_timeout_s) {
+      if (port_ == 0) {
+        std::smatch m;
+        std::string text = log_text();
+        if (std::regex_search(text, m, re)) port_ = std::stoi(m[1]);
+      }
+      if (port_ != 0) {
+        auto r = client(2).Get("/health");
+        if (r && r->status == 200) return;
+      }
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    error_ = "server did not become ready; log:\n" + log_text();
+  }
+  ~ServerProcess() { stop(SIGTERM, 20); }
+
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  std::string log_text() const {
+    std::ifstream f(log_);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+  httplib::Client client(int timeout_s = 60) const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(timeout_s, 0);
+    c.set_write_timeout(timeout_s, 0);
+    c.set_connection_timeout(5, 0);
+    return c;
+  }
+  // Sends `sig` and waits up to timeout_s for the exit; returns the exit status (-1: killed / not exited).
+  int stop(int sig, double timeout_s) {
+    if (pid_ <= 0) return exit_status_;
+    kill(pid_, sig);
+    auto t0 = Clock::now();
+    while (seconds_since(t0) < timeout_s) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        exit_status_ = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        return exit_status_;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    exit_status_ = -1;
+    return -1;
+  }
+
+ private:
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+  pid_t pid_ = -1;
+  int port_ = 0;
+  int exit_status_ = -1;
+  std::string log_, error_;
+};
+
+inline ojson post_json(const ServerProcess& s, const std::string& path, const ojson& body, int* status = nullptr,
+                       httplib::Headers headers = {}) {
+  auto r = s.client().Post(path.c_str(), headers, body.dump(), "application/json");
+  if (!r) {
+    if (status) *status = -1;
+    return nullptr;
+  }
+  if (status) *status = r->status;
+  auto j = ojson::parse(r->body, nullptr, false);
+  return j;
+}
+
+// The raw SSE body of a streaming request (the bytes after the HTTP headers, chunked encoding removed).
+inline std::string post_stream(const ServerProcess& s, const std::string& path, const ojson& body, int* status) {
+  std::string out;
+  httplib::Client c = s.client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    out.append(d, n);
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err;
+  bool ok = c.send(req, res, err);
+  *status = ok ? res.status : -1;
+  if (ok && res.status != 200) out = res.body;
+  return out;
+}
+
+// Splits an SSE body into the JSON payloads of its `data:` events; checks the exact framing on the way.
+// Returns false (with why) on any framing violation; `done` is set when the stream ended with [DONE].
+inline bool parse_sse(const std::string& body, std::vector<ojson>& events, bool& done, std::string& why) {
+  size_t pos = 0;
+  done = false;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) { why = "event without the blank-line terminator at " + std::to_string(pos); return false; }
+    std::string ev = body.substr(pos, end - pos);
+    pos = end + 2;
+    if (ev.rfind(":", 0) == 0) continue;  // comment (ping)
+    if (ev.rfind("data: ", 0) != 0) { why = "event does not start with 'data: ': " + ev.substr(0, 40); return false; }
+    if (ev.find('\n') != std::string::npos) { why = "multi-line event"; return false; }
+    std::string payload = ev.substr(6);
+    if (done) { why = "data after [DONE]"; return false; }
+    if (payload == "[DONE]") { done = true; continue; }
+    auto j = ojson::parse(payload, nullptr, false);
+    if (j.is_discarded()) { why = "payload is not JSON: " + payload.substr(0, 80); return false; }
+    events.push_back(std::move(j));
+  }
+  return true;
+}
+
+}  // namespace lily::test
