@@ -459,7 +459,7 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
             int* out_token, void* scratch, cudaStream_t stream) {
   LILY_CHECK(vocab > 0 && logits && rng_counter && out_token && scratch, "sample: missing buffer");
   const bool penalties = p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
-  LILY_CHECK(counts || (!penalties && !p.update_counts), "sample: penalties or update_counts need a counts buffer");
+  LILY_CHECK(counts || !penalties, "sample: presence/frequency/repetition penalties need a counts buffer");
   const detail::ScratchLayout l = detail::layout(vocab);
   char* s = static_cast<char*>(scratch);
   const bool greedy = p.temperature <= 0.f;

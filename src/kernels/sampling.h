@@ -41,8 +41,8 @@ struct SamplingParams {
 // Device scratch for a vocabulary of V; sampling_scratch_bytes(V) bytes, any alignment >= 256.
 size_t sampling_scratch_bytes(int vocab);
 
-// logits [vocab] fp32 (not modified); counts [vocab] int32 (may be null when no penalty and
-// !update_counts); rng_counter [1] device uint64; out_token [1] device int32.
+// logits [vocab] fp32 (not modified); counts [vocab] int32 (may be null when no penalty is set; then
+// update_counts is ignored); rng_counter [1] device uint64; out_token [1] device int32.
 void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng_counter,
             int* out_token, void* scratch, cudaStream_t stream);
 
