@@ -517,11 +517,14 @@ struct OutputParser::Impl {
       }
 
       case St::value: {
+        // </tool_call> and the end close the value; <tool_call> only completes a pending </parameter> or
+        // </function> (a call whose closing tags were forgotten), else it is literal text of the value.
+        const bool ends_value = next == Next::tool_close || next == Next::end;
         for (size_t i = 0; i < buf.size(); ++i) {
           if (buf[i] != '<') continue;
           size_t resume = 0;
           Match m = value_end_at(i, terminal, resume);
-          if (m == Match::more && terminal) m = Match::yes;  // output ends inside a tag: the value ends here
+          if (m == Match::more && ends_value) m = Match::yes;  // output ends inside a tag: the value ends here
           if (m == Match::more) {
             commit(i);
             return false;
@@ -535,7 +538,7 @@ struct OutputParser::Impl {
           }
         }
         commit(buf.size());
-        if (!terminal) return false;
+        if (!ends_value) return false;
         finish_value();
         st = St::body;
         return true;
@@ -646,6 +649,7 @@ struct OutputParser::Impl {
     if (st == St::done) return;
     Next k = classify(id);
     if (k == Next::end) return finish();
+    if (k == Next::tool_open && st == St::value) run(k);
     // Inside a value or a JSON block, delimiters other than </tool_call> are literal text.
     if (k != Next::none && k != Next::tool_close && (st == St::value || st == St::tool_json)) {
       bytes = literal(k);

@@ -311,6 +311,22 @@ TEST(OutputParser, ZeroParametersAndMissingParameterClose) {
   expect_call(r, 0, "get_weather", R"({"city": "Roma"})");
 }
 
+TEST(OutputParser, ToolCallTokenInsideValueOrAfterForgottenClose) {
+  // <tool_call> right after </function> (missing </tool_call>) starts the next call.
+  auto r = parse("<tool_call>\n<function=get_weather>\n<parameter=city>\nRoma\n</parameter>\n</function>\n"
+                 "<tool_call>\n<function=get_time>\n</function>\n</tool_call>");
+  expect_call(r, 0, "get_weather", R"({"city": "Roma"})");
+  expect_call(r, 1, "get_time", "{}");
+  r = parse("<tool_call>\n<function=get_weather>\n<parameter=city>\nRoma\n</parameter>\n<tool_call>\n"
+            "<function=get_time>\n</function>\n</tool_call>");
+  expect_call(r, 0, "get_weather", R"({"city": "Roma"})");
+  expect_call(r, 1, "get_time", "{}");
+  // Elsewhere inside a value it is literal text.
+  r = parse("<tool_call>\n<function=write_file>\n<parameter=content>\nuse <tool_call> and <think> here\n"
+            "</parameter>\n</function>\n</tool_call>");
+  expect_call(r, 0, "write_file", R"({"content": "use <tool_call> and <think> here"})");
+}
+
 TEST(OutputParser, DuplicateKeysFirstWins) {
   const auto r = parse("<tool_call>\n<function=other>\n<parameter=a>\n1st\n</parameter>\n<parameter=a>\n2nd\n"
                        "</parameter>\n</function>\n</tool_call>");
