@@ -385,15 +385,38 @@ struct OutputParser::Impl {
     return true;
   }
 
+  void end_reasoning() {
+    reasoning.cut(*ev);
+    res.reasoning_ended = true;
+    st = St::content;
+    content_line_start = true;
+  }
+
   // --- the state machine -----------------------------------------------------------------------------------
   // One step of the current state over `buf`; returns true to run again (state changed or progress made).
   bool step(Next next) {
     const bool terminal = next != Next::none;
     switch (st) {
-      case St::reasoning:
+      case St::reasoning: {
+        if (opt.thinking_close_fallback) {  // §4.6: literal </thinking> ends reasoning (off by default)
+          constexpr std::string_view tag = "</thinking>";
+          if (const size_t p = buf.find(tag); p != std::string::npos) {
+            reasoning.text(std::string_view(buf).substr(0, p), *ev);
+            buf.erase(0, p + tag.size());
+            end_reasoning();
+            return true;
+          }
+          size_t hold = 0;  // a tail that may still become the tag
+          for (size_t n = std::min(buf.size(), tag.size() - 1); n > 0 && !terminal && hold == 0; --n)
+            if (std::string_view(buf).substr(buf.size() - n) == tag.substr(0, n)) hold = n;
+          reasoning.text(std::string_view(buf).substr(0, buf.size() - hold), *ev);
+          buf.erase(0, buf.size() - hold);
+          return false;
+        }
         reasoning.text(buf, *ev);
         buf.clear();
         return false;
+      }
 
       case St::reason_lookahead: {
         Header h = match_header(kMaxLookaheadWs, true);
@@ -571,10 +594,7 @@ struct OutputParser::Impl {
       case St::reasoning:
         if (k == Next::think_close) {
           ++res.reasoning_tokens;
-          reasoning.cut(*ev);
-          res.reasoning_ended = true;
-          st = St::content;
-          content_line_start = true;
+          end_reasoning();
         } else if (k == Next::tool_open) {
           lookahead_tokens = 1;
           st = St::reason_lookahead;

@@ -51,6 +51,7 @@ struct ParserOptions {
   DelimiterIds ids;
   ToolFormat format = ToolFormat::automatic;
   bool start_in_reasoning = false;           // from initial_reasoning_state(prompt ids)
+  bool thinking_close_fallback = false;      // §4.6: literal text "</thinking>" also ends reasoning
   // Call ids: "call_" + 24 alphanumerics from a generator seeded with id_seed (random when unset), or
   // make_call_id when set.
   std::optional<uint64_t> id_seed;

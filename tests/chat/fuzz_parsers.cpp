@@ -1,5 +1,6 @@
 // libFuzzer target for the output parsers (scripts/fuzz.sh builds it with ASan + UBSan).
-// Input: byte 0 = flags (bit 0 start in reasoning, bits 1-2 tool format, bit 3 request has tools, bits 4-7 the
+// Input: byte 0 = flags (bit 0 start in reasoning, bits 1-2 tool format: auto, xml, json, auto + </thinking>
+// fallback; bit 3 request has tools, bits 4-7 the
 // schema type for the value-conversion check); then generated text where 0x00 escapes a delimiter:
 // 00 00 <think>, 00 01 </think>, 00 02 <tool_call>, 00 03 </tool_call>, 00 04 <|im_end|>, 00 05 token boundary,
 // anything else after 00 = a literal 0x00 byte.
@@ -140,6 +141,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   opt.start_in_reasoning = flags & 1;
   const int fmt = (flags >> 1) & 3;
   opt.format = fmt == 1 ? ToolFormat::xml : fmt == 2 ? ToolFormat::json : ToolFormat::automatic;
+  opt.thinking_close_fallback = fmt == 3;
   opt.id_seed = 1;
   static const ToolSet no_tools;
   const ToolSet& tools = (flags & 8) ? fuzz_tools() : no_tools;

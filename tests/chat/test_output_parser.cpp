@@ -226,6 +226,21 @@ TEST(OutputParser, Pitfall08HallucinatedThinkingClose) {
   EXPECT_EQ(r.content, "Done");
 }
 
+TEST(OutputParser, ThinkingCloseFallbackOption) {
+  ParserOptions opt;
+  opt.start_in_reasoning = true;
+  opt.thinking_close_fallback = true;
+  auto r = parse_all_ways("step one</thinking>\n\nThe answer.", opt, tools());
+  EXPECT_EQ(r.reasoning, "step one");
+  EXPECT_EQ(r.content, "The answer.");
+  EXPECT_TRUE(r.reasoning_ended);
+  r = parse_all_ways("almost </thinkin", opt, tools());  // a tail that never completes stays reasoning
+  EXPECT_EQ(r.reasoning, "almost </thinkin");
+  r = parse_all_ways("a </thinkin<tool_call> b</think>c", opt, tools());
+  EXPECT_EQ(r.reasoning, "a </thinkin<tool_call> b");
+  EXPECT_EQ(r.content, "c");
+}
+
 // Pitfall 10: truncated arguments (length stop) are closed with what was parsed.
 TEST(OutputParser, Pitfall10TruncatedCall) {
   auto r = parse("<tool_call>\n<function=get_weather>\n<parameter=city>\nRo");
