@@ -1,7 +1,7 @@
 // libFuzzer target for the output parsers (scripts/fuzz.sh builds it with ASan + UBSan).
 // Input: byte 0 = flags (bit 0 start in reasoning, bits 1-2 tool format: auto, xml, json, auto + </thinking>
-// fallback; bit 3 request has tools, bits 4-7 the
-// schema type for the value-conversion check); then generated text where 0x00 escapes a delimiter:
+// fallback; bit 3 request has tools, bits 4-7 the schema type for the value-conversion check); then generated
+// text where 0x00 escapes a delimiter:
 // 00 00 <think>, 00 01 </think>, 00 02 <tool_call>, 00 03 </tool_call>, 00 04 <|im_end|>, 00 05 token boundary,
 // anything else after 00 = a literal 0x00 byte.
 // Checks (abort on failure): streamed deltas rebuild the final result, arguments are JSON objects, every text is
