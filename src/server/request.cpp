@@ -368,7 +368,8 @@ ChatRequest parse_chat_request(const ojson& b, const RequestLimits& limits) {
       r.chat_template_kwargs["enable_thinking"] = !(v == "none" || v == "minimal");
   }
   r.include_reasoning = get_bool(b, "include_reasoning").value_or(true);
-  if (auto x = get_int(b, "reasoning_budget", 0, std::numeric_limits<int32_t>::max())) r.reasoning_budget = int(*x);
+  if (get_int(b, "reasoning_budget", 0, std::numeric_limits<int32_t>::max()))
+    throw not_supported("reasoning_budget", "'reasoning_budget' is not implemented yet; use max_tokens");
   return r;
 }
 

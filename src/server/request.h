@@ -43,7 +43,6 @@ struct ChatRequest {
   int top_logprobs = 0;                // 0..20
   ojson chat_template_kwargs = ojson::object();  // with reasoning_effort folded in
   bool include_reasoning = true;
-  std::optional<int> reasoning_budget;
 };
 
 struct CompletionRequest {
