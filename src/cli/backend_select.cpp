@@ -1,0 +1,49 @@
+// --device selection for CLI commands (see backend_select.h).
+#include "cli/backend_select.h"
+
+#include "model/forward_cpu.h"
+#include "util/check.h"
+#ifdef LILY_HAVE_CUDA
+#include "model/forward_cuda.h"
+#endif
+
+namespace lily::cli {
+
+void add_device_option(CLI::App& sub, std::string& device) {
+  device = "auto";
+  sub.add_option("--device", device, "cuda or cpu (default: cuda when a GPU is present)")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
+}
+
+std::string resolve_device(const std::string& device) {
+#ifdef LILY_HAVE_CUDA
+  const bool gpu = cuda_device_available();
+#else
+  const bool gpu = false;
+#endif
+  if (device == "cpu") return "cpu";
+  if (device == "cuda") {
+    LILY_CHECK(gpu, "--device cuda: ",
+#ifdef LILY_HAVE_CUDA
+               "no CUDA device found"
+#else
+               "this binary was built without CUDA"
+#endif
+    );
+    return "cuda";
+  }
+  return gpu ? "cuda" : "cpu";
+}
+
+std::unique_ptr<Backend> make_device_backend(const Model& model, const std::string& device, int max_context) {
+  if (resolve_device(device) == "cuda") {
+#ifdef LILY_HAVE_CUDA
+    CudaOptions o;
+    o.max_context = max_context;
+    return make_cuda_backend(model, o);
+#endif
+  }
+  return std::make_unique<CpuBackend>(model, max_context);
+}
+
+}  // namespace lily::cli

@@ -1,0 +1,26 @@
+// `--device cuda|cpu` for the CLI commands that run the model (score, generate, ...): one option helper and
+// one factory, so each command adds a single line. Default: cuda when this binary has CUDA and a GPU is
+// present, else cpu.
+#pragma once
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "model/weights.h"
+#include "runtime/backend.h"
+
+namespace lily::cli {
+
+// Adds --device to `sub`, storing the choice in `device` ("auto" until given).
+void add_device_option(CLI::App& sub, std::string& device);
+
+// "cuda" or "cpu" for a --device value ("auto" picks cuda when available). Throws lily::Error when cuda is
+// asked for but unavailable (no CUDA build, or no GPU).
+std::string resolve_device(const std::string& device);
+
+// The backend for `device` ("auto", "cuda", "cpu"); max_context <= 0: the model's maximum.
+// `model` must outlive the returned backend.
+std::unique_ptr<Backend> make_device_backend(const Model& model, const std::string& device, int max_context = 0);
+
+}  // namespace lily::cli

@@ -1,0 +1,122 @@
+// `lily bench`: batch-1 decode speed of the CUDA backend at several context lengths — µs and tokens per
+// second, achieved GB/s, % of the bandwidth floor (bytes per token / measured copy bandwidth) and time per
+// kernel family — as a terminal table or JSON. Weights: `--synthetic full` (random full-size weights made
+// on the GPU, no disk) or `--model DIR`. Needs the CUDA build; otherwise it says so and fails.
+#include <cstdio>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#ifdef LILY_HAVE_CUDA
+#include "model/forward_cuda.h"
+#endif
+
+namespace lily::cli {
+namespace {
+
+struct BenchArgs {
+  std::string synthetic;
+  std::string model_dir;
+  std::string contexts = "0,4096,32768,131072";
+  int steps = 128;
+  bool json = false;
+  bool no_breakdown = false;
+};
+
+#ifdef LILY_HAVE_CUDA
+std::vector<int> parse_contexts(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    int mult = 1;
+    if (item.back() == 'k' || item.back() == 'K') {
+      mult = 1024;
+      item.pop_back();
+    }
+    v.push_back(std::stoi(item) * mult);
+  }
+  return v;
+}
+
+void print_table(const BenchReport& r) {
+  std::printf("device  : %s\nweights : %s (%.2f GB resident)\ncopy bw : %.0f GB/s (device-to-device, read+write)\n\n",
+              r.device.c_str(), r.weights.c_str(), r.weight_bytes / 1e9, r.copy_gb_per_s);
+  std::printf("%9s %10s %9s %12s %9s %10s %8s\n", "context", "us/token", "tok/s", "bytes/token", "GB/s", "floor us",
+              "% floor");
+  for (const BenchPoint& p : r.points)
+    std::printf("%9d %10.1f %9.1f %12.3e %9.0f %10.1f %7.1f%%\n", p.context, p.us_per_token, p.tok_per_s,
+                p.bytes_per_token, p.gb_per_s, p.floor_us, p.pct_of_floor);
+  for (const BenchPoint& p : r.points) {
+    if (p.families.empty()) continue;
+    double total = 0;
+    for (const BenchFamily& f : p.families) total += f.us_per_token;
+    std::printf("\nper kernel family at context %d (instrumented pass, no graph; total %.1f us):\n", p.context, total);
+    for (const BenchFamily& f : p.families)
+      std::printf("  %-14s %9.1f us  %5.1f%%\n", f.name.c_str(), f.us_per_token, 100 * f.us_per_token / total);
+  }
+}
+
+nlohmann::json to_json(const BenchReport& r) {
+  nlohmann::json j;
+  j["device"] = r.device;
+  j["weights"] = r.weights;
+  j["weight_bytes"] = r.weight_bytes;
+  j["copy_gb_per_s"] = r.copy_gb_per_s;
+  for (const BenchPoint& p : r.points) {
+    nlohmann::json q = {{"context", p.context},           {"us_per_token", p.us_per_token},
+                        {"tok_per_s", p.tok_per_s},       {"bytes_per_token", p.bytes_per_token},
+                        {"gb_per_s", p.gb_per_s},         {"floor_us", p.floor_us},
+                        {"pct_of_floor", p.pct_of_floor}};
+    for (const BenchFamily& f : p.families) q["families_us"][f.name] = f.us_per_token;
+    j["points"].push_back(q);
+  }
+  return j;
+}
+#endif
+
+int run_bench(const BenchArgs& a) {
+#ifdef LILY_HAVE_CUDA
+  if (a.synthetic.empty() == a.model_dir.empty()) {
+    std::fprintf(stderr, "lily bench: give exactly one of --synthetic full or --model DIR\n");
+    return 2;
+  }
+  if (!a.synthetic.empty() && a.synthetic != "full") {
+    std::fprintf(stderr, "lily bench: --synthetic supports only 'full'\n");
+    return 2;
+  }
+  BenchOptions o;
+  o.model_dir = a.model_dir;
+  o.contexts = parse_contexts(a.contexts);
+  o.steps = a.steps;
+  o.breakdown = !a.no_breakdown;
+  const BenchReport r = run_decode_bench(o);
+  if (a.json)
+    std::printf("%s\n", to_json(r).dump(2).c_str());
+  else
+    print_table(r);
+  return 0;
+#else
+  (void)a;
+  std::fprintf(stderr, "lily bench: needs the CUDA build (this binary was built without CUDA)\n");
+  return 1;
+#endif
+}
+
+const CommandRegistrar reg{Command{
+    "bench", "decode speed of the CUDA backend (tok/s, GB/s, % of the bandwidth floor) at several contexts",
+    [](CLI::App& sub) -> std::function<int()> {
+      auto a = std::make_shared<BenchArgs>();
+      sub.add_option("--synthetic", a->synthetic, "random full-size weights generated on the GPU: 'full'");
+      sub.add_option("--model", a->model_dir, "checkpoint directory");
+      sub.add_option("--contexts", a->contexts, "comma-separated context lengths (suffix k = 1024)");
+      sub.add_option("--steps", a->steps, "timed decode steps per context (>= 128 recommended)");
+      sub.add_flag("--json", a->json, "print JSON instead of a table");
+      sub.add_flag("--no-breakdown", a->no_breakdown, "skip the per-kernel-family pass");
+      return [a] { return run_bench(*a); };
+    }}};
+
+}  // namespace
+}  // namespace lily::cli

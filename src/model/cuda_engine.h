@@ -1,0 +1,137 @@
+// Internals of the CUDA backend shared by forward_cuda.cu (the Backend and the captured decode step),
+// cuda_weights.cu (upload from a checkpoint, synthetic full-size weights) and bench_cuda.cu (lily bench).
+// Everything lives in an explicit CudaEngine context: stream, graph, device buffers — no globals.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/mixers.h"
+#include "kernels/qmat.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace lily::cuda {
+
+// ---- weights on the device ----
+struct GdnDev {                 // linear_attn.*
+  QMat qkv, z, b, a;            // [conv_dim, H], [Hv*Dv, H], [Hv, H], [Hv, H]
+  QMat out;                     // [H, Hv*Dv]
+  float* conv_w = nullptr;      // [conv_dim][4]
+  float* a_log = nullptr;       // [Hv]
+  float* dt_bias = nullptr;     // [Hv]
+  float* norm = nullptr;        // [Dv] plain weight
+};
+struct AttnDev {                // self_attn.*
+  QMat q, k, v;                 // [Hq*2d, H], [Hkv*d, H], [Hkv*d, H]
+  QMat o;                       // [H, Hq*d]
+  float* q_norm = nullptr;      // [d] effective (1 + w)
+  float* k_norm = nullptr;      // [d]
+};
+struct LayerDev {
+  float* input_norm = nullptr;  // [H] effective (1 + w)
+  float* post_norm = nullptr;   // [H]
+  GdnDev gdn;                   // linear-attention layers
+  AttnDev attn;                 // full-attention layers
+  MoeWeightsDev moe;
+};
+struct DeviceWeights {
+  QMat embed;                   // [V, H]
+  std::vector<LayerDev> layers; // [n_layers]
+  float* norm = nullptr;        // [H] final norm (1 + w)
+  QMat lm_head;                 // [V, H]
+  std::vector<void*> allocations;  // every cudaMalloc made for these weights (freed by free_weights)
+  double bytes = 0;             // device bytes held
+};
+
+// Uploads and repacks a loaded checkpoint (MLX affine words, or HF bf16 kept as bf16 / quantized to 4-bit).
+DeviceWeights upload_weights(const Model& model, bool quantize_bf16, bool progress, cudaStream_t s);
+// Random full-size weights in the MLX 4-bit layout (8-bit router / shared gate) generated on the GPU.
+DeviceWeights synthetic_weights(const Config& c, uint64_t seed, cudaStream_t s);
+void free_weights(DeviceWeights& w);
+
+// Fills n bf16 values with random numbers in [-1, 1) (seeded), e.g. a benchmark's KV pages.
+void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, cudaStream_t s);
+
+// ---- the engine: one sequence's state and the captured decode step ----
+struct StepDev {
+  int token;                    // the token being consumed
+  int pos;                      // its position (0-based)
+};
+
+// Optional per-kernel-family timing hook for an instrumented (non-graph) step: called before each family
+// with its name; the last call is mark("end").
+using FamilyMark = std::function<void(const char* family)>;
+
+// step->pos += 1 (a graph tail for decode loops that feed back the sampled token).
+void launch_advance_pos(StepDev* step, cudaStream_t s);
+
+class CudaEngine {
+ public:
+  CudaEngine(const Config& c, DeviceWeights w, int max_context, int device);
+  ~CudaEngine();
+  CudaEngine(const CudaEngine&) = delete;
+  CudaEngine& operator=(const CudaEngine&) = delete;
+
+  const Config& config() const { return cfg_; }
+  int max_context() const { return max_context_; }
+  cudaStream_t stream() const { return stream_; }
+  const float* logits() const { return logits_; }       // [vocab] fp32, device
+  StepDev* step() const { return step_; }               // device
+  const DeviceWeights& weights() const { return w_; }
+
+  // Makes KV pages exist for tokens [0, n_tokens).
+  void ensure_kv(int n_tokens);
+  // Fills the KV pages for tokens [0, n_tokens) with random bf16 (benchmarks).
+  void fill_kv_random(int n_tokens, uint64_t seed);
+  // Zeroes the recurrent states (a new sequence).
+  void reset_state();
+  // Records one decode step (embedding -> 40 layers -> final norm -> lm_head) into the stream; reads the
+  // token and position from step(). With `mark`, calls it before each kernel family.
+  void record_step(const FamilyMark* mark = nullptr);
+  // Launches the captured graph of record_step().
+  void launch_step();
+  // The captured graph of record_step() followed by `tail` (e.g. greedy sampling + position advance).
+  cudaGraphExec_t capture(const std::function<void()>& tail);
+
+  // GDN conv rings + recurrent states of all linear-attention layers, one contiguous device buffer.
+  void* gdn_state() const { return gdn_state_; }
+  size_t gdn_state_bytes() const { return gdn_state_bytes_; }
+
+ private:
+  void gdn(int layer, const float* x);
+  void attention(int layer, const float* x);
+  void add_page(int page);
+
+  Config cfg_;
+  DeviceWeights w_;
+  const FamilyMark* mark_ = nullptr;  // set during an instrumented record_step
+  int max_context_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaGraphExec_t graph_ = nullptr;
+  StepDev* step_ = nullptr;      // device [1]
+  float* h_ = nullptr;           // [H] residual stream
+  float* x_ = nullptr;           // [H] normed input of a block
+  float* proj_ = nullptr;        // [conv_dim + Hv*Dv + 2*Hv] GDN projections, or [Hq*2d + 2*Hkv*d] q|k|v
+  float* mix_ = nullptr;         // [max(Hv*Dv, Hq*d)] mixer output before its out projection
+  float* q_ = nullptr;           // [Hq*d] normed, rotated queries
+  float* logits_ = nullptr;      // [V]
+  MoeScratch moe_;
+  AttnScratch attn_;
+  int attn_splits_ = 0;
+  // GDN state: per GDN layer [4][conv_dim] ring then [Hv][Dk][Dv] S
+  void* gdn_state_ = nullptr;
+  size_t gdn_state_bytes_ = 0;
+  std::vector<float*> ring_, S_;  // [n_layers] (null for attention layers)
+  // KV cache
+  int page_tokens_ = 0;
+  std::vector<int> attn_index_;               // [n_layers] -> attention layer index or -1
+  std::vector<uint16_t**> page_table_;        // [n_attn] device [max_pages]
+  std::vector<void*> page_blocks_;            // one allocation per page index (all attention layers)
+  int pages_ = 0;
+};
+
+}  // namespace lily::cuda

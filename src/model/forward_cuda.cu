@@ -1,0 +1,376 @@
+// The CUDA backend (batch-1 decode at memory-bandwidth speed): CudaEngine holds the device weights, one
+// sequence's state (GDN conv rings and recurrent states, a paged bf16 KV cache grown on demand) and the
+// decode step captured once as a CUDA graph; CudaBackend adapts it to the Backend interface.
+// The step reads its token and position from device memory (StepDev), so the graph replays unchanged; per
+// token the host only copies {token, position} asynchronously. A prompt runs the same graph token by token
+// (simple and exact up to the full context). Math: shared/spec/model.md §2; kernels: kernels/mixers.h (GDN,
+// attention, norms, RoPE) and kernels/qmat.h (GEMV, MoE, embedding).
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/common.cuh"
+#include "model/cuda_engine.h"
+#include "model/forward_cuda.h"
+
+namespace lily::cuda {
+
+namespace {
+
+constexpr int kPageTokens = 1024;   // KV tokens per page (2 MiB per attention layer for the real model)
+constexpr int kAttnMaxSplits = 64;  // split blocks per KV head for long contexts
+
+__global__ void advance_pos_kernel(StepDev* step) { step->pos += 1; }
+
+template <typename T>
+T* device_alloc(size_t n) {
+  T* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return p;
+}
+
+}  // namespace
+
+CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int device)
+    : cfg_(c), w_(std::move(w)), max_context_(max_context) {
+  CUDA_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  const int H = c.hidden, d = c.head_dim;
+  const int gdn_proj = c.conv_dim() + c.value_dim() + 2 * c.lin_v_heads;
+  const int attn_proj = c.q_proj_rows() + 2 * c.n_kv_heads * d;
+  step_ = device_alloc<StepDev>(1);
+  h_ = device_alloc<float>(H);
+  x_ = device_alloc<float>(H);
+  proj_ = device_alloc<float>(std::max(gdn_proj, attn_proj));
+  mix_ = device_alloc<float>(std::max(c.value_dim(), c.n_heads * d));
+  q_ = device_alloc<float>((size_t)c.n_heads * d);
+  logits_ = device_alloc<float>(c.vocab);
+  moe_ = moe_scratch_alloc(c.n_experts, c.top_k, c.moe_ffn);
+
+  attn_index_.assign(c.n_layers, -1);
+  ring_.assign(c.n_layers, nullptr);
+  S_.assign(c.n_layers, nullptr);
+  const size_t ring_floats = (size_t)4 * c.conv_dim();
+  const size_t s_floats = (size_t)c.lin_v_heads * c.lin_k_dim * c.lin_v_dim;
+  int n_gdn = 0, n_attn = 0;
+  for (int i = 0; i < c.n_layers; ++i) (c.is_attention(i) ? n_attn : n_gdn)++;
+  gdn_state_bytes_ = (size_t)n_gdn * (ring_floats + s_floats) * sizeof(float);
+  gdn_state_ = device_alloc<uint8_t>(gdn_state_bytes_);
+  float* p = static_cast<float*>(gdn_state_);
+  for (int i = 0; i < c.n_layers; ++i) {
+    if (c.is_attention(i)) {
+      attn_index_[i] = (int)page_table_.size();
+      page_table_.push_back(nullptr);
+      continue;
+    }
+    ring_[i] = p;
+    S_[i] = p + ring_floats;
+    p += ring_floats + s_floats;
+  }
+  page_tokens_ = kPageTokens;
+  const int max_pages = (max_context_ + page_tokens_ - 1) / page_tokens_;
+  for (auto& t : page_table_) {
+    t = device_alloc<uint16_t*>(max_pages);
+    CUDA_CHECK(cudaMemsetAsync(t, 0, max_pages * sizeof(uint16_t*), stream_));
+  }
+  if (n_attn > 0) {
+    attn_.max_splits = kAttnMaxSplits;
+    attn_.partial = device_alloc<float>(attn_scratch_floats(c.n_kv_heads, kAttnMaxSplits, c.n_heads / c.n_kv_heads, d));
+    attn_.tickets = device_alloc<unsigned>(c.n_kv_heads);
+    CUDA_CHECK(cudaMemsetAsync(attn_.tickets, 0, c.n_kv_heads * sizeof(unsigned), stream_));
+    attn_splits_ = kAttnMaxSplits;
+  }
+  reset_state();
+  ensure_kv(1);
+  // Capture the plain decode step once.
+  graph_ = capture({});
+}
+
+CudaEngine::~CudaEngine() {
+  cudaStreamSynchronize(stream_);
+  if (graph_) cudaGraphExecDestroy(graph_);
+  for (void* p : {(void*)step_, (void*)h_, (void*)x_, (void*)proj_, (void*)mix_, (void*)q_, (void*)logits_,
+                  gdn_state_, (void*)attn_.partial, (void*)attn_.tickets})
+    if (p) cudaFree(p);
+  for (auto* t : page_table_) cudaFree(t);
+  for (void* b : page_blocks_) cudaFree(b);
+  moe_scratch_free(moe_);
+  free_weights(w_);
+  cudaStreamDestroy(stream_);
+}
+
+void CudaEngine::reset_state() {
+  CUDA_CHECK(cudaMemsetAsync(gdn_state_, 0, gdn_state_bytes_, stream_));
+}
+
+// One page index for every attention layer: a single allocation cut into per-layer pages.
+void CudaEngine::add_page(int page) {
+  const size_t elems = kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim);
+  const size_t n_attn = page_table_.size();
+  uint16_t* block = device_alloc<uint16_t>(elems * n_attn);
+  page_blocks_.push_back(block);
+  for (size_t a = 0; a < n_attn; ++a) {
+    uint16_t* ptr = block + a * elems;
+    CUDA_CHECK(cudaMemcpyAsync(page_table_[a] + page, &ptr, sizeof(ptr), cudaMemcpyHostToDevice, stream_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // &ptr is a host stack variable; pages are added rarely
+}
+
+void CudaEngine::ensure_kv(int n_tokens) {
+  if (page_table_.empty()) return;
+  LILY_CHECK(n_tokens <= max_context_, "CUDA backend: context of ", n_tokens, " tokens exceeds the maximum ",
+             max_context_);
+  const int need = (n_tokens + page_tokens_ - 1) / page_tokens_;
+  while (pages_ < need) add_page(pages_++);
+}
+
+void CudaEngine::fill_kv_random(int n_tokens, uint64_t seed) {
+  ensure_kv(n_tokens);
+  const size_t elems = kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim) * page_table_.size();
+  const int used = (n_tokens + page_tokens_ - 1) / page_tokens_;
+  for (int p = 0; p < used; ++p) fill_random_bf16(static_cast<uint16_t*>(page_blocks_[p]), elems, seed + p, stream_);
+}
+
+// ---- the decode step, in the order of model.md §2.0 ----
+void CudaEngine::record_step(const FamilyMark* mark) {
+  mark_ = mark;
+  auto at = [&](const char* family) {
+    if (mark_) (*mark_)(family);
+  };
+  const Config& c = cfg_;
+  at("embed");
+  embed_row(w_.embed, &step_->token, h_, stream_);
+  for (int i = 0; i < c.n_layers; ++i) {
+    const LayerDev& l = w_.layers[i];
+    at("norm");
+    launch_add_rmsnorm(h_, nullptr, nullptr, l.input_norm, x_, c.hidden, c.eps, stream_);
+    if (c.is_attention(i))
+      attention(i, x_);  // h += o_proj(attention(x))
+    else
+      gdn(i, x_);        // h += out_proj(gdn(x))
+    at("norm");
+    launch_add_rmsnorm(h_, nullptr, nullptr, l.post_norm, x_, c.hidden, c.eps, stream_);
+    at("moe_route");
+    moe_route(l.moe, x_, moe_, stream_);
+    at("moe_gate_up");
+    moe_gate_up(l.moe, x_, moe_, stream_);
+    at("moe_down");
+    moe_down(l.moe, moe_, h_, stream_);  // h += MoE(x)
+  }
+  at("norm");
+  launch_add_rmsnorm(h_, nullptr, nullptr, w_.norm, x_, c.hidden, c.eps, stream_);
+  at("lm_head");
+  gemv(w_.lm_head, x_, logits_, false, stream_);
+  at("end");
+  mark_ = nullptr;
+}
+
+void CudaEngine::gdn(int layer, const float* x) {
+  const Config& c = cfg_;
+  const GdnDev& g = w_.layers[layer].gdn;
+  const int Hv = c.lin_v_heads;
+  float* qkv = proj_;
+  float* z = qkv + c.conv_dim();
+  float* b = z + c.value_dim();
+  float* a = b + Hv;
+  if (mark_) (*mark_)("gdn_in_proj");
+  GemvBatch batch;
+  batch.n = 0;
+  auto add = [&](const QMat& W, float* y) {
+    if (batch.n > 0 && (W.format != batch.W[0].format || W.cols != batch.W[0].cols)) {
+      gemv_multi(batch, x, false, stream_);
+      batch.n = 0;
+    }
+    batch.W[batch.n] = W;
+    batch.y[batch.n++] = y;
+  };
+  add(g.qkv, qkv);
+  add(g.z, z);
+  add(g.b, b);
+  add(g.a, a);
+  gemv_multi(batch, x, false, stream_);
+  if (mark_) (*mark_)("gdn_core");
+  const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
+  launch_gdn_step(qkv, z, a, b, g.conv_w, g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], mix_, &step_->pos,
+                  dims, c.eps, stream_);
+  if (mark_) (*mark_)("gdn_out_proj");
+  gemv(g.out, mix_, h_, true, stream_);
+}
+
+void CudaEngine::attention(int layer, const float* x) {
+  const Config& c = cfg_;
+  const AttnDev& at = w_.layers[layer].attn;
+  const int d = c.head_dim;
+  float* qg = proj_;
+  float* k = qg + c.q_proj_rows();
+  float* v = k + c.n_kv_heads * d;
+  if (mark_) (*mark_)("attn_in_proj");
+  GemvBatch batch;
+  batch.n = 3;
+  batch.W[0] = at.q, batch.W[1] = at.k, batch.W[2] = at.v;
+  batch.y[0] = qg, batch.y[1] = k, batch.y[2] = v;
+  if (at.q.format == at.k.format && at.k.format == at.v.format) {
+    gemv_multi(batch, x, false, stream_);
+  } else {
+    for (int j = 0; j < 3; ++j) gemv(batch.W[j], x, batch.y[j], false, stream_);
+  }
+  if (mark_) (*mark_)("attn_core");
+  KvPages kv;
+  kv.pages = page_table_[attn_index_[layer]];
+  kv.page_tokens = page_tokens_;
+  kv.n_kv = c.n_kv_heads;
+  kv.head_dim = d;
+  launch_qk_norm_rope_append(qg, k, v, at.q_norm, at.k_norm, q_, kv, &step_->pos, c.n_heads, d, c.rope_dim,
+                             (float)c.rope_theta, c.eps, stream_);
+  launch_attention_decode(q_, qg, kv, &step_->pos, mix_, attn_, attn_splits_, c.n_heads, stream_);
+  if (mark_) (*mark_)("attn_out_proj");
+  gemv(at.o, mix_, h_, true, stream_);
+}
+
+cudaGraphExec_t CudaEngine::capture(const std::function<void()>& tail) {
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    record_step();
+    if (tail) tail();
+  } catch (...) {  // a launcher rejected a shape: end the capture so this thread can use CUDA again
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    throw;
+  }
+  CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  return exec;
+}
+
+void CudaEngine::launch_step() { CUDA_CHECK(cudaGraphLaunch(graph_, stream_)); }
+
+void launch_advance_pos(StepDev* step, cudaStream_t s) {
+  advance_pos_kernel<<<1, 1, 0, s>>>(step);
+  CUDA_CHECK_LAUNCH();
+}
+
+// ---- Backend adapter ----
+namespace {
+
+class CudaBackend : public Backend {
+ public:
+  CudaBackend(const Model& model, const CudaOptions& opt)
+      : cfg_(model.config),
+        engine_(model.config, upload(model, opt),
+                opt.max_context > 0 ? opt.max_context : model.config.max_position_embeddings, opt.device) {
+    CUDA_CHECK(cudaMallocHost(&staging_, sizeof(StepDev) * kStaging));
+    d_steps_ = device_alloc<StepDev>(kStaging);
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(engine_.stream());
+    cudaFreeHost(staging_);
+    cudaFree(d_steps_);
+  }
+
+  const Config& config() const override { return cfg_; }
+  std::string name() const override { return "cuda"; }
+  int max_context() const override { return engine_.max_context(); }
+  int position() const override { return pos_; }
+  void reset() override {
+    engine_.reset_state();
+    pos_ = 0;
+  }
+
+  void forward(std::span<const int32_t> tokens, float* logits, bool all_logits) override {
+    const int n = (int)tokens.size();
+    LILY_CHECK(pos_ + n <= engine_.max_context(), "CUDA backend: ", pos_ + n, " tokens exceed the context of ",
+               engine_.max_context());
+    const int V = cfg_.vocab;
+    for (int32_t t : tokens) LILY_CHECK(t >= 0 && t < V, "CUDA backend: token id ", t, " outside [0, ", V, ")");
+    cudaStream_t s = engine_.stream();
+    for (int i0 = 0; i0 < n; i0 += kStaging) {
+      const int m = std::min(kStaging, n - i0);
+      engine_.ensure_kv(pos_ + m);
+      CUDA_CHECK(cudaStreamSynchronize(s));  // the pinned staging is free again
+      for (int i = 0; i < m; ++i) staging_[i] = StepDev{tokens[i0 + i], pos_ + i};
+      CUDA_CHECK(cudaMemcpyAsync(d_steps_, staging_, m * sizeof(StepDev), cudaMemcpyHostToDevice, s));
+      for (int i = 0; i < m; ++i) {
+        CUDA_CHECK(cudaMemcpyAsync(engine_.step(), d_steps_ + i, sizeof(StepDev), cudaMemcpyDeviceToDevice, s));
+        engine_.launch_step();
+        const bool last = i0 + i == n - 1;
+        if (logits && (all_logits || last)) {
+          float* dst = logits + (all_logits ? (size_t)(i0 + i) * V : 0);
+          CUDA_CHECK(cudaMemcpyAsync(dst, engine_.logits(), (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s));
+        }
+      }
+      pos_ += m;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+
+  StateSnapshot save_state() const override {
+    StateSnapshot snap;
+    snap.position = pos_;
+    snap.bytes.resize(engine_.gdn_state_bytes());
+    CUDA_CHECK(cudaMemcpyAsync(snap.bytes.data(), engine_.gdn_state(), snap.bytes.size(), cudaMemcpyDeviceToHost,
+                               engine_.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
+    return snap;
+  }
+
+  void restore_state(const StateSnapshot& snap) override {
+    LILY_CHECK(snap.bytes.size() == engine_.gdn_state_bytes() && snap.position >= 0 &&
+                   snap.position <= pos_,
+               "CUDA backend: state snapshot of ", snap.bytes.size(), " bytes at position ", snap.position,
+               " does not match this sequence (", engine_.gdn_state_bytes(), " bytes, position ", pos_, ")");
+    CUDA_CHECK(cudaMemcpyAsync(engine_.gdn_state(), snap.bytes.data(), snap.bytes.size(), cudaMemcpyHostToDevice,
+                               engine_.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
+    pos_ = snap.position;  // KV entries [0, position) are kept
+  }
+
+ private:
+  static constexpr int kStaging = 4096;  // {token, pos} pairs staged per host->device copy
+
+  static DeviceWeights upload(const Model& model, const CudaOptions& opt) {
+    CUDA_CHECK(cudaSetDevice(opt.device));
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    DeviceWeights w = upload_weights(model, opt.quantize_bf16, opt.progress, s);
+    CUDA_CHECK(cudaStreamDestroy(s));
+    return w;
+  }
+
+  Config cfg_;
+  CudaEngine engine_;
+  int pos_ = 0;
+  StepDev* staging_ = nullptr;  // pinned [kStaging]
+  StepDev* d_steps_ = nullptr;  // device [kStaging]
+};
+
+}  // namespace
+
+}  // namespace lily::cuda
+
+namespace lily {
+
+bool cuda_device_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string cuda_device_description(int device) {
+  cudaDeviceProp p{};
+  if (!cuda_device_available() || cudaGetDeviceProperties(&p, device) != cudaSuccess) return "";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s, %d SMs, %.1f GiB", p.name, p.multiProcessorCount,
+                p.totalGlobalMem / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions& opt) {
+  const Config& c = model.config;
+  LILY_CHECK(c.shared_ffn == c.moe_ffn, "CUDA backend: the shared expert's FFN (", c.shared_ffn,
+             ") must equal the routed experts' FFN (", c.moe_ffn, "); kernels/moe.cu fuses them");
+  return std::make_unique<cuda::CudaBackend>(model, opt);
+}
+
+}  // namespace lily
