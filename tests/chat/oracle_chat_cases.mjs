@@ -242,13 +242,18 @@ add("error_unknown_role", [U("hi"), { role: "critic", content: "bad" }]);
 add("error_no_messages", [], { only: ["qwen3.6", "qwen3.5"] });
 // Known oracle deviations (the expected strings come from test_chat_template.cpp, written from transformers'
 // Python Jinja2): JS has no int/float distinction for JSON numbers (1.0 arrives as the integer 1), its `string`
-// filter rejects None, and its str.trim() strips U+FEFF and keeps U+0085 / U+001C..U+001F, unlike Python.
+// filter rejects None, JS objects enumerate integer-like keys first (Python keeps insertion order), its
+// str.trim() strips U+FEFF and keeps U+0085 / U+001C..U+001F, and its str.strip(chars) ignores `chars`.
 add("deviation_python_scalars", [U("q"), A("", { tool_calls: [call("f", { n: null, t: true, x: 1.5, y: 2 })] })], {
   agp: false,
 });
 add("deviation_float_integral", [U("q"), A("", { tool_calls: [call("f", '{"v": 1.0, "big": 1e16, "small": 1e-05}')] })], {
   agp: false,
   only: ["qwen3.6", "qwen3.5"],
+});
+add("deviation_integer_keys", [U("q"), A("", { tool_calls: [call("f", '{"b": 1, "2": "two", "a": {"z": 0, "10": 1}}')] })], {
+  agp: false,
+  only: ["qwen3.6", "qwen3"],
 });
 add("deviation_trim_unicode", [U("\ufeffbom and nel\u0085"), A("\u001ftext\u3000")], { agp: false, only: ["qwen3.6"] });
 

@@ -9,6 +9,8 @@
 #include <map>
 #include <sstream>
 
+#include <sys/wait.h>
+
 #include "chat/template.h"
 
 namespace lily::chat {
@@ -62,6 +64,11 @@ const Deviation kDeviations[] = {
     {"qwen3.6", "deviation_trim_unicode", "JS trim() strips U+FEFF and keeps U+0085, U+001F; Python str.strip() the reverse",
      "user\nbom and nel\xc2\x85<|im_end|>", "user\n\xef\xbb\xbf" "bom and nel<|im_end|>"},
     {"qwen3.6", "deviation_trim_unicode", "(second part: assistant content)", "\n\n\x1ftext", "\n\ntext"},
+    {"qwen3.6", "deviation_integer_keys", "JS objects enumerate integer-like keys first; Python keeps insertion order",
+     "<parameter=2>\ntwo\n</parameter>\n<parameter=b>\n1\n</parameter>\n<parameter=a>\n{\"10\": 1, \"z\": 0}",
+     "<parameter=b>\n1\n</parameter>\n<parameter=2>\ntwo\n</parameter>\n<parameter=a>\n{\"z\": 0, \"10\": 1}"},
+    {"qwen3", "deviation_integer_keys", "JS objects enumerate integer-like keys first; Python keeps insertion order",
+     "{\"2\": \"two\", \"b\": 1, \"a\": {\"10\": 1, \"z\": 0}}", "{\"b\": 1, \"2\": \"two\", \"a\": {\"z\": 0, \"10\": 1}}"},
     {"qwen3", "reasoning_after_last_query", "JS str.strip('\\n') strips all whitespace; Python only '\\n'",
      "<think>\nthe tool said sunny\n</think>", "<think>\n  the tool said sunny  \n</think>"},
 };
@@ -243,6 +250,61 @@ TEST(ChatTemplateLoad, SpecialTokensArePassed) {
                  json::parse(R"({"bos_token": "<s>", "eos_token": "</s>"})"));
   EXPECT_EQ(t.render(json::array(), json(), false, json::object()), "<s>|</s>|0|None|False");
   EXPECT_EQ(t.render(json::array(), json(), true, json::parse(R"({"eos_token": "E"})")), "<s>|E|0|None|True");
+}
+
+// ---- `lily render` (src/cli/cmd_render.cpp) ----
+
+struct CliResult {
+  int rc;
+  std::string out, err;
+};
+
+CliResult run_render(const std::string& model_dir, const std::string& request) {
+  const fs::path dir = fs::path(LILY_BINARY_DIR) / "chat_render_cli";
+  fs::create_directories(dir);
+  std::ofstream(dir / "req.json", std::ios::binary) << request;
+  const std::string cmd = "\"" + (fs::path(LILY_BINARY_DIR) / "lily").string() + "\" render --model \"" + model_dir +
+                          "\" < \"" + (dir / "req.json").string() + "\" > \"" + (dir / "out.txt").string() + "\" 2> \"" +
+                          (dir / "err.txt").string() + "\"";
+  int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read(dir / "out.txt"), read(dir / "err.txt")};
+}
+
+TEST(RenderCli, PrintsThePromptByteExact) {
+  if (!fs::exists(fs::path(LILY_BINARY_DIR) / "lily")) FAIL() << "build the lily binary first (scripts/setup.sh)";
+  const std::string dir = (kRoot / "tests/data/templates/qwen3.6").string();
+  const std::string req = R"({"model": "m", "messages": [{"role": "developer", "content": "Be brief."},
+    {"role": "user", "content": [{"type": "text", "text": "Che tempo fa "}, {"type": "text", "text": "a Roma?"}]},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{\"city\": \"Roma\", \"days\": 2}"}}]},
+    {"role": "tool", "tool_call_id": "c", "content": "sunny"}],
+    "tools": [)" + kWeatherTool.dump() + R"(], "chat_template_kwargs": {"enable_thinking": false}, "temperature": 0.2})";
+  const json body = json::parse(req);
+  const std::string want = qwen36().render(normalize_messages(body["messages"]), body["tools"], true,
+                                           body["chat_template_kwargs"]);
+  CliResult r = run_render(dir, req);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, want) << diff(want, r.out);
+  EXPECT_NE(want.find("<parameter=days>\n2\n</parameter>"), std::string::npos);
+  EXPECT_TRUE(r.err.empty()) << r.err;
+
+  r = run_render(dir, R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false})");
+  EXPECT_EQ(r.out, "<|im_start|>user\nhi<|im_end|>\n");
+
+  r = run_render(dir, R"({"messages": [{"role": "system", "content": "only system"}]})");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(r.out.empty());
+  EXPECT_NE(r.err.find("No user query found in messages."), std::string::npos) << r.err;
+
+  r = run_render(dir, R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("image_url"), std::string::npos) << r.err;
+
+  const fs::path empty = fs::path(LILY_BINARY_DIR) / "chat_render_cli" / "no_template";
+  fs::create_directories(empty);
+  r = run_render(empty.string(), R"({"messages": []})");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("no chat template"), std::string::npos) << r.err;
 }
 
 // ---- normalisation, chat.md §2.4 ----
