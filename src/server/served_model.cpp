@@ -67,7 +67,8 @@ fs::path cache_root() {
 
 }  // namespace
 
-std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, const std::string& alias) {
+std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, const std::string& alias,
+                                               const BackendFactory& make_backend) {
   auto sm = std::make_unique<ServedModel>();
   sm->dir = dir;
   sm->alias = alias;
@@ -113,7 +114,7 @@ std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, 
     log::warn("--ctx ", ctx, " exceeds the model's max_position_embeddings ", max_ctx, "; using ", max_ctx);
     ctx = max_ctx;
   }
-  sm->backend = std::make_unique<CpuBackend>(*sm->model, ctx);
+  sm->backend = make_backend ? make_backend(*sm->model, ctx) : std::make_unique<CpuBackend>(*sm->model, ctx);
   sm->n_params = count_params(*sm->model);
   sm->size_bytes = sm->model->weights.bytes_on_disk;
   sm->created = static_cast<int64_t>(std::time(nullptr));

@@ -4,6 +4,7 @@
 // architecture with a real Qwen3 byte-level BPE tokenizer and the Qwen3.6 chat template; its output is noise).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,9 +36,13 @@ struct ServedModel {
   int64_t created = 0;                   // unix time of the load
 };
 
+// Creates the backend for a loaded model with `ctx` tokens of context (the CLI passes its --device choice).
+using BackendFactory = std::function<std::unique_ptr<Backend>(const Model& model, int ctx)>;
+
 // Loads the model directory and creates the backend with `ctx` tokens of context (<= 0: the model's maximum,
-// capped at 32768 on the CPU backend). Throws lily::Error naming what is wrong.
-std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, const std::string& alias);
+// capped at 32768). `make_backend` null: the CPU backend. Throws lily::Error naming what is wrong.
+std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, const std::string& alias,
+                                               const BackendFactory& make_backend = nullptr);
 
 // Hugging Face cache lookup ($HF_HOME/hub or ~/.cache/huggingface/hub): the newest snapshot of
 // mlx-community/Qwen3.6-35B-A3B-4bit or Qwen/Qwen3.6-35B-A3B that has a config.json.
