@@ -439,7 +439,10 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
   };
   int64_t b = clamp(start, 0, n - 1), e = clamp(stop, n, -1);
   std::vector<int64_t> idx;
-  for (int64_t i = b; st > 0 ? i < e : i > e; i += st) idx.push_back(i);
+  for (int64_t i = b; st > 0 ? i < e : i > e;) {
+    idx.push_back(i);
+    if (__builtin_add_overflow(i, st, &i)) break;
+  }
   if (obj.is_string()) {
     std::string out;
     for (int64_t i : idx) append_utf8(out, cps[i]);
@@ -486,14 +489,12 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, Budget& b
         return Value::integer(op == "//" ? q : m);
       }
       if (op == "**" && y >= 0) {
-        int64_t res = 1;
-        for (int64_t k = 0; k < y; ++k) {
+        if (x == 0) return Value::integer(y == 0 ? 1 : 0);
+        if (x == 1) return Value::integer(1);
+        if (x == -1) return Value::integer(y % 2 ? -1 : 1);
+        int64_t res = 1;  // |x| >= 2: overflows within 64 steps
+        for (int64_t k = 0; k < y; ++k)
           if (__builtin_mul_overflow(res, x, &res)) throw_error("integer overflow");
-          if (res == 0 || res == 1 || (res == -1 && k > 64)) {
-            if (res == -1) res = (y % 2) ? -1 : 1;
-            break;
-          }
-        }
         return Value::integer(res);
       }
       if (op == "+" || op == "-" || op == "*") throw_error("integer overflow");

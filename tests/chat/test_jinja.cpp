@@ -18,6 +18,7 @@ struct Case {
 };
 
 const Case kRenders[] = {
+    {"int_pow_and_huge_slice_step", R"J({{ (-1)**3 }} {{ (-2)**3 }} {{ 0**0 }} {{ 2**-1 }} {{ 'abcdef'[1::9223372036854775807] }})J", "{}", "-1 -8 1 0.5 b"},
     {"text_only", R"J(hello
 )J", R"J({})J", R"J(hello)J"},
     {"trailing_newline_kept_once", R"J(a
