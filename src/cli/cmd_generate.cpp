@@ -65,14 +65,25 @@ CommandRegistrar reg{Command{
           }
         }
         auto backend = make_backend(o->device, model, o->threads, o->max_context);
-        auto t0 = std::chrono::steady_clock::now();
+        using clock = std::chrono::steady_clock;
+        const auto t0 = clock::now();
+        auto t_first = t0;
+        g.on_token = [&t_first](const SampleResult&, int index) {
+          if (index == 0) t_first = clock::now();
+          return true;
+        };
         GenerateResult r = generate(*backend, prompt, g);
-        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const auto t_end = clock::now();
+        const double ttft = std::chrono::duration<double>(t_first - t0).count();
+        const double decode = std::chrono::duration<double>(t_end - t_first).count();
         std::string line;
         for (size_t i = 0; i < r.tokens.size(); ++i) line += (i ? " " : "") + std::to_string(r.tokens[i]);
         std::printf("%s\n", line.c_str());
-        std::fprintf(stderr, "generate: %d prompt + %zu generated tokens in %.2f s, finish: %s\n", r.prompt_tokens,
-                     r.tokens.size(), sec, finish_reason_name(r.finish));
+        std::fprintf(stderr,
+                     "generate: %d prompt tokens, first token after %.2f s (%.1f prompt tok/s); %zu generated, "
+                     "%.2f tok/s decode; finish: %s\n",
+                     r.prompt_tokens, ttft, r.prompt_tokens / ttft, r.tokens.size(),
+                     r.tokens.size() > 1 ? (r.tokens.size() - 1) / decode : 0.0, finish_reason_name(r.finish));
         return 0;
       };
     }}};

@@ -30,8 +30,8 @@ void check_weights(const Model& model) {
   LILY_CHECK(static_cast<int>(w.layers.size()) == c.n_layers, "cpu backend: ", w.layers.size(), " layers, config says ",
              c.n_layers);
   LILY_CHECK(c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0 && c.lin_k_heads > 0 &&
-                 c.lin_v_heads % c.lin_k_heads == 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim,
-             "cpu backend: inconsistent head counts in the config");
+                 c.lin_v_heads % c.lin_k_heads == 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim && c.top_k >= 1 && c.top_k <= c.n_experts,
+             "cpu backend: inconsistent head counts or top_k in the config");
   expect_shape(w.embed_tokens, c.vocab, H, "embed_tokens");
   expect_shape(w.lm_head, c.vocab, H, "lm_head");
   for (int i = 0; i < c.n_layers; ++i) {
@@ -97,6 +97,8 @@ void CpuBackend::forward(std::span<const int32_t> tokens, float* logits, bool al
   if (n_total == 0) return;
   LILY_CHECK(pos_ + n_total <= max_context_, "cpu backend: ", pos_, " + ", n_total,
              " tokens exceed the context limit of ", max_context_);
+  for (int32_t t : tokens)  // validate before any state changes
+    LILY_CHECK(t >= 0 && t < cfg_.vocab, "token id ", t, " outside [0, ", cfg_.vocab, ")");
   for (int64_t off = 0; off < n_total; off += kPromptChunk) {
     const int n = static_cast<int>(std::min<int64_t>(kPromptChunk, n_total - off));
     const bool last = off + n == n_total;
@@ -129,10 +131,8 @@ void CpuBackend::forward_chunk(const int32_t* tokens, int n, float* logits, bool
 }
 
 void CpuBackend::embed(const int32_t* tokens, int n, float* x) {
-  for (int t = 0; t < n; ++t) {
-    LILY_CHECK(tokens[t] >= 0 && tokens[t] < cfg_.vocab, "token id ", tokens[t], " outside [0, ", cfg_.vocab, ")");
+  for (int t = 0; t < n; ++t)
     gather_row(model_.weights.embed_tokens, tokens[t], x + static_cast<int64_t>(t) * cfg_.hidden);
-  }
 }
 
 void CpuBackend::norm_rows(const float* x, const std::vector<float>& w, int n, float* y) {

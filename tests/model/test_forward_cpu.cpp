@@ -187,6 +187,9 @@ TEST(ForwardCpu, RejectsBadTokensAndContextOverflow) {
   CpuBackend be(model, 8, &pool);
   const int32_t bad = model.config.vocab;
   EXPECT_THROW(be.forward(std::span<const int32_t>(&bad, 1), nullptr, false), Error);
+  const int32_t mixed[3] = {1, 2, -1};  // rejected before any token is consumed
+  EXPECT_THROW(be.forward(mixed, nullptr, false), Error);
+  EXPECT_EQ(be.position(), 0);
   std::vector<int32_t> nine(9, 1);
   EXPECT_THROW(be.forward(nine, nullptr, false), Error);
   EXPECT_EQ(be.max_context(), 8);
