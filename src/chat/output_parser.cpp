@@ -20,6 +20,9 @@ constexpr std::string_view kParamOpen = "<parameter=";
 constexpr std::string_view kParamClose = "</parameter>";
 constexpr size_t kMaxNameLen = 256;       // function names and parameter keys
 constexpr size_t kMaxLookaheadWs = 64;    // whitespace after <tool_call> inside reasoning before giving up
+// Longest undecided stretch (whitespace, repeated </parameter>) a structural decision may wait for; beyond it the
+// text is not structural. Bounds the re-scans, so degenerate output (endless whitespace) stays linear.
+constexpr size_t kMaxPending = 1024;
 
 // What follows the buffered text: nothing known yet, a delimiter id, or the end of output.
 enum class Next { none, tool_open, tool_close, think_open, think_close, end };
@@ -303,9 +306,10 @@ struct OutputParser::Impl {
   // After `</function>` at s[j..]: whitespace, then a terminator. A bare call has no </tool_call> to wait for:
   // there any next line ends it.
   Match after_function(size_t j, bool terminal) const {
-    j = skip_ws(buf, j);
-    if (j == buf.size()) return terminal ? Match::yes : Match::more;
-    return call_bare && buf[j - 1] == '\n' ? Match::yes : Match::no;
+    const size_t k = skip_ws(buf, j);
+    if (k - j > kMaxPending) return Match::no;
+    if (k == buf.size()) return terminal ? Match::yes : Match::more;
+    return call_bare && buf[k - 1] == '\n' ? Match::yes : Match::no;
   }
   // Is `<parameter=KEY>` at j a structural start (key acceptable)?
   Match param_start(size_t j) const {
@@ -327,6 +331,7 @@ struct OutputParser::Impl {
       while (true) {
         j = skip_ws(buf, j);
         resume = j;
+        if (j - i > kMaxPending) return Match::no;
         if (j == buf.size()) return terminal ? Match::yes : Match::more;
         const Match again = match_lit(buf, j, kParamClose);
         if (again != Match::yes) {
@@ -473,7 +478,7 @@ struct OutputParser::Impl {
       }
 
       case St::tool_header: {
-        Header h = match_header(SIZE_MAX, false);
+        Header h = match_header(kMaxPending, false);
         if (h.m == Match::more && !terminal) return false;
         if (h.m == Match::more && next == Next::end) {  // cut inside the header: nothing to return
           res.call_cut = true;
@@ -569,7 +574,7 @@ struct OutputParser::Impl {
 
       case St::after_function: {
         const size_t i = skip_ws(buf, 0);  // whitespace stays until decided (it tells line starts)
-        if (i == buf.size()) return false;
+        if (i == buf.size() && i <= kMaxPending) return false;
         swallow_tool_close = true;  // text after </function>: the call is complete, the rest is content
         content_line_start = false;  // the byte before buf was the '>' of </function>
         st = St::content;

@@ -14,6 +14,8 @@
 //   `<function=NAME>` (or `{"name"` in the JSON format) ends reasoning; anything else (or the end) refutes it.
 // - Reasoning and content drop leading and trailing whitespace runs (chat.md strips "\n"; replay trims anyway).
 // - Output that ends inside a `<function=` header yields no call but sets call_cut.
+// - A structural decision waits for at most 1024 bytes of whitespace / repeated </parameter> (degenerate output
+//   stays linear); past that the text is not structural.
 // - Qwen3 JSON calls are emitted whole (header + arguments) at their </tool_call>.
 //
 // Tool-call formats: Qwen3.5/3.6 XML (`<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>`) and

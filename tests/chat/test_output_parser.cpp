@@ -342,6 +342,20 @@ TEST(OutputParser, ToolCallTokenInsideValueOrAfterForgottenClose) {
   expect_call(r, 0, "write_file", R"({"content": "use <tool_call> and <think> here"})");
 }
 
+// Degenerate output: structural decisions wait for at most 1024 bytes of whitespace (keeps parsing linear).
+TEST(OutputParser, BoundedPendingWhitespace) {
+  const std::string ws(1500, ' ');
+  auto r = parse("<tool_call>" + ws + "<function=get_time>\n</function>\n</tool_call>");
+  EXPECT_TRUE(r.tool_calls.empty());
+  EXPECT_EQ(r.content, "<tool_call>" + ws + "<function=get_time>\n</function>\n</tool_call>");
+  r = parse("<tool_call>\n<function=get_weather>\n<parameter=city>\nRoma\n</parameter>" + ws +
+            "\n</function>\n</tool_call>");
+  expect_call(r, 0, "get_weather", "{\"city\": \"Roma\\n</parameter>" + ws + "\"}");
+  r = parse("<tool_call>\n<function=get_weather>\n<parameter=city>\nRoma\n</parameter>\n</function>" + ws +
+            "</tool_call>");
+  expect_call(r, 0, "get_weather", "{\"city\": \"Roma\\n</parameter>\\n</function>" + ws + "\"}");
+}
+
 TEST(OutputParser, DuplicateKeysFirstWins) {
   const auto r = parse("<tool_call>\n<function=other>\n<parameter=a>\n1st\n</parameter>\n<parameter=a>\n2nd\n"
                        "</parameter>\n</function>\n</tool_call>");
