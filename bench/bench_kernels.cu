@@ -210,12 +210,15 @@ int main(int argc, char** argv) {
       report(mm.name, us, bytes);
     }
   }
+  // LILY_BENCH_GEMV_ONLY=1: only the plain / batched GEMVs and lm_head (quick comparisons of GEMV variants).
+  const char* only = std::getenv("LILY_BENCH_GEMV_ONLY");
+  const bool gemv_only = only && only[0] == '1';
   // MoE: per layer copy a full-size set of E experts would be 453 MB; use 64 experts per copy (the selection is
   // random and distinct per copy, so the bytes streamed per call are those of 8 experts + the shared one).
   const int E = 64, n_layers = 16;
   std::vector<MoeWeightsDev> moe(n_layers);
   std::vector<MoeScratch> scr(n_layers);
-  for (int l = 0; l < n_layers; ++l) {
+  for (int l = 0; l < (gemv_only ? 0 : n_layers); ++l) {
     MoeWeightsDev& m = moe[l];
     m.router = make_mat(q8, E, kHidden);
     m.shared_expert_gate = make_mat(q8, 1, kHidden);
@@ -236,7 +239,7 @@ int main(int argc, char** argv) {
   const double expert_gu = 2.0 * moe[0].gate.mat_w_bytes() + 2.0 * moe[0].gate.mat_groups() * 4;
   const double expert_d = moe[0].down.mat_w_bytes() + moe[0].down.mat_groups() * 4.0;
   const double route_bytes = static_cast<double>(moe[0].router.bytes() / E * kExperts + moe[0].shared_expert_gate.bytes());
-  {
+  if (!gemv_only) {
     // gate/up and down: copies = layers (16 layers x ~15 MB, rotated 4 times inside one graph)
     const int reps = 4;
     double us = time_graph(n_layers * reps, [&](int i, cudaStream_t s) { moe_gate_up(moe[i % n_layers], x, scr[i % n_layers], s); });
@@ -259,17 +262,21 @@ int main(int argc, char** argv) {
     report("moe block (route E=64 + gate/up + down)", us, 9 * (expert_gu + expert_d) + moe[0].router.bytes());
   }
   // lm_head
+  float* logits = nullptr;  // [kVocab], lm_head's output: the sampler's input below
   {
     const int n = 3;
     std::vector<QMat> hs;
     for (int i = 0; i < n; ++i) hs.push_back(make_mat(q4, kVocab, kHidden));
-    float* logits = make_vec(kVocab);
+    logits = make_vec(kVocab);
     const double us = time_graph(n, [&](int i, cudaStream_t s) { gemv(hs[i], x, logits, false, s); }, 9);
     report("lm_head 248320x2048", us, static_cast<double>(hs[0].bytes()));
+  }
+  if (!gemv_only) {
+    QMat head0 = make_mat(q4, 64, kHidden);
     // embedding gather and sampling (latency; bytes ~0)
     int* tok = static_cast<int*>(dalloc(sizeof(int)));
     CUDA_CHECK(cudaMemset(tok, 0, sizeof(int)));
-    double t = time_graph(64, [&](int, cudaStream_t s) { embed_row(hs[0], tok, y, s); });
+    double t = time_graph(64, [&](int, cudaStream_t s) { embed_row(head0, tok, y, s); });
     report("embed row gather (q4)", t, kHidden * 0.5625);
     int* counts = static_cast<int*>(dalloc(sizeof(int) * kVocab));
     CUDA_CHECK(cudaMemset(counts, 0, sizeof(int) * kVocab));
@@ -290,7 +297,7 @@ int main(int argc, char** argv) {
   }
   // Whole per-token weight stream: 30 GDN + 10 attention mixers' projections, 40 full MoE blocks (E = 256
   // experts per layer, 18 GB), lm_head.
-  {
+  if (!gemv_only) {
     std::vector<GemvBatch> in(40);
     std::vector<QMat> out(40);
     for (int l = 0; l < 40; ++l) {
@@ -320,7 +327,7 @@ int main(int argc, char** argv) {
       ls[l] = moe_scratch_alloc(kExperts, kTopK, kMoeFfn);
     }
     QMat head = make_mat(q4, kVocab, kHidden);
-    float* logits = make_vec(kVocab);
+    float* head_out = make_vec(kVocab);
     float* h = make_vec(kHidden);
     double bytes = static_cast<double>(head.bytes());
     for (int l = 0; l < 40; ++l) {
@@ -334,7 +341,7 @@ int main(int argc, char** argv) {
         gemv(out[l], x, h, true, s);
         moe_forward(lm[l], x, ls[l], h, s);
       }
-      gemv(head, x, logits, false, s);
+      gemv(head, x, head_out, false, s);
     }, 11);
     report("TOKEN weight stream (40 layers + head)", us, bytes);
     std::printf("  -> %.0f tokens/s upper bound from weight streaming alone (%.0f launches)\n", 1e6 / us, 40 * 5.0 + 1);

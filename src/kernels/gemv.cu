@@ -1,13 +1,17 @@
 // GEMV launchers: y = W x (q4 / q8 / bf16 weights, fp32 or bf16 x, fp32 y), optional fused residual add,
 // up to kMaxMulti matrices sharing x in one launch, and the fused gate+up SwiGLU. Fast paths for
 // K = 512, 2048, 4096 (the model's widths) keep x in registers; other K (multiple of 64) use a generic path.
+// q4 with K = 2048 / 4096 (every q4 projection and lm_head) takes the streaming kernel (gemv_stream.cuh) instead.
 // Every launch uses programmatic dependent launch (kernels/gemv_impl.cuh): weights are fetched before waiting
-// for the previous kernel. Environment: LILY_PDL=0 (no PDL), LILY_GEMV_PIPE=0/1 (persistent K=2048 kernel).
+// for the previous kernel. Environment: LILY_PDL=0 (no PDL), LILY_GEMV_PIPE=0/1 (persistent K=2048 kernel),
+// LILY_GEMV_STREAM=0 (no streaming kernel), LILY_GEMV_NW / LILY_GEMV_BPS (its block shape, for benchmarks).
 // Tested by tests/gpu/test_gemv.cu, timed by bench/bench_kernels.cu.
 #include "kernels/common.cuh"
 #include "kernels/gemv_impl.cuh"
+#include "kernels/gemv_stream.cuh"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace lily::cuda {
 namespace detail {
@@ -106,8 +110,111 @@ void launch_fast(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t 
   launch_kernel(gemv_kernel<F, K, R, XT>, blocks, kBlockThreads, 0, s, a, x, accumulate);
 }
 
+// Streaming q4 kernel for K = 2048 / 4096 (every q4 projection of the model and lm_head), see gemv_stream.cuh:
+// a warp owns R consecutive rows of the concatenated row space (clamped, so the loads are unconditional).
+// NW warps per block; registers capped at 64 (R * K <= 8192) or 128.
+template <int K, int R, int NW, typename XT>
+__global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 32))
+    gemv_q4_stream_kernel(MultiArgs a, const XT* x, bool accumulate) {
+  constexpr int nc = K / 1024, G = K / kGroupSize;
+  __shared__ __align__(16) StreamX<K> xs;
+  const int lane = threadIdx.x & 31;
+  const int task0 = (blockIdx.x * NW + threadIdx.x / 32) * R;
+  uint4 wv[R][nc];
+  uint32_t sv[R][nc];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int task = min(task0 + r, a.total - 1);
+    const int m = find_mat(a, task);
+    const size_t row = static_cast<size_t>(task - pick(a.off, m));
+    stream_load_row<K>(pick(a.w, m) + row * (K / 2), pick(a.sb, m) + row * G, wv[r], sv[r]);
+  }
+  pdl_trigger();
+  pdl_wait();
+  stream_stage_x<K, NW * 32>(x, xs);
+  float acc[R];
+  stream_dots<K, R>(xs, wv, sv, acc);
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = group_sum<32>(acc[r]);
+  float v = acc[0];
+#pragma unroll
+  for (int r = 1; r < R; ++r) v = lane == r ? acc[r] : v;
+  const int task = task0 + lane;
+  if (lane < R && task < a.total) {
+    const int m = find_mat(a, task);
+    float* y = pick(a.y, m) + (task - pick(a.off, m));
+    *y = accumulate ? *y + v : v;
+  }
+}
+
+// Environment (for benchmarks): LILY_GEMV_STREAM=0 turns the streaming kernel off (the older kernels);
+// LILY_GEMV_NW = warps per block (4 or 8); LILY_GEMV_BPS = target blocks per SM of the rows-per-warp choice.
+int env_int(const char* name, int dflt) {
+  const char* e = std::getenv(name);
+  return e && e[0] ? std::atoi(e) : dflt;
+}
+bool stream_on() {
+  static const bool on = env_int("LILY_GEMV_STREAM", 1) != 0;
+  return on;
+}
+int stream_warps() {
+  static const int nw = env_int("LILY_GEMV_NW", 8) == 4 ? 4 : 8;
+  return nw;
+}
+int stream_blocks_limit() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms * std::max(1, env_int("LILY_GEMV_BPS", 2));
+  }();
+  return n;
+}
+
+// Rows per warp: the fewest that keep the grid within two blocks per SM, so that the next kernel's blocks find
+// free slots (measured on an H200 with 8 warps per block: 4096x2048 3.9 us at R = 2 vs 6.1 at R = 4;
+// 2048x4096 6.1 at R = 1 vs 7.6 at R = 2; 8192x2048 5.5 at R = 4). Taller matrices (lm_head) stream in
+// waves: max_r / 2 there (R = 4 at K = 2048: 100 us vs 105 at R = 8 and 117 at R = 2).
+int stream_rows_per_warp(int total, int max_r, int nw) {
+  const int limit = stream_blocks_limit();
+  for (int r = 1; r <= max_r; r *= 2)
+    if ((total + nw * r - 1) / (nw * r) <= limit) return r;
+  return max_r / 2;
+}
+
+template <int K, int R, int NW, typename XT>
+void launch_stream(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
+  const int rows_per_block = NW * R;
+  launch_kernel(gemv_q4_stream_kernel<K, R, NW, XT>, (a.total + rows_per_block - 1) / rows_per_block, NW * 32, 0, s,
+                a, x, accumulate);
+}
+
+template <int NW, typename XT>
+void launch_stream_nw(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
+  if (a.cols == 2048) {
+    switch (stream_rows_per_warp(a.total, 8, NW)) {
+      case 1:
+      case 2: launch_stream<2048, 2, NW>(a, x, accumulate, s); return;
+      case 4: launch_stream<2048, 4, NW>(a, x, accumulate, s); return;
+      default: launch_stream<2048, 8, NW>(a, x, accumulate, s); return;
+    }
+  }
+  if (stream_rows_per_warp(a.total, 2, NW) == 1) launch_stream<4096, 1, NW>(a, x, accumulate, s);
+  else launch_stream<4096, 2, NW>(a, x, accumulate, s);
+}
+
+// Returns false when the streaming kernel does not apply (format, K or LILY_GEMV_STREAM=0).
+template <QFormat F, typename XT>
+bool try_stream(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
+  if (F != QFormat::q4 || (a.cols != 2048 && a.cols != 4096) || !stream_on()) return false;
+  if (stream_warps() == 4) launch_stream_nw<4>(a, x, accumulate, s);
+  else launch_stream_nw<8>(a, x, accumulate, s);
+  return true;
+}
+
 template <QFormat F, typename XT>
 void launch_format(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
+  if (try_stream<F>(a, x, accumulate, s)) return;
   switch (a.cols) {
     case 512: launch_fast<F, 512>(a, x, accumulate, s); return;
     case 2048:

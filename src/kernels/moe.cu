@@ -7,6 +7,9 @@
 // Tested by tests/gpu/test_moe.cu, timed by bench/bench_kernels.cu.
 #include "kernels/common.cuh"
 #include "kernels/gemv_impl.cuh"
+#include "kernels/gemv_stream.cuh"
+
+#include <cstdlib>
 
 namespace lily::cuda {
 namespace detail {
@@ -152,9 +155,57 @@ __global__ void __launch_bounds__(kBlockThreads) gate_up_generic_kernel(PairArgs
   swiglu_warp_generic<F, R, true>(a, x, warp * R, (a.k + 1) * a.F);
 }
 
+// q4, K = 2048 (the model's H): the streaming layout of gemv_stream.cuh, R (gate, up) row pairs per warp. The expert
+// ids come from the routing kernel, so the loads start after pdl_wait; the trigger follows them.
+template <int K, int R>
+__global__ void __launch_bounds__(kBlockThreads, (2 * R * K <= 8192 ? 4 : 2)) gate_up_stream_kernel(PairArgs a,
+                                                                                                   const float* x) {
+  constexpr int nc = K / 1024, G = K / kGroupSize;
+  __shared__ __align__(16) StreamX<K> xs;
+  const int lane = threadIdx.x & 31;
+  const int total = (a.k + 1) * a.F;
+  const int task0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * R;
+  uint4 wv[2 * R][nc];
+  uint32_t sv[2 * R][nc];
+  float scale[R];
+  pdl_wait();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const PairRow p = resolve_pair<true>(a, min(task0 + r, total - 1), K / 2, G);
+    scale[r] = p.scale;
+    stream_load_row<K>(p.gw, p.gsb, wv[2 * r], sv[2 * r]);
+    stream_load_row<K>(p.uw, p.usb, wv[2 * r + 1], sv[2 * r + 1]);
+  }
+  pdl_trigger();
+  stream_stage_x<K, kBlockThreads>(x, xs);
+  float acc[2 * R];
+  stream_dots<K, 2 * R>(xs, wv, sv, acc);
+#pragma unroll
+  for (int r = 0; r < 2 * R; ++r) acc[r] = group_sum<32>(acc[r]);
+  float v = 0.f;
+#pragma unroll
+  for (int r = 0; r < R; ++r) v = lane == r ? scale[r] * silu(acc[2 * r]) * acc[2 * r + 1] : v;
+  if (lane < R && task0 + lane < total) a.out[task0 + lane] = v;
+}
+
+// LILY_MOE_STREAM=0 turns the streaming gate/up kernel off (for benchmarks).
+bool moe_stream_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("LILY_MOE_STREAM");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 template <QFormat F>
 void launch_gate_up(const PairArgs& a, const float* x, cudaStream_t s) {
   const int total = (a.k + 1) * a.F;
+  if (F == QFormat::q4 && a.cols == 2048 && moe_stream_on()) {
+    constexpr int R = 2;
+    const int per_block = kWarpsPerBlock * R;
+    launch_kernel(gate_up_stream_kernel<2048, R>, (total + per_block - 1) / per_block, kBlockThreads, 0, s, a, x);
+    return;
+  }
   if (a.cols == 2048) {
     constexpr int R = 2;
     const int per_block = kWarpsPerBlock * R * RowMap<F, 2048>::sub;

@@ -75,6 +75,13 @@ TEST(Gemv, TallMatrixPersistentPath) {
   run_gemv({QFormat::q8, 17001, 2048}, false, false, 352);
 }
 
+// Row counts that make the streaming q4 kernel pick each of its rows-per-warp variants (on a 132-SM H200:
+// 3001x4096 two rows per warp, 5003x2048 four).
+TEST(Gemv, StreamKernelRowsPerWarpVariants) {
+  run_gemv({QFormat::q4, 3001, 4096}, false, true, 360);
+  run_gemv({QFormat::q4, 5003, 2048}, true, false, 361);
+}
+
 TEST(Gemv, MultiMatrixBatchOneLaunch) {
   for (int cols : {2048, 512, 320}) {
     std::mt19937_64 rng(400 + cols);

@@ -1,0 +1,95 @@
+// Building blocks of the streaming q4 kernels (gemv.cu: plain / batched GEMV with K = 2048 or 4096; moe.cu:
+// expert gate/up with SwiGLU). Design: a warp owns R rows; each lane issues all its 16-byte weight loads
+// (chunks lane, lane + 32, ... of each row, 32 q4 elements each) and its scale|bias words before anything
+// else, so R * K / 2 bytes per warp are in flight with few registers (<= 64 at R * K <= 8192: four 256-thread
+// blocks per SM, leaving room for the next kernel's blocks to prefetch under PDL). x is staged once per block
+// in shared memory, permuted so that the lanes (consecutive chunks) read conflict-free float4s, with one
+// x-sum per 32-element chunk; each x float4 read is reused for the warp's R rows. Dequantisation as in
+// qdot.cuh: f = 1 + q/16 by PRMT, sum x*q = 16 (sum x*f - sum x), fp32 throughout.
+#pragma once
+#include "kernels/qdot.cuh"
+
+namespace lily::cuda::detail {
+
+template <int K>
+struct StreamX {
+  static constexpr int nch = K / 32;  // 32-element chunks per row
+  float4 xt[8 * nch];                 // xt[p * nch + c] = x[32c + 4p .. 32c + 4p + 3]
+  float xsum[nch];                    // sum of chunk c
+};
+
+__device__ __forceinline__ float4 x4_at(const float* x, int i) { return reinterpret_cast<const float4*>(x)[i]; }
+__device__ __forceinline__ float4 x4_at(const uint16_t* x, int i) {
+  const uint2 v = reinterpret_cast<const uint2*>(x)[i];
+  return make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
+}
+
+// Stage: x [K] into s by a block of NT threads (every thread takes part; ends with a barrier).
+template <int K, int NT, typename XT>
+__device__ __forceinline__ void stream_stage_x(const XT* x, StreamX<K>& s) {
+  constexpr int nch = K / 32;
+  static_assert((K / 4) % NT == 0, "K / 4 must be a multiple of the block size");
+#pragma unroll
+  for (int j = 0; j < K / 4 / NT; ++j) {
+    const int i = threadIdx.x + j * NT;  // float4 index: chunk i / 8, part i % 8
+    const float4 v = x4_at(x, i);
+    s.xt[(i & 7) * nch + (i >> 3)] = v;
+    // chunk sum in the order of load_x (parts 0..7 in sequence), so results equal the other kernels' bit for bit
+    const float part = (v.x + v.y) + (v.z + v.w);
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) t += __shfl_sync(0xffffffffu, part, (threadIdx.x & 24) + k);
+    if ((i & 7) == 0) s.xsum[i >> 3] = t;
+  }
+  __syncthreads();
+}
+
+// Stage: issue this lane's loads of one q4 row (K / 1024 chunks and their scale|bias words).
+template <int K>
+__device__ __forceinline__ void stream_load_row(const uint8_t* wrow, const uint32_t* sbrow, uint4 (&wv)[K / 1024],
+                                                uint32_t (&sv)[K / 1024]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < K / 1024; ++c) {
+    wv[c] = ld_stream(wrow + (lane + 32 * c) * 16);
+    sv[c] = ld_stream_u32(sbrow + (lane + 32 * c) / 2);
+  }
+}
+
+// Stage: this lane's partial dot products of R rows with x (sum over the lanes still to do).
+template <int K, int R>
+__device__ __forceinline__ void stream_dots(const StreamX<K>& xs, const uint4 (&wv)[R][K / 1024],
+                                            const uint32_t (&sv)[R][K / 1024], float (&acc)[R]) {
+  constexpr int nch = K / 32, nc = K / 1024;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+#pragma unroll
+  for (int c = 0; c < nc; ++c) {
+    const int ch = lane + 32 * c;
+    float s0[R], s1[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s0[r] = s1[r] = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 xa = xs.xt[(2 * k) * nch + ch], xb = xs.xt[(2 * k + 1) * nch + ch];
+      const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t w = k == 0 ? wv[r][c].x : k == 1 ? wv[r][c].y : k == 2 ? wv[r][c].z : wv[r][c].w;
+        const uint32_t lo = ((w << 3) & 0x78787878u) | 0x80808080u;  // byte j: 0x80 | q[2j] << 3
+        const uint32_t hi = ((w >> 1) & 0x78787878u) | 0x80808080u;  // byte j: 0x80 | q[2j+1] << 3
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          s0[r] = fmaf(xv[2 * j], __uint_as_float(__byte_perm(lo, 0x3f000000u, 0x7044u | (j << 8))), s0[r]);
+          s1[r] = fmaf(xv[2 * j + 1], __uint_as_float(__byte_perm(hi, 0x3f000000u, 0x7044u | (j << 8))), s1[r]);
+        }
+      }
+    }
+    const float X = xs.xsum[ch];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] += fmaf(16.f * bf16_lo(sv[r][c]), (s0[r] + s1[r]) - X, bf16_hi(sv[r][c]) * X);
+  }
+}
+
+}  // namespace lily::cuda::detail
