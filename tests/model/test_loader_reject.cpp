@@ -1,0 +1,198 @@
+// load_model rejections at the model level (model.md §5, api.md §10.1 #9-10): a tiny synthetic checkpoint
+// is rewritten with one defect (wrong dtype, wrong shape, missing, unknown, mixed layouts, truncated, wrong
+// quantization) and each load must fail with its own message naming the file / tensor, expected and actual.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <random>
+
+#include "model/synth.h"
+#include "model/weights.h"
+#include "util/check.h"
+#include "util/safetensors.h"
+
+namespace lily {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Spec {
+  std::string name;
+  Dtype dtype;
+  std::vector<int64_t> shape;
+  const uint8_t* src;  // nullptr: seeded bytes
+};
+
+class LoaderReject : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = fs::path(LILY_BINARY_DIR) / "test_tmp" / "loader_reject";
+    out_ = base_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(out_);
+    fs::create_directories(out_);
+  }
+  // Synthesizes the source checkpoint (per test: ctest may run tests in parallel processes).
+  fs::path source(CheckpointLayout layout) {
+    fs::path d = out_.string() + "_src";
+    fs::remove_all(d);
+    SynthOptions o;
+    o.layout = layout;
+    o.seed = 99;
+    o.threads = 2;
+    synth_checkpoint(d.string(), o);
+    return d;
+  }
+  // Copies the source checkpoint into out_, passing the tensor list through `edit`.
+  void rewrite(CheckpointLayout layout, const std::function<void(std::vector<Spec>&)>& edit) {
+    fs::path src = source(layout);
+    for (const char* f : {"config.json", "generation_config.json"})
+      fs::copy_file(src / f, out_ / f, fs::copy_options::overwrite_existing);
+    TensorStore st = TensorStore::open_dir(src.string());
+    std::vector<Spec> specs;
+    for (const auto& n : st.names()) {
+      const TensorView& v = st.get(n);
+      specs.push_back({n, v.dtype, v.shape, v.data});
+    }
+    edit(specs);
+    SafetensorsWriter w((out_ / "model.safetensors").string());
+    for (const auto& s : specs) w.add(s.name, s.dtype, s.shape);
+    w.write_header();
+    std::mt19937 rng(5);
+    for (const auto& s : specs) {
+      size_t n = dtype_size(s.dtype);
+      for (int64_t d : s.shape) n *= d;
+      const TensorView* orig = st.find(s.name);
+      if (s.src && orig && orig->nbytes == n) {
+        w.write(s.src, n);
+      } else {
+        std::vector<uint8_t> bytes(n);
+        for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+        w.write(bytes.data(), n);
+      }
+    }
+    w.finish();
+  }
+  void expect_load_error(const std::vector<std::string>& needles) {
+    try {
+      load_model(out_.string());
+      ADD_FAILURE() << "loaded; expected an error";
+    } catch (const Error& e) {
+      std::string m = e.what();
+      for (const auto& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "message: " << m << "\nexpected: " << n;
+    }
+  }
+  static Spec* find(std::vector<Spec>& s, const std::string& name) {
+    for (auto& x : s)
+      if (x.name == name) return &x;
+    return nullptr;
+  }
+  fs::path base_, out_;
+};
+
+const std::string kHf = "model.language_model.layers.";
+const std::string kMlx = "language_model.model.layers.";
+
+TEST_F(LoaderReject, UnchangedCopyLoads) {
+  rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>&) {});
+  EXPECT_NO_THROW(load_model(out_.string()));
+}
+
+TEST_F(LoaderReject, WrongDtype) {
+  rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>& s) {
+    find(s, "model.language_model.embed_tokens.weight")->dtype = Dtype::F32;
+  });
+  expect_load_error({"model.safetensors", "tensor model.language_model.embed_tokens.weight",
+                     "expected BF16 [512, 128], got F32 [512, 128]"});
+}
+
+TEST_F(LoaderReject, WrongShape) {
+  rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>& s) {
+    find(s, kHf + "3.self_attn.o_proj.weight")->shape = {128, 256};
+  });
+  expect_load_error({"tensor " + kHf + "3.self_attn.o_proj.weight", "expected BF16 [128, 128], got BF16 [128, 256]"});
+}
+
+TEST_F(LoaderReject, WrongFusedExpertShape) {
+  rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>& s) {
+    find(s, kHf + "0.mlp.experts.gate_up_proj")->shape = {8, 64, 128};
+  });
+  expect_load_error({kHf + "0.mlp.experts.gate_up_proj", "expected BF16 [8, 128, 128], got BF16 [8, 64, 128]"});
+}
+
+TEST_F(LoaderReject, MissingTensor) {
+  rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>& s) {
+    s.erase(std::remove_if(s.begin(), s.end(), [](const Spec& x) { return x.name == kHf + "1.linear_attn.dt_bias"; }),
+            s.end());
+  });
+  expect_load_error({"tensor " + kHf + "1.linear_attn.dt_bias is missing (expected BF16 [4])"});
+}
+
+TEST_F(LoaderReject, MissingLmHead) {
+  rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>& s) {
+    s.erase(std::remove_if(s.begin(), s.end(), [](const Spec& x) { return x.name == "lm_head.weight"; }), s.end());
+  });
+  expect_load_error({"tensor lm_head.weight is missing"});
+}
+
+TEST_F(LoaderReject, UnknownTensor) {
+  rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>& s) {
+    s.push_back({kHf + "0.mlp.extra.weight", Dtype::BF16, {4, 4}, nullptr});
+  });
+  expect_load_error({"model.safetensors", "unknown tensor " + kHf + "0.mlp.extra.weight"});
+}
+
+TEST_F(LoaderReject, IgnoresVisionAndMtp) {
+  rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>& s) {
+    s.push_back({"model.visual.blocks.0.attn.qkv.weight", Dtype::BF16, {6, 4}, nullptr});
+    s.push_back({"mtp.fc.weight", Dtype::BF16, {128, 256}, nullptr});
+  });
+  EXPECT_NO_THROW(load_model(out_.string()));
+}
+
+TEST_F(LoaderReject, MixedLayouts) {
+  rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>& s) {
+    s.push_back({"language_model.model.norm.weight", Dtype::BF16, {128}, nullptr});
+  });
+  expect_load_error({"mixes HF", "language_model.model.norm.weight"});
+}
+
+TEST_F(LoaderReject, MlxWrongQuantBits) {
+  // Config says 8-bit for mlp.gate; store it as 4-bit ([E, H/8] words instead of [E, H/4]).
+  rewrite(CheckpointLayout::mlx_affine, [](std::vector<Spec>& s) {
+    find(s, kMlx + "2.mlp.gate.weight")->shape = {8, 16};
+  });
+  expect_load_error({"tensor " + kMlx + "2.mlp.gate.weight", "expected U32 [8, 32], got U32 [8, 16]"});
+}
+
+TEST_F(LoaderReject, MlxMissingScales) {
+  rewrite(CheckpointLayout::mlx_affine, [](std::vector<Spec>& s) {
+    s.erase(std::remove_if(s.begin(), s.end(),
+                           [](const Spec& x) { return x.name == kMlx + "4.mlp.switch_mlp.down_proj.scales"; }),
+            s.end());
+  });
+  expect_load_error({"tensor " + kMlx + "4.mlp.switch_mlp.down_proj.scales is missing (expected BF16 [8, 128, 1])"});
+}
+
+TEST_F(LoaderReject, MlxConvInHfOrientation) {
+  rewrite(CheckpointLayout::mlx_affine, [](std::vector<Spec>& s) {
+    find(s, kMlx + "0.linear_attn.conv1d.weight")->shape = {256, 1, 4};
+  });
+  expect_load_error({kMlx + "0.linear_attn.conv1d.weight", "expected BF16 [256, 4, 1], got BF16 [256, 1, 4]"});
+}
+
+TEST_F(LoaderReject, TruncatedFile) {
+  rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>&) {});
+  fs::path f = out_ / "model.safetensors";
+  fs::resize_file(f, fs::file_size(f) - 3);
+  expect_load_error({"model.safetensors", "file truncated"});
+}
+
+TEST_F(LoaderReject, MissingConfig) {
+  rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>&) {});
+  fs::remove(out_ / "config.json");
+  expect_load_error({"config.json: not found"});
+}
+
+}  // namespace
+}  // namespace lily
