@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cli/backend_select.h"
 #include "cli/command.h"
 #include "server/http_server.h"
 #include "util/check.h"
@@ -27,6 +28,7 @@ struct ServeArgs {
   long long cache_mib = 8192;
   bool no_prefix_cache = false;
   bool no_thinking = false;
+  std::string device = "auto";
   server::ServerOptions opt;
 };
 
@@ -111,7 +113,10 @@ int run_serve(ServeArgs a) {
     try {
       std::string d = a.demo ? server::make_demo_model() : dir;
       std::string alias = !a.alias.empty() ? a.alias : a.demo ? "lily-demo-noise" : "qwen3.6-35b-a3b";
-      m = server::load_served_model(d, a.ctx, alias);
+      const std::string device = a.device;
+      m = server::load_served_model(d, a.ctx, alias, [device](const Model& model, int ctx) {
+        return make_device_backend(model, device, ctx);
+      });
       m->demo = a.demo;
     } catch (const std::exception& e) {
       err = e.what();
@@ -175,6 +180,7 @@ CommandRegistrar reg({"serve", "Serve the model over an OpenAI-compatible HTTP A
                             ->capture_default_str();
                         sub.add_flag("--no-prefix-cache", a->no_prefix_cache, "Always prefill the whole prompt");
                         sub.add_flag("--no-thinking", a->no_thinking, "enable_thinking=false unless a request says otherwise");
+                        add_device_option(sub, a->device);
                         sub.add_option("--http-threads", a->opt.http_threads, "HTTP worker threads (0: queue + 32)");
                         return std::function<int()>([a] { return run_serve(*a); });
                       }});
