@@ -422,8 +422,11 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Reque
     metrics_.client_disconnect();
     return false;
   };
-  auto record = [this, g](int status) {
+  auto record = [this, g, rid = log_safe(res.get_header_value("X-Request-Id"), 64), path = log_safe(req.path)](int status) {
     const GenJob& j = *g->job;
+    log::info("request ", rid, " ", path, " -> ", status, ": ", j.prompt.size(), " prompt tokens (", j.n_cached,
+              " cached), ", j.n_generated, " generated, queue ", static_cast<int>(j.queue_ms), " ms, prefill ",
+              static_cast<int>(j.prompt_ms), " ms, decode ", static_cast<int>(j.gen_ms), " ms");
     metrics_.request_done(status);
     metrics_.add_prompt_tokens(static_cast<int64_t>(j.prompt.size()), j.n_cached);
     metrics_.add_generated_tokens(j.n_generated, g->session->reasoning_tokens);

@@ -2,12 +2,18 @@
 // `param` naming it), body checks (UTF-8, nesting), stop-string hold-back, the prefix-cache LRU, metrics text.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "server/api_error.h"
 #include "server/metrics.h"
 #include "server/prefix_cache.h"
 #include "server/request.h"
+#include "server/served_model.h"
 #include "server/stop_strings.h"
 
 using namespace lily;
@@ -287,4 +293,28 @@ TEST(ServerMetrics, PrometheusText) {
   EXPECT_NE(t.find("lily_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
   EXPECT_NE(t.find("lily_time_to_first_token_seconds_count 2\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE lily_inter_token_latency_seconds histogram"), std::string::npos);
+}
+
+TEST(ServerModelLookup, FindsTheNewestCachedSnapshotOfAKnownRepo) {
+  namespace fs = std::filesystem;
+  fs::path hf = fs::path(LILY_BINARY_DIR) / ("test-hf-home-" + std::to_string(getpid()));
+  fs::remove_all(hf);
+  fs::path snaps = hf / "hub" / "models--mlx-community--Qwen3.6-35B-A3B-4bit" / "snapshots";
+  fs::create_directories(snaps / "aaa");
+  fs::create_directories(snaps / "bbb");
+  std::ofstream(snaps / "bbb" / "config.json") << "{}";  // only bbb is a complete snapshot
+  fs::create_directories(hf / "hub" / "models--someone--Other" / "snapshots" / "ccc");
+  const char* old_home = std::getenv("HF_HOME");
+  std::string saved = old_home ? old_home : "";
+  unsetenv("HF_HUB_CACHE");
+  setenv("HF_HOME", hf.c_str(), 1);
+  auto found = find_cached_model();
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(fs::path(*found).filename(), "bbb");
+  fs::remove_all(snaps / "bbb");
+  EXPECT_FALSE(find_cached_model().has_value());
+  EXPECT_NE(how_to_get_model().find("--demo"), std::string::npos);
+  if (old_home) setenv("HF_HOME", saved.c_str(), 1);
+  else unsetenv("HF_HOME");
+  fs::remove_all(hf);
 }
