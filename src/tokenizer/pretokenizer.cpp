@@ -5,6 +5,7 @@
 #include <pcre2.h>
 
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 
 #include "tokenizer/unicode.h"
@@ -131,7 +132,9 @@ size_t Splitter::next_char(std::string_view text, size_t i) {
 }
 
 namespace {
-// Per-thread PCRE2 match state: match data, and a large JIT stack used only when the default one overflows.
+// Per-thread PCRE2 match state: match data, and a context with a large JIT stack and no match limit, used
+// only when a match exceeds the defaults (a whitespace run of ~1 MiB needs more than the 32 KiB JIT stack;
+// ~10 MiB more than the default match limit). Both grow linearly with the piece, never with recursion.
 struct MatchState {
   pcre2_match_data* md = pcre2_match_data_create(16, nullptr);
   pcre2_match_context* big_ctx = nullptr;
@@ -144,8 +147,10 @@ struct MatchState {
   pcre2_match_context* big() {
     if (!big_ctx) {
       big_ctx = pcre2_match_context_create(nullptr);
-      big_stack = pcre2_jit_stack_create(64 << 10, 64 << 20, nullptr);
+      big_stack = pcre2_jit_stack_create(64 << 10, 1 << 30, nullptr);
       pcre2_jit_stack_assign(big_ctx, nullptr, big_stack);
+      pcre2_set_match_limit(big_ctx, UINT32_MAX);
+      pcre2_set_depth_limit(big_ctx, UINT32_MAX);
     }
     return big_ctx;
   }
@@ -157,8 +162,9 @@ bool Splitter::find(std::string_view text, size_t start, size_t& b, size_t& e) c
   auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, st.md, nullptr)
                       : pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, st.md, nullptr);
-  if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
-    rc = pcre2_jit_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, st.md, st.big());
+  if (rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT)
+    rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, st.md, st.big())
+                    : pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, st.md, st.big());
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   if (rc < 0) {
     PCRE2_UCHAR msg[256];

@@ -189,6 +189,15 @@ TEST_P(TokenizerProps, AdversarialMegabyteInputs) {
   }
 }
 
+// Beyond PCRE2's default JIT stack (32 KiB) and match limit (10^7): a 12 MiB whitespace run, one piece.
+TEST(Tokenizer, HugeWhitespaceRun) {
+  LILY_REQUIRE_ORACLE();
+  std::string s(12u << 20, ' ');
+  s += "x";
+  std::vector<int32_t> ids = qwen35().encode(s);
+  EXPECT_EQ(qwen35().decode(ids), s);
+}
+
 INSTANTIATE_TEST_SUITE_P(Qwen, TokenizerProps, ::testing::Values(3, 35),
                          [](const auto& info) { return info.param == 3 ? "qwen3" : "qwen35"; });
 
