@@ -71,7 +71,7 @@ void add_into(float* x, const float* y, int64_t n) {
 }  // namespace
 
 CpuBackend::CpuBackend(const Model& model, int max_context, ThreadPool* pool)
-    : model_(model), cfg_(model.config), pool_(pool ? *pool : ThreadPool::global()) {
+    : model_(model), cfg_(model.config), own_pool_(pool) {
   check_weights(model);
   max_context_ = max_context > 0 ? max_context : cfg_.max_position_embeddings;
   if (max_context_ <= 0) max_context_ = 1 << 18;
@@ -97,6 +97,7 @@ void CpuBackend::forward(std::span<const int32_t> tokens, float* logits, bool al
   if (n_total == 0) return;
   LILY_CHECK(pos_ + n_total <= max_context_, "cpu backend: ", pos_, " + ", n_total,
              " tokens exceed the context limit of ", max_context_);
+  pool_ = own_pool_ ? own_pool_ : &ThreadPool::global();
   for (int32_t t : tokens)  // validate before any state changes
     LILY_CHECK(t >= 0 && t < cfg_.vocab, "token id ", t, " outside [0, ", cfg_.vocab, ")");
   for (int64_t off = 0; off < n_total; off += kPromptChunk) {
@@ -144,7 +145,7 @@ void CpuBackend::head(const float* x, int n, float* logits) {
   const int64_t H = cfg_.hidden;
   std::vector<float> xn(n * H);
   norm_rows(x, model_.weights.norm, n, xn.data());
-  matmul_rows(model_.weights.lm_head, xn.data(), n, H, logits, cfg_.vocab, pool_);
+  matmul_rows(model_.weights.lm_head, xn.data(), n, H, logits, cfg_.vocab, *pool_);
 }
 
 // Gated DeltaNet (§2.2): projections, causal depthwise conv + SiLU, per-head delta rule, gated norm, out_proj.
@@ -156,13 +157,13 @@ void CpuBackend::gdn(int layer, const float* x, int n, float* out) {
   const int v_per_k = cfg_.lin_v_heads / cfg_.lin_k_heads;
   std::vector<float> qkv(n * C), z(n * vd), b(n * Hv), a(n * Hv);  // [n][...] projections
   std::vector<float> u(n * C), y(n * vd);                            // [n][C] conv output, [n][vd] normed heads
-  matmul_rows(w.in_proj_qkv, x, n, H, qkv.data(), C, pool_);
-  matmul_rows(w.in_proj_z, x, n, H, z.data(), vd, pool_);
-  matmul_rows(w.in_proj_b, x, n, H, b.data(), Hv, pool_);
-  matmul_rows(w.in_proj_a, x, n, H, a.data(), Hv, pool_);
+  matmul_rows(w.in_proj_qkv, x, n, H, qkv.data(), C, *pool_);
+  matmul_rows(w.in_proj_z, x, n, H, z.data(), vd, *pool_);
+  matmul_rows(w.in_proj_b, x, n, H, b.data(), Hv, *pool_);
+  matmul_rows(w.in_proj_a, x, n, H, a.data(), Hv, *pool_);
 
   // Causal conv: tap j multiplies the input Kc-1-j steps back; inputs before this chunk come from the state.
-  pool_.parallel_for(
+  pool_->parallel_for(
       0, C,
       [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; ++c)
@@ -184,7 +185,7 @@ void CpuBackend::gdn(int layer, const float* x, int n, float* out) {
   std::copy(window.end() - (Kc - 1) * C, window.end(), st.conv.begin());
 
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(Dk));
-  pool_.parallel_for(0, Hv, [&](int64_t h0, int64_t h1) {
+  pool_->parallel_for(0, Hv, [&](int64_t h0, int64_t h1) {
     std::vector<float> qn(Dk), kn(Dk), o(Dv);
     for (int64_t h = h0; h < h1; ++h) {
       const int64_t kh = h / v_per_k;  // value head h reads key head h / (Hv/Hk)
@@ -203,7 +204,7 @@ void CpuBackend::gdn(int layer, const float* x, int n, float* out) {
       }
     }
   });
-  matmul_rows(w.out_proj, y.data(), n, vd, out, H, pool_);
+  matmul_rows(w.out_proj, y.data(), n, vd, out, H, *pool_);
 }
 
 // Gated full attention (§2.3): per-head [query | gate] split, q/k norms, partial RoPE, causal softmax over
@@ -215,9 +216,9 @@ void CpuBackend::attention(int layer, const float* x, int n, float* out) {
   const int64_t kvw = cfg_.n_kv_heads * d, group = cfg_.n_heads / cfg_.n_kv_heads;
   std::vector<float> qg(n * Hq * 2 * d), k(n * kvw), v(n * kvw);  // projections
   std::vector<float> q(n * Hq * d), att(n * Hq * d);                // [n][Hq][d] rotated queries, gated output
-  matmul_rows(w.q_proj, x, n, H, qg.data(), Hq * 2 * d, pool_);
-  matmul_rows(w.k_proj, x, n, H, k.data(), kvw, pool_);
-  matmul_rows(w.v_proj, x, n, H, v.data(), kvw, pool_);
+  matmul_rows(w.q_proj, x, n, H, qg.data(), Hq * 2 * d, *pool_);
+  matmul_rows(w.k_proj, x, n, H, k.data(), kvw, *pool_);
+  matmul_rows(w.v_proj, x, n, H, v.data(), kvw, *pool_);
 
   st.k.resize((pos_ + n) * kvw);
   st.v.resize((pos_ + n) * kvw);
@@ -237,7 +238,7 @@ void CpuBackend::attention(int layer, const float* x, int n, float* out) {
   }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  pool_.parallel_for(0, n * Hq, [&](int64_t i0, int64_t i1) {
+  pool_->parallel_for(0, n * Hq, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores(pos_ + n);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / Hq, h = i % Hq, g = h / group;
@@ -248,7 +249,7 @@ void CpuBackend::attention(int layer, const float* x, int n, float* out) {
       for (int64_t j = 0; j < d; ++j) o[j] *= sigmoid_f32(gate[j]);
     }
   });
-  matmul_rows(w.o_proj, att.data(), n, Hq * d, out, H, pool_);
+  matmul_rows(w.o_proj, att.data(), n, Hq * d, out, H, *pool_);
 }
 
 // Sparse MoE (§2.4): softmax router over all experts, top-k renormalised, SwiGLU experts (tokens grouped by
@@ -259,7 +260,7 @@ void CpuBackend::moe(int layer, const float* x, int n, float* out) {
   std::vector<float> router(n * E);            // [n][E]
   std::vector<int> idx(n * K);                 // [n][K]
   std::vector<float> wt(n * K);                // [n][K]
-  matmul_rows(w.gate, x, n, H, router.data(), E, pool_);
+  matmul_rows(w.gate, x, n, H, router.data(), E, *pool_);
   for (int t = 0; t < n; ++t) route_top_k(router.data() + t * E, E, K, idx.data() + t * K, wt.data() + t * K);
 
   // Tokens per expert, visited in expert order, so each token's sum runs in ascending expert index.
@@ -277,10 +278,10 @@ void CpuBackend::moe(int layer, const float* x, int n, float* out) {
     ue.resize(m * F);
     de.resize(m * H);
     for (int64_t s = 0; s < m; ++s) std::copy(x + toks[s].first * H, x + (toks[s].first + 1) * H, xe.begin() + s * H);
-    matmul_rows(w.experts_gate[e], xe.data(), m, H, ge.data(), F, pool_);
-    matmul_rows(w.experts_up[e], xe.data(), m, H, ue.data(), F, pool_);
+    matmul_rows(w.experts_gate[e], xe.data(), m, H, ge.data(), F, *pool_);
+    matmul_rows(w.experts_up[e], xe.data(), m, H, ue.data(), F, *pool_);
     for (int64_t i = 0; i < m * F; ++i) ge[i] = silu(ge[i]) * ue[i];
-    matmul_rows(w.experts_down[e], ge.data(), m, F, de.data(), H, pool_);
+    matmul_rows(w.experts_down[e], ge.data(), m, F, de.data(), H, *pool_);
     for (int64_t s = 0; s < m; ++s) {
       float* o = out + toks[s].first * H;
       const float ws = toks[s].second;
@@ -289,11 +290,11 @@ void CpuBackend::moe(int layer, const float* x, int n, float* out) {
   }
 
   std::vector<float> sg(n * Fs), su(n * Fs), sd(n * H), sgate(n);
-  matmul_rows(w.shared_gate, x, n, H, sg.data(), Fs, pool_);
-  matmul_rows(w.shared_up, x, n, H, su.data(), Fs, pool_);
+  matmul_rows(w.shared_gate, x, n, H, sg.data(), Fs, *pool_);
+  matmul_rows(w.shared_up, x, n, H, su.data(), Fs, *pool_);
   for (int64_t i = 0; i < n * Fs; ++i) sg[i] = silu(sg[i]) * su[i];
-  matmul_rows(w.shared_down, sg.data(), n, Fs, sd.data(), H, pool_);
-  matmul_rows(w.shared_expert_gate, x, n, H, sgate.data(), 1, pool_);
+  matmul_rows(w.shared_down, sg.data(), n, Fs, sd.data(), H, *pool_);
+  matmul_rows(w.shared_expert_gate, x, n, H, sgate.data(), 1, *pool_);
   for (int t = 0; t < n; ++t) {
     const float s = sigmoid_f32(sgate[t]);
     for (int64_t i = 0; i < H; ++i) out[t * H + i] += s * sd[t * H + i];

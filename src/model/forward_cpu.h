@@ -18,7 +18,8 @@ class CpuBackend : public Backend {
  public:
   static constexpr int kPromptChunk = 128;
 
-  // `model` must outlive the backend. max_context <= 0: config.max_position_embeddings. pool: null = global.
+  // `model` must outlive the backend. max_context <= 0: config.max_position_embeddings. pool: null = the
+  // global pool, looked up at each forward() (so ThreadPool::set_global_threads between calls is safe).
   explicit CpuBackend(const Model& model, int max_context = 0, ThreadPool* pool = nullptr);
 
   const Config& config() const override { return cfg_; }
@@ -48,7 +49,8 @@ class CpuBackend : public Backend {
 
   const Model& model_;
   const Config& cfg_;
-  ThreadPool& pool_;
+  ThreadPool* own_pool_ = nullptr;  // the caller's pool, or null for the global one
+  ThreadPool* pool_ = nullptr;      // the pool of the forward() in progress
   int max_context_ = 0;
   int pos_ = 0;
   std::vector<LayerState> state_;  // [n_layers]

@@ -194,3 +194,20 @@ TEST(ForwardCpu, RejectsBadTokensAndContextOverflow) {
   EXPECT_THROW(be.forward(nine, nullptr, false), Error);
   EXPECT_EQ(be.max_context(), 8);
 }
+
+TEST(ForwardCpu, GlobalPoolMayBeResizedBetweenCalls) {
+  const Model& model = synth_model(CheckpointLayout::mlx_affine);
+  const int V = model.config.vocab;
+  std::vector<int32_t> a = random_tokens(9, V, 21), b = random_tokens(4, V, 22);
+  ThreadPool::set_global_threads(2);
+  CpuBackend global_be(model);  // global pool
+  global_be.forward(a, nullptr, false);
+  ThreadPool::set_global_threads(1);
+  std::vector<float> l1(V), l2(V);
+  global_be.forward(b, l1.data(), false);
+  ThreadPool pool(3);
+  CpuBackend own(model, 0, &pool);
+  own.forward(a, nullptr, false);
+  own.forward(b, l2.data(), false);
+  EXPECT_EQ(l1, l2);  // thread count does not change a single bit
+}
