@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <cstring>
 
 #include "model/synth.h"
 #include "model/weights.h"
@@ -148,6 +149,22 @@ TEST_F(LoaderReject, IgnoresVisionAndMtp) {
     s.push_back({"mtp.fc.weight", Dtype::BF16, {128, 256}, nullptr});
   });
   EXPECT_NO_THROW(load_model(out_.string()));
+}
+
+TEST_F(LoaderReject, MisalignedTensorsAreCopied) {
+  // A 3-byte tensor first shifts every later tensor off its element alignment; the loader copies them.
+  rewrite(CheckpointLayout::mlx_affine, [](std::vector<Spec>& s) {
+    s.insert(s.begin(), Spec{"vision_tower.odd", Dtype::U8, {3}, nullptr});
+  });
+  Model a = load_model(out_.string());
+  Model b = load_model((out_.string() + "_src"));
+  const Mat& x = a.weights.layers[1].moe.experts_up[2];
+  const Mat& y = b.weights.layers[1].moe.experts_up[2];
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(x.data) % 4, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(x.scales) % 2, 0u);
+  EXPECT_EQ(std::memcmp(x.data, y.data, x.rows * x.row_bytes()), 0);
+  EXPECT_EQ(std::memcmp(x.scales, y.scales, x.rows * (x.cols / x.group_size) * 2), 0);
+  EXPECT_EQ(a.weights.layers[0].gdn.A_log, b.weights.layers[0].gdn.A_log);
 }
 
 TEST_F(LoaderReject, MixedLayouts) {
