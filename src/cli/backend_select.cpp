@@ -32,6 +32,7 @@ std::string resolve_device(const std::string& device) {
     );
     return "cuda";
   }
+  LILY_CHECK(device == "auto", "--device ", device, ": expected cuda, cpu or auto");
   return gpu ? "cuda" : "cpu";
 }
 

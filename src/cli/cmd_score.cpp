@@ -13,14 +13,14 @@ namespace {
 CommandRegistrar reg{Command{
     "score", "write the logits of every prompt position as a .npy file", [](CLI::App& sub) {
       struct Opts {
-        std::string model, tokens, out, device = "cpu";
+        std::string model, tokens, out, device = "auto";
         int threads = 0;
       };
       auto o = std::make_shared<Opts>();
       sub.add_option("--model", o->model, "model directory")->required();
       sub.add_option("--tokens", o->tokens, "prompt token ids, e.g. \"1 2 3\"")->required();
       sub.add_option("--out", o->out, "output .npy file (float32 [T, vocab])")->required();
-      sub.add_option("--device", o->device, "cpu (default)");
+      sub.add_option("--device", o->device, "cuda or cpu (default: cuda when a GPU is present)");
       sub.add_option("--threads", o->threads, "CPU worker threads (default: all cores)");
       return [o]() {
         const std::vector<int32_t> tokens = parse_token_list(o->tokens);

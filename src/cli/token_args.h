@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/backend_select.h"
 #include "model/forward_cpu.h"
 #include "util/check.h"
 #include "util/thread_pool.h"
@@ -39,8 +40,7 @@ inline std::vector<int32_t> parse_token_list(const std::string& text) {
 inline std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, int threads,
                                              int max_context) {
   if (threads > 0) ThreadPool::set_global_threads(threads);
-  if (device == "cpu") return std::make_unique<CpuBackend>(model, max_context);
-  fail("--device ", device, ": this build has no such backend yet (available: cpu)");
+  return make_device_backend(model, device, max_context);  // cpu, cuda, or auto (cuda when a GPU is present)
 }
 
 }  // namespace lily::cli

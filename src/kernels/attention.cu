@@ -24,6 +24,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGroup = 8;
 constexpr int kTokPerWarp = kAttnTile / kWarps;  // 8
 constexpr int kMinChunk = 256;                   // fewest tokens a split is given
+constexpr int kMaxSplits = 128;                  // split blocks per KV head at most
 constexpr float kLog2e = 1.4426950408889634f;
 
 // EPL consecutive bf16 values kept packed in registers (half the registers of fp32), unpacked on use.
@@ -86,6 +87,8 @@ struct AttnShared {
   float m[kMaxGroup];             // running max (log2 domain)
   float l[kMaxGroup];             // running sum of probabilities
   int last;                       // this block combines
+  float w[kMaxGroup][kMaxSplits];     // combine: split maxima, then their weights
+  float lsum[kMaxGroup][kMaxSplits];  // combine: split probability sums
 };
 
 __device__ __forceinline__ const uint16_t* kv_row(const KvPages& kv, int which, int g, int t) {
@@ -126,11 +129,15 @@ __global__ void __launch_bounds__(kThreads) attention_decode_kernel(
   for (int t0 = t_begin; t0 < t_end; t0 += kAttnTile) {
     __syncthreads();  // previous tile's probabilities are consumed
     // score_tile
-    Row<EPL> kx[kTokPerWarp] = {};
+    // K and V rows of the tile are requested together (one memory round trip per tile)
+    Row<EPL> kx[kTokPerWarp] = {}, vx[kTokPerWarp] = {};
 #pragma unroll
     for (int k = 0; k < kTokPerWarp; ++k) {
       const int t = t0 + warp * kTokPerWarp + k;
-      if (t < t_end) load_row<EPL>(kv_row(kv, 0, g, t) + lane * EPL, kx[k]);
+      if (t < t_end) {
+        load_row<EPL>(kv_row(kv, 0, g, t) + lane * EPL, kx[k]);
+        load_row<EPL>(kv_row(kv, 1, g, t) + lane * EPL, vx[k]);
+      }
     }
 #pragma unroll
     for (int k = 0; k < kTokPerWarp; ++k) {
@@ -170,12 +177,6 @@ __global__ void __launch_bounds__(kThreads) attention_decode_kernel(
     }
     __syncthreads();
     // pv_tile
-    Row<EPL> vx[kTokPerWarp] = {};
-#pragma unroll
-    for (int k = 0; k < kTokPerWarp; ++k) {
-      const int t = t0 + warp * kTokPerWarp + k;
-      if (t < t_end) load_row<EPL>(kv_row(kv, 1, g, t) + lane * EPL, vx[k]);
-    }
 #pragma unroll
     for (int hh = 0; hh < kMaxGroup; ++hh) {
       const float c = hh < group ? sh.corr[hh] : 0.f;
@@ -222,24 +223,50 @@ __global__ void __launch_bounds__(kThreads) attention_decode_kernel(
   __syncthreads();
   if (!sh.last) return;
   __threadfence();
+  // note: __ldcg reads through L2 only; this SM's L1 may hold these lines from an earlier launch.
+  // Splits [0, n_active) hold tokens; their (m, l) go to shared memory, one warp per head turns them into
+  // weights exp2(m - max) and 1 / Σ weight·l, then every output element sums over the active splits with
+  // its loads for 8 elements in flight at once.
   const float* parts = scratch.partial + (size_t)g * scratch.max_splits * group * stride;
-  for (int i = tid; i < group * D; i += kThreads) {
-    const int hh = i / D, dim = i % D;
+  const int n_active = min(splits, (len + chunk - 1) / chunk);
+  for (int i = tid; i < group * n_active; i += kThreads) {
+    const int hh = i / n_active, sp = i % n_active;
+    sh.w[hh][sp] = __ldcg(parts + ((size_t)sp * group + hh) * stride + D);
+    sh.lsum[hh][sp] = __ldcg(parts + ((size_t)sp * group + hh) * stride + D + 1);
+  }
+  __syncthreads();
+  if (warp < group) {
     float mx = -FLT_MAX;
-    // note: __ldcg reads through L2 only; this SM's L1 may hold these lines from an earlier launch
-    for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, __ldcg(parts + ((size_t)sp * group + hh) * stride + D));
-    float num = 0.f, den = 0.f;
-    for (int sp = 0; sp < splits; ++sp) {
-      const float* p = parts + ((size_t)sp * group + hh) * stride;
-      const float l = __ldcg(p + D + 1);
-      if (l == 0.f) continue;  // empty split
-      const float w = exp2f(__ldcg(p + D) - mx);
-      num = fmaf(w, __ldcg(p + dim), num);
-      den = fmaf(w, l, den);
+    for (int sp = lane; sp < n_active; sp += 32) mx = fmaxf(mx, sh.w[warp][sp]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float den = 0.f;
+    for (int sp = lane; sp < n_active; sp += 32) {
+      const float w = exp2f(sh.w[warp][sp] - mx);
+      sh.w[warp][sp] = w;
+      den = fmaf(w, sh.lsum[warp][sp], den);
     }
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    if (lane == 0) sh.corr[warp] = 1.f / den;
+  }
+  __syncthreads();
+  constexpr int kPer = kMaxGroup * D / kThreads;  // output elements per thread (<= 8)
+  float num[kPer] = {};
+#pragma unroll 2
+  for (int sp = 0; sp < n_active; ++sp) {
+    const float* p = parts + (size_t)sp * group * stride;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int i = tid + k * kThreads, hh = i / D;
+      if (hh < group) num[k] = fmaf(sh.w[hh][sp], __ldcg(p + hh * stride + i % D), num[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int i = tid + k * kThreads, hh = i / D, dim = i % D;
+    if (hh >= group) continue;
     const int h = g * group + hh;
     const float gate = qg[(size_t)h * 2 * D + D + dim];
-    out[(size_t)h * D + dim] = num / den / (1.f + __expf(-gate));
+    out[(size_t)h * D + dim] = num[k] * sh.corr[hh] / (1.f + __expf(-gate));
   }
   if (tid == 0) scratch.tickets[g] = 0;  // ready for the next launch (graph replay)
 }
@@ -254,6 +281,7 @@ void launch_attention_decode(const float* q, const float* qg, KvPages kv, const 
                              AttnScratch scratch, int splits, int n_heads, cudaStream_t s) {
   const int group = n_heads / kv.n_kv;
   LILY_CHECK(n_heads % kv.n_kv == 0 && group <= kMaxGroup && splits >= 1 && splits <= scratch.max_splits &&
+                 splits <= kMaxSplits &&
                  kv.page_tokens % kAttnTile == 0,
              "attention_decode: unsupported n_heads ", n_heads, " n_kv ", kv.n_kv, " splits ", splits);
   const dim3 grid(splits, kv.n_kv), block(kThreads);

@@ -103,6 +103,19 @@ __global__ void __launch_bounds__(kThreads) gdn_step_kernel(
   const size_t slot = (size_t)(pos & 3) * conv_dim;
   const bool writes_qk = blockIdx.x == 0 && h % (dims.n_v_heads / dims.n_k_heads) == 0;
 
+  // this thread's 4 rows x 4 columns of the state, requested first so the loads overlap the conv and norms
+  const int c4 = tid % 8, rg = tid / 8;
+  const int col = col0 + c4 * 4;
+  const bool col_ok = col < Dv;
+  float* S = state + (size_t)h * Dk * Dv;
+  float4 s[kRowsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const int i = rg + 32 * r;
+    s[r] = col_ok && i < Dk ? *reinterpret_cast<const float4*>(S + (size_t)i * Dv + col)
+                            : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+
   // conv + SiLU: threads [0,128) q channel tid, [128,256) k channel tid-128; threads [0,32) also one v column.
   const int i_qk = tid % kMaxDk;
   const bool is_k = tid >= kMaxDk;
@@ -139,21 +152,12 @@ __global__ void __launch_bounds__(kThreads) gdn_step_kernel(
   __syncthreads();
 
   // delta rule on this thread's 4 rows x 4 columns
-  const int c4 = tid % 8, rg = tid / 8;
-  const int col = col0 + c4 * 4;
-  const bool col_ok = col < Dv;
-  float* S = state + (size_t)h * Dk * Dv;
-  float4 s[kRowsPerThread];
   float4 mem = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const int i = rg + 32 * r;
-    s[r] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (col_ok && i < Dk) {
-      const float4 x = *reinterpret_cast<const float4*>(S + (size_t)i * Dv + col);
-      s[r] = make_float4(x.x * decay, x.y * decay, x.z * decay, x.w * decay);
-      mem = fma4(s[r], sh.kn[i], mem);
-    }
+    s[r] = make_float4(s[r].x * decay, s[r].y * decay, s[r].z * decay, s[r].w * decay);
+    if (i < Dk) mem = fma4(s[r], sh.kn[i], mem);
   }
   mem = column_sums(mem, sh.red);
   float4 dlt = make_float4(0.f, 0.f, 0.f, 0.f);
