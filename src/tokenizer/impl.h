@@ -66,7 +66,6 @@ struct Tokenizer::Impl {
   std::optional<Splitter> splitter;
   AddedMatcher added_raw;         // normalized: false — matched on the raw text
   AddedMatcher added_normalized;  // normalized: true — matched after NFC
-  uint64_t instance = 0;          // unique per loaded tokenizer (keys the per-thread piece cache)
 
   std::string_view bytes_of(int32_t id) const {
     return {((id_flags[id] & kIdAdded) ? added_arena : arena).data() + id_start[id], id_len[id]};

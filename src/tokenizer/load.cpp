@@ -2,7 +2,6 @@
 // tokens), checks that it is the kind of tokenizer lily reproduces exactly, and builds the tables.
 // note: the vocabulary and merges (~250k entries each) are read by a small dedicated JSON scanner; the rest
 // of the file is parsed with nlohmann::json. A full nlohmann DOM of the file takes ~0.5 s, the scanner ~0.05 s.
-#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -420,8 +419,6 @@ Tokenizer Tokenizer::load(const std::string& path) {
   auto impl = std::make_unique<Impl>();
   Impl& t = *impl;
   t.source = file;
-  static std::atomic<uint64_t> next_instance{1};
-  t.instance = next_instance++;
   std::string text = read_file(file);
   Scanner sc{text, file};
   json added = json::array();
