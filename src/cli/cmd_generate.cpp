@@ -16,7 +16,7 @@ namespace {
 CommandRegistrar reg{Command{
     "generate", "continue a token prompt and print the generated ids", [](CLI::App& sub) {
       struct Opts {
-        std::string model, tokens, device = "cpu";
+        std::string model, tokens, device = "auto";
         int max_tokens = 16, threads = 0, top_k = 0, n_valid = 0, max_context = 0;
         float temperature = 1, top_p = 1, min_p = 0, presence = 0, frequency = 0, repetition = 1;
         uint64_t seed = 0;
@@ -38,7 +38,7 @@ CommandRegistrar reg{Command{
       sub.add_option("--max-context", o->max_context, "context limit (default: max_position_embeddings)");
       sub.add_flag("--ignore-eos", o->ignore_eos, "do not stop on the end-of-sequence ids");
       sub.add_flag("--print-ids", o->print_ids, "print the generated ids (the only output format for now)");
-      sub.add_option("--device", o->device, "cpu (default)");
+      sub.add_option("--device", o->device, "cuda or cpu (default: cuda when a GPU is present)");
       sub.add_option("--threads", o->threads, "CPU worker threads (default: all cores)");
       return [o, temp, topk, topp]() {
         const std::vector<int32_t> prompt = parse_token_list(o->tokens);
