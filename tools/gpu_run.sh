@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs lily's GPU tests and the decode benchmark on the GPU machine (the device tool), from a folder of
+# binaries built here (static cudart, static libstdc++) plus the shared libraries they need.
+#   here:  tools/gpu_stage.sh            -> .device/stage/ (binaries + libcpp-httplib and its deps)
+#   there: tools/gpu_run.sh .device/stage   (logs and bench JSON under $OUT)
+set -uo pipefail
+BIN=$(cd "${1:-.device/stage}" && pwd)
+OUT=${OUT:-/tmp/lily-gpu-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
+# The tests find their fixtures under the source directory they were built from (LILY_SOURCE_DIR).
+SRC_DIR=$(cat "$BIN/source_dir" 2>/dev/null || echo /work/main)
+if [ ! -e "$SRC_DIR" ]; then mkdir -p "$(dirname "$SRC_DIR")" && ln -s "$(pwd)" "$SRC_DIR"; fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+status=0
+for t in "$BIN"/test_*; do
+  name=$(basename "$t")
+  echo "== $name"
+  timeout 240 "$t" > "$OUT/$name.log" 2>&1
+  rc=$?
+  grep -E "^\[  (PASSED|FAILED) |tests? ran" "$OUT/$name.log" | tail -4
+  [ $rc -eq 0 ] || { status=1; echo "$name FAILED (rc=$rc)"; grep -E "FAILED|Failure|error" "$OUT/$name.log" | head -20; }
+done
+echo "== lily bench --synthetic full"
+timeout 200 "$BIN/lily" bench --synthetic full 2>&1 | tee "$OUT/bench.txt" | tail -40
+timeout 120 "$BIN/lily" bench --synthetic full --json --no-breakdown > "$OUT/bench.json" 2>"$OUT/bench_json.err"
+exit $status
