@@ -1,14 +1,23 @@
-// `lily chat`: an interactive terminal chat against a running `lily serve` (or any OpenAI-compatible server).
+// `lily chat`: an interactive terminal chat against a running `lily serve` (or any OpenAI-compatible server),
+// or against a model directory (--model DIR / --demo: starts `lily serve` on a free loopback port for the
+// session and stops it at the end).
 // Streams the reply (reasoning dimmed), keeps the conversation (reasoning is sent back so the server's prefix
 // cache reuses the previous turns), and prints tokens/s after each reply. Commands: /reset, /system TEXT,
 // /think on|off, /quit. A line ending in '\' continues the message on the next line; """ starts and ends a
 // multi-line block.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <thread>
 
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -23,6 +32,8 @@ using ojson = nlohmann::ordered_json;
 
 struct ChatArgs {
   std::string url = "http://127.0.0.1:8080";
+  std::string model_dir;  // non-empty: serve this directory for the session
+  bool demo = false;      // serve the demo model for the session
   std::string api_key;
   std::string system;
   int max_tokens = 4096;
@@ -180,14 +191,70 @@ int run_chat(const ChatArgs& a) {
   return 0;
 }
 
-CommandRegistrar reg({"chat", "Interactive terminal chat against a running lily server", [](CLI::App& sub) {
+// A free loopback port (the kernel picks one; the tiny window until the server binds it is acceptable here).
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  LILY_CHECK(fd >= 0, "chat: cannot open a socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  close(fd);
+  LILY_CHECK(ok, "chat: cannot find a free port");
+  return ntohs(a.sin_port);
+}
+
+// Runs `lily serve` for a model directory (or --demo) on a free port, chats with it, then stops it.
+int run_local(ChatArgs a) {
+  const int port = free_port();
+  const std::string log = "/tmp/lily-chat-serve-" + std::to_string(getpid()) + ".log";
+  std::vector<std::string> args = {"/proc/self/exe", "serve", "--host", "127.0.0.1", "--port", std::to_string(port)};
+  if (a.demo) args.push_back("--demo");
+  else args.insert(args.end(), {"--model", a.model_dir});
+  const pid_t pid = fork();
+  LILY_CHECK(pid >= 0, "chat: cannot start the server");
+  if (pid == 0) {
+    FILE* f = std::freopen(log.c_str(), "w", stderr);
+    if (f) dup2(fileno(stderr), STDOUT_FILENO);
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execv("/proc/self/exe", argv.data());
+    _exit(127);
+  }
+  std::fprintf(stderr, "lily chat: loading the model (server log: %s)...\n", log.c_str());
+  a.url = "http://127.0.0.1:" + std::to_string(port);
+  httplib::Client cli(a.url);
+  bool ready = false;
+  for (int i = 0; i < 6000 && !ready; ++i) {
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) break;  // the server exited: its log says why
+    auto r = cli.Get("/health");
+    ready = r && r->status == 200;
+    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  int rc = 1;
+  if (ready) rc = run_chat(a);
+  else std::fprintf(stderr, "lily chat: the server did not start; see %s\n", log.c_str());
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+  return rc;
+}
+
+CommandRegistrar reg({"chat", "Interactive terminal chat (a running server, or --model DIR / --demo)", [](CLI::App& sub) {
                         auto a = std::make_shared<ChatArgs>();
-                        sub.add_option("--url", a->url, "Server URL")->capture_default_str();
+                        auto* url = sub.add_option("--url", a->url, "Server URL")->capture_default_str();
+                        auto* model = sub.add_option("--model,-m", a->model_dir, "Serve this checkpoint directory for the session");
+                        auto* demo = sub.add_flag("--demo", a->demo, "Serve the tiny demo model (output is noise)");
+                        url->excludes(model)->excludes(demo);
+                        model->excludes(demo);
                         sub.add_option("--api-key", a->api_key, "API key");
                         sub.add_option("--system", a->system, "System prompt");
                         sub.add_option("--max-tokens", a->max_tokens, "Reply length cap")->capture_default_str();
                         sub.add_flag("--no-think", a->no_think, "Start with thinking off");
-                        return std::function<int()>([a] { return run_chat(*a); });
+                        return std::function<int()>([a] { return a->model_dir.empty() && !a->demo ? run_chat(*a) : run_local(*a); });
                       }});
 
 }  // namespace
