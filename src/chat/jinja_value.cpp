@@ -1,6 +1,7 @@
 // Python semantics of Jinja runtime values: truthiness, str/repr, ==, ordering, `in`, len, iteration,
 // float repr and transformers' tojson. See jinja_value.h.
 #include "chat/jinja_value.h"
+#include "util/utf8.h"
 
 #include <algorithm>
 #include <charconv>
@@ -144,21 +145,9 @@ std::vector<char32_t> decode_utf8(std::string_view s) {
 
 void append_utf8(std::string& out, char32_t cp) {
   if (cp >= 0xdc80 && cp <= 0xdcff) {
-    out += static_cast<char>(cp - 0xdc00);
-  } else if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
+    out += static_cast<char>(cp - 0xdc00);  // surrogate escape: an undecodable input byte
   } else {
-    out += static_cast<char>(0xf0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
+    ::lily::append_utf8(out, static_cast<uint32_t>(cp));
   }
 }
 

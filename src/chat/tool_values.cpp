@@ -1,5 +1,6 @@
 // Tool-call argument values: schema types, §3.4 conversion, Python-style JSON writer, UTF-8 sanitising.
 #include "chat/tool_values.h"
+#include "util/utf8.h"
 
 #include <algorithm>
 #include <charconv>
@@ -201,21 +202,7 @@ struct PyParser {
   }
   static void put_utf8(std::string& o, uint32_t cp) {
     if (cp >= 0xD800 && cp <= 0xDFFF) cp = 0xFFFD;
-    if (cp < 0x80) {
-      o += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      o += static_cast<char>(0xC0 | (cp >> 6));
-      o += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      o += static_cast<char>(0xE0 | (cp >> 12));
-      o += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      o += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      o += static_cast<char>(0xF0 | (cp >> 18));
-      o += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      o += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      o += static_cast<char>(0x80 | (cp & 0x3F));
-    }
+    ::lily::append_utf8(o, cp);
   }
   bool hex(size_t n, uint32_t& cp) {
     if (i + n > s.size()) return false;

@@ -2,6 +2,7 @@
 // (Unicode 9.0, see tools/gen_unicode_tables.py), and the regex class additions that make PCRE2's older
 // tables agree with the reference pre-tokenizer (Oniguruma, Unicode 16).
 #pragma once
+#include "util/utf8.h"
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -25,7 +26,7 @@ inline uint32_t next_cp(std::string_view s, size_t& i) {
   return ((c & 0x07) << 18) | ((p[1] & 0x3F) << 12) | ((p[2] & 0x3F) << 6) | (p[3] & 0x3F);
 }
 
-void append_utf8(std::string& out, uint32_t cp);
+using ::lily::append_utf8;
 
 // Byte offset of the first invalid UTF-8 sequence, or npos when `s` is valid (no surrogates, no overlongs).
 size_t find_invalid_utf8(std::string_view s);
