@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/common.cuh"
+#include "kernels/mixers.h"
 #include "kernels/qmat.h"
 #include "kernels/sampling.h"
 
@@ -345,6 +346,53 @@ int main(int argc, char** argv) {
     }, 11);
     report("TOKEN weight stream (40 layers + head)", us, bytes);
     std::printf("  -> %.0f tokens/s upper bound from weight streaming alone (%.0f launches)\n", 1e6 / us, 40 * 5.0 + 1);
+  }
+  // ---- decode attention (kernels/attention.cu): split + combine launches per call, real shapes (16 query
+  // heads, 2 KV heads, head_dim 256, 1024-token bf16 pages). Each copy in the graph reads its own pages out of
+  // a pool of >= ~640 MB, so the K/V come from DRAM as in decode; bytes = the K/V rows read.
+  if (!gemv_only) {
+    constexpr int kHeads = 16, kKv = 2, kD = 256, kPage = 1024, kSplitsMax = 128;
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int splits = std::min(kSplitsMax, sms / kKv);  // as the engine: one split block per SM
+    const int contexts[] = {1, 4096, 32768, 131072};
+    const size_t page_elems = kv_page_elems(kPage, kKv, kD);
+    const int pool_pages = 384;  // 768 MB: 3 copies of a 128K-token cache
+    uint16_t* pool = static_cast<uint16_t*>(dalloc(pool_pages * page_elems * 2));
+    // finite bf16 pairs (fill_sb's scale|bias words: magnitude ~0.004..0.008, random signs)
+    fill_sb<<<1024, 256>>>(reinterpret_cast<uint32_t*>(pool), pool_pages * page_elems / 2, g_seed++);
+    CUDA_CHECK_LAUNCH();
+    float* q = make_vec(kHeads * kD);
+    float* qg = make_vec(kHeads * 2 * kD);
+    float* out = make_vec(kHeads * kD);
+    AttnScratch sc;
+    sc.max_splits = kSplitsMax;
+    sc.partial = static_cast<float*>(dalloc(attn_scratch_floats(kKv, kSplitsMax, kHeads / kKv, kD) * sizeof(float)));
+    int* pos = static_cast<int*>(dalloc(sizeof(int)));
+    for (int ctx : contexts) {
+      const int n_pages = (ctx + kPage - 1) / kPage;
+      const double bytes = static_cast<double>(ctx) * kKv * 2 * kD * 2;
+      const int copies = std::min({64, pool_pages / n_pages, copies_for(bytes)});
+      std::vector<uint16_t**> tables(copies);  // copy i: its own pages of the pool
+      for (int i = 0; i < copies; ++i) {
+        std::vector<uint16_t*> t(n_pages);
+        for (int p = 0; p < n_pages; ++p)
+          t[p] = pool + static_cast<size_t>((i * n_pages + p) % pool_pages) * page_elems;
+        tables[i] = static_cast<uint16_t**>(dalloc(n_pages * sizeof(uint16_t*)));
+        CUDA_CHECK(cudaMemcpy(tables[i], t.data(), n_pages * sizeof(uint16_t*), cudaMemcpyHostToDevice));
+      }
+      const int p_host = ctx - 1;
+      CUDA_CHECK(cudaMemcpy(pos, &p_host, sizeof(int), cudaMemcpyHostToDevice));
+      const double us = time_graph(copies, [&](int i, cudaStream_t s) {
+        KvPages kv;
+        kv.pages = tables[i];
+        kv.page_tokens = kPage;
+        kv.n_kv = kKv;
+        kv.head_dim = kD;
+        launch_attention_decode(q, qg, kv, pos, out, sc, splits, kHeads, s);
+      }, 25);
+      report("attention decode ctx " + std::to_string(ctx) + " (split+combine)", us, bytes);
+    }
   }
   CUDA_CHECK(cudaDeviceSynchronize());
   if (argc > 1) {

@@ -1,13 +1,21 @@
-// Decode attention (batch 1, one query token) over a paged bf16 KV cache, model.md §2.3:
-//   score_tile     the group's query heads (8 for the real model) score a tile of 64 tokens against each key
-//                  row, read once for all of them (GQA packing); one warp per 8 tokens
-//   softmax_tile   online softmax per head: running max / sum, rescale factor for the accumulators
-//   pv_tile        accumulate p·V with each value row read once for all heads of the group
-//   combine        the last split block of a KV head (ticket counter) merges every split's (acc, m, l) and
-//                  applies the sigmoid output gate
-// Grid: (splits, n_kv). The token range [0, *pos] is cut into `splits` chunks at run time, so one captured
-// graph serves every context length (flash-decoding); short contexts leave most blocks empty.
-// Tested against a CPU reference in tests/gpu/test_mixer_kernels.cu (including a 128K-token cache).
+// Decode attention (batch 1, one query token) over a paged bf16 KV cache, model.md §2.3, flash-decoding in
+// two kernels:
+//   attention_split_kernel   grid (splits, n_kv). The tokens [0, *pos] are cut at run time into steps of 8
+//                            tokens and the steps spread evenly over the active split blocks (>= 64 tokens
+//                            each), so one captured graph serves every context length. Inside a block each
+//                            warp walks its own steps with its own online softmax: no block barrier per tile.
+//     load_step              cp.async of a step's K and V rows into the warp's 3-stage shared-memory ring,
+//                            issued two steps ahead of the compute (loads overlap the FMA work)
+//     score_step             the group's query heads (8 for the real model) score each key row, read once for
+//                            all of them (GQA packing); a reduce-scatter leaves head (lane / 4) in each lane
+//     softmax_step           online softmax per head on the 8 scores a lane holds: running max / sum
+//     pv_step                accumulate p·V with each value row read once for all heads of the group
+//     merge_warps            the warps' (acc, m, l) merged in a fixed order -> the split's partial
+//   attention_combine_kernel grid (n_heads, head_dim / 32): merges the active splits' partials for one head and
+//                            32 dims (splits spread over the warps, fixed order) and applies the sigmoid gate.
+// Deterministic: every sum has a fixed order; no float atomics.
+// Tested against a CPU reference in tests/gpu/test_mixer_kernels.cu (odd lengths, tails, a 128K-token cache);
+// timed by bench/bench_kernels.cu (attention section).
 #include <cfloat>
 
 #include "kernels/common.cuh"
@@ -22,10 +30,19 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGroup = 8;
-constexpr int kTokPerWarp = kAttnTile / kWarps;  // 8
-constexpr int kMinChunk = 256;                   // fewest tokens a split is given
-constexpr int kMaxSplits = 128;                  // split blocks per KV head at most
+constexpr int kStep = 8;          // tokens a warp scores at once (page_tokens is a multiple of it)
+constexpr int kStages = 3;        // cp.async ring per warp: two steps in flight while one is computed
+constexpr int kMaxSplits = 128;   // split blocks per KV head at most (combine: kMaxSplits / kCombWarps per lane)
+constexpr int kCombThreads = 256;
+constexpr int kCombWarps = kCombThreads / 32;
+constexpr int kCombDims = 32;     // output dims per combine block (one per lane)
 constexpr float kLog2e = 1.4426950408889634f;
+
+// Steps of the token range and how many split blocks get some: at least kWarps steps (64 tokens) per split,
+// so a short context uses few splits and the combine reads little.
+__device__ __forceinline__ int active_splits(int n_steps, int splits) {
+  return min(splits, (n_steps + kWarps - 1) / kWarps);
+}
 
 // EPL consecutive bf16 values kept packed in registers (half the registers of fp32), unpacked on use.
 template <int EPL>
@@ -33,7 +50,7 @@ struct Row {
   uint32_t w[EPL / 2 > 0 ? EPL / 2 : 1];
 };
 
-// p is aligned to EPL * 2 bytes; one vector load per lane.
+// p (shared memory) is aligned to EPL * 2 bytes; one vector load per lane.
 template <int EPL>
 __device__ __forceinline__ void load_row(const uint16_t* p, Row<EPL>& r) {
   if constexpr (EPL == 8) {
@@ -55,8 +72,28 @@ __device__ __forceinline__ float unpack(const Row<EPL>& r, int e) {
   return (e & 1) ? __uint_as_float(r.w[e / 2] & 0xffff0000u) : __uint_as_float(r.w[e / 2] << 16);
 }
 
+// Asynchronous copy of EPL bf16 values (2 * EPL bytes) global -> shared; valid == false writes zeros (a tail
+// token past the context: its value row must be 0, not stale shared memory, since p = 0 times NaN is NaN).
+template <int EPL>
+__device__ __forceinline__ void copy_async(uint16_t* dst, const uint16_t* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int n = valid ? EPL * 2 : 0;
+  if constexpr (EPL == 8) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n) : "memory");
+  } else if constexpr (EPL == 4) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(n) : "memory");
+  } else if constexpr (EPL == 2) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n) : "memory");
+  } else {  // 2 bytes: below cp.async's minimum, a plain (synchronous) copy
+    *dst = valid ? *src : uint16_t{0};
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
 // Reduce 8 per-lane values (one per head) over the warp with a reduce-scatter: 9 shuffles instead of 40.
-// Afterwards lane l holds the full sum of head ((l >> 4) & 1) * 4 + ((l >> 3) & 1) * 2 + ((l >> 2) & 1).
+// Afterwards lane l holds the full sum of head l / 4 (all four lanes of a quad hold the same value).
 __device__ __forceinline__ float reduce_scatter8(float (&v)[kMaxGroup], int lane) {
   const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
 #pragma unroll
@@ -81,38 +118,66 @@ __device__ __forceinline__ float reduce_scatter8(float (&v)[kMaxGroup], int lane
   return v[0];
 }
 
-struct AttnShared {
-  float s[kMaxGroup][kAttnTile];  // scores (log2 domain), then probabilities
-  float corr[kMaxGroup];          // rescale of the accumulators for this tile
-  float m[kMaxGroup];             // running max (log2 domain)
-  float l[kMaxGroup];             // running sum of probabilities
-  int last;                       // this block combines
-  float w[kMaxGroup][kMaxSplits];     // combine: split maxima, then their weights
-  float lsum[kMaxGroup][kMaxSplits];  // combine: split probability sums
+// Shared memory of the split kernel besides the dynamic K/V rings.
+struct alignas(16) SplitShared {
+  float x[kWarps][kStep + 1][kMaxGroup];  // per warp: probabilities [token][head], then the rescale per head
+  float m[kWarps][kMaxGroup];             // per warp running max (log2 domain) at the end
+  float l[kWarps][kMaxGroup];             // per warp running sum at the end
 };
 
-__device__ __forceinline__ const uint16_t* kv_row(const KvPages& kv, int which, int g, int t) {
-  const uint16_t* page = kv.pages[t / kv.page_tokens];
-  return page + ((size_t)(which * kv.n_kv + g) * kv.page_tokens + t % kv.page_tokens) * kv.head_dim;
+// bf16 elements of one warp's ring: [kStages][2 (K, V)][kStep][D]
+template <int D>
+constexpr int ring_elems() { return kStages * 2 * kStep * D; }
+
+// Issue the copies of step `step` (tokens [8 step, 8 step + 8)) into one ring stage; each lane copies exactly
+// the dims it will read later (dims [lane * EPL, lane * EPL + EPL) of every row), so no cross-lane sync
+// is needed for the data itself. A step never crosses a page (page_tokens % kStep == 0).
+template <int EPL>
+__device__ __forceinline__ void load_step(const KvPages& kv, int g, int step, int len, uint16_t* stage, int lane) {
+  constexpr int D = EPL * 32;
+  const int t0 = step * kStep;
+  const uint16_t* page = kv.pages[t0 / kv.page_tokens];
+  const int row0 = t0 % kv.page_tokens;
+#pragma unroll
+  for (int which = 0; which < 2; ++which) {
+    const uint16_t* src = page + ((size_t)(which * kv.n_kv + g) * kv.page_tokens + row0) * D + lane * EPL;
+#pragma unroll
+    for (int k = 0; k < kStep; ++k)
+      copy_async<EPL>(stage + (which * kStep + k) * D + lane * EPL, src + (size_t)k * D, t0 + k < len);
+  }
 }
 
 template <int EPL>
-__global__ void __launch_bounds__(kThreads) attention_decode_kernel(
-    const float* __restrict__ q, const float* __restrict__ qg, KvPages kv, const int* __restrict__ pos_ptr,
-    float* __restrict__ out, AttnScratch scratch, int group) {
+__global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
+    const float* __restrict__ q, KvPages kv, const int* __restrict__ pos_ptr, AttnScratch scratch, int group) {
   constexpr int D = EPL * 32;
-  __shared__ AttnShared sh;
-  __shared__ float acc_sh[kMaxGroup][D];
+  extern __shared__ __align__(16) uint16_t ring_all[];  // [kWarps][ring_elems<D>()]
+  __shared__ SplitShared sh;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
+  const int hh_lane = lane >> 2;  // the head whose scores this lane holds after reduce_scatter8
   dep_trigger();
   dep_wait();
   const int len = *pos_ptr + 1;
-  int chunk = (len + splits - 1) / splits;
-  chunk = max(kMinChunk, (chunk + kAttnTile - 1) / kAttnTile * kAttnTile);
-  const int t_begin = split * chunk, t_end = min(len, t_begin + chunk);
+  const int n_steps = (len + kStep - 1) / kStep;
+  const int n_active = active_splits(n_steps, splits);
+  if (split >= n_active) return;
+  const int s_begin = (int)((long long)split * n_steps / n_active);
+  const int s_end = (int)((long long)(split + 1) * n_steps / n_active);
+  // this warp's steps: s_begin + warp + kWarps * i, i < n_my
+  const int first = s_begin + warp;
+  const int n_my = first < s_end ? (s_end - first + kWarps - 1) / kWarps : 0;
+  uint16_t* ring = ring_all + warp * ring_elems<D>();
+  constexpr int kStageElems = 2 * kStep * D;
 
-  // queries of the group, pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2)
+  // start the first loads before anything else
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_my) load_step<EPL>(kv, g, first + i * kWarps, len, ring + i * kStageElems, lane);
+    cp_async_commit();
+  }
+
+  // queries of the group, pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2); heads past the group are 0
   float qr[kMaxGroup][EPL];
   const float qscale = rsqrtf((float)D) * kLog2e;
 #pragma unroll
@@ -121,154 +186,191 @@ __global__ void __launch_bounds__(kThreads) attention_decode_kernel(
     for (int e = 0; e < EPL; ++e)
       qr[hh][e] = hh < group ? q[(size_t)(g * group + hh) * D + lane * EPL + e] * qscale : 0.f;
   float acc[kMaxGroup][EPL] = {};
-  if (tid < kMaxGroup) {
-    sh.m[tid] = -FLT_MAX;
-    sh.l[tid] = 0.f;
-  }
+  float m = -INFINITY, l = 0.f;  // online softmax state of head hh_lane
+  float(*x)[kMaxGroup] = sh.x[warp];
 
-  for (int t0 = t_begin; t0 < t_end; t0 += kAttnTile) {
-    __syncthreads();  // previous tile's probabilities are consumed
-    // score_tile
-    // K and V rows of the tile are requested together (one memory round trip per tile)
-    Row<EPL> kx[kTokPerWarp] = {}, vx[kTokPerWarp] = {};
-#pragma unroll
-    for (int k = 0; k < kTokPerWarp; ++k) {
-      const int t = t0 + warp * kTokPerWarp + k;
-      if (t < t_end) {
-        load_row<EPL>(kv_row(kv, 0, g, t) + lane * EPL, kx[k]);
-        load_row<EPL>(kv_row(kv, 1, g, t) + lane * EPL, vx[k]);
-      }
+  int stage = 0;
+  for (int i = 0; i < n_my; ++i) {
+    {  // keep kStages - 1 steps in flight: load step i + 2 into the stage computed at step i - 1
+      const int j = i + kStages - 1;
+      const int js = stage == 0 ? kStages - 1 : stage - 1;
+      if (j < n_my) load_step<EPL>(kv, g, first + j * kWarps, len, ring + js * kStageElems, lane);
+      cp_async_commit();
     }
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const uint16_t* kst = ring + stage * kStageElems + lane * EPL;
+    const uint16_t* vst = kst + kStep * D;
+    const int t0 = (first + i * kWarps) * kStep;
+    // score_step
+    float s[kStep];
 #pragma unroll
-    for (int k = 0; k < kTokPerWarp; ++k) {
-      const int t = t0 + warp * kTokPerWarp + k;
+    for (int k = 0; k < kStep; ++k) {
+      Row<EPL> kr;
+      load_row<EPL>(kst + k * D, kr);
       float v[kMaxGroup];
 #pragma unroll
       for (int hh = 0; hh < kMaxGroup; ++hh) {
         float d = 0.f;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) d = fmaf(qr[hh][e], unpack(kx[k], e), d);
+        for (int e = 0; e < EPL; ++e) d = fmaf(qr[hh][e], unpack(kr, e), d);
         v[hh] = d;
       }
       const float sc = reduce_scatter8(v, lane);
-      const int hh = ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
-      if ((lane & 3) == 0) sh.s[hh][warp * kTokPerWarp + k] = t < t_end ? sc : -INFINITY;
+      s[k] = t0 + k < len ? sc : -INFINITY;
     }
-    __syncthreads();
-    // softmax_tile: warp hh owns head hh
-    if (warp < group) {
-      const float s0 = sh.s[warp][lane], s1 = sh.s[warp][lane + 32];
-      float mx = fmaxf(s0, s1);
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float m_old = sh.m[warp];
-      const float m_new = fmaxf(m_old, mx);
-      const float p0 = exp2f(s0 - m_new), p1 = exp2f(s1 - m_new);
-      float sum = p0 + p1;
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      sh.s[warp][lane] = p0;
-      sh.s[warp][lane + 32] = p1;
-      __syncwarp();
-      if (lane == 0) {
-        const float c = exp2f(m_old - m_new);
-        sh.corr[warp] = c;
-        sh.l[warp] = sh.l[warp] * c + sum;
-        sh.m[warp] = m_new;
-      }
+    // softmax_step (every step has a valid first token, so m_new is finite)
+    float mx = s[0];
+#pragma unroll
+    for (int k = 1; k < kStep; ++k) mx = fmaxf(mx, s[k]);
+    const float m_new = fmaxf(m, mx);
+    const float corr = exp2f(m - m_new);  // 0 on the first step (m = -inf)
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kStep; ++k) {
+      s[k] = exp2f(s[k] - m_new);
+      sum += s[k];
     }
-    __syncthreads();
-    // pv_tile
+    l = l * corr + sum;
+    m = m_new;
+    if ((lane & 3) == 0) {
 #pragma unroll
-    for (int hh = 0; hh < kMaxGroup; ++hh) {
-      const float c = hh < group ? sh.corr[hh] : 0.f;
-#pragma unroll
-      for (int e = 0; e < EPL; ++e) acc[hh][e] *= c;
+      for (int k = 0; k < kStep; ++k) x[k][hh_lane] = s[k];
+      x[kStep][hh_lane] = corr;
     }
-#pragma unroll
-    for (int k = 0; k < kTokPerWarp; ++k) {
-      const int t = t0 + warp * kTokPerWarp + k;
-      if (t >= t_end) break;
-#pragma unroll
-      for (int hh = 0; hh < kMaxGroup; ++hh) {
-        const float p = hh < group ? sh.s[hh][warp * kTokPerWarp + k] : 0.f;
-#pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[hh][e] = fmaf(p, unpack(vx[k], e), acc[hh][e]);
-      }
-    }
-  }
-
-  // merge the warps' accumulators in a fixed order (deterministic), write this split's partial (acc, m, l)
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp == w)
+    __syncwarp();
+    // pv_step: rescale only when some head's max moved (rare once the context is long)
+    if (__any_sync(0xffffffffu, corr != 1.f)) {
+      const float4 c0 = *reinterpret_cast<const float4*>(&x[kStep][0]);
+      const float4 c1 = *reinterpret_cast<const float4*>(&x[kStep][4]);
+      const float c[kMaxGroup] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
 #pragma unroll
       for (int hh = 0; hh < kMaxGroup; ++hh)
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) acc_sh[hh][lane * EPL + e] = (w ? acc_sh[hh][lane * EPL + e] : 0.f) + acc[hh][e];
-    __syncthreads();
+        for (int e = 0; e < EPL; ++e) acc[hh][e] *= c[hh];
+    }
+#pragma unroll
+    for (int k = 0; k < kStep; ++k) {
+      Row<EPL> vr;
+      load_row<EPL>(vst + k * D, vr);
+      const float4 p0 = *reinterpret_cast<const float4*>(&x[k][0]);
+      const float4 p1 = *reinterpret_cast<const float4*>(&x[k][4]);
+      const float p[kMaxGroup] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+      for (int hh = 0; hh < kMaxGroup; ++hh)
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[hh][e] = fmaf(p[hh], unpack(vr, e), acc[hh][e]);
+    }
+    __syncwarp();  // this stage and x are rewritten by the next steps
+    stage = stage == kStages - 1 ? 0 : stage + 1;
   }
+  cp_async_wait<0>();
+
+  // merge_warps: weights exp2(m_w - M) per head, scaled accumulators summed over the warps in a fixed order.
+  // A warp without steps has m = -inf, acc = 0 and weight 0; warp 0 always has a step, so M is finite.
+  if ((lane & 3) == 0) {
+    sh.m[warp][hh_lane] = m;
+    sh.l[warp][hh_lane] = l;
+  }
+  __syncthreads();
+  float* accw = reinterpret_cast<float*>(ring);  // [kMaxGroup][D] fp32, fits in the warp's own ring
+#pragma unroll
+  for (int hh = 0; hh < kMaxGroup; ++hh) {
+    float mb = sh.m[0][hh];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) mb = fmaxf(mb, sh.m[w][hh]);
+    const float f = exp2f(sh.m[warp][hh] - mb);
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) accw[hh * D + lane * EPL + e] = acc[hh][e] * f;
+  }
+  __syncthreads();
   const int stride = D + 2;
   float* part = scratch.partial + ((size_t)g * scratch.max_splits + split) * group * stride;
-  for (int i = tid; i < group * D; i += kThreads) part[(i / D) * stride + i % D] = (&acc_sh[0][0])[i];
+  for (int i = tid; i < group * D; i += kThreads) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += reinterpret_cast<const float*>(ring_all + w * ring_elems<D>())[i];
+    part[(i / D) * stride + i % D] = sum;
+  }
   if (tid < group) {
-    part[tid * stride + D] = sh.m[tid];
-    part[tid * stride + D + 1] = sh.l[tid];
+    float mb = sh.m[0][tid];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) mb = fmaxf(mb, sh.m[w][tid]);
+    float lb = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) lb += exp2f(sh.m[w][tid] - mb) * sh.l[w][tid];
+    part[tid * stride + D] = mb;
+    part[tid * stride + D + 1] = lb;
   }
+}
 
-  // combine: the last block of this KV head to finish merges all splits
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const unsigned prev = atomicAdd(&scratch.tickets[g], 1u);
-    sh.last = prev == (unsigned)splits - 1;
+// One block per (query head, 32 dims): warp w sums splits w, w + 8, ... for its lane's dim, then the warps'
+// sums are added in a fixed order. The split weights exp2(m_s - max) / Σ weight·l are computed by warp 0
+// while the other warps' partial loads are in flight.
+__global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
+    const float* __restrict__ qg, const int* __restrict__ pos_ptr, float* __restrict__ out, AttnScratch scratch,
+    int splits, int group, int D) {
+  __shared__ float w_sh[kMaxSplits];
+  __shared__ float num_sh[kCombWarps][kCombDims];
+  __shared__ float inv_den;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int h = blockIdx.x, g = h / group, hh = h % group;
+  const int dim = blockIdx.y * kCombDims + lane;
+  dep_trigger();
+  dep_wait();
+  const int len = *pos_ptr + 1;
+  const int n_active = active_splits((len + kStep - 1) / kStep, splits);
+  const int stride = D + 2;
+  // note: __ldcg reads through L2 only (the partials were written by the previous kernel on other SMs)
+  const float* base = scratch.partial + ((size_t)g * scratch.max_splits * group + hh) * stride;
+  constexpr int kPer = kMaxSplits / kCombWarps;
+  float v[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int sp = warp + i * kCombWarps;
+    v[i] = sp < n_active && dim < D ? __ldcg(base + (size_t)sp * group * stride + dim) : 0.f;
   }
-  __syncthreads();
-  if (!sh.last) return;
-  __threadfence();
-  // note: __ldcg reads through L2 only; this SM's L1 may hold these lines from an earlier launch.
-  // Splits [0, n_active) hold tokens; their (m, l) go to shared memory, one warp per head turns them into
-  // weights exp2(m - max) and 1 / Σ weight·l, then every output element sums over the active splits with
-  // its loads for 8 elements in flight at once.
-  const float* parts = scratch.partial + (size_t)g * scratch.max_splits * group * stride;
-  const int n_active = min(splits, (len + chunk - 1) / chunk);
-  for (int i = tid; i < group * n_active; i += kThreads) {
-    const int hh = i / n_active, sp = i % n_active;
-    sh.w[hh][sp] = __ldcg(parts + ((size_t)sp * group + hh) * stride + D);
-    sh.lsum[hh][sp] = __ldcg(parts + ((size_t)sp * group + hh) * stride + D + 1);
-  }
-  __syncthreads();
-  if (warp < group) {
+  if (warp == 0) {
     float mx = -FLT_MAX;
-    for (int sp = lane; sp < n_active; sp += 32) mx = fmaxf(mx, sh.w[warp][sp]);
+    for (int sp = lane; sp < n_active; sp += 32) mx = fmaxf(mx, __ldcg(base + (size_t)sp * group * stride + D));
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float den = 0.f;
     for (int sp = lane; sp < n_active; sp += 32) {
-      const float w = exp2f(sh.w[warp][sp] - mx);
-      sh.w[warp][sp] = w;
-      den = fmaf(w, sh.lsum[warp][sp], den);
+      const float* p = base + (size_t)sp * group * stride;
+      const float wt = exp2f(__ldcg(p + D) - mx);
+      w_sh[sp] = wt;
+      den = fmaf(wt, __ldcg(p + D + 1), den);
     }
     for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-    if (lane == 0) sh.corr[warp] = 1.f / den;
+    if (lane == 0) inv_den = 1.f / den;
   }
   __syncthreads();
-  constexpr int kPer = kMaxGroup * D / kThreads;  // output elements per thread (<= 8)
-  float num[kPer] = {};
-#pragma unroll 2
-  for (int sp = 0; sp < n_active; ++sp) {
-    const float* p = parts + (size_t)sp * group * stride;
+  float num = 0.f;
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int i = tid + k * kThreads, hh = i / D;
-      if (hh < group) num[k] = fmaf(sh.w[hh][sp], __ldcg(p + hh * stride + i % D), num[k]);
-    }
+  for (int i = 0; i < kPer; ++i) {
+    const int sp = warp + i * kCombWarps;
+    if (sp < n_active) num = fmaf(w_sh[sp], v[i], num);
   }
+  num_sh[warp][lane] = num;
+  __syncthreads();
+  if (warp == 0 && dim < D) {
+    float total = 0.f;
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int i = tid + k * kThreads, hh = i / D, dim = i % D;
-    if (hh >= group) continue;
-    const int h = g * group + hh;
+    for (int w = 0; w < kCombWarps; ++w) total += num_sh[w][lane];
     const float gate = qg[(size_t)h * 2 * D + D + dim];
-    out[(size_t)h * D + dim] = num[k] * sh.corr[hh] / (1.f + __expf(-gate));
+    out[(size_t)h * D + dim] = total * inv_den / (1.f + __expf(-gate));
   }
-  if (tid == 0) scratch.tickets[g] = 0;  // ready for the next launch (graph replay)
+}
+
+template <int EPL>
+void launch_split(const float* q, KvPages kv, const int* pos, AttnScratch scratch, int splits, int group,
+                  cudaStream_t s) {
+  constexpr size_t smem = (size_t)kWarps * ring_elems<EPL * 32>() * sizeof(uint16_t);
+  // note: set on every call (cheap, not a stream operation, legal during graph capture): no static state
+  CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<EPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)smem));
+  launch_mixer(attention_split_kernel<EPL>, dim3(splits, kv.n_kv), dim3(kThreads), smem, s, 1, q, kv, pos,
+               scratch, group);
 }
 
 }  // namespace
@@ -281,17 +383,18 @@ void launch_attention_decode(const float* q, const float* qg, KvPages kv, const 
                              AttnScratch scratch, int splits, int n_heads, cudaStream_t s) {
   const int group = n_heads / kv.n_kv;
   LILY_CHECK(n_heads % kv.n_kv == 0 && group <= kMaxGroup && splits >= 1 && splits <= scratch.max_splits &&
-                 splits <= kMaxSplits &&
-                 kv.page_tokens % kAttnTile == 0,
+                 splits <= kMaxSplits && kv.page_tokens % kStep == 0,
              "attention_decode: unsupported n_heads ", n_heads, " n_kv ", kv.n_kv, " splits ", splits);
-  const dim3 grid(splits, kv.n_kv), block(kThreads);
   switch (kv.head_dim) {
-    case 256: launch_mixer(attention_decode_kernel<8>, grid, block, 0, s, 1, q, qg, kv, pos, out, scratch, group); break;
-    case 128: launch_mixer(attention_decode_kernel<4>, grid, block, 0, s, 1, q, qg, kv, pos, out, scratch, group); break;
-    case 64: launch_mixer(attention_decode_kernel<2>, grid, block, 0, s, 1, q, qg, kv, pos, out, scratch, group); break;
-    case 32: launch_mixer(attention_decode_kernel<1>, grid, block, 0, s, 1, q, qg, kv, pos, out, scratch, group); break;
+    case 256: launch_split<8>(q, kv, pos, scratch, splits, group, s); break;
+    case 128: launch_split<4>(q, kv, pos, scratch, splits, group, s); break;
+    case 64: launch_split<2>(q, kv, pos, scratch, splits, group, s); break;
+    case 32: launch_split<1>(q, kv, pos, scratch, splits, group, s); break;
     default: ::lily::fail("attention_decode: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
   }
+  const dim3 grid(n_heads, (kv.head_dim + kCombDims - 1) / kCombDims);
+  launch_mixer(attention_combine_kernel, grid, dim3(kCombThreads), 0, s, 1, qg, pos, out, scratch, splits, group,
+               kv.head_dim);
 }
 
 }  // namespace lily::cuda

@@ -93,17 +93,15 @@ __global__ void __launch_bounds__(kThreads) gdn_step_kernel(
   __shared__ GdnShared sh;
   cg::cluster_group cluster = cg::this_cluster();
   dep_trigger();
-  dep_wait();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int h = blockIdx.y, kh = h / (dims.n_v_heads / dims.n_k_heads);
   const int Dk = dims.k_dim, Dv = dims.v_dim, key_dim = dims.n_k_heads * Dk;
   const int conv_dim = 2 * key_dim + dims.n_v_heads * Dv;
   const int col0 = blockIdx.x * kCols;
-  const int pos = *pos_ptr;
-  const size_t slot = (size_t)(pos & 3) * conv_dim;
   const bool writes_qk = blockIdx.x == 0 && h % (dims.n_v_heads / dims.n_k_heads) == 0;
 
-  // this thread's 4 rows x 4 columns of the state, requested first so the loads overlap the conv and norms
+  // This thread's 4 rows x 4 columns of the state, requested before waiting for the in_proj kernel (no earlier
+  // kernel of the step writes this layer's state), so the loads overlap its tail and the conv and norms.
   const int c4 = tid % 8, rg = tid / 8;
   const int col = col0 + c4 * 4;
   const bool col_ok = col < Dv;
@@ -115,6 +113,9 @@ __global__ void __launch_bounds__(kThreads) gdn_step_kernel(
     s[r] = col_ok && i < Dk ? *reinterpret_cast<const float4*>(S + (size_t)i * Dv + col)
                             : make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  dep_wait();
+  const int pos = *pos_ptr;
+  const size_t slot = (size_t)(pos & 3) * conv_dim;
 
   // conv + SiLU: threads [0,128) q channel tid, [128,256) k channel tid-128; threads [0,32) also one v column.
   const int i_qk = tid % kMaxDk;

@@ -9,6 +9,7 @@
 #include "kernels/common.cuh"
 #include "kernels/gemv_impl.cuh"
 #include "kernels/gemv_stream.cuh"
+#include "kernels/mixers.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -115,7 +116,7 @@ void launch_fast(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t 
 // NW warps per block; registers capped at 64 (R * K <= 8192) or 128.
 template <int K, int R, int NW, typename XT>
 __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 32))
-    gemv_q4_stream_kernel(MultiArgs a, const XT* x, bool accumulate) {
+    gemv_q4_stream_kernel(MultiArgs a, const XT* x, bool accumulate, NormIn norm) {
   constexpr int nc = K / 1024, G = K / kGroupSize;
   __shared__ __align__(16) StreamX<K> xs;
   const int lane = threadIdx.x & 31;
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
   }
   pdl_trigger();
   pdl_wait();
-  stream_stage_x<K, NW * 32>(x, xs);
+  stream_stage_input<K, NW * 32>(x, norm, xs);
   float acc[R];
   stream_dots<K, R>(xs, wv, sv, acc);
 #pragma unroll
@@ -183,38 +184,48 @@ int stream_rows_per_warp(int total, int max_r, int nw) {
 }
 
 template <int K, int R, int NW, typename XT>
-void launch_stream(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
+void launch_stream(const MultiArgs& a, const XT* x, bool accumulate, const NormIn& n, cudaStream_t s) {
   const int rows_per_block = NW * R;
   launch_kernel(gemv_q4_stream_kernel<K, R, NW, XT>, (a.total + rows_per_block - 1) / rows_per_block, NW * 32, 0, s,
-                a, x, accumulate);
+                a, x, accumulate, n);
 }
 
 template <int NW, typename XT>
-void launch_stream_nw(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
+void launch_stream_nw(const MultiArgs& a, const XT* x, bool accumulate, const NormIn& n, cudaStream_t s) {
   if (a.cols == 2048) {
     switch (stream_rows_per_warp(a.total, 8, NW)) {
       case 1:
-      case 2: launch_stream<2048, 2, NW>(a, x, accumulate, s); return;
-      case 4: launch_stream<2048, 4, NW>(a, x, accumulate, s); return;
-      default: launch_stream<2048, 8, NW>(a, x, accumulate, s); return;
+      case 2: launch_stream<2048, 2, NW>(a, x, accumulate, n, s); return;
+      case 4: launch_stream<2048, 4, NW>(a, x, accumulate, n, s); return;
+      default: launch_stream<2048, 8, NW>(a, x, accumulate, n, s); return;
     }
   }
-  if (stream_rows_per_warp(a.total, 2, NW) == 1) launch_stream<4096, 1, NW>(a, x, accumulate, s);
-  else launch_stream<4096, 2, NW>(a, x, accumulate, s);
+  if (stream_rows_per_warp(a.total, 2, NW) == 1) launch_stream<4096, 1, NW>(a, x, accumulate, n, s);
+  else launch_stream<4096, 2, NW>(a, x, accumulate, n, s);
 }
 
 // Returns false when the streaming kernel does not apply (format, K or LILY_GEMV_STREAM=0).
 template <QFormat F, typename XT>
-bool try_stream(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
+bool try_stream(const MultiArgs& a, const XT* x, bool accumulate, const NormIn& n, cudaStream_t s) {
   if (F != QFormat::q4 || (a.cols != 2048 && a.cols != 4096) || !stream_on()) return false;
-  if (stream_warps() == 4) launch_stream_nw<4>(a, x, accumulate, s);
-  else launch_stream_nw<8>(a, x, accumulate, s);
+  if (stream_warps() == 4) launch_stream_nw<4>(a, x, accumulate, n, s);
+  else launch_stream_nw<8>(a, x, accumulate, n, s);
   return true;
 }
 
+// norm.w set: x is the un-normalised input h (fp32); the streaming kernel normalises in its prologue, the
+// other paths run the RMSNorm kernel into norm.x_out first.
 template <QFormat F, typename XT>
-void launch_format(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
-  if (try_stream<F>(a, x, accumulate, s)) return;
+void launch_format(const MultiArgs& a, const XT* x, bool accumulate, const NormIn& norm, cudaStream_t s) {
+  if (try_stream<F>(a, x, accumulate, norm, s)) return;
+  if constexpr (sizeof(XT) == 4) {
+    if (norm.w) {
+      LILY_CHECK(norm.x_out != nullptr, "gemv: fused RMSNorm without a scratch for x");
+      launch_add_rmsnorm(const_cast<float*>(x), nullptr, nullptr, norm.w, norm.x_out, a.cols, norm.eps, s);
+      launch_format<F>(a, static_cast<const float*>(norm.x_out), accumulate, NormIn{}, s);
+      return;
+    }
+  }
   switch (a.cols) {
     case 512: launch_fast<F, 512>(a, x, accumulate, s); return;
     case 2048:
@@ -237,7 +248,7 @@ void check_mat(const QMat& m, const char* what) {
 }
 
 template <typename XT>
-void launch_multi(const GemvBatch& b, const XT* x, bool accumulate, cudaStream_t s) {
+void launch_multi(const GemvBatch& b, const XT* x, bool accumulate, cudaStream_t s, const NormIn& norm = {}) {
   LILY_CHECK(b.n >= 1 && b.n <= kMaxMulti, "gemv: batch of ", b.n, " matrices (1..", kMaxMulti, ")");
   MultiArgs a{};
   a.n = b.n;
@@ -256,9 +267,9 @@ void launch_multi(const GemvBatch& b, const XT* x, bool accumulate, cudaStream_t
     a.w[i] = a.w[0]; a.sb[i] = a.sb[0]; a.y[i] = a.y[0]; a.off[i] = a.total;
   }
   switch (b.W[0].format) {
-    case QFormat::q4: launch_format<QFormat::q4>(a, x, accumulate, s); return;
-    case QFormat::q8: launch_format<QFormat::q8>(a, x, accumulate, s); return;
-    case QFormat::bf16: launch_format<QFormat::bf16>(a, x, accumulate, s); return;
+    case QFormat::q4: launch_format<QFormat::q4>(a, x, accumulate, norm, s); return;
+    case QFormat::q8: launch_format<QFormat::q8>(a, x, accumulate, norm, s); return;
+    case QFormat::bf16: launch_format<QFormat::bf16>(a, x, accumulate, norm, s); return;
   }
 }
 
@@ -308,6 +319,16 @@ void gemv(const QMat& W, const uint16_t* x_bf16, float* y, bool accumulate, cuda
 
 void gemv_multi(const GemvBatch& b, const float* x, bool accumulate, cudaStream_t stream) {
   detail::launch_multi(b, x, accumulate, stream);
+}
+
+void gemv_multi_rmsnorm(const GemvBatch& b, const float* h, const float* norm_w, float eps, float* x_out,
+                        cudaStream_t stream) {
+  LILY_CHECK(norm_w != nullptr && x_out != nullptr, "gemv_multi_rmsnorm: norm weight and x_out are required");
+  detail::NormIn n;
+  n.w = norm_w;
+  n.eps = eps;
+  n.x_out = x_out;
+  detail::launch_multi(b, h, false, stream, n);
 }
 
 void gemv_swiglu(const QMat& gate, const QMat& up, const float* x, float* out, cudaStream_t stream) {

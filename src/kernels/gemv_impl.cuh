@@ -58,6 +58,34 @@ __device__ __forceinline__ void stage_x_to_smem(const uint16_t* x, int K, float*
   __syncthreads();
 }
 
+// Stage: x = RMSNorm(h) (NormIn in gemv_stream.cuh) into fp32 shared memory by the whole block; K % 4 == 0.
+// Same summation order as stream_stage_x_norm for K = 2048 and 256 threads. red: >= blockDim.x / 32 floats.
+__device__ __forceinline__ void stage_x_norm_to_smem(const float* h, const float* w, float eps, float* x_out, int K,
+                                                     float* xsm, float* red) {
+  float ss = 0.f;
+  for (int i = threadIdx.x * 4; i < K; i += blockDim.x * 4) {
+    const float4 v = *reinterpret_cast<const float4*>(h + i);
+    *reinterpret_cast<float4*>(xsm + i) = v;
+    ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.f;
+  for (int k = 0; k < static_cast<int>(blockDim.x / 32); ++k) total += red[k];
+  const float r = rsqrtf(total / K + eps);
+  const bool store = x_out != nullptr && blockIdx.x == 0;
+  for (int i = threadIdx.x * 4; i < K; i += blockDim.x * 4) {
+    const float4 v = *reinterpret_cast<const float4*>(xsm + i);
+    const float4 g = *reinterpret_cast<const float4*>(w + i);
+    const float4 x = make_float4(v.x * r * g.x, v.y * r * g.y, v.z * r * g.z, v.w * r * g.w);
+    *reinterpret_cast<float4*>(xsm + i) = x;
+    if (store) *reinterpret_cast<float4*>(x_out + i) = x;
+  }
+  __syncthreads();
+}
+
 // Stage: this lane's x chunks from shared memory into registers (+ their sums).
 template <QFormat F, int K>
 __device__ __forceinline__ void stage_load_x(const float* xsm, int li, float (&xr)[RowMap<F, K>::nc][Fmt<F>::epc],
@@ -212,7 +240,10 @@ struct PairArgs {
   const uint8_t* gw; const uint32_t* gsb; const uint8_t* uw; const uint32_t* usb;      // routed stack or plain
   const uint8_t* sgw; const uint32_t* sgsb; const uint8_t* suw; const uint32_t* susb;  // shared expert (MoE)
   size_t mat_w_bytes, mat_groups;  // stride between stacked experts
-  const int* idx; const float* wts; const float* sh_scale;
+  const int* idx; const float* wts; const float* sh_scale;  // MoE selection (shared memory after route_topk)
+  const float* logits;  // MoE: router logits [E] + shared-gate logit [1] (moe_route's output)
+  int* idx_out; float* w_out; float* sh_out;  // MoE: block 0 stores the selection here for moe_down
+  int E;      // experts (MoE)
   int k;      // routed experts per token (MoE)
   int F;      // rows per matrix
   int cols;
@@ -221,26 +252,31 @@ struct PairArgs {
 
 struct PairRow {
   const uint8_t* gw; const uint32_t* gsb; const uint8_t* uw; const uint32_t* usb;
-  float scale;
 };
+
+// Output scale of a task: 1 (plain), the routing weight of its expert, or the shared expert's sigmoid gate.
+template <bool MOE>
+__device__ __forceinline__ float pair_scale(const PairArgs& a, int task) {
+  if (!MOE) return 1.f;
+  const int j = task / a.F;
+  return j < a.k ? a.wts[j] : *a.sh_scale;
+}
 
 template <bool MOE>
 __device__ __forceinline__ PairRow resolve_pair(const PairArgs& a, int task, size_t row_bytes, int G) {
   const int j = MOE ? task / a.F : 0, r = MOE ? task % a.F : task;
   PairRow p;
   if (!MOE || j < a.k) {
-    const size_t e = MOE ? static_cast<size_t>(__ldg(a.idx + j)) : 0;
+    const size_t e = MOE ? static_cast<size_t>(a.idx[j]) : 0;
     p.gw = a.gw + e * a.mat_w_bytes + r * row_bytes;
     p.uw = a.uw + e * a.mat_w_bytes + r * row_bytes;
     p.gsb = a.gsb ? a.gsb + e * a.mat_groups + static_cast<size_t>(r) * G : nullptr;
     p.usb = a.usb ? a.usb + e * a.mat_groups + static_cast<size_t>(r) * G : nullptr;
-    p.scale = MOE ? __ldg(a.wts + j) : 1.f;
   } else {
     p.gw = a.sgw + r * row_bytes;
     p.uw = a.suw + r * row_bytes;
     p.gsb = a.sgsb ? a.sgsb + static_cast<size_t>(r) * G : nullptr;
     p.usb = a.susb ? a.susb + static_cast<size_t>(r) * G : nullptr;
-    p.scale = __ldg(a.sh_scale);
   }
   return p;
 }
@@ -266,7 +302,7 @@ __device__ __forceinline__ void stage_issue_pairs(const PairArgs& a, int task0, 
     b.task[r] = task0 + r * M::sub + sub;
     const bool valid = b.task[r] < total;
     const PairRow p = resolve_pair<MOE>(a, valid ? b.task[r] : 0, row_bytes, G);
-    b.scale[r] = p.scale;
+    b.scale[r] = pair_scale<MOE>(a, valid ? b.task[r] : 0);
     stage_load_row<F, K>(p.gw, p.gsb, li, valid, b.gv[r], b.gs[r]);
     stage_load_row<F, K>(p.uw, p.usb, li, valid, b.uv[r], b.us[r]);
   }
@@ -287,15 +323,104 @@ __device__ __forceinline__ void stage_finish_pairs(const PairArgs& a, const floa
   }
 }
 
+inline constexpr int kMaxExperts = 256;  // route_topk: 8 logits per lane of one warp
+inline constexpr int kMaxTopK = 16;
+
+// The routing selection in shared memory (route_topk's result).
+struct TopkSm {
+  int idx[kMaxTopK];
+  float w[kMaxTopK];
+  float sh;
+};
+
+// (value, index) order of the selection: larger value first, ties to the lower index.
+__device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
+  if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
+}
+
+// model.md §2.4 routing from the router logits: fp32 softmax over all E experts, the top k by probability
+// (ties: lower expert id), renormalised over the k; sigmoid of the shared-expert-gate logit. Warp 0 computes it
+// (each lane holds 8 experts); every thread of the block must call (ends with a barrier). Block 0 also stores
+// the selection to a.idx_out / w_out / sh_out for moe_down. Returns a with idx / wts / sh_scale pointing at t.
+__device__ __forceinline__ PairArgs route_topk(const PairArgs& a, TopkSm& t) {
+  constexpr int PER = kMaxExperts / 32;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float p[PER];
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int e = lane + 32 * i;
+      p[i] = e < a.E ? __ldcg(a.logits + e) : -INFINITY;
+      m = fmaxf(m, p[i]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      p[i] = lane + 32 * i < a.E ? expf(p[i] - m) : 0.f;
+      sum += p[i];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+#pragma unroll
+    for (int i = 0; i < PER; ++i) p[i] = lane + 32 * i < a.E ? p[i] / sum : -1.f;
+    float total = 0.f;
+    for (int j = 0; j < a.k; ++j) {
+      float bv = -2.f;
+      int bi = 0x7fffffff;
+#pragma unroll
+      for (int i = 0; i < PER; ++i) better(bv, bi, p[i], lane + 32 * i);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+        better(bv, bi, v2, i2);
+      }
+#pragma unroll
+      for (int i = 0; i < PER; ++i)
+        if (lane + 32 * i == bi) p[i] = -1.f;
+      total += bv;
+      if (lane == 0) {
+        t.idx[j] = bi < a.E ? bi : 0;  // NaN logits select nothing: never index past the expert stack
+        t.w[j] = bv;
+      }
+    }
+    __syncwarp();
+    if (lane < a.k) t.w[lane] /= total;
+    if (lane == 0) t.sh = 1.f / (1.f + expf(-__ldcg(a.logits + a.E)));
+    __syncwarp();
+    if (blockIdx.x == 0) {
+      if (lane < a.k) {
+        a.idx_out[lane] = t.idx[lane];
+        a.w_out[lane] = t.w[lane];
+      }
+      if (lane == 0) *a.sh_out = t.sh;
+    }
+  }
+  __syncthreads();
+  PairArgs r = a;
+  r.idx = t.idx;
+  r.wts = t.w;
+  r.sh_scale = &t.sh;
+  return r;
+}
+
 // The whole pair kernel body (plain SwiGLU or MoE gate/up).
 template <QFormat F, int K, int R, bool MOE>
-__device__ __forceinline__ void pair_body(const PairArgs& a, const float* x) {
+__device__ __forceinline__ void pair_body(const PairArgs& a_in, const float* x) {
   using M = RowMap<F, K>;
   __shared__ __align__(16) float xsm[K];
-  const int total = MOE ? (a.k + 1) * a.F : a.F;
+  __shared__ TopkSm topk;
+  const int total = MOE ? (a_in.k + 1) * a_in.F : a_in.F;
   const int task0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * R * M::sub;
   PairBatch<F, K, R> b;
-  if (MOE) pdl_wait();  // the expert ids come from the routing kernel
+  PairArgs a = a_in;
+  if (MOE) {
+    pdl_wait();  // the router logits come from the routing kernel
+    a = route_topk(a_in, topk);
+  }
   stage_issue_pairs<F, K, R, MOE>(a, task0, total, b);
   // Trigger only after this block's loads are issued: dependents scheduled earlier would sit on the SMs
   // (waiting) and take residency from this kernel's later blocks.
@@ -326,7 +451,7 @@ __device__ __forceinline__ void swiglu_warp_generic(const PairArgs& a, const flo
     }
     g = group_sum<32>(g);
     u = group_sum<32>(u);
-    if (lane == 0) a.out[task] = p.scale * silu(g) * u;
+    if (lane == 0) a.out[task] = pair_scale<MOE>(a, task) * silu(g) * u;
   }
 }
 

@@ -16,6 +16,16 @@ struct StreamX {
   static constexpr int nch = K / 32;  // 32-element chunks per row
   float4 xt[8 * nch];                 // xt[p * nch + c] = x[32c + 4p .. 32c + 4p + 3]
   float xsum[nch];                    // sum of chunk c
+  float red[32];                      // per-warp partial sums of squares (fused RMSNorm)
+};
+
+// Fused RMSNorm of the GEMV input (model.md §2.1): x = h * rsqrt(mean(h²) + eps) * w, w the effective weight.
+// Every block computes the same sum in the same order, so all blocks stage bit-identical x; block 0 also
+// stores x to x_out (when non-null) for later kernels (the MoE experts read the normed input).
+struct NormIn {
+  const float* w = nullptr;  // [K]; nullptr: x is used as given
+  float eps = 0.f;
+  float* x_out = nullptr;    // [K] or nullptr
 };
 
 __device__ __forceinline__ float4 x4_at(const float* x, int i) { return reinterpret_cast<const float4*>(x)[i]; }
@@ -42,6 +52,55 @@ __device__ __forceinline__ void stream_stage_x(const XT* x, StreamX<K>& s) {
     if ((i & 7) == 0) s.xsum[i >> 3] = t;
   }
   __syncthreads();
+}
+
+// Stage: x = RMSNorm(h) (see NormIn) into s by a block of NT threads; ends with a barrier.
+template <int K, int NT>
+__device__ __forceinline__ void stream_stage_x_norm(const float* h, const NormIn& n, StreamX<K>& s) {
+  constexpr int nch = K / 32, J = K / 4 / NT;
+  static_assert((K / 4) % NT == 0 && NT % 32 == 0, "K / 4 must be a multiple of the block size");
+  float4 v[J];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    v[j] = x4_at(h, threadIdx.x + j * NT);
+    ss = fmaf(v[j].x, v[j].x, fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) s.red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < NT / 32; ++w) total += s.red[w];
+  const float r = rsqrtf(total / K + n.eps);
+  const bool store = n.x_out != nullptr && blockIdx.x == 0;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int i = threadIdx.x + j * NT;  // float4 index: chunk i / 8, part i % 8
+    const float4 w = x4_at(n.w, i);
+    const float4 x = make_float4(v[j].x * r * w.x, v[j].y * r * w.y, v[j].z * r * w.z, v[j].w * r * w.w);
+    if (store) reinterpret_cast<float4*>(n.x_out)[i] = x;
+    s.xt[(i & 7) * nch + (i >> 3)] = x;
+    const float part = (x.x + x.y) + (x.z + x.w);
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) t += __shfl_sync(0xffffffffu, part, (threadIdx.x & 24) + k);
+    if ((i & 7) == 0) s.xsum[i >> 3] = t;
+  }
+  __syncthreads();
+}
+
+// Either stage: plain x, or RMSNorm(x) when n.w is set (x must then be fp32).
+template <int K, int NT, typename XT>
+__device__ __forceinline__ void stream_stage_input(const XT* x, const NormIn& n, StreamX<K>& s) {
+  if constexpr (sizeof(XT) == 4) {
+    if (n.w) {
+      stream_stage_x_norm<K, NT>(x, n, s);
+      return;
+    }
+  }
+  stream_stage_x<K, NT>(x, s);
 }
 
 // Stage: issue this lane's loads of one q4 row (K / 1024 chunks and their scale|bias words).

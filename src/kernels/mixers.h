@@ -1,7 +1,7 @@
 // Launchers for the sequence-mixing and normalisation kernels of one decode step (batch 1):
 //   norm_rope.cu  residual add + RMSNorm; attention q/k norm + partial NeoX RoPE + KV-cache append
 //   gdn.cu        fused Gated DeltaNet step (conv, L2 norms, gates, delta rule, gated RMSNorm)
-//   attention.cu  decode attention over a paged bf16 KV cache (GQA packing, split over SMs, fused combine)
+//   attention.cu  decode attention over a paged bf16 KV cache (GQA packing, split over SMs, then a combine)
 // Every launcher takes raw device pointers, sizes and a stream, never engine types, so it can be tested and
 // benchmarked alone (tests/gpu/test_mixer_kernels.cu). Per-step values (the position) are read from device
 // memory so a captured CUDA graph replays unchanged. Math: shared/spec/model.md §2.1-2.3; all arithmetic fp32.
@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
 
 namespace lily::cuda {
 
@@ -18,11 +19,10 @@ namespace lily::cuda {
 // `pages` is a device array [max_pages] of device pointers; pages are allocated on demand by the owner.
 struct KvPages {
   uint16_t* const* pages = nullptr;  // device [max_pages] -> bf16 page
-  int page_tokens = 0;               // tokens per page; a multiple of kAttnTile
+  int page_tokens = 0;               // tokens per page; a multiple of 8 (attention's token step)
   int n_kv = 0;                      // KV heads (2)
   int head_dim = 0;                  // 256
 };
-constexpr int kAttnTile = 64;          // tokens scored per tile inside a split
 size_t kv_page_elems(int page_tokens, int n_kv, int head_dim);  // bf16 elements of one page
 
 // ---- norm_rope.cu ----------------------------------------------------------------------------------
@@ -62,19 +62,20 @@ void launch_gdn_step(const float* qkv, const float* z, const float* a, const flo
                      float* state, float* out, const int* pos, GdnDims dims, float eps, cudaStream_t s);
 
 // ---- attention.cu -------------------------------------------------------------------------------------
-// Scratch for the split-K combine: partial results of every split plus one ticket counter per KV head.
+// Scratch for the split-K combine: the partial result of every split block (written by the split kernel,
+// read by the combine kernel of the same call).
 struct AttnScratch {
   float* partial = nullptr;      // [n_kv][max_splits][group][head_dim + 2] (acc, m, l)
-  unsigned* tickets = nullptr;   // [n_kv], zero at start; each launch leaves them zero again
   int max_splits = 0;
 };
 size_t attn_scratch_floats(int n_kv, int max_splits, int group, int head_dim);
 
 // Decode attention for the token at *pos over cache tokens [0, *pos]: for each query head h (KV head
 // h / group), softmax(q[h]·K / sqrt(d)) V, then times sigmoid(gate[h]) (gate = qg[h][d:2d]).
-// q [n_heads][d] fp32; qg [n_heads][2d]; out [n_heads * d] fp32. head_dim must be 256 and group <= 8.
-// The tokens are split over `splits` blocks per KV head (<= scratch.max_splits); the last block to finish
-// combines the partial results.
+// q [n_heads][d] fp32; qg [n_heads][2d]; out [n_heads * d] fp32. head_dim 256 (also 128, 64, 32 for tests),
+// group <= 8, page_tokens a multiple of 8. Two launches: `splits` blocks per KV head (<= scratch.max_splits,
+// <= 128; one block per SM is the intended size, e.g. SMs / n_kv) each take an even share of the tokens (at
+// least 64, so short contexts use few of them), then one combine kernel merges the partials per head.
 void launch_attention_decode(const float* q, const float* qg, KvPages kv, const int* pos, float* out,
                              AttnScratch scratch, int splits, int n_heads, cudaStream_t s);
 

@@ -1,145 +1,65 @@
 // The sparse MoE block on the GPU (shared/spec/model.md §2.4) in three launches, no host sync:
-//   moe_route   : router GEMV (8-bit in MLX) + the shared-expert-gate logit; the last block to finish does the
-//                 fp32 softmax over all experts, top-k (ties: lower expert id), renormalisation, sigmoid gate.
-//   moe_gate_up : gate/up GEMVs of the k selected experts and the shared expert with SwiGLU, scaled by the
-//                 routing weight (shared: sigmoid gate), into act [(k+1)][F].
+//   moe_route   : router GEMV (8-bit in MLX) + the shared-expert-gate logit, optionally with the RMSNorm of the
+//                 block input fused in front (every block normalises; block 0 stores x for the experts).
+//   moe_gate_up : every block first turns the logits into the selection (route_topk: fp32 softmax over all
+//                 experts, top-k with ties to the lower id, renormalisation, sigmoid gate; one warp, ~1 us),
+//                 then the gate/up GEMVs of the k selected experts and the shared expert with SwiGLU, scaled by
+//                 the routing weight (shared: sigmoid gate), into act [(k+1)][F]. Block 0 stores the selection.
+//                 (Before: a last-block ticket in moe_route did the selection with block-wide reductions:
+//                 ~10 us per call on the H200, now the route is a plain GEMV.)
 //   moe_down    : h += sum over the k+1 down projections of act (residual add fused).
 // Tested by tests/gpu/test_moe.cu, timed by bench/bench_kernels.cu.
 #include "kernels/common.cuh"
 #include "kernels/gemv_impl.cuh"
 #include "kernels/gemv_stream.cuh"
+#include "kernels/mixers.h"
 
 #include <cstdlib>
 
 namespace lily::cuda {
 namespace detail {
 
-struct RouteOut {
-  float* logits; int* idx; float* w; float* sh_scale; unsigned* counter;
-  int E, k;
-};
-
-inline constexpr int kRouteMaxPerThread = 4;  // E <= 4 * kBlockThreads
-
-// (value, index) argmax across the block: larger value wins, ties go to the lower index.
-__device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
-  if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
-}
-__device__ void block_argmax(float& v, int& i) {
-  __shared__ float sv[kWarpsPerBlock];
-  __shared__ int si[kWarpsPerBlock];
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
-  const int w = threadIdx.x / 32;
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) { sv[w] = v; si[w] = i; }
-  __syncthreads();
-  v = sv[0]; i = si[0];
-  for (int k = 1; k < kWarpsPerBlock; ++k) better(v, i, sv[k], si[k]);
-}
-__device__ float block_sum(float v) {
-  __shared__ float s[kWarpsPerBlock];
-  v = group_sum<32>(v);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) s[threadIdx.x / 32] = v;
-  __syncthreads();
-  float t = 0.f;
-  for (int k = 0; k < kWarpsPerBlock; ++k) t += s[k];
-  return t;
-}
-
-// Stage: softmax over E logits, top-k, renormalise, sigmoid of the shared gate logit (one block).
-__device__ void route_epilogue(const RouteOut& o) {
-  float p[kRouteMaxPerThread];
-  float m = -INFINITY;
-  int dummy = 0;
-#pragma unroll
-  for (int i = 0; i < kRouteMaxPerThread; ++i) {
-    const int e = threadIdx.x + i * kBlockThreads;
-    p[i] = e < o.E ? __ldcg(o.logits + e) : -INFINITY;
-    m = fmaxf(m, p[i]);
-  }
-  block_argmax(m, dummy);
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < kRouteMaxPerThread; ++i) {
-    const int e = threadIdx.x + i * kBlockThreads;
-    p[i] = e < o.E ? expf(p[i] - m) : 0.f;
-    s += p[i];
-  }
-  s = block_sum(s);
-#pragma unroll
-  for (int i = 0; i < kRouteMaxPerThread; ++i) p[i] = (threadIdx.x + i * kBlockThreads) < o.E ? p[i] / s : -1.f;
-  __shared__ float sel_p[kRouteMaxPerThread * kBlockThreads];
-  __shared__ int sel_i[kRouteMaxPerThread * kBlockThreads];
-  for (int j = 0; j < o.k; ++j) {
-    float bv = -2.f;
-    int bi = 0x7fffffff;
-#pragma unroll
-    for (int i = 0; i < kRouteMaxPerThread; ++i) better(bv, bi, p[i], threadIdx.x + i * kBlockThreads);
-    block_argmax(bv, bi);
-    if (threadIdx.x == 0) { sel_p[j] = bv; sel_i[j] = bi; }
-#pragma unroll
-    for (int i = 0; i < kRouteMaxPerThread; ++i)
-      if (threadIdx.x + i * kBlockThreads == bi) p[i] = -1.f;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float t = 0.f;
-    for (int j = 0; j < o.k; ++j) t += sel_p[j];
-    for (int j = 0; j < o.k; ++j) { o.idx[j] = sel_i[j]; o.w[j] = sel_p[j] / t; }
-    *o.sh_scale = 1.f / (1.f + expf(-__ldcg(o.logits + o.E)));
-  }
-}
-
-// Stage: block ticket; true in the last block to finish (its view of every block's stores is complete).
-__device__ bool last_block(unsigned* counter) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (last) __threadfence();
-  return last;
-}
-
+// Router logits (+ the shared-expert-gate logit) of x, or of x = RMSNorm(h) when norm_w is set (block 0 then
+// stores x to x_out for the expert kernels). The selection (softmax, top-k) runs at the start of moe_gate_up.
 template <QFormat F, int K>
-__global__ void __launch_bounds__(kBlockThreads) route_kernel(MultiArgs a, const float* x, RouteOut o) {
+__global__ void __launch_bounds__(kBlockThreads) route_kernel(MultiArgs a, const float* x, const float* norm_w,
+                                                               float eps, float* x_out) {
   using M = RowMap<F, K>;
   constexpr int R = 1;
   __shared__ __align__(16) float xsm[K];
+  __shared__ float red[kWarpsPerBlock];
   const int task0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * R * M::sub;
   RowBatch<F, K, R> b;
   stage_issue_rows<F, K, R>(a, task0, b);
   pdl_trigger();
   pdl_wait();
-  stage_x_to_smem(x, K, xsm);
+  if (norm_w) stage_x_norm_to_smem(x, norm_w, eps, x_out, K, xsm, red);
+  else stage_x_to_smem(x, K, xsm);
   if (task0 < a.total) stage_finish_rows<F, K, R>(a, xsm, b, false);
-  if (!last_block(o.counter)) return;
-  route_epilogue(o);
-  if (threadIdx.x == 0) *o.counter = 0u;
 }
 
 template <QFormat F>
-__global__ void __launch_bounds__(kBlockThreads) route_generic_kernel(MultiArgs a, const float* x, RouteOut o) {
+__global__ void __launch_bounds__(kBlockThreads) route_generic_kernel(MultiArgs a, const float* x) {
   pdl_trigger();
   pdl_wait();
   const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   gemv_warp_generic<F, 1, float>(a, x, warp, false);
-  if (!last_block(o.counter)) return;
-  route_epilogue(o);
-  if (threadIdx.x == 0) *o.counter = 0u;
 }
 
 template <QFormat F>
-void launch_route(const MultiArgs& a, const float* x, const RouteOut& o, cudaStream_t s) {
+void launch_route(const MultiArgs& a, const float* x, const float* norm_w, float eps, float* x_out, cudaStream_t s) {
   const int rows = a.total;
   if (a.cols == 2048) {
     const int per_block = kWarpsPerBlock * RowMap<F, 2048>::sub;
-    launch_kernel(route_kernel<F, 2048>, (rows + per_block - 1) / per_block, kBlockThreads, 0, s, a, x, o);
-  } else {
-    launch_kernel(route_generic_kernel<F>, (rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kBlockThreads, 0, s, a, x, o);
+    launch_kernel(route_kernel<F, 2048>, (rows + per_block - 1) / per_block, kBlockThreads, 0, s, a, x, norm_w, eps,
+                  x_out);
+    return;
   }
+  if (norm_w) {  // other widths: the RMSNorm kernel first
+    launch_add_rmsnorm(const_cast<float*>(x), nullptr, nullptr, norm_w, x_out, a.cols, eps, s);
+    x = x_out;
+  }
+  launch_kernel(route_generic_kernel<F>, (rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kBlockThreads, 0, s, a, x);
 }
 
 template <QFormat F, int K, int R>
@@ -148,34 +68,42 @@ __global__ void __launch_bounds__(kBlockThreads) gate_up_kernel(PairArgs a, cons
 }
 
 template <QFormat F, int R>
-__global__ void __launch_bounds__(kBlockThreads) gate_up_generic_kernel(PairArgs a, const float* x) {
+__global__ void __launch_bounds__(kBlockThreads) gate_up_generic_kernel(PairArgs a_in, const float* x) {
+  __shared__ TopkSm topk;
   pdl_trigger();
   pdl_wait();
+  const PairArgs a = route_topk(a_in, topk);
   const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   swiglu_warp_generic<F, R, true>(a, x, warp * R, (a.k + 1) * a.F);
 }
 
-// q4, K = 2048 (the model's H): the streaming layout of gemv_stream.cuh, R (gate, up) row pairs per warp. The expert
-// ids come from the routing kernel, so the loads start after pdl_wait; the trigger follows them.
+// q4, K = 2048 (the model's H): the streaming layout of gemv_stream.cuh, R (gate, up) row pairs per warp.
+// Warps on the shared expert's rows issue their loads before waiting for the routing kernel (those weights do
+// not depend on it); the others load after the selection (route_topk) is known.
 template <int K, int R>
-__global__ void __launch_bounds__(kBlockThreads, (2 * R * K <= 8192 ? 4 : 2)) gate_up_stream_kernel(PairArgs a,
+__global__ void __launch_bounds__(kBlockThreads, (2 * R * K <= 8192 ? 3 : 2)) gate_up_stream_kernel(PairArgs a_in,
                                                                                                    const float* x) {
   constexpr int nc = K / 1024, G = K / kGroupSize;
   __shared__ __align__(16) StreamX<K> xs;
+  __shared__ TopkSm topk;
   const int lane = threadIdx.x & 31;
-  const int total = (a.k + 1) * a.F;
+  const int total = (a_in.k + 1) * a_in.F;
   const int task0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * R;
+  const bool shared_rows = task0 >= a_in.k * a_in.F;  // the whole warp is on the shared expert (F % R == 0)
   uint4 wv[2 * R][nc];
   uint32_t sv[2 * R][nc];
-  float scale[R];
-  pdl_wait();
+  auto issue = [&](const PairArgs& a) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const PairRow p = resolve_pair<true>(a, min(task0 + r, total - 1), K / 2, G);
-    scale[r] = p.scale;
-    stream_load_row<K>(p.gw, p.gsb, wv[2 * r], sv[2 * r]);
-    stream_load_row<K>(p.uw, p.usb, wv[2 * r + 1], sv[2 * r + 1]);
-  }
+    for (int r = 0; r < R; ++r) {
+      const PairRow p = resolve_pair<true>(a, min(task0 + r, total - 1), K / 2, G);
+      stream_load_row<K>(p.gw, p.gsb, wv[2 * r], sv[2 * r]);
+      stream_load_row<K>(p.uw, p.usb, wv[2 * r + 1], sv[2 * r + 1]);
+    }
+  };
+  if (shared_rows) issue(a_in);  // resolve_pair reads no routing data for shared rows except the scale (later)
+  pdl_wait();
+  const PairArgs a = route_topk(a_in, topk);
+  if (!shared_rows) issue(a);
   pdl_trigger();
   stream_stage_x<K, kBlockThreads>(x, xs);
   float acc[2 * R];
@@ -184,7 +112,11 @@ __global__ void __launch_bounds__(kBlockThreads, (2 * R * K <= 8192 ? 4 : 2)) ga
   for (int r = 0; r < 2 * R; ++r) acc[r] = group_sum<32>(acc[r]);
   float v = 0.f;
 #pragma unroll
-  for (int r = 0; r < R; ++r) v = lane == r ? scale[r] * silu(acc[2 * r]) * acc[2 * r + 1] : v;
+  for (int r = 0; r < R; ++r) {
+    const int task = min(task0 + r, total - 1), j = task / a.F;
+    const float scale = j < a.k ? topk.w[j] : topk.sh;
+    v = lane == r ? scale * silu(acc[2 * r]) * acc[2 * r + 1] : v;
+  }
   if (lane < R && task0 + lane < total) a.out[task0 + lane] = v;
 }
 
@@ -344,9 +276,9 @@ void check(bool ok, const char* what) { LILY_CHECK(ok, "moe: ", what); }
 
 void check_route(const MoeWeightsDev& m, const MoeScratch& s) {
   const int E = m.router.rows, H = m.router.cols;
-  check(s.logits && s.counter && s.act && s.topk_idx && s.topk_w && s.sh_scale, "scratch not allocated");
+  check(s.logits && s.act && s.topk_idx && s.topk_w && s.sh_scale, "scratch not allocated");
   check(E == s.n_experts && s.top_k >= 1 && s.top_k <= E, "scratch sized for another expert count");
-  check(E <= kRouteMaxPerThread * kBlockThreads, "too many experts");
+  check(E <= kMaxExperts && s.top_k <= kMaxTopK, "more than 256 experts or 16 selected");
   check(m.router.w && m.shared_expert_gate.w, "router weights not allocated");
   check(H % kGroupSize == 0, "H must be a multiple of 64");
   check(m.shared_expert_gate.rows == 1 && m.shared_expert_gate.cols == H &&
@@ -379,19 +311,18 @@ MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn) {
   CUDA_CHECK(cudaMalloc(&s.topk_w, sizeof(float) * top_k));
   CUDA_CHECK(cudaMalloc(&s.sh_scale, sizeof(float)));
   CUDA_CHECK(cudaMalloc(&s.act, sizeof(float) * (top_k + 1) * ffn));
-  CUDA_CHECK(cudaMalloc(&s.counter, sizeof(unsigned)));
-  CUDA_CHECK(cudaMemset(s.counter, 0, sizeof(unsigned)));
   return s;
 }
 
 void moe_scratch_free(MoeScratch& s) {
   cudaFree(s.logits); cudaFree(s.topk_idx); cudaFree(s.topk_w); cudaFree(s.sh_scale); cudaFree(s.act);
-  cudaFree(s.counter);
   s = MoeScratch{};
 }
 
-void moe_route(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream) {
-  detail::check_route(m, s);
+namespace detail {
+void route(const MoeWeightsDev& m, const float* x, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
+           cudaStream_t stream) {
+  check_route(m, s);
   detail::MultiArgs a{};
   a.n = 2;
   a.cols = m.router.cols;
@@ -401,12 +332,22 @@ void moe_route(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cuda
   a.total = m.router.rows + 1;
   a.off[0] = 0; a.off[1] = m.router.rows;
   for (int i = 2; i < kMaxMulti; ++i) a.off[i] = a.total;
-  const detail::RouteOut o{s.logits, s.topk_idx, s.topk_w, s.sh_scale, s.counter, m.router.rows, s.top_k};
   switch (m.router.format) {
-    case QFormat::q4: detail::launch_route<QFormat::q4>(a, x, o, stream); return;
-    case QFormat::q8: detail::launch_route<QFormat::q8>(a, x, o, stream); return;
-    case QFormat::bf16: detail::launch_route<QFormat::bf16>(a, x, o, stream); return;
+    case QFormat::q4: launch_route<QFormat::q4>(a, x, norm_w, eps, x_out, stream); return;
+    case QFormat::q8: launch_route<QFormat::q8>(a, x, norm_w, eps, x_out, stream); return;
+    case QFormat::bf16: launch_route<QFormat::bf16>(a, x, norm_w, eps, x_out, stream); return;
   }
+}
+}  // namespace detail
+
+void moe_route(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream) {
+  detail::route(m, x, nullptr, 0.f, nullptr, s, stream);
+}
+
+void moe_route_rmsnorm(const MoeWeightsDev& m, const float* h, const float* norm_w, float eps, float* x_out,
+                       const MoeScratch& s, cudaStream_t stream) {
+  LILY_CHECK(norm_w != nullptr && x_out != nullptr, "moe_route_rmsnorm: norm weight and x_out are required");
+  detail::route(m, h, norm_w, eps, x_out, s, stream);
 }
 
 void moe_gate_up(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream) {
@@ -416,7 +357,9 @@ void moe_gate_up(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cu
   a.sgw = m.sh_gate.w; a.sgsb = m.sh_gate.sb; a.suw = m.sh_up.w; a.susb = m.sh_up.sb;
   a.mat_w_bytes = m.gate.mat_w_bytes();
   a.mat_groups = m.gate.mat_groups();
-  a.idx = s.topk_idx; a.wts = s.topk_w; a.sh_scale = s.sh_scale;
+  a.logits = s.logits;
+  a.idx_out = s.topk_idx; a.w_out = s.topk_w; a.sh_out = s.sh_scale;
+  a.E = m.router.rows;
   a.k = s.top_k; a.F = m.gate.rows; a.cols = m.gate.cols; a.out = s.act;
   switch (m.gate.format) {
     case QFormat::q4: detail::launch_gate_up<QFormat::q4>(a, x, stream); return;

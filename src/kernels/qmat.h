@@ -92,6 +92,12 @@ struct GemvBatch {
 };
 void gemv_multi(const GemvBatch& b, const float* x, bool accumulate, cudaStream_t stream);
 
+// The same with the RMSNorm of the input fused in (model.md §2.1): y[i] = W[i] x, x = h * rsqrt(mean(h²) + eps)
+// * norm_w (effective weight), computed in every block's prologue for q4 K = 2048/4096 (no separate launch);
+// x is also stored to x_out [cols] (always required: the other formats run the RMSNorm kernel into it).
+void gemv_multi_rmsnorm(const GemvBatch& b, const float* h, const float* norm_w, float eps, float* x_out,
+                        cudaStream_t stream);
+
 // Fused gate+up with SwiGLU: out[r] = silu(gate[r] . x) * (up[r] . x), gate/up [F, cols], out [F] fp32.
 void gemv_swiglu(const QMat& gate, const QMat& up, const float* x, float* out, cudaStream_t stream);
 
@@ -104,23 +110,27 @@ struct MoeWeightsDev {
   QMat sh_gate, sh_up;      // shared_expert.{gate,up}_proj [Fs, H]
   QMat sh_down;             // shared_expert.down_proj [H, Fs]
 };
-// Device scratch for one MoE call; allocate with moe_scratch_alloc (zeroes the counter once).
+// Device scratch for one MoE call; allocate with moe_scratch_alloc.
 struct MoeScratch {
   float* logits = nullptr;     // [E + 1]: router logits, then the shared-expert-gate logit
   int* topk_idx = nullptr;     // [top_k] selected experts, by decreasing probability (ties: lower id)
   float* topk_w = nullptr;     // [top_k] renormalised routing weights
   float* sh_scale = nullptr;   // [1] sigmoid(shared_expert_gate . x)
   float* act = nullptr;        // [top_k + 1][F] SwiGLU activations pre-multiplied by their weight
-  unsigned* counter = nullptr; // [1] block ticket for the fused softmax/top-k; must start at 0
   int n_experts = 0, top_k = 0, ffn = 0;
 };
 MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn);
 void moe_scratch_free(MoeScratch& s);
 
-// Launch 1: router logits (+ the shared-expert-gate logit) for x [H]; the last block to finish computes the
-// fp32 softmax over all E, the top_k, renormalises and writes topk_idx / topk_w / sh_scale.
+// Launch 1: router logits (+ the shared-expert-gate logit) for x [H] into s.logits.
 void moe_route(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream);
-// Launch 2: act[j] = topk_w[j] * silu(G_e x) * (U_e x) for e = topk_idx[j], j < top_k, and
+// The same for x = RMSNorm(h) * norm_w (model.md §2.1, fused into the routing kernel); x is stored to
+// x_out [H] for moe_gate_up.
+void moe_route_rmsnorm(const MoeWeightsDev& m, const float* h, const float* norm_w, float eps, float* x_out,
+                       const MoeScratch& s, cudaStream_t stream);
+// Launch 2: the selection from s.logits (fp32 softmax over all E, top_k by probability with ties to the lower
+// id, renormalised; sh_scale = sigmoid(shared gate logit)) is written to topk_idx / topk_w / sh_scale, then
+// act[j] = topk_w[j] * silu(G_e x) * (U_e x) for e = topk_idx[j], j < top_k, and
 // act[top_k] = sh_scale * silu(Gs x) * (Us x).
 void moe_gate_up(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream);
 // Launch 3: h[i] += sum_j D_{e_j}[i] . act[j] + Ds[i] . act[top_k]   (residual add fused; h [H] fp32).

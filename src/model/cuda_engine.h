@@ -102,13 +102,16 @@ class CudaEngine {
   size_t gdn_state_bytes() const { return gdn_state_bytes_; }
 
  private:
-  void gdn(int layer, const float* x);
-  void attention(int layer, const float* x);
+  void gdn(int layer, const float* norm_w);        // h += out_proj(gdn(rmsnorm(h) * norm_w))
+  void attention(int layer, const float* norm_w);  // h += o_proj(attention(rmsnorm(h) * norm_w))
+  void project(const GemvBatch& b, const float* norm_w, bool& normed);
   void add_page(int page);
 
   Config cfg_;
   DeviceWeights w_;
   const FamilyMark* mark_ = nullptr;  // set during an instrumented record_step
+  std::string skip_;                  // LILY_SKIP: kernel families left out of the step (benchmarks only)
+  bool family(const char* name);      // marks `name`; false when it is skipped
   int max_context_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t graph_ = nullptr;

@@ -6,7 +6,9 @@
 // (simple and exact up to the full context). Math: shared/spec/model.md §2; kernels: kernels/mixers.h (GDN,
 // attention, norms, RoPE) and kernels/qmat.h (GEMV, MoE, embedding).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "kernels/common.cuh"
 #include "model/cuda_engine.h"
@@ -17,7 +19,7 @@ namespace lily::cuda {
 namespace {
 
 constexpr int kPageTokens = 1024;   // KV tokens per page (2 MiB per attention layer for the real model)
-constexpr int kAttnMaxSplits = 64;  // split blocks per KV head for long contexts
+constexpr int kAttnMaxSplits = 128;  // split blocks per KV head at most (attention.cu's limit)
 
 __global__ void advance_pos_kernel(StepDev* step) { step->pos += 1; }
 
@@ -34,6 +36,7 @@ CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int de
     : cfg_(c), w_(std::move(w)), max_context_(max_context) {
   CUDA_CHECK(cudaSetDevice(device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (const char* e = std::getenv("LILY_SKIP")) skip_ = e;
   const int H = c.hidden, d = c.head_dim;
   const int gdn_proj = c.conv_dim() + c.value_dim() + 2 * c.lin_v_heads;
   const int attn_proj = c.q_proj_rows() + 2 * c.n_kv_heads * d;
@@ -75,9 +78,10 @@ CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int de
   if (n_attn > 0) {
     attn_.max_splits = kAttnMaxSplits;
     attn_.partial = device_alloc<float>(attn_scratch_floats(c.n_kv_heads, kAttnMaxSplits, c.n_heads / c.n_kv_heads, d));
-    attn_.tickets = device_alloc<unsigned>(c.n_kv_heads);
-    CUDA_CHECK(cudaMemsetAsync(attn_.tickets, 0, c.n_kv_heads * sizeof(unsigned), stream_));
-    attn_splits_ = kAttnMaxSplits;
+    // one split block per SM (the split kernel holds a whole SM: 192 KB of K/V rings, ~200 registers)
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    attn_splits_ = std::clamp(sms / c.n_kv_heads, 1, kAttnMaxSplits);
   }
   reset_state();
   ensure_kv(1);
@@ -89,7 +93,7 @@ CudaEngine::~CudaEngine() {
   cudaStreamSynchronize(stream_);
   if (graph_) cudaGraphExecDestroy(graph_);
   for (void* p : {(void*)step_, (void*)h_, (void*)x_, (void*)proj_, (void*)mix_, (void*)q_, (void*)logits_,
-                  gdn_state_, (void*)attn_.partial, (void*)attn_.tickets})
+                  gdn_state_, (void*)attn_.partial})
     if (p) cudaFree(p);
   for (auto* t : page_table_) cudaFree(t);
   for (void* b : page_blocks_) cudaFree(b);
@@ -131,40 +135,51 @@ void CudaEngine::fill_kv_random(int n_tokens, uint64_t seed) {
 }
 
 // ---- the decode step, in the order of model.md §2.0 ----
+// Every launch of the step goes through family(): it marks the family for the instrumented pass and lets
+// benchmarks leave families out (LILY_SKIP=moe_route,gdn_core,...: the step then computes garbage, but the
+// graph time without a family is its marginal cost in the real pipeline).
+bool CudaEngine::family(const char* name) {
+  if (mark_) (*mark_)(name);
+  return skip_.empty() || ("," + skip_ + ",").find("," + std::string(name) + ",") == std::string::npos;
+}
+
 void CudaEngine::record_step(const FamilyMark* mark) {
   mark_ = mark;
-  auto at = [&](const char* family) {
-    if (mark_) (*mark_)(family);
-  };
   const Config& c = cfg_;
-  at("embed");
-  embed_row(w_.embed, &step_->token, h_, stream_);
+  if (family("embed")) embed_row(w_.embed, &step_->token, h_, stream_);
+  // Every RMSNorm is fused into the prologue of the kernel that consumes it (in_proj, router, lm_head), which
+  // also stores the normed x to x_ for later readers; residual adds are fused into out_proj and moe_down.
   for (int i = 0; i < c.n_layers; ++i) {
     const LayerDev& l = w_.layers[i];
-    at("norm");
-    launch_add_rmsnorm(h_, nullptr, nullptr, l.input_norm, x_, c.hidden, c.eps, stream_);
     if (c.is_attention(i))
-      attention(i, x_);  // h += o_proj(attention(x))
+      attention(i, l.input_norm);  // h += o_proj(attention(norm(h)))
     else
-      gdn(i, x_);        // h += out_proj(gdn(x))
-    at("norm");
-    launch_add_rmsnorm(h_, nullptr, nullptr, l.post_norm, x_, c.hidden, c.eps, stream_);
-    at("moe_route");
-    moe_route(l.moe, x_, moe_, stream_);
-    at("moe_gate_up");
-    moe_gate_up(l.moe, x_, moe_, stream_);
-    at("moe_down");
-    moe_down(l.moe, moe_, h_, stream_);  // h += MoE(x)
+      gdn(i, l.input_norm);        // h += out_proj(gdn(norm(h)))
+    if (family("moe_route")) moe_route_rmsnorm(l.moe, h_, l.post_norm, c.eps, x_, moe_, stream_);  // x = norm(h)
+    if (family("moe_gate_up")) moe_gate_up(l.moe, x_, moe_, stream_);  // routing selection + experts gate/up
+    if (family("moe_down")) moe_down(l.moe, moe_, h_, stream_);  // h += MoE(x)
   }
-  at("norm");
-  launch_add_rmsnorm(h_, nullptr, nullptr, w_.norm, x_, c.hidden, c.eps, stream_);
-  at("lm_head");
-  gemv(w_.lm_head, x_, logits_, false, stream_);
-  at("end");
+  GemvBatch head;
+  head.n = 1;
+  head.W[0] = w_.lm_head;
+  head.y[0] = logits_;
+  if (family("lm_head")) gemv_multi_rmsnorm(head, h_, w_.norm, c.eps, x_, stream_);
+  family("end");
   mark_ = nullptr;
 }
 
-void CudaEngine::gdn(int layer, const float* x) {
+// Projections that share the normed input: the first launch normalises h (and stores x_), later ones (another
+// format) read x_.
+void CudaEngine::project(const GemvBatch& b, const float* norm_w, bool& normed) {
+  if (normed) {
+    gemv_multi(b, x_, false, stream_);
+  } else {
+    gemv_multi_rmsnorm(b, h_, norm_w, cfg_.eps, x_, stream_);
+    normed = true;
+  }
+}
+
+void CudaEngine::gdn(int layer, const float* norm_w) {
   const Config& c = cfg_;
   const GdnDev& g = w_.layers[layer].gdn;
   const int Hv = c.lin_v_heads;
@@ -172,12 +187,12 @@ void CudaEngine::gdn(int layer, const float* x) {
   float* z = qkv + c.conv_dim();
   float* b = z + c.value_dim();
   float* a = b + Hv;
-  if (mark_) (*mark_)("gdn_in_proj");
   GemvBatch batch;
   batch.n = 0;
+  bool normed = false;
   auto add = [&](const QMat& W, float* y) {
     if (batch.n > 0 && (W.format != batch.W[0].format || W.cols != batch.W[0].cols)) {
-      gemv_multi(batch, x, false, stream_);
+      project(batch, norm_w, normed);
       batch.n = 0;
     }
     batch.W[batch.n] = W;
@@ -187,43 +202,53 @@ void CudaEngine::gdn(int layer, const float* x) {
   add(g.z, z);
   add(g.b, b);
   add(g.a, a);
-  gemv_multi(batch, x, false, stream_);
-  if (mark_) (*mark_)("gdn_core");
+  if (family("gdn_in_proj")) project(batch, norm_w, normed);
   const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
-  launch_gdn_step(qkv, z, a, b, g.conv_w, g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], mix_, &step_->pos,
-                  dims, c.eps, stream_);
-  if (mark_) (*mark_)("gdn_out_proj");
-  gemv(g.out, mix_, h_, true, stream_);
+  if (family("gdn_core"))
+    launch_gdn_step(qkv, z, a, b, g.conv_w, g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], mix_,
+                    &step_->pos, dims, c.eps, stream_);
+  if (family("gdn_out_proj")) gemv(g.out, mix_, h_, true, stream_);
 }
 
-void CudaEngine::attention(int layer, const float* x) {
+void CudaEngine::attention(int layer, const float* norm_w) {
   const Config& c = cfg_;
   const AttnDev& at = w_.layers[layer].attn;
   const int d = c.head_dim;
   float* qg = proj_;
   float* k = qg + c.q_proj_rows();
   float* v = k + c.n_kv_heads * d;
-  if (mark_) (*mark_)("attn_in_proj");
   GemvBatch batch;
   batch.n = 3;
   batch.W[0] = at.q, batch.W[1] = at.k, batch.W[2] = at.v;
   batch.y[0] = qg, batch.y[1] = k, batch.y[2] = v;
-  if (at.q.format == at.k.format && at.k.format == at.v.format) {
-    gemv_multi(batch, x, false, stream_);
+  bool normed = false;
+  if (!family("attn_in_proj")) {
+  } else if (at.q.format == at.k.format && at.k.format == at.v.format && at.q.cols == at.k.cols &&
+             at.k.cols == at.v.cols) {
+    project(batch, norm_w, normed);
   } else {
-    for (int j = 0; j < 3; ++j) gemv(batch.W[j], x, batch.y[j], false, stream_);
+    for (int j = 0; j < 3; ++j) {
+      GemvBatch one;
+      one.n = 1;
+      one.W[0] = batch.W[j];
+      one.y[0] = batch.y[j];
+      project(one, norm_w, normed);
+    }
   }
-  if (mark_) (*mark_)("attn_core");
   KvPages kv;
   kv.pages = page_table_[attn_index_[layer]];
   kv.page_tokens = page_tokens_;
   kv.n_kv = c.n_kv_heads;
   kv.head_dim = d;
-  launch_qk_norm_rope_append(qg, k, v, at.q_norm, at.k_norm, q_, kv, &step_->pos, c.n_heads, d, c.rope_dim,
-                             (float)c.rope_theta, c.eps, stream_);
-  launch_attention_decode(q_, qg, kv, &step_->pos, mix_, attn_, attn_splits_, c.n_heads, stream_);
-  if (mark_) (*mark_)("attn_out_proj");
-  gemv(at.o, mix_, h_, true, stream_);
+  if (family("attn_qk_rope"))
+    launch_qk_norm_rope_append(qg, k, v, at.q_norm, at.k_norm, q_, kv, &step_->pos, c.n_heads, d, c.rope_dim,
+                               (float)c.rope_theta, c.eps, stream_);
+  if (family("attn_core")) launch_attention_decode(q_, qg, kv, &step_->pos, mix_, attn_, attn_splits_, c.n_heads, stream_);
+  GemvBatch o;
+  o.n = 1;
+  o.W[0] = at.o;
+  o.y[0] = h_;
+  if (family("attn_out_proj")) gemv_multi(o, mix_, true, stream_);
 }
 
 cudaGraphExec_t CudaEngine::capture(const std::function<void()>& tail) {

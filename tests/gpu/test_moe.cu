@@ -125,10 +125,28 @@ void down_ref(const HostMoe& m, const Shape& s, const std::vector<int>& idx, con
   }
 }
 
-void run_block(const Shape& s, uint64_t seed, int tie_group) {
+// fused_norm: the block input comes from moe_route_rmsnorm (x = RMSNorm(h) * w, stored by the routing kernel);
+// x_out is checked against an fp64 RMSNorm, and the references use the x the GPU produced.
+void run_block(const Shape& s, uint64_t seed, int tie_group, bool fused_norm = false) {
   std::mt19937_64 rng(seed);
   HostMoe m = random_moe(rng, s);
-  const std::vector<float> x = random_vec(rng, s.H);
+  std::vector<float> x = random_vec(rng, s.H);
+  const std::vector<float> hn = random_vec(rng, s.H, -3.f, 3.f), wn = random_vec(rng, s.H, 0.5f, 1.5f);
+  if (fused_norm) {  // x = the norm of hn, as the GPU must compute it
+    DevBuf<float> dhn(hn), dwn(wn), dxn(s.H);
+    DevMoe dm(m);
+    MoeScratch sc = moe_scratch_alloc(s.E, s.k, s.F);
+    dxn.poison();
+    moe_route_rmsnorm(dm.w, dhn.p, dwn.p, 1e-6f, dxn.p, sc, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    x = dxn.download();
+    moe_scratch_free(sc);
+    double ss = 0;
+    for (float v : hn) ss += static_cast<double>(v) * v;
+    const double r = 1.0 / std::sqrt(ss / s.H + 1e-6);
+    for (int i = 0; i < s.H; ++i)
+      ASSERT_NEAR(x[i], hn[i] * r * wn[i], 1e-5 * std::fabs(hn[i] * r * wn[i]) + 1e-7) << "normed x[" << i << "]";
+  }
   if (tie_group > 0) {  // tie_group identical router rows that beat every other row
     std::vector<int> rows(s.E);
     std::iota(rows.begin(), rows.end(), 0);
@@ -155,9 +173,16 @@ void run_block(const Shape& s, uint64_t seed, int tie_group) {
   DevBuf<float> dh(h0);
   CUDA_CHECK(cudaMemset(sc.act, 0xff, sizeof(float) * (s.k + 1) * s.F));
   CUDA_CHECK(cudaMemset(sc.topk_idx, 0xff, sizeof(int) * s.k));
-  moe_route(d.w, dx.p, sc, nullptr);
-  moe_gate_up(d.w, dx.p, sc, nullptr);
+  DevBuf<float> dhn(hn), dwn(wn), dxn(s.H);
+  if (fused_norm) {
+    moe_route_rmsnorm(d.w, dhn.p, dwn.p, 1e-6f, dxn.p, sc, nullptr);
+    moe_gate_up(d.w, dxn.p, sc, nullptr);
+  } else {
+    moe_route(d.w, dx.p, sc, nullptr);
+    moe_gate_up(d.w, dx.p, sc, nullptr);
+  }
   CUDA_CHECK(cudaDeviceSynchronize());
+  if (fused_norm) EXPECT_EQ(dxn.download(), x) << "the normed x differs between two identical launches";
 
   // route
   const Route64 r = route_ref(m, s, x);
@@ -194,7 +219,7 @@ void run_block(const Shape& s, uint64_t seed, int tie_group) {
   down_ref(m, s, idx, act, h0, h64, h32);
   EXPECT_TRUE(close_enough(dh.download(), h64, h32, "experts down + residual"));
 
-  // whole block again (the route ticket must have been reset), from h0
+  // whole block again (replays must not depend on leftover state), from h0
   dh.upload(h0);
   moe_forward(d.w, dx.p, sc, dh.p, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -208,6 +233,11 @@ void run_block(const Shape& s, uint64_t seed, int tie_group) {
 TEST(Moe, RealWidthsQ8RouterQ4Experts) { run_block({64, 2048, 512, 8, QFormat::q8, QFormat::q4}, 11, 0); }
 
 TEST(Moe, RealWidthsBf16) { run_block({16, 2048, 512, 8, QFormat::bf16, QFormat::bf16}, 12, 0); }
+
+TEST(Moe, FusedRmsNormRouting) {
+  run_block({256, 2048, 512, 8, QFormat::q8, QFormat::q4}, 17, 0, true);
+  run_block({12, 192, 128, 3, QFormat::q8, QFormat::q4}, 18, 0, true);
+}
 
 TEST(Moe, SmallGenericShape) { run_block({12, 192, 128, 3, QFormat::q8, QFormat::q4}, 13, 0); }
 
@@ -236,6 +266,7 @@ TEST(Moe, RouterAllExpertsRealCount) {
     const std::vector<float> x = random_vec(rng, s.H);
     DevBuf<float> dx(x);
     moe_route(d.w, dx.p, sc, nullptr);
+    moe_gate_up(d.w, dx.p, sc, nullptr);  // the selection is made at the start of the gate/up kernel
     CUDA_CHECK(cudaDeviceSynchronize());
     const Route64 r = route_ref(m, s, x);
     std::vector<int> idx(s.k);
