@@ -11,6 +11,8 @@ export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
 # The tests find their fixtures under the source directory they were built from (LILY_SOURCE_DIR).
 SRC_DIR=$(cat "$BIN/source_dir" 2>/dev/null || echo /work/main)
 if [ ! -e "$SRC_DIR" ]; then mkdir -p "$(dirname "$SRC_DIR")" && ln -s "$(pwd)" "$SRC_DIR"; fi
+BIN_DIR=$(cat "$BIN/binary_dir" 2>/dev/null || echo /tmp/lily-build)
+mkdir -p "$BIN_DIR"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 status=0
 for t in "$BIN"/test_*; do
@@ -19,7 +21,7 @@ for t in "$BIN"/test_*; do
   timeout 240 "$t" > "$OUT/$name.log" 2>&1
   rc=$?
   grep -E "^\[  (PASSED|FAILED) |tests? ran" "$OUT/$name.log" | tail -4
-  [ $rc -eq 0 ] || { status=1; echo "$name FAILED (rc=$rc)"; grep -E "FAILED|Failure|error" "$OUT/$name.log" | head -20; }
+  [ $rc -eq 0 ] || { status=1; echo "$name FAILED (rc=$rc)"; grep -E -A2 "FAILED|Failure|error|exception" "$OUT/$name.log" | head -40; }
 done
 echo "== lily bench --synthetic full"
 timeout 200 "$BIN/lily" bench --synthetic full 2>&1 | tee "$OUT/bench.txt" | tail -40

@@ -6,9 +6,12 @@ cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 STAGE=.device/stage
 rm -rf "$STAGE" && mkdir -p "$STAGE"
-for b in lily test_gemv test_moe test_sampling test_mixer_kernels test_cuda_backend; do
+for b in lily test_gemv test_moe test_sampling test_mixer_kernels test_cuda_backend bench_kernels; do
   cp "$BUILD/$b" "$STAGE/"
 done
+strip "$STAGE"/* 2>/dev/null || true
 for lib in $(ldd "$BUILD/lily" | awk '/httplib|brotli/ {print $3}'); do cp -L "$lib" "$STAGE/"; done
-pwd > "$STAGE/source_dir"
+# the tests look for fixtures in the source tree and write into the build tree they were configured with
+sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" > "$STAGE/source_dir"
+(cd "$BUILD" && pwd) > "$STAGE/binary_dir"
 du -sh "$STAGE"
