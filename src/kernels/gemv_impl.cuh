@@ -208,7 +208,7 @@ __device__ __forceinline__ void gemv_warp_generic(const MultiArgs& a, const XT* 
   }
 }
 
-bool pdl_enabled();  // LILY_PDL=0 in the environment turns programmatic dependent launch off
+bool pdl_enabled();  // LILY_PDL=1 in the environment turns programmatic dependent launch on
 
 // Launches kernel k with programmatic stream serialisation (PDL) unless disabled.
 template <typename... P, typename... A>
@@ -324,87 +324,104 @@ __device__ __forceinline__ void stage_finish_pairs(const PairArgs& a, const floa
 }
 
 inline constexpr int kMaxExperts = 256;  // route_topk: 8 logits per lane of one warp
-inline constexpr int kMaxTopK = 16;
+inline constexpr int kMaxTopK = 8;  // route_topk keeps each warp's 8 best as candidates
 
-// The routing selection in shared memory (route_topk's result).
+// The routing selection in shared memory (route_topk's result) and its work space.
 struct TopkSm {
   int idx[kMaxTopK];
   float w[kMaxTopK];
   float sh;
+  float red[2][kMaxExperts / 32];        // per-warp max, per-warp sum
+  __align__(16) float cand_p[kMaxExperts / 32 * kMaxTopK];  // each warp's 8 best (probability, expert)
+  __align__(16) int cand_e[kMaxExperts / 32 * kMaxTopK];
 };
 
 // (value, index) order of the selection: larger value first, ties to the lower index.
-__device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
-  if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
-}
+__device__ __forceinline__ bool ranks_before(float v2, int i2, float v, int i) { return v2 > v || (v2 == v && i2 < i); }
 
 // model.md §2.4 routing from the router logits: fp32 softmax over all E experts, the top k by probability
-// (ties: lower expert id), renormalised over the k; sigmoid of the shared-expert-gate logit. Warp 0 computes it
-// (each lane holds 8 experts); every thread of the block must call (ends with a barrier). Block 0 also stores
-// the selection to a.idx_out / w_out / sh_out for moe_down. Returns a with idx / wts / sh_scale pointing at t.
+// (ties: lower expert id), renormalised over the k; sigmoid of the shared-expert-gate logit. Thread e < 256
+// holds expert e (the block must have >= 256 threads; every thread must call; barriers inside). Selection
+// without a serial argmax loop: each warp ranks its 32 experts with shuffles and keeps its 8 best; an expert of
+// the overall top 8 is among those 64 candidates and its rank among them is its overall rank (every expert
+// above it is a candidate too), so candidate c is selected at rank #{candidates before c} if that is < k.
+// Block 0 also stores the selection to a.idx_out / w_out / sh_out for moe_down. Returns a with idx / wts /
+// sh_scale pointing at t.
 __device__ __forceinline__ PairArgs route_topk(const PairArgs& a, TopkSm& t) {
-  constexpr int PER = kMaxExperts / 32;
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    float p[PER];
-    float m = -INFINITY;
+  constexpr int NW = kMaxExperts / 32;
+  const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
+  const bool mine = e < kMaxExperts;
+  if (e < kMaxTopK) {  // defined even if NaN logits leave ranks unfilled
+    t.idx[e] = 0;
+    t.w[e] = 0.f;
+  }
+  const float l = e < a.E ? __ldcg(a.logits + e) : -INFINITY;
+  const float l_sh = e == 0 ? __ldcg(a.logits + a.E) : 0.f;  // shared-expert-gate logit, loaded with the others
+  float m = l;
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      const int e = lane + 32 * i;
-      p[i] = e < a.E ? __ldcg(a.logits + e) : -INFINITY;
-      m = fmaxf(m, p[i]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (mine && lane == 0) t.red[0][warp] = m;
+  __syncthreads();
+  m = t.red[0][0];
+#pragma unroll
+  for (int w = 1; w < NW; ++w) m = fmaxf(m, t.red[0][w]);
+  float p = e < a.E ? expf(l - m) : 0.f;
+  float s = p;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (mine && lane == 0) t.red[1][warp] = s;
+  __syncthreads();
+  s = 0.f;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) s += t.red[1][w];
+  p = e < a.E ? p / s : -1.f;
+  // rank within the warp
+  int r = 0;
+#pragma unroll
+  for (int d = 1; d < 32; ++d) {
+    const int l2 = (lane + d) & 31;
+    const float q = __shfl_sync(0xffffffffu, p, l2);
+    r += ranks_before(q, (e & ~31) + l2, p, e) ? 1 : 0;
+  }
+  if (mine && r < kMaxTopK) {
+    t.cand_p[warp * kMaxTopK + r] = p;
+    t.cand_e[warp * kMaxTopK + r] = e;
+  }
+  __syncthreads();
+  if (e < NW * kMaxTopK) {
+    const float pc = t.cand_p[e];
+    const int ec = t.cand_e[e];
+    int rank = 0;
+#pragma unroll
+    for (int c = 0; c < NW * kMaxTopK; c += 4) {  // unrolled: the shared-memory reads stay in flight together
+      const float4 q = *reinterpret_cast<const float4*>(t.cand_p + c);
+      const int4 qi = *reinterpret_cast<const int4*>(t.cand_e + c);
+      rank += (ranks_before(q.x, qi.x, pc, ec) ? 1 : 0) + (ranks_before(q.y, qi.y, pc, ec) ? 1 : 0) +
+              (ranks_before(q.z, qi.z, pc, ec) ? 1 : 0) + (ranks_before(q.w, qi.w, pc, ec) ? 1 : 0);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      p[i] = lane + 32 * i < a.E ? expf(p[i] - m) : 0.f;
-      sum += p[i];
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-#pragma unroll
-    for (int i = 0; i < PER; ++i) p[i] = lane + 32 * i < a.E ? p[i] / sum : -1.f;
-    float total = 0.f;
-    for (int j = 0; j < a.k; ++j) {
-      float bv = -2.f;
-      int bi = 0x7fffffff;
-#pragma unroll
-      for (int i = 0; i < PER; ++i) better(bv, bi, p[i], lane + 32 * i);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-        better(bv, bi, v2, i2);
-      }
-#pragma unroll
-      for (int i = 0; i < PER; ++i)
-        if (lane + 32 * i == bi) p[i] = -1.f;
-      total += bv;
-      if (lane == 0) {
-        t.idx[j] = bi < a.E ? bi : 0;  // NaN logits select nothing: never index past the expert stack
-        t.w[j] = bv;
-      }
-    }
-    __syncwarp();
-    if (lane < a.k) t.w[lane] /= total;
-    if (lane == 0) t.sh = 1.f / (1.f + expf(-__ldcg(a.logits + a.E)));
-    __syncwarp();
-    if (blockIdx.x == 0) {
-      if (lane < a.k) {
-        a.idx_out[lane] = t.idx[lane];
-        a.w_out[lane] = t.w[lane];
-      }
-      if (lane == 0) *a.sh_out = t.sh;
+    if (rank < a.k) {
+      t.idx[rank] = ec < a.E ? ec : 0;  // NaN logits select nothing: never index past the expert stack
+      t.w[rank] = pc;
     }
   }
   __syncthreads();
-  PairArgs r = a;
-  r.idx = t.idx;
-  r.wts = t.w;
-  r.sh_scale = &t.sh;
-  return r;
+  if (e == 0) {
+    float total = 0.f;
+    for (int j = 0; j < a.k; ++j) total += t.w[j];
+    for (int j = 0; j < a.k; ++j) t.w[j] /= total;
+    t.sh = 1.f / (1.f + expf(-l_sh));
+  }
+  __syncthreads();
+  if (blockIdx.x == 0 && e < a.k) {
+    a.idx_out[e] = t.idx[e];
+    a.w_out[e] = t.w[e];
+    if (e == 0) *a.sh_out = t.sh;
+  }
+  PairArgs res = a;
+  res.idx = t.idx;
+  res.wts = t.w;
+  res.sh_scale = &t.sh;
+  return res;
 }
 
 // The whole pair kernel body (plain SwiGLU or MoE gate/up).

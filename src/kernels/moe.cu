@@ -278,7 +278,7 @@ void check_route(const MoeWeightsDev& m, const MoeScratch& s) {
   const int E = m.router.rows, H = m.router.cols;
   check(s.logits && s.act && s.topk_idx && s.topk_w && s.sh_scale, "scratch not allocated");
   check(E == s.n_experts && s.top_k >= 1 && s.top_k <= E, "scratch sized for another expert count");
-  check(E <= kMaxExperts && s.top_k <= kMaxTopK, "more than 256 experts or 16 selected");
+  check(E <= kMaxExperts && s.top_k <= kMaxTopK, "more than 256 experts or 8 selected");
   check(m.router.w && m.shared_expert_gate.w, "router weights not allocated");
   check(H % kGroupSize == 0, "H must be a multiple of 64");
   check(m.shared_expert_gate.rows == 1 && m.shared_expert_gate.cols == H &&
@@ -311,11 +311,13 @@ MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn) {
   CUDA_CHECK(cudaMalloc(&s.topk_w, sizeof(float) * top_k));
   CUDA_CHECK(cudaMalloc(&s.sh_scale, sizeof(float)));
   CUDA_CHECK(cudaMalloc(&s.act, sizeof(float) * (top_k + 1) * ffn));
+  CUDA_CHECK(cudaMalloc(&s.barrier, 2 * sizeof(unsigned)));
+  CUDA_CHECK(cudaMemset(s.barrier, 0, 2 * sizeof(unsigned)));
   return s;
 }
 
 void moe_scratch_free(MoeScratch& s) {
-  cudaFree(s.logits); cudaFree(s.topk_idx); cudaFree(s.topk_w); cudaFree(s.sh_scale); cudaFree(s.act);
+  cudaFree(s.logits); cudaFree(s.topk_idx); cudaFree(s.topk_w); cudaFree(s.sh_scale); cudaFree(s.act); cudaFree(s.barrier);
   s = MoeScratch{};
 }
 
@@ -381,6 +383,31 @@ void moe_down(const MoeWeightsDev& m, const MoeScratch& s, float* h, cudaStream_
     case QFormat::q8: detail::launch_down<QFormat::q8>(a, stream); return;
     case QFormat::bf16: detail::launch_down<QFormat::bf16>(a, stream); return;
   }
+}
+
+namespace detail {
+bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s);  // kernels/moe_fused.cu
+void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out,
+                      const MoeScratch& s, cudaStream_t stream);
+bool moe_fused_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("LILY_MOE_FUSED");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+}  // namespace detail
+
+void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
+               cudaStream_t stream) {
+  detail::check_moe(m, s);
+  if (detail::moe_fused_on() && detail::moe_fused_supported(m, s)) {
+    detail::launch_moe_fused(m, h, norm_w, eps, x_out, s, stream);
+    return;
+  }
+  moe_route_rmsnorm(m, h, norm_w, eps, x_out, s, stream);
+  moe_gate_up(m, x_out, s, stream);
+  moe_down(m, s, h, stream);
 }
 
 void moe_forward(const MoeWeightsDev& m, const float* x, const MoeScratch& s, float* h, cudaStream_t stream) {

@@ -7,7 +7,7 @@
 // host, so they can be captured into a CUDA graph. Kernels: kernels/gemv.cu, moe.cu, embed.cu, repack.cu.
 // The GEMV/MoE kernels are launched with programmatic dependent launch (PDL): they fetch weights before
 // waiting (griddepcontrol.wait) for the previous kernel in the stream, which is safe after any kernel;
-// LILY_PDL=0 turns it off. x / y / act pointers must be 16-byte aligned.
+// PDL is off unless LILY_PDL=1 (measured slower end to end). x / y / act pointers must be 16-byte aligned.
 //
 // Layout (chosen for 16-byte coalesced loads with the dequantisation in registers):
 //   w  : the packed weights, row-major, one row after the other, rows 16-byte aligned (cols % 64 == 0):
@@ -117,6 +117,7 @@ struct MoeScratch {
   float* topk_w = nullptr;     // [top_k] renormalised routing weights
   float* sh_scale = nullptr;   // [1] sigmoid(shared_expert_gate . x)
   float* act = nullptr;        // [top_k + 1][F] SwiGLU activations pre-multiplied by their weight
+  unsigned* barrier = nullptr; // [2] grid barrier of the fused MoE kernel (arrivals, generation); zeroed once
   int n_experts = 0, top_k = 0, ffn = 0;
 };
 MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn);
@@ -137,6 +138,13 @@ void moe_gate_up(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cu
 void moe_down(const MoeWeightsDev& m, const MoeScratch& s, float* h, cudaStream_t stream);
 // All three: h += MoE(x).
 void moe_forward(const MoeWeightsDev& m, const float* x, const MoeScratch& s, float* h, cudaStream_t stream);
+// The MoE block of a decoder layer with its input norm: x = RMSNorm(h) * norm_w (stored to x_out), h += MoE(x).
+// For the real model's shapes on a GPU with >= 128 SMs this is ONE persistent launch (kernels/moe_fused.cu:
+// route, selection, gate/up, down separated by grid barriers, the down weights requested before the gate/up
+// work); otherwise, or with LILY_MOE_FUSED=0, moe_route_rmsnorm + moe_gate_up + moe_down.
+void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
+               cudaStream_t stream);
+void moe_fused_print_trace();  // LILY_MOE_TRACE=1: phase times of the last fused launch (benchmarks)
 
 // ---- embedding ----
 // out[c] = E[token][c] dequantised (fp32 [cols]); token read from DEVICE memory (e.g. the sampler's output),

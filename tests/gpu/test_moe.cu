@@ -230,6 +230,65 @@ void run_block(const Shape& s, uint64_t seed, int tie_group, bool fused_norm = f
   moe_scratch_free(sc);
 }
 
+// moe_block: the whole MoE block with its input norm, h += MoE(RMSNorm(h) * w). On the H200 the real shapes
+// run the fused persistent kernel (kernels/moe_fused.cu); every intermediate it leaves in the scratch (normed x,
+// logits, selection, activations) is checked against the CPU reference, then h. Run twice: the grid barrier
+// must leave its counters ready for the next launch.
+void run_moe_block(const Shape& s, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  HostMoe m = random_moe(rng, s);
+  const std::vector<float> h0 = random_vec(rng, s.H, -3.f, 3.f), wn = random_vec(rng, s.H, 0.5f, 1.5f);
+  DevMoe d(m);
+  MoeScratch sc = moe_scratch_alloc(s.E, s.k, s.F);
+  DevBuf<float> dh(h0), dwn(wn), dx(s.H);
+  for (int rep = 0; rep < 2; ++rep) {
+    dh.upload(h0);
+    dx.poison();
+    CUDA_CHECK(cudaMemset(sc.act, 0xff, sizeof(float) * (s.k + 1) * s.F));
+    moe_block(d.w, dh.p, dwn.p, 1e-6f, dx.p, sc, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> x = dx.download();
+    double ss = 0;
+    for (float v : h0) ss += static_cast<double>(v) * v;
+    const double r = 1.0 / std::sqrt(ss / s.H + 1e-6);
+    for (int i = 0; i < s.H; ++i)
+      ASSERT_NEAR(x[i], h0[i] * r * wn[i], 1e-5 * std::fabs(h0[i] * r * wn[i]) + 1e-7) << "normed x[" << i << "]";
+    std::vector<float> logits(s.E + 1), w(s.k), sh(1), act((s.k + 1) * s.F);
+    std::vector<int> idx(s.k);
+    CUDA_CHECK(cudaMemcpy(logits.data(), sc.logits, sizeof(float) * (s.E + 1), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(idx.data(), sc.topk_idx, sizeof(int) * s.k, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(w.data(), sc.topk_w, sizeof(float) * s.k, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(sh.data(), sc.sh_scale, sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(act.data(), sc.act, sizeof(float) * act.size(), cudaMemcpyDeviceToHost));
+    {
+      std::vector<float> l32(s.E + 1);
+      std::vector<double> l64(s.E + 1);
+      for (int e = 0; e <= s.E; ++e) ref_dot(e < s.E ? m.router : m.seg, 0, e < s.E ? e : 0, x, l64[e], l32[e]);
+      EXPECT_TRUE(close_enough(logits, l64, l32, "moe_block router logits"));
+    }
+    const Route64 rt = route_ref(m, s, x);
+    ASSERT_GT(rt.gap, 1e-5) << "random case too close to a tie to be a fair test";
+    EXPECT_EQ(idx, rt.idx) << "top-k experts differ";
+    for (int j = 0; j < s.k; ++j) EXPECT_NEAR(w[j], rt.w[j], 2e-6 + 1e-5 * rt.w[j]) << "routing weight " << j;
+    EXPECT_NEAR(sh[0], rt.sh_scale, 1e-6);
+    std::vector<double> a64;
+    std::vector<float> a32;
+    act_ref(m, s, x, idx, w, sh[0], a64, a32);
+    EXPECT_TRUE(close_enough(act, a64, a32, "moe_block gate/up act"));
+    std::vector<double> h64;
+    std::vector<float> h32;
+    down_ref(m, s, idx, act, h0, h64, h32);
+    EXPECT_TRUE(close_enough(dh.download(), h64, h32, "moe_block h + MoE(norm(h))"));
+  }
+  moe_scratch_free(sc);
+}
+
+TEST(Moe, WholeBlockRealShapes) {
+  run_moe_block({256, 2048, 512, 8, QFormat::q8, QFormat::q4}, 31);
+  run_moe_block({64, 2048, 512, 8, QFormat::q8, QFormat::q4}, 32);
+  run_moe_block({12, 192, 128, 3, QFormat::q8, QFormat::q4}, 33);  // other shapes: the three-launch path
+}
+
 TEST(Moe, RealWidthsQ8RouterQ4Experts) { run_block({64, 2048, 512, 8, QFormat::q8, QFormat::q4}, 11, 0); }
 
 TEST(Moe, RealWidthsBf16) { run_block({16, 2048, 512, 8, QFormat::bf16, QFormat::bf16}, 12, 0); }

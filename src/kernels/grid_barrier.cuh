@@ -1,0 +1,41 @@
+// Grid-wide barrier for the persistent kernels (moe_fused.cu, gdn_fused.cu): launched cooperatively with one
+// block per SM, so every block is resident. bar[0] counts arrivals, bar[1] is the generation; both start at zero
+// (cudaMemset once) and every barrier leaves them consistent for the next one, in this launch or a later one.
+// The generation is read before arriving, so the last block to arrive cannot release a generation this block
+// has not seen; its release store publishes the reset count and, through each block's fence before arriving,
+// every block's global writes.
+#pragma once
+#include <cuda_runtime.h>
+
+namespace lily::cuda::detail {
+
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void grid_barrier(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned gen = ld_acquire_gpu(bar + 1);
+    __threadfence();  // this block's global writes before its arrival
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      st_release_gpu(bar + 1, gen + 1);
+    } else {
+      while (ld_acquire_gpu(bar + 1) == gen) {
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// Number of SMs of the current device (the persistent kernels' grid).
+int sm_count();
+
+}  // namespace lily::cuda::detail

@@ -1,0 +1,286 @@
+// The whole MoE block of one decode step in ONE persistent launch (model.md §2.1 + §2.4):
+//   h += MoE(x),  x = RMSNorm(h) * norm_w
+// for the real model's shapes (H = 2048, F = 512, top-8, q4 experts, q8 router, E <= 256). One block per SM,
+// 16 warps each; three phases separated by grid-wide barriers instead of kernel boundaries:
+//   A  every block normalises h; warps compute the router logits (+ shared-gate logit) and the shared expert's
+//      gate/up (unscaled silu(g) * u) — both need only x, and their weights are requested first thing
+//   B  every block turns the logits into the selection (route_topk, one warp); warps compute the routed experts'
+//      gate/up into act (scaled by the routing weight) and, before that, already request the down-projection
+//      weights they will need in phase C; block 0 scales the shared activations by the sigmoid gate
+//   C  every block stages act in shared memory; warp g computes output row g of all 9 down projections and adds
+//      it to h (residual fused)
+// Replaces moe_route + moe_gate_up + moe_down (three kernel boundaries of ~4-5 us each on the H200, and the
+// down weights could only be requested after the last one). The 3-launch path stays for other shapes and for
+// GPUs with fewer than 128 SMs. Task g of a phase runs on warp (g / gridDim.x) of block (g % gridDim.x), so
+// every phase's work is spread over all SMs. Tested by tests/gpu/test_moe.cu against the CPU reference.
+#include <cfloat>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/common.cuh"
+#include "kernels/gemv_impl.cuh"
+#include "kernels/gemv_stream.cuh"
+#include "kernels/grid_barrier.cuh"
+
+namespace lily::cuda {
+namespace detail {
+namespace {
+
+constexpr int kH = kHidden, kF = kMoeFfn, kK = kTopK;
+constexpr int kWarps = 16, kThreads = kWarps * 32;
+constexpr int kMinBlocks = 128;                   // phases B and C need 2048 warp tasks
+constexpr int kDownChunks = (kK + 1) * kF / 32;   // 144 chunks of 32 elements in one output row of the 9 downs
+constexpr int kDownPerLane = (kDownChunks + 31) / 32;  // 5
+constexpr int kActStride = 36;                    // floats per staged act chunk (32 + 4 padding: no bank conflicts)
+
+struct FusedArgs {
+  MultiArgs router;   // router [E] + shared_expert_gate [1] rows (q8, K = H) -> logits
+  PairArgs pairs;     // routed + shared gate/up (q4), selection outputs, logits
+  const uint8_t* dw; const uint32_t* dsb;    // routed down stack [E][H][F] q4
+  const uint8_t* sdw; const uint32_t* sdsb;  // shared down [H][F] q4
+  size_t d_mat_w_bytes, d_mat_groups;
+  float* h;
+  const float* norm_w;
+  float eps;
+  float* x_out;       // normed x (block 0 stores it), may be null
+  unsigned* barrier;  // [2]: arrivals, generation (zero at allocation; left consistent by every launch)
+  unsigned long long* trace;  // LILY_MOE_TRACE=1: phase timestamps of block 0 (diagnostics), else null
+};
+
+__device__ unsigned long long g_trace[16];
+
+__device__ __forceinline__ void stamp(const FusedArgs& a, int i) {
+  if (a.trace && blockIdx.x == 0 && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    a.trace[i] = t;
+  }
+}
+
+// Phase C weights of output row i: flat chunk t = j * 16 + c (matrix j < 9, 16-byte chunk c of the 256-byte
+// row); lane l holds t = l + 32 * u.
+struct DownRow {
+  uint4 w[kDownPerLane];
+  uint32_t sb[kDownPerLane];
+};
+
+__device__ __forceinline__ void load_down_row(const FusedArgs& a, const int* idx, int i, DownRow& d) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int u = 0; u < kDownPerLane; ++u) {
+    const int t = lane + 32 * u;
+    if (t >= kDownChunks) break;
+    const int j = t / 16, c = t % 16;
+    const bool sh = j == kK;
+    const size_t e = sh ? 0 : static_cast<size_t>(idx[j]);
+    const uint8_t* w = (sh ? a.sdw : a.dw + e * a.d_mat_w_bytes) + static_cast<size_t>(i) * (kF / 2);
+    const uint32_t* sb = (sh ? a.sdsb : a.dsb + e * a.d_mat_groups) + static_cast<size_t>(i) * (kF / kGroupSize);
+    d.w[u] = ld_stream(w + c * 16);
+    d.sb[u] = ld_stream_u32(sb + c / 2);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
+  __shared__ __align__(16) StreamX<kH> xs;           // x for the q4 stream dots
+  __shared__ __align__(16) float xsm[kH];            // x for the q8 router rows
+  __shared__ __align__(16) float act_sm[kDownChunks * kActStride];
+  __shared__ float act_sum[kDownChunks];
+  __shared__ TopkSm topk;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int g = warp * gridDim.x + blockIdx.x;  // this warp's task index in every phase
+  constexpr int G2 = kH / kGroupSize;
+  stamp(a, 0);
+
+  // ---- phase A: router logits and the shared expert's gate/up ----
+  const int n_router = a.router.total;            // E + 1
+  const bool router_task = g < n_router;
+  const bool shared_task = !router_task && g < n_router + kF;
+  RowBatch<QFormat::q8, kH, 1> rb;
+  uint4 swv[2][2];  // shared expert gate, up rows
+  uint32_t ssv[2][2];
+  if (router_task) stage_issue_rows<QFormat::q8, kH, 1>(a.router, g, rb);
+  if (shared_task) {
+    const int r = g - n_router;
+    stream_load_row<kH>(a.pairs.sgw + static_cast<size_t>(r) * (kH / 2), a.pairs.sgsb + static_cast<size_t>(r) * G2,
+                        swv[0], ssv[0]);
+    stream_load_row<kH>(a.pairs.suw + static_cast<size_t>(r) * (kH / 2), a.pairs.susb + static_cast<size_t>(r) * G2,
+                        swv[1], ssv[1]);
+  }
+  NormIn n;
+  n.w = a.norm_w;
+  n.eps = a.eps;
+  n.x_out = a.x_out;
+  stream_stage_x_norm<kH, kThreads>(a.h, n, xs);
+  stamp(a, 1);
+  // the same x in plain order for the q8 router rows (xs.xt holds float4 f of x at [(f % 8) * nch + f / 8])
+  for (int f = threadIdx.x; f < kH / 4; f += kThreads)
+    reinterpret_cast<float4*>(xsm)[f] = xs.xt[(f & 7) * (kH / 32) + (f >> 3)];
+  __syncthreads();
+  if (router_task) stage_finish_rows<QFormat::q8, kH, 1>(a.router, xsm, rb, false);
+  if (shared_task) {
+    float acc[2];
+    stream_dots<kH, 2>(xs, swv, ssv, acc);
+    const float gs = group_sum<32>(acc[0]), us = group_sum<32>(acc[1]);
+    if (lane == 0) a.pairs.out[kK * kF + (g - n_router)] = silu(gs) * us;  // scaled by the shared gate in B
+  }
+  stamp(a, 2);
+  grid_barrier(a.barrier);
+  stamp(a, 3);
+
+  // ---- phase B: selection, routed gate/up; the down weights of phase C are requested first ----
+  const PairArgs p = route_topk(a.pairs, topk);  // ends with __syncthreads
+  stamp(a, 4);
+  const bool pair_task = g < kK * kF / 2;        // 2 (gate, up) row pairs per warp
+  const bool down_task = g < kH;
+  DownRow dr;
+  if (down_task) load_down_row(a, topk.idx, g, dr);
+  if (pair_task) {
+    uint4 wv[4][2];  // gate, up rows of the warp's two pairs
+    uint32_t sv[4][2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const PairRow pr = resolve_pair<true>(p, 2 * g + r, kH / 2, G2);
+      stream_load_row<kH>(pr.gw, pr.gsb, wv[2 * r], sv[2 * r]);
+      stream_load_row<kH>(pr.uw, pr.usb, wv[2 * r + 1], sv[2 * r + 1]);
+    }
+    float acc[4];
+    stream_dots<kH, 4>(xs, wv, sv, acc);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float gv = group_sum<32>(acc[2 * r]), uv = group_sum<32>(acc[2 * r + 1]);
+      const int task = 2 * g + r;
+      if (lane == 0) a.pairs.out[task] = topk.w[task / kF] * silu(gv) * uv;
+    }
+  }
+  if (blockIdx.x == 0)  // the shared expert's activations times sigmoid(shared gate logit)
+    for (int r = threadIdx.x; r < kF; r += kThreads) a.pairs.out[kK * kF + r] = __ldcg(a.pairs.out + kK * kF + r) * topk.sh;
+  stamp(a, 5);
+  grid_barrier(a.barrier);
+  stamp(a, 6);
+
+  // ---- phase C: down projections of all 9 activations, residual add ----
+  {  // float4 f = threadIdx.x + kThreads * u of act: chunk f / 8, part f % 8; all loads first
+    constexpr int kF4 = kDownChunks * 8, kU = (kF4 + kThreads - 1) / kThreads;
+    float4 v[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int f = threadIdx.x + kThreads * u;
+      v[u] = f < kF4 ? __ldcg(reinterpret_cast<const float4*>(a.pairs.out) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int f = threadIdx.x + kThreads * u;
+      // chunk sum over its 8 parts (8 consecutive lanes), in part order
+      const float part = (v[u].x + v[u].y) + (v[u].z + v[u].w);
+      float t = 0.f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) t += __shfl_sync(0xffffffffu, part, (lane & 24) + k);
+      if (f < kF4) {
+        *reinterpret_cast<float4*>(act_sm + (f / 8) * kActStride + (f % 8) * 4) = v[u];
+        if (f % 8 == 0) act_sum[f / 8] = t;
+      }
+    }
+  }
+  __syncthreads();
+  stamp(a, 7);
+  if (!down_task) return;
+  float acc = 0.f;
+#pragma unroll
+  for (int u = 0; u < kDownPerLane; ++u) {
+    const int t = lane + 32 * u;
+    if (t >= kDownChunks) break;
+    float xr[32];
+#pragma unroll
+    for (int q = 0; q < 32; q += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(act_sm + t * kActStride + q);
+      xr[q] = v.x, xr[q + 1] = v.y, xr[q + 2] = v.z, xr[q + 3] = v.w;
+    }
+    acc += chunk_dot<QFormat::q4>(dr.w[u], dr.sb[u], xr, act_sum[t]);
+  }
+  acc = group_sum<32>(acc);
+  if (lane == 0) a.h[g] += acc;
+  stamp(a, 8);
+}
+
+}  // namespace
+
+int sm_count() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  return sms;
+}
+
+bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s) {
+  return sm_count() >= kMinBlocks && s.barrier != nullptr && m.router.format == QFormat::q8 &&
+         m.shared_expert_gate.format == QFormat::q8 && m.router.cols == kH && m.router.rows <= kMaxExperts &&
+         m.gate.format == QFormat::q4 && m.down.format == QFormat::q4 && m.gate.rows == kF && m.gate.cols == kH &&
+         m.down.rows == kH && m.down.cols == kF && s.top_k == kK;
+}
+
+void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out,
+                      const MoeScratch& s, cudaStream_t stream) {
+  const int sms = sm_count();
+  FusedArgs a{};
+  MultiArgs& r = a.router;
+  r.n = 2;
+  r.cols = kH;
+  r.w[0] = m.router.w; r.sb[0] = m.router.sb; r.y[0] = s.logits;
+  r.w[1] = m.shared_expert_gate.w; r.sb[1] = m.shared_expert_gate.sb; r.y[1] = s.logits + m.router.rows;
+  for (int i = 2; i < kMaxMulti; ++i) { r.w[i] = r.w[0]; r.sb[i] = r.sb[0]; r.y[i] = r.y[0]; }
+  r.total = m.router.rows + 1;
+  r.off[0] = 0; r.off[1] = m.router.rows;
+  for (int i = 2; i < kMaxMulti; ++i) r.off[i] = r.total;
+  PairArgs& p = a.pairs;
+  p.gw = m.gate.w; p.gsb = m.gate.sb; p.uw = m.up.w; p.usb = m.up.sb;
+  p.sgw = m.sh_gate.w; p.sgsb = m.sh_gate.sb; p.suw = m.sh_up.w; p.susb = m.sh_up.sb;
+  p.mat_w_bytes = m.gate.mat_w_bytes();
+  p.mat_groups = m.gate.mat_groups();
+  p.logits = s.logits;
+  p.idx_out = s.topk_idx; p.w_out = s.topk_w; p.sh_out = s.sh_scale;
+  p.E = m.router.rows;
+  p.k = s.top_k; p.F = kF; p.cols = kH; p.out = s.act;
+  a.dw = m.down.w; a.dsb = m.down.sb; a.sdw = m.sh_down.w; a.sdsb = m.sh_down.sb;
+  a.d_mat_w_bytes = m.down.mat_w_bytes();
+  a.d_mat_groups = m.down.mat_groups();
+  a.h = h;
+  a.norm_w = norm_w;
+  a.eps = eps;
+  a.x_out = x_out;
+  a.barrier = s.barrier;
+  static const bool trace = [] {
+    const char* e = std::getenv("LILY_MOE_TRACE");
+    return e && e[0] == '1';
+  }();
+  if (trace) CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&a.trace), g_trace));
+
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(sms);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;  // all blocks co-resident (the grid barriers need it)
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_fused_kernel, a));
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace detail
+
+// Prints block 0's phase times of the last fused MoE launch (LILY_MOE_TRACE=1; diagnostics for benchmarks).
+void moe_fused_print_trace() {
+  unsigned long long t[16] = {};
+  CUDA_CHECK(cudaMemcpyFromSymbol(t, detail::g_trace, sizeof t));
+  const char* names[] = {"entry", "x normed", "phase A done", "barrier 1", "selection", "phase B done",
+                         "barrier 2", "act staged", "end"};
+  std::printf("fused MoE, block 0 (ns since entry):");
+  for (int i = 1; i < 9; ++i) std::printf(" %s %llu;", names[i], t[i] - t[0]);
+  std::printf("\n");
+}
+}  // namespace lily::cuda
