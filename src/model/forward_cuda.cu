@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/common.cuh"
+#include "kernels/gdn_fused.h"
 #include "model/cuda_engine.h"
 #include "model/forward_cuda.h"
 
@@ -37,6 +38,10 @@ CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int de
   CUDA_CHECK(cudaSetDevice(device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (const char* e = std::getenv("LILY_SKIP")) skip_ = e;
+  if (const char* e = std::getenv("LILY_GDN_FUSED")) gdn_fused_ = e[0] != '0';
+  gdn_scratch_ = device_alloc<float>(gdn_mixer_scratch_floats());
+  gdn_barrier_ = device_alloc<unsigned>(2);
+  CUDA_CHECK(cudaMemsetAsync(gdn_barrier_, 0, 2 * sizeof(unsigned), stream_));
   const int H = c.hidden, d = c.head_dim;
   const int gdn_proj = c.conv_dim() + c.value_dim() + 2 * c.lin_v_heads;
   const int attn_proj = c.q_proj_rows() + 2 * c.n_kv_heads * d;
@@ -93,7 +98,7 @@ CudaEngine::~CudaEngine() {
   cudaStreamSynchronize(stream_);
   if (graph_) cudaGraphExecDestroy(graph_);
   for (void* p : {(void*)step_, (void*)h_, (void*)x_, (void*)proj_, (void*)mix_, (void*)q_, (void*)logits_,
-                  gdn_state_, (void*)attn_.partial})
+                  gdn_state_, (void*)attn_.partial, (void*)gdn_scratch_, (void*)gdn_barrier_})
     if (p) cudaFree(p);
   for (auto* t : page_table_) cudaFree(t);
   for (void* b : page_blocks_) cudaFree(b);
@@ -155,9 +160,7 @@ void CudaEngine::record_step(const FamilyMark* mark) {
       attention(i, l.input_norm);  // h += o_proj(attention(norm(h)))
     else
       gdn(i, l.input_norm);        // h += out_proj(gdn(norm(h)))
-    if (family("moe_route")) moe_route_rmsnorm(l.moe, h_, l.post_norm, c.eps, x_, moe_, stream_);  // x = norm(h)
-    if (family("moe_gate_up")) moe_gate_up(l.moe, x_, moe_, stream_);  // routing selection + experts gate/up
-    if (family("moe_down")) moe_down(l.moe, moe_, h_, stream_);  // h += MoE(x)
+    if (family("moe")) moe_block(l.moe, h_, l.post_norm, c.eps, x_, moe_, stream_);  // h += MoE(norm(h))
   }
   GemvBatch head;
   head.n = 1;
@@ -182,6 +185,16 @@ void CudaEngine::project(const GemvBatch& b, const float* norm_w, bool& normed) 
 void CudaEngine::gdn(int layer, const float* norm_w) {
   const Config& c = cfg_;
   const GdnDev& g = w_.layers[layer].gdn;
+  const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
+  GdnMixerDev m;
+  m.qkv = g.qkv, m.z = g.z, m.b = g.b, m.a = g.a, m.out = g.out;
+  m.conv_w = g.conv_w, m.a_log = g.a_log, m.dt_bias = g.dt_bias, m.norm = g.norm;
+  if (gdn_fused_ && gdn_mixer_fused_supported(m, dims)) {  // one persistent launch (kernels/gdn_fused.cu)
+    if (family("gdn"))
+      launch_gdn_mixer_fused(m, dims, h_, norm_w, c.eps, x_, proj_, gdn_scratch_, gdn_barrier_, ring_[layer],
+                             S_[layer], &step_->pos, stream_);
+    return;
+  }
   const int Hv = c.lin_v_heads;
   float* qkv = proj_;
   float* z = qkv + c.conv_dim();
@@ -203,7 +216,6 @@ void CudaEngine::gdn(int layer, const float* norm_w) {
   add(g.b, b);
   add(g.a, a);
   if (family("gdn_in_proj")) project(batch, norm_w, normed);
-  const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
   if (family("gdn_core"))
     launch_gdn_step(qkv, z, a, b, g.conv_w, g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], mix_,
                     &step_->pos, dims, c.eps, stream_);

@@ -1,0 +1,201 @@
+// The Gated DeltaNet decode step of one (value head, 32-column tile) for 256 threads, shared by the standalone
+// kernel (kernels/gdn.cu: one block per tile, the output norm over a cluster) and the fused mixer kernel
+// (kernels/gdn_fused.cu: half of a persistent block, the output norm in the out_proj phase). model.md §2.2:
+//   conv_silu   causal depthwise conv (4 taps) over raw qkv held in a 4-slot ring + SiLU
+//   l2norm_qk   L2 norms of the key head's q and k (q additionally * 1/sqrt(Dk))
+//   gates       beta = sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias))
+//   delta_rule  S = decay*S; mem = Sᵀk; S += k ⊗ beta(v - mem); o = Sᵀq   (state read once, written once)
+// Thread t holds rows rg + 32r (r < 4) x columns c4*4..+3 of the tile (c4 = t % 8, rg = t / 8). The caller's
+// Sync functor is the barrier of the 256 participating threads. Inputs produced by the in_proj (qkv, a, b) are
+// read through L2 (__ldcg): in the fused kernel other blocks wrote them in the same launch.
+#pragma once
+#include "kernels/mixers.h"
+
+namespace lily::cuda::gdn {
+
+inline constexpr int kThreads = 256;  // 8 column quads x 32 row groups
+inline constexpr int kCols = 32;      // value columns per tile
+inline constexpr int kMaxDk = 128;    // 32 row groups x 4 rows per thread
+inline constexpr int kRowsPerThread = kMaxDk / 32;
+
+struct Shared {
+  float qn[kMaxDk];
+  float kn[kMaxDk];
+  float v[kCols];
+  float red[kThreads / 32][kCols];  // per-warp partial column sums
+  float o[kCols];
+  float warp_ss[kThreads / 32];
+  float head_ss;                    // this tile's share of Σ o²
+};
+
+struct StepArgs {
+  const float* qkv; const float* a_in; const float* b_in;
+  const float* conv_w; const float* a_log; const float* dt_bias;
+  float* ring; float* state;
+  GdnDims dims;
+};
+
+__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(__expf(x)); }
+__device__ __forceinline__ float4 fma4(float4 a, float s, float4 b) {
+  return make_float4(fmaf(a.x, s, b.x), fmaf(a.y, s, b.y), fmaf(a.z, s, b.z), fmaf(a.w, s, b.w));
+}
+
+// Causal depthwise conv of channel c at position pos over ring slots (pos-3..pos-1) % 4 and the current value,
+// then SiLU. Taps before the sequence start read as 0.
+__device__ __forceinline__ float conv_silu(const float* __restrict__ conv_w, const float* __restrict__ ring,
+                                           int conv_dim, int c, float x_cur, int pos) {
+  float acc = conv_w[c * 4 + 3] * x_cur;
+#pragma unroll
+  for (int back = 1; back <= 3; ++back)
+    if (pos - back >= 0) acc += conv_w[c * 4 + 3 - back] * ring[(size_t)((pos - back) & 3) * conv_dim + c];
+  return silu(acc);
+}
+
+// Sum over the 4 row groups of a warp that share a column quad (lanes c4, c4+8, c4+16, c4+24), then over the
+// 8 warps through shared memory. Returns the 4 column totals of this thread's quad.
+template <typename Sync>
+__device__ __forceinline__ float4 column_sums(float4 p, float (*red)[kCols], int tid, Sync sync) {
+#pragma unroll
+  for (int o = 8; o <= 16; o <<= 1) {
+    p.x += __shfl_xor_sync(0xffffffffu, p.x, o);
+    p.y += __shfl_xor_sync(0xffffffffu, p.y, o);
+    p.z += __shfl_xor_sync(0xffffffffu, p.z, o);
+    p.w += __shfl_xor_sync(0xffffffffu, p.w, o);
+  }
+  const int lane = tid % 32, warp = tid / 32, c4 = tid % 8;
+  sync();  // red may still be read by a previous call
+  if (lane < 8) {
+    red[warp][c4 * 4 + 0] = p.x;
+    red[warp][c4 * 4 + 1] = p.y;
+    red[warp][c4 * 4 + 2] = p.z;
+    red[warp][c4 * 4 + 3] = p.w;
+  }
+  sync();
+  float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) {
+    t.x += red[w][c4 * 4 + 0];
+    t.y += red[w][c4 * 4 + 1];
+    t.z += red[w][c4 * 4 + 2];
+    t.w += red[w][c4 * 4 + 3];
+  }
+  return t;
+}
+
+// This thread's 4 rows x 4 columns of the state of head h (no earlier kernel of the step writes it, so callers
+// issue this before waiting for the in_proj results).
+__device__ __forceinline__ void load_state(const StepArgs& a, int h, int col0, int tid, float4 (&s)[kRowsPerThread]) {
+  const int Dk = a.dims.k_dim, Dv = a.dims.v_dim;
+  const int c4 = tid % 8, rg = tid / 8, col = col0 + c4 * 4;
+  const float* S = a.state + (size_t)h * Dk * Dv;
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const int i = rg + 32 * r;
+    s[r] = col < Dv && i < Dk ? *reinterpret_cast<const float4*>(S + (size_t)i * Dv + col)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+// The step for head h, columns [col0, col0 + 32) at position pos, with the state already in s: updates ring and
+// state, returns the 4 output columns of this thread's quad (every thread of the quad holds them).
+// writes_qk: this tile writes the key head's q/k channels into the ring (one tile per key head does).
+template <typename Sync>
+__device__ __forceinline__ float4 step(const StepArgs& a, int h, int col0, int pos, bool writes_qk, int tid,
+                                       float4 (&s)[kRowsPerThread], Shared& sh, Sync sync) {
+  const int lane = tid % 32, warp = tid / 32;
+  const GdnDims& d = a.dims;
+  const int kh = h / (d.n_v_heads / d.n_k_heads);
+  const int Dk = d.k_dim, Dv = d.v_dim, key_dim = d.n_k_heads * Dk;
+  const int conv_dim = 2 * key_dim + d.n_v_heads * Dv;
+  const size_t slot = (size_t)(pos & 3) * conv_dim;
+  const int c4 = tid % 8, rg = tid / 8, col = col0 + c4 * 4;
+  const bool col_ok = col < Dv;
+  float* S = a.state + (size_t)h * Dk * Dv;
+
+  // conv + SiLU: threads [0,128) q channel tid, [128,256) k channel tid-128; threads [0,32) also one v column.
+  const int i_qk = tid % kMaxDk;
+  const bool is_k = tid >= kMaxDk;
+  float u = 0.f;
+  if (i_qk < Dk) {
+    const int c = (is_k ? key_dim : 0) + kh * Dk + i_qk;
+    const float x = __ldcg(a.qkv + c);
+    u = conv_silu(a.conv_w, a.ring, conv_dim, c, x, pos);
+    if (writes_qk) a.ring[slot + c] = x;
+  }
+  if (tid < kCols && col0 + tid < Dv) {
+    const int c = 2 * key_dim + h * Dv + col0 + tid;
+    const float x = __ldcg(a.qkv + c);
+    sh.v[tid] = conv_silu(a.conv_w, a.ring, conv_dim, c, x, pos);
+    a.ring[slot + c] = x;
+  }
+
+  // L2 norms: warps 0-3 hold q, warps 4-7 hold k.
+  float ss = u * u;
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) sh.warp_ss[warp] = ss;
+  sync();
+  const int half = kThreads / 64;
+  float part = 0.f;
+  for (int w = 0; w < half; ++w) part += sh.warp_ss[(is_k ? half : 0) + w];
+  if (i_qk < Dk) {
+    const float scale = is_k ? 1.f : rsqrtf((float)Dk);
+    (is_k ? sh.kn : sh.qn)[i_qk] = u * rsqrtf(part + 1e-6f) * scale;
+  }
+
+  // gates (every thread computes the two scalars of head h)
+  const float beta = sigmoid(__ldcg(a.b_in + h));
+  const float decay = __expf(-__expf(a.a_log[h]) * softplus(__ldcg(a.a_in + h) + a.dt_bias[h]));
+  sync();
+
+  // delta rule on this thread's 4 rows x 4 columns
+  float4 mem = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const int i = rg + 32 * r;
+    s[r] = make_float4(s[r].x * decay, s[r].y * decay, s[r].z * decay, s[r].w * decay);
+    if (i < Dk) mem = fma4(s[r], sh.kn[i], mem);
+  }
+  mem = column_sums(mem, sh.red, tid, sync);
+  float4 dlt = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (col_ok) {
+    const float* v = sh.v + c4 * 4;
+    dlt = make_float4(beta * (v[0] - mem.x), beta * (v[1] - mem.y), beta * (v[2] - mem.z), beta * (v[3] - mem.w));
+  }
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const int i = rg + 32 * r;
+    if (col_ok && i < Dk) {
+      const float kn = sh.kn[i];
+      s[r] = make_float4(fmaf(kn, dlt.x, s[r].x), fmaf(kn, dlt.y, s[r].y), fmaf(kn, dlt.z, s[r].z),
+                         fmaf(kn, dlt.w, s[r].w));
+      *reinterpret_cast<float4*>(S + (size_t)i * Dv + col) = s[r];
+      o = fma4(s[r], sh.qn[i], o);
+    }
+  }
+  return column_sums(o, sh.red, tid, sync);
+}
+
+// The tile's outputs into sh.o and its Σ o² into sh.head_ss (threads < 8 and warp 0 work; ends with a sync).
+template <typename Sync>
+__device__ __forceinline__ void tile_sum_squares(float4 o, int col0, int Dv, int tid, Shared& sh, Sync sync) {
+  const int c4 = tid % 8, lane = tid % 32;
+  if (tid < 8) {
+    sh.o[c4 * 4 + 0] = o.x;
+    sh.o[c4 * 4 + 1] = o.y;
+    sh.o[c4 * 4 + 2] = o.z;
+    sh.o[c4 * 4 + 3] = o.w;
+  }
+  sync();
+  if (tid < 32) {
+    const float x = col0 + lane < Dv ? sh.o[lane] : 0.f;
+    float t = x * x;
+    for (int off = 16; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
+    if (lane == 0) sh.head_ss = t;
+  }
+  sync();
+}
+
+}  // namespace lily::cuda::gdn

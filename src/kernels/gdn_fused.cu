@@ -1,0 +1,209 @@
+// The whole linear-attention mixer of one decode step in ONE persistent launch (model.md §2.1 + §2.2):
+//   h += out_proj(gated_rmsnorm(gdn_step(in_proj(RMSNorm(h) * input_norm))))
+// for the real model's shapes (H = 2048, Hk = 16, Hv = 32, Dk = Dv = 128, every projection q4). One block per
+// SM, 16 warps each; three phases separated by grid barriers (kernels/grid_barrier.cuh) instead of kernel
+// boundaries:
+//   1  every block normalises h; warp g computes rows [6g, 6g + 6) of in_proj (qkv | z | b | a, 12352 rows)
+//      into the projection scratch; the weights are requested first thing
+//   2  blocks 0..127 (threads 0..255) run the step of one (value head, 32-column tile) each
+//      (kernels/gdn_core.cuh, state requested before barrier 1), writing the raw outputs o and each tile's Σ o²
+//   3  every block applies the gated RMSNorm of the head (Σ o² of its 4 tiles) to all 4096 outputs while staging
+//      them, and warp g computes out_proj row g (weights requested before barrier 1), h[g] += it
+// Replaces gemv_multi_rmsnorm + launch_gdn_step + gemv (the standalone kernels stay for other shapes and GPUs
+// with fewer than 128 SMs). Tested by tests/gpu/test_gdn_fused.cu against the three-launch path.
+#include "kernels/gdn_fused.h"
+
+#include "kernels/common.cuh"
+#include "kernels/gdn_core.cuh"
+#include "kernels/gemv_impl.cuh"
+#include "kernels/gemv_stream.cuh"
+#include "kernels/grid_barrier.cuh"
+
+namespace lily::cuda {
+namespace detail {
+namespace {
+
+constexpr int kH = kHidden;
+constexpr int kHv = 32, kHk = 16, kD = 128, kTiles = kD / gdn::kCols;  // 4 column tiles per value head
+constexpr int kConv = 2 * kHk * kD + kHv * kD;                        // 8192
+constexpr int kV = kHv * kD;                                           // 4096
+constexpr int kInRows = kConv + kV + 2 * kHv;                          // 12352
+constexpr int kWarps = 16, kThreads = kWarps * 32;
+constexpr int kRowsPerWarp = 6;                                        // 6 * 16 * 128 SMs >= 12352
+constexpr int kMinBlocks = (kInRows + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp);  // 129
+
+struct Args {
+  MultiArgs in;           // qkv, z, b, a rows -> proj scratch
+  const float* input_norm;
+  float eps;
+  float* x_out;           // normed block input (block 0 stores it), may be null
+  gdn::StepArgs step;     // qkv / a / b point into the proj scratch
+  const float* z;         // proj scratch z [Hv * Dv]
+  const float* norm_w;    // gated RMSNorm weight [Dv]
+  float* o_raw;           // [Hv * Dv] scratch
+  float* tile_ss;         // [Hv * kTiles] scratch
+  const uint8_t* ow; const uint32_t* osb;  // out_proj [H][Hv * Dv] q4
+  float* h;
+  const int* pos;
+  unsigned* barrier;
+};
+
+__global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
+  __shared__ __align__(16) StreamX<kH> xs;
+  __shared__ __align__(16) StreamX<kV> xo;
+  __shared__ gdn::Shared gsh;
+  __shared__ float head_r[kHv];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = warp * gridDim.x + blockIdx.x;  // this warp's task in phases 1 and 3
+  constexpr int G = kH / kGroupSize;
+
+  // ---- requests: in_proj rows, this tile's state, the out_proj row ----
+  uint4 wv[kRowsPerWarp][2];
+  uint32_t sv[kRowsPerWarp][2];
+  const int row0 = g * kRowsPerWarp;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int task = min(row0 + r, a.in.total - 1);
+    const int m = find_mat(a.in, task);
+    const size_t row = static_cast<size_t>(task - pick(a.in.off, m));
+    stream_load_row<kH>(pick(a.in.w, m) + row * (kH / 2), pick(a.in.sb, m) + row * G, wv[r], sv[r]);
+  }
+  const bool step_block = blockIdx.x < kHv * kTiles && tid < gdn::kThreads;
+  const int head = blockIdx.x / kTiles, col0 = (blockIdx.x % kTiles) * gdn::kCols;
+  float4 s[gdn::kRowsPerThread];
+  if (step_block) gdn::load_state(a.step, head, col0, tid, s);
+  const bool out_task = g < kH;
+  uint4 ov[1][kV / 1024];
+  uint32_t osv[1][kV / 1024];
+  if (out_task) stream_load_row<kV>(a.ow + static_cast<size_t>(g) * (kV / 2), a.osb + static_cast<size_t>(g) * (kV / kGroupSize), ov[0], osv[0]);
+
+  // ---- phase 1: x = RMSNorm(h), in_proj ----
+  NormIn n;
+  n.w = a.input_norm;
+  n.eps = a.eps;
+  n.x_out = a.x_out;
+  stream_stage_x_norm<kH, kThreads>(a.h, n, xs);
+  {
+    float acc[kRowsPerWarp];
+    stream_dots<kH, kRowsPerWarp>(xs, wv, sv, acc);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) acc[r] = group_sum<32>(acc[r]);
+    float v = acc[0];
+#pragma unroll
+    for (int r = 1; r < kRowsPerWarp; ++r) v = lane == r ? acc[r] : v;
+    const int task = row0 + lane;
+    if (lane < kRowsPerWarp && task < a.in.total) {
+      const int m = find_mat(a.in, task);
+      pick(a.in.y, m)[task - pick(a.in.off, m)] = v;
+    }
+  }
+  grid_barrier(a.barrier);
+
+  // ---- phase 2: the GDN step of one (head, tile) per block ----
+  if (step_block) {
+    auto sync = [] { asm volatile("bar.sync 1, 256;" ::: "memory"); };  // threads 0..255 only
+    const bool writes_qk = col0 == 0 && head % (kHv / kHk) == 0;
+    const float4 o = gdn::step(a.step, head, col0, *a.pos, writes_qk, tid, s, gsh, sync);
+    gdn::tile_sum_squares(o, col0, kD, tid, gsh, sync);
+    if (tid < gdn::kCols) a.o_raw[head * kD + col0 + tid] = gsh.o[tid];
+    if (tid == 0) a.tile_ss[blockIdx.x] = gsh.head_ss;
+  }
+  grid_barrier(a.barrier);
+
+  // ---- phase 3: gated RMSNorm of every head while staging, out_proj row g, residual ----
+  if (tid < kHv) {
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < kTiles; ++k) t += __ldcg(a.tile_ss + tid * kTiles + k);
+    head_r[tid] = rsqrtf(t / kD + a.eps);
+  }
+  __syncthreads();
+  {
+    constexpr int nch = kV / 32, J = kV / 4 / kThreads;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int i = tid + j * kThreads;  // float4 index: chunk i / 8, part i % 8
+      const float4 o = __ldcg(reinterpret_cast<const float4*>(a.o_raw) + i);
+      const float4 z = __ldcg(reinterpret_cast<const float4*>(a.z) + i);
+      const float4 w = reinterpret_cast<const float4*>(a.norm_w)[i % (kD / 4)];
+      const float r = head_r[i / (kD / 4)];
+      const float4 x = make_float4(o.x * r * w.x * gdn::silu(z.x), o.y * r * w.y * gdn::silu(z.y),
+                                   o.z * r * w.z * gdn::silu(z.z), o.w * r * w.w * gdn::silu(z.w));
+      xo.xt[(i & 7) * nch + (i >> 3)] = x;
+      const float part = (x.x + x.y) + (x.z + x.w);
+      float t = 0.f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) t += __shfl_sync(0xffffffffu, part, (tid & 24) + k);
+      if ((i & 7) == 0) xo.xsum[i >> 3] = t;
+    }
+  }
+  __syncthreads();
+  if (!out_task) return;
+  float acc[1];
+  stream_dots<kV, 1>(xo, ov, osv, acc);
+  const float v = group_sum<32>(acc[0]);
+  if (lane == 0) a.h[g] += v;
+}
+
+}  // namespace
+}  // namespace detail
+
+bool gdn_mixer_fused_supported(const GdnMixerDev& m, GdnDims d) {
+  auto q4 = [](const QMat& w, int rows, int cols) {
+    return w.format == QFormat::q4 && w.n_mats == 1 && w.rows == rows && w.cols == cols;
+  };
+  return detail::sm_count() >= detail::kMinBlocks && d.n_k_heads == detail::kHk && d.n_v_heads == detail::kHv &&
+         d.k_dim == detail::kD && d.v_dim == detail::kD && q4(m.qkv, detail::kConv, kHidden) &&
+         q4(m.z, detail::kV, kHidden) && q4(m.b, detail::kHv, kHidden) && q4(m.a, detail::kHv, kHidden) &&
+         q4(m.out, kHidden, detail::kV);
+}
+
+size_t gdn_mixer_scratch_floats() { return detail::kV + detail::kHv * detail::kTiles; }
+
+void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const float* input_norm, float eps,
+                            float* x_out, float* proj, float* scratch, unsigned* barrier, float* conv_ring,
+                            float* state, const int* pos, cudaStream_t stream) {
+  LILY_CHECK(gdn_mixer_fused_supported(m, d), "gdn mixer: shapes not supported by the fused kernel");
+  using namespace detail;
+  Args a{};
+  MultiArgs& in = a.in;
+  const QMat* mats[4] = {&m.qkv, &m.z, &m.b, &m.a};
+  float* ys[4] = {proj, proj + kConv, proj + kConv + kV, proj + kConv + kV + kHv};
+  in.n = 4;
+  in.cols = kHidden;
+  in.total = 0;
+  for (int i = 0; i < 4; ++i) {
+    in.w[i] = mats[i]->w;
+    in.sb[i] = mats[i]->sb;
+    in.y[i] = ys[i];
+    in.off[i] = in.total;
+    in.total += mats[i]->rows;
+  }
+  a.input_norm = input_norm;
+  a.eps = eps;
+  a.x_out = x_out;
+  a.step = gdn::StepArgs{proj, ys[3], ys[2], m.conv_w, m.a_log, m.dt_bias, conv_ring, state, d};
+  a.z = ys[1];
+  a.norm_w = m.norm;
+  a.o_raw = scratch;
+  a.tile_ss = scratch + kV;
+  a.ow = m.out.w;
+  a.osb = m.out.sb;
+  a.h = h;
+  a.pos = pos;
+  a.barrier = barrier;
+
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(sm_count());
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;  // every block resident (grid barriers)
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_fused_kernel, a));
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,32 @@
+// The linear-attention mixer of a decoder layer in one persistent launch (kernels/gdn_fused.cu):
+// h += out_proj(gated_rmsnorm(gdn_step(in_proj(RMSNorm(h) * input_norm)))).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "kernels/mixers.h"
+#include "kernels/qmat.h"
+
+namespace lily::cuda {
+
+struct GdnMixerDev {            // linear_attn.* on the device
+  QMat qkv, z, b, a;            // in_proj_qkv [conv_dim, H], in_proj_z [Hv*Dv, H], in_proj_b / _a [Hv, H]
+  QMat out;                     // out_proj [H, Hv*Dv]
+  const float* conv_w = nullptr;   // [conv_dim][4]
+  const float* a_log = nullptr;    // [Hv]
+  const float* dt_bias = nullptr;  // [Hv]
+  const float* norm = nullptr;     // [Dv] gated RMSNorm weight (plain)
+};
+
+// True for the real model's shapes (every projection q4, H = 2048, Hk 16, Hv 32, Dk = Dv = 128) on a GPU with
+// enough SMs (>= 129) for the one-launch kernel.
+bool gdn_mixer_fused_supported(const GdnMixerDev& m, GdnDims d);
+size_t gdn_mixer_scratch_floats();  // floats of `scratch` below
+
+// One launch; h [H] is read (norm) and updated (residual). proj: [conv_dim + Hv*Dv + 2*Hv] projection scratch;
+// scratch: gdn_mixer_scratch_floats(); barrier: [2] unsigned, zeroed once, shared by sequential launches;
+// conv_ring / state as launch_gdn_step; pos on the device; x_out (may be null) receives RMSNorm(h) * input_norm.
+void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const float* input_norm, float eps,
+                            float* x_out, float* proj, float* scratch, unsigned* barrier, float* conv_ring,
+                            float* state, const int* pos, cudaStream_t stream);
+
+}  // namespace lily::cuda
