@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
   const double bw = copy_bandwidth();
   const char* pdl = std::getenv("LILY_PDL");
   std::printf("device %s, %d SMs, L2 %d MB; D2D copy bandwidth %.0f GB/s; PDL %s\n", prop.name,
-              prop.multiProcessorCount, prop.l2CacheSize >> 20, bw, pdl && pdl[0] == '0' ? "off" : "on");
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, bw, pdl && pdl[0] == '1' ? "on" : "off");
   std::vector<Result> res;
   auto report = [&](const std::string& name, double us, double bytes) {
     Result r{name, us, bytes, bytes / (us * 1e-6) / 1e9, 0};

@@ -18,7 +18,7 @@ status=0
 for t in "$BIN"/test_*; do
   name=$(basename "$t")
   echo "== $name"
-  timeout 240 "$t" > "$OUT/$name.log" 2>&1
+  timeout "${TEST_TIMEOUT:-240}" "$t" > "$OUT/$name.log" 2>&1
   rc=$?
   grep -E "^\[  (PASSED|FAILED) |tests? ran" "$OUT/$name.log" | tail -4
   [ $rc -eq 0 ] || { status=1; echo "$name FAILED (rc=$rc)"; grep -E -A2 "FAILED|Failure|error|exception" "$OUT/$name.log" | head -40; }

@@ -3,7 +3,7 @@
 // K = 512, 2048, 4096 (the model's widths) keep x in registers; other K (multiple of 64) use a generic path.
 // q4 with K = 2048 / 4096 (every q4 projection and lm_head) takes the streaming kernel (gemv_stream.cuh) instead.
 // Every launch uses programmatic dependent launch (kernels/gemv_impl.cuh): weights are fetched before waiting
-// for the previous kernel. Environment: LILY_PDL=0 (no PDL), LILY_GEMV_PIPE=0/1 (persistent K=2048 kernel),
+// for the previous kernel. Environment: LILY_PDL=1 (PDL on; off by default), LILY_GEMV_PIPE=0/1 (persistent K=2048 kernel),
 // LILY_GEMV_STREAM=0 (no streaming kernel), LILY_GEMV_NW / LILY_GEMV_BPS (its block shape, for benchmarks).
 // Tested by tests/gpu/test_gemv.cu, timed by bench/bench_kernels.cu.
 #include "kernels/common.cuh"
@@ -20,7 +20,7 @@ namespace detail {
 bool pdl_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("LILY_PDL");
-    return !(e && e[0] == '0');
+    return e && e[0] == '1';  // off by default: measured 5-50 us per token slower with it (bench/RESULTS.md)
   }();
   return on;
 }

@@ -1,5 +1,5 @@
 // Launch helper for the mixer kernels (gdn.cu, attention.cu, norm_rope.cu): cudaLaunchKernelEx with
-// programmatic dependent launch (PDL; LILY_PDL=0 turns it off, the switch lives in gemv.cu) and an optional
+// programmatic dependent launch (PDL; off unless LILY_PDL=1, the switch lives in gemv.cu) and an optional
 // thread-block cluster. Kernels launched this way must call dep_wait() before reading anything an earlier
 // kernel wrote; dep_trigger() lets the next kernel be scheduled early (it still waits for this one to finish).
 #pragma once
