@@ -405,12 +405,15 @@ __device__ __forceinline__ PairArgs route_topk(const PairArgs& a, TopkSm& t) {
     }
   }
   __syncthreads();
-  if (e == 0) {
+  float wj = 0.f;
+  if (e < a.k) {  // renormalise: every selecting thread sums the k weights in rank order (same result)
     float total = 0.f;
     for (int j = 0; j < a.k; ++j) total += t.w[j];
-    for (int j = 0; j < a.k; ++j) t.w[j] /= total;
-    t.sh = 1.f / (1.f + expf(-l_sh));
+    wj = t.w[e] / total;
   }
+  __syncthreads();
+  if (e < a.k) t.w[e] = wj;
+  if (e == 0) t.sh = 1.f / (1.f + expf(-l_sh));
   __syncthreads();
   if (blockIdx.x == 0 && e < a.k) {
     a.idx_out[e] = t.idx[e];
