@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Copies what tools/gpu_run.sh needs into .device/stage/ (git-ignored; carried by the device tool):
-# the GPU test binaries, the lily binary and the non-system shared libraries it links.
+# Copies what tools/gpu_run.sh needs into .device/stage/ (git-ignored): the GPU test binaries, the lily binary,
+# the kernel benchmark and the non-system shared libraries lily links; packs it as .device/stage.tgz (~20 MB,
+# under the device tool's 64 MiB carry limit). On the GPU machine:
+#   tar xzf .device/stage.tgz -C .device && bash tools/gpu_run.sh .device/stage
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -14,4 +16,5 @@ for lib in $(ldd "$BUILD/lily" | awk '/httplib|brotli/ {print $3}'); do cp -L "$
 # the tests look for fixtures in the source tree and write into the build tree they were configured with
 sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" > "$STAGE/source_dir"
 (cd "$BUILD" && pwd) > "$STAGE/binary_dir"
-du -sh "$STAGE"
+tar czf .device/stage.tgz -C .device stage
+du -sh "$STAGE" .device/stage.tgz

@@ -46,6 +46,7 @@ struct Args {
   float* h;
   const int* pos;
   unsigned* barrier;
+  unsigned long long* trace;  // LILY_TRACE=1: block 0's phase times, else null
 };
 
 __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
@@ -56,6 +57,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = warp * gridDim.x + blockIdx.x;  // this warp's task in phases 1 and 3
   constexpr int G = kH / kGroupSize;
+  trace_stamp(a.trace, 0);
 
   // ---- requests: in_proj rows, this tile's state, the out_proj row ----
   uint4 wv[kRowsPerWarp][2];
@@ -83,6 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   n.eps = a.eps;
   n.x_out = a.x_out;
   stream_stage_x_norm<kH, kThreads>(a.h, n, xs);
+  trace_stamp(a.trace, 1);
   {
     float acc[kRowsPerWarp];
     stream_dots<kH, kRowsPerWarp>(xs, wv, sv, acc);
@@ -97,7 +100,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
       pick(a.in.y, m)[task - pick(a.in.off, m)] = v;
     }
   }
+  trace_stamp(a.trace, 2);
   grid_barrier(a.barrier);
+  trace_stamp(a.trace, 3);
 
   // ---- phase 2: the GDN step of one (head, tile) per block ----
   if (step_block) {
@@ -108,7 +113,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     if (tid < gdn::kCols) a.o_raw[head * kD + col0 + tid] = gsh.o[tid];
     if (tid == 0) a.tile_ss[blockIdx.x] = gsh.head_ss;
   }
+  trace_stamp(a.trace, 4);
   grid_barrier(a.barrier);
+  trace_stamp(a.trace, 5);
 
   // ---- phase 3: gated RMSNorm of every head while staging, out_proj row g, residual ----
   if (tid < kHv) {
@@ -138,11 +145,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     }
   }
   __syncthreads();
+  trace_stamp(a.trace, 6);
   if (!out_task) return;
   float acc[1];
   stream_dots<kV, 1>(xo, ov, osv, acc);
   const float v = group_sum<32>(acc[0]);
   if (lane == 0) a.h[g] += v;
+  trace_stamp(a.trace, 7);
 }
 
 }  // namespace
@@ -192,18 +201,9 @@ void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const flo
   a.h = h;
   a.pos = pos;
   a.barrier = barrier;
+  a.trace = persistent_trace(1);
 
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(sm_count());
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;  // every block resident (grid barriers)
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_fused_kernel, a));
-  CUDA_CHECK_LAUNCH();
+  launch_persistent(gdn_fused_kernel, a, kThreads, stream);
 }
 
 }  // namespace lily::cuda

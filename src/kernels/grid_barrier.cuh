@@ -7,6 +7,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "kernels/common.cuh"
+
 namespace lily::cuda::detail {
 
 __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
@@ -35,7 +37,36 @@ __device__ __forceinline__ void grid_barrier(unsigned* bar) {
   __syncthreads();
 }
 
+// Diagnostics (LILY_TRACE=1): block 0 of a persistent kernel stamps %globaltimer at its phase boundaries into
+// persistent_trace(kernel) (16 words, kernel 0 = MoE, 1 = GDN mixer); null when tracing is off.
+unsigned long long* persistent_trace(int kernel);
+__device__ __forceinline__ void trace_stamp(unsigned long long* trace, int i) {
+  if (trace && blockIdx.x == 0 && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    trace[i] = t;
+  }
+}
+
 // Number of SMs of the current device (the persistent kernels' grid).
 int sm_count();
+bool cooperative_launch();  // false with LILY_COOP=0 (benchmarks: the launch without the residency check)
+
+// Launches a persistent kernel: one block of `threads` per SM, cooperatively (the launch fails instead of
+// deadlocking if the blocks cannot all be resident).
+template <typename Args>
+void launch_persistent(void (*kernel)(Args), const Args& a, int threads, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(sm_count());
+  cfg.blockDim = dim3(threads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cooperative_launch() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+  CUDA_CHECK_LAUNCH();
+}
 
 }  // namespace lily::cuda::detail

@@ -44,18 +44,10 @@ struct FusedArgs {
   float eps;
   float* x_out;       // normed x (block 0 stores it), may be null
   unsigned* barrier;  // [2]: arrivals, generation (zero at allocation; left consistent by every launch)
-  unsigned long long* trace;  // LILY_MOE_TRACE=1: phase timestamps of block 0 (diagnostics), else null
+  unsigned long long* trace;  // LILY_TRACE=1: phase timestamps of block 0 (diagnostics), else null
 };
 
-__device__ unsigned long long g_trace[16];
-
-__device__ __forceinline__ void stamp(const FusedArgs& a, int i) {
-  if (a.trace && blockIdx.x == 0 && threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    a.trace[i] = t;
-  }
-}
+__device__ __forceinline__ void stamp(const FusedArgs& a, int i) { trace_stamp(a.trace, i); }
 
 // Phase C weights of output row i: flat chunk t = j * 16 + c (matrix j < 9, 16-byte chunk c of the 256-byte
 // row); lane l holds t = l + 32 * u.
@@ -204,6 +196,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
 
 }  // namespace
 
+bool cooperative_launch() {
+  static const bool on = [] {
+    const char* e = std::getenv("LILY_COOP");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 int sm_count() {
   static const int sms = [] {
     int dev = 0, n = 0;
@@ -223,7 +223,6 @@ bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s) {
 
 void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out,
                       const MoeScratch& s, cudaStream_t stream) {
-  const int sms = sm_count();
   FusedArgs a{};
   MultiArgs& r = a.router;
   r.n = 2;
@@ -251,36 +250,41 @@ void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, flo
   a.eps = eps;
   a.x_out = x_out;
   a.barrier = s.barrier;
-  static const bool trace = [] {
-    const char* e = std::getenv("LILY_MOE_TRACE");
-    return e && e[0] == '1';
-  }();
-  if (trace) CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&a.trace), g_trace));
+  a.trace = persistent_trace(0);
 
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(sms);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;  // all blocks co-resident (the grid barriers need it)
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_fused_kernel, a));
-  CUDA_CHECK_LAUNCH();
+  launch_persistent(moe_fused_kernel, a, kThreads, stream);
 }
 
 }  // namespace detail
 
-// Prints block 0's phase times of the last fused MoE launch (LILY_MOE_TRACE=1; diagnostics for benchmarks).
-void moe_fused_print_trace() {
-  unsigned long long t[16] = {};
-  CUDA_CHECK(cudaMemcpyFromSymbol(t, detail::g_trace, sizeof t));
-  const char* names[] = {"entry", "x normed", "phase A done", "barrier 1", "selection", "phase B done",
-                         "barrier 2", "act staged", "end"};
+namespace detail {
+__device__ unsigned long long g_trace[2 * 16];
+
+// A static device array (no allocation: this runs inside graph capture).
+unsigned long long* persistent_trace(int kernel) {
+  static unsigned long long* buf = [] {
+    const char* e = std::getenv("LILY_TRACE");
+    unsigned long long* p = nullptr;
+    if (e && e[0] == '1') CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&p), g_trace));
+    return p;
+  }();
+  return buf ? buf + 16 * kernel : nullptr;
+}
+}  // namespace detail
+
+// Prints block 0's phase times of the last launch of each persistent kernel (LILY_TRACE=1; benchmarks).
+void print_persistent_trace() {
+  unsigned long long* d = detail::persistent_trace(0);
+  if (!d) return;
+  unsigned long long t[32] = {};
+  CUDA_CHECK(cudaMemcpy(t, d, sizeof t, cudaMemcpyDeviceToHost));
+  const char* moe[] = {"entry", "x normed", "phase A done", "barrier 1", "selection", "phase B done", "barrier 2",
+                       "act staged", "end"};
+  const char* gdn[] = {"entry", "x normed", "in_proj done", "barrier 1", "step done", "barrier 2", "staged", "end"};
   std::printf("fused MoE, block 0 (ns since entry):");
-  for (int i = 1; i < 9; ++i) std::printf(" %s %llu;", names[i], t[i] - t[0]);
+  for (int i = 1; i < 9; ++i) std::printf(" %s %llu;", moe[i], t[i] - t[0]);
+  std::printf("\nfused GDN mixer, block 0 (ns since entry):");
+  for (int i = 1; i < 8; ++i) std::printf(" %s %llu;", gdn[i], t[16 + i] - t[16]);
   std::printf("\n");
 }
 }  // namespace lily::cuda

@@ -144,7 +144,7 @@ void moe_forward(const MoeWeightsDev& m, const float* x, const MoeScratch& s, fl
 // work); otherwise, or with LILY_MOE_FUSED=0, moe_route_rmsnorm + moe_gate_up + moe_down.
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
                cudaStream_t stream);
-void moe_fused_print_trace();  // LILY_MOE_TRACE=1: phase times of the last fused launch (benchmarks)
+void print_persistent_trace();  // LILY_TRACE=1: phase times of the last fused MoE / GDN launches (benchmarks)
 
 // ---- embedding ----
 // out[c] = E[token][c] dequantised (fp32 [cols]); token read from DEVICE memory (e.g. the sampler's output),

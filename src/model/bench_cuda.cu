@@ -144,7 +144,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     CUDA_CHECK(cudaStreamSynchronize(st));
     std::vector<double> t;
     for (int i = 0; i < opt.steps; ++i) t.push_back(elapsed_ms(ev[i], ev[i + 1]) * 1e3);
-    if (std::getenv("LILY_MOE_TRACE")) moe_fused_print_trace();
+    print_persistent_trace();  // LILY_TRACE=1 only
     std::sort(t.begin(), t.end());
     pt.us_per_token = t[t.size() / 2];
     pt.tok_per_s = 1e6 / pt.us_per_token;
