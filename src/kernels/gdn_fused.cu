@@ -4,11 +4,11 @@
 // SM, 16 warps each; three phases separated by grid barriers (kernels/grid_barrier.cuh) instead of kernel
 // boundaries:
 //   1  every block normalises h; warp g computes rows [6g, 6g + 6) of in_proj (qkv | z | b | a, 12352 rows)
-//      into the projection scratch; the weights are requested first thing
+//      into the projection scratch; those weights and the recurrent state are requested first thing
 //   2  blocks 0..127 (threads 0..255) run the step of one (value head, 32-column tile) each
 //      (kernels/gdn_core.cuh, state requested before barrier 1), writing the raw outputs o and each tile's Σ o²
 //   3  every block applies the gated RMSNorm of the head (Σ o² of its 4 tiles) to all 4096 outputs while staging
-//      them, and warp g computes out_proj row g (weights requested before barrier 1), h[g] += it
+//      them, and warp g computes out_proj row g (weights requested at the end of phase 1), h[g] += it
 // Replaces gemv_multi_rmsnorm + launch_gdn_step + gemv (the standalone kernels stay for other shapes and GPUs
 // with fewer than 128 SMs). Tested by tests/gpu/test_gdn_fused.cu against the three-launch path.
 #include "kernels/gdn_fused.h"
@@ -59,7 +59,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   constexpr int G = kH / kGroupSize;
   trace_stamp(a.trace, 0);
 
-  // ---- requests: in_proj rows, this tile's state, the out_proj row ----
+  // ---- requests: h first (its L2 reads must not queue behind the weights), in_proj rows, this tile's state ----
+  HRegs<kH, kThreads> hr;
+  stream_load_h(a.h, hr);
   uint4 wv[kRowsPerWarp][2];
   uint32_t sv[kRowsPerWarp][2];
   const int row0 = g * kRowsPerWarp;
@@ -77,14 +79,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   const bool out_task = g < kH;
   uint4 ov[1][kV / 1024];
   uint32_t osv[1][kV / 1024];
-  if (out_task) stream_load_row<kV>(a.ow + static_cast<size_t>(g) * (kV / 2), a.osb + static_cast<size_t>(g) * (kV / kGroupSize), ov[0], osv[0]);
 
   // ---- phase 1: x = RMSNorm(h), in_proj ----
   NormIn n;
   n.w = a.input_norm;
   n.eps = a.eps;
   n.x_out = a.x_out;
-  stream_stage_x_norm<kH, kThreads>(a.h, n, xs);
+  stream_stage_loaded_norm(hr, n, xs);
   trace_stamp(a.trace, 1);
   {
     float acc[kRowsPerWarp];
@@ -100,6 +101,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
       pick(a.in.y, m)[task - pick(a.in.off, m)] = v;
     }
   }
+  // The out_proj row is requested only now: issued at entry it shared the HBM with the in_proj rows that phase
+  // 1 waits for (in_proj finished ~2.5 us later); from here it streams during barrier 1 and phase 2.
+  if (out_task)
+    stream_load_row<kV>(a.ow + static_cast<size_t>(g) * (kV / 2), a.osb + static_cast<size_t>(g) * (kV / kGroupSize),
+                        ov[0], osv[0]);
   trace_stamp(a.trace, 2);
   grid_barrier(a.barrier);
   trace_stamp(a.trace, 3);

@@ -26,6 +26,7 @@ struct NormIn {
   const float* w = nullptr;  // [K]; nullptr: x is used as given
   float eps = 0.f;
   float* x_out = nullptr;    // [K] or nullptr
+  bool pdl = false;          // launched with PDL: h may only be read after griddepcontrol.wait
 };
 
 __device__ __forceinline__ float4 x4_at(const float* x, int i) { return reinterpret_cast<const float4*>(x)[i]; }
@@ -55,15 +56,32 @@ __device__ __forceinline__ void stream_stage_x(const XT* x, StreamX<K>& s) {
 }
 
 // Stage: x = RMSNorm(h) (see NormIn) into s by a block of NT threads; ends with a barrier.
+// h in registers first (stream_load_h), then the norm from them (stream_stage_loaded_norm): kernels that issue
+// many weight loads at entry load h before them, so its L2 reads are not queued behind the weight stream.
 template <int K, int NT>
-__device__ __forceinline__ void stream_stage_x_norm(const float* h, const NormIn& n, StreamX<K>& s) {
-  constexpr int nch = K / 32, J = K / 4 / NT;
+struct HRegs {
+  float4 v[K / 4 / NT];
+};
+template <int K, int NT>
+__device__ __forceinline__ void stream_load_h(const float* h, HRegs<K, NT>& r) {
   static_assert((K / 4) % NT == 0 && NT % 32 == 0, "K / 4 must be a multiple of the block size");
+#pragma unroll
+  for (int j = 0; j < K / 4 / NT; ++j) {
+    const float4* p = reinterpret_cast<const float4*>(h) + threadIdx.x + j * NT;
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
+                 : "=f"(r.v[j].x), "=f"(r.v[j].y), "=f"(r.v[j].z), "=f"(r.v[j].w)
+                 : "l"(p));
+  }
+}
+
+template <int K, int NT>
+__device__ __forceinline__ void stream_stage_loaded_norm(const HRegs<K, NT>& hr, const NormIn& n, StreamX<K>& s) {
+  constexpr int nch = K / 32, J = K / 4 / NT;
   float4 v[J];
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < J; ++j) {
-    v[j] = x4_at(h, threadIdx.x + j * NT);
+    v[j] = hr.v[j];
     ss = fmaf(v[j].x, v[j].x, fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
   }
 #pragma unroll
@@ -89,6 +107,14 @@ __device__ __forceinline__ void stream_stage_x_norm(const float* h, const NormIn
     if ((i & 7) == 0) s.xsum[i >> 3] = t;
   }
   __syncthreads();
+}
+
+template <int K, int NT>
+__device__ __forceinline__ void stream_stage_x_norm(const float* h, const NormIn& n, StreamX<K>& s) {
+  HRegs<K, NT> hr;
+#pragma unroll
+  for (int j = 0; j < K / 4 / NT; ++j) hr.v[j] = x4_at(h, threadIdx.x + j * NT);
+  stream_stage_loaded_norm<K, NT>(hr, n, s);
 }
 
 // Either stage: plain x, or RMSNorm(x) when n.w is set (x must then be fp32).

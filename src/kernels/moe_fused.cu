@@ -4,9 +4,9 @@
 // 16 warps each; three phases separated by grid-wide barriers instead of kernel boundaries:
 //   A  every block normalises h; warps compute the router logits (+ shared-gate logit) and the shared expert's
 //      gate/up (unscaled silu(g) * u) — both need only x, and their weights are requested first thing
-//   B  every block turns the logits into the selection (route_topk, one warp); warps compute the routed experts'
-//      gate/up into act (scaled by the routing weight) and, before that, already request the down-projection
-//      weights they will need in phase C; block 0 scales the shared activations by the sigmoid gate
+//   B  every block turns the logits into the selection (route_topk); warps request the routed experts' gate/up
+//      rows and then the down-projection rows they will need in phase C, compute the gate/up into act (scaled by
+//      the routing weight); block 0 scales the shared activations by the sigmoid gate
 //   C  every block stages act in shared memory; warp g computes output row g of all 9 down projections and adds
 //      it to h (residual fused)
 // Replaces moe_route + moe_gate_up + moe_down (three kernel boundaries of ~4-5 us each on the H200, and the
@@ -87,6 +87,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   const int n_router = a.router.total;            // E + 1
   const bool router_task = g < n_router;
   const bool shared_task = !router_task && g < n_router + kF;
+  HRegs<kH, kThreads> hr;  // h first: its L2 reads must not queue behind the weight loads
+  stream_load_h(a.h, hr);
   RowBatch<QFormat::q8, kH, 1> rb;
   uint4 swv[2][2];  // shared expert gate, up rows
   uint32_t ssv[2][2];
@@ -102,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   n.w = a.norm_w;
   n.eps = a.eps;
   n.x_out = a.x_out;
-  stream_stage_x_norm<kH, kThreads>(a.h, n, xs);
+  stream_stage_loaded_norm(hr, n, xs);
   stamp(a, 1);
   // the same x in plain order for the q8 router rows (xs.xt holds float4 f of x at [(f % 8) * nch + f / 8])
   for (int f = threadIdx.x; f < kH / 4; f += kThreads)
@@ -125,16 +127,19 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   const bool pair_task = g < kK * kF / 2;        // 2 (gate, up) row pairs per warp
   const bool down_task = g < kH;
   DownRow dr;
-  if (down_task) load_down_row(a, topk.idx, g, dr);
+  uint4 wv[4][2];  // gate, up rows of the warp's two pairs
+  uint32_t sv[4][2];
   if (pair_task) {
-    uint4 wv[4][2];  // gate, up rows of the warp's two pairs
-    uint32_t sv[4][2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const PairRow pr = resolve_pair<true>(p, 2 * g + r, kH / 2, G2);
       stream_load_row<kH>(pr.gw, pr.gsb, wv[2 * r], sv[2 * r]);
       stream_load_row<kH>(pr.uw, pr.usb, wv[2 * r + 1], sv[2 * r + 1]);
     }
+  }
+  // the down rows of phase C after the gate/up rows this phase waits for (issued first, they delayed them)
+  if (down_task) load_down_row(a, topk.idx, g, dr);
+  if (pair_task) {
     float acc[4];
     stream_dots<kH, 4>(xs, wv, sv, acc);
 #pragma unroll
