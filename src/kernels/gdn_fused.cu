@@ -45,7 +45,8 @@ struct Args {
   const uint8_t* ow; const uint32_t* osb;  // out_proj [H][Hv * Dv] q4
   float* h;
   const int* pos;
-  unsigned* barrier;
+  unsigned* barrier;       // [kGridBarrierWords] (grid_barrier.cuh)
+  bool gen_barrier;        // LILY_GRID_BARRIER=gen
   unsigned long long* trace;  // LILY_TRACE=1: block 0's phase times, else null
 };
 
@@ -57,6 +58,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = warp * gridDim.x + blockIdx.x;  // this warp's task in phases 1 and 3
   constexpr int G = kH / kGroupSize;
+  GridSync gs = grid_sync_begin(a.barrier, a.gen_barrier);
   trace_stamp(a.trace, 0);
 
   // ---- requests: h first (its L2 reads must not queue behind the weights), in_proj rows, this tile's state ----
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     stream_load_row<kV>(a.ow + static_cast<size_t>(g) * (kV / 2), a.osb + static_cast<size_t>(g) * (kV / kGroupSize),
                         ov[0], osv[0]);
   trace_stamp(a.trace, 2);
-  grid_barrier(a.barrier);
+  grid_sync(gs);
   trace_stamp(a.trace, 3);
 
   // ---- phase 2: the GDN step of one (head, tile) per block ----
@@ -120,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     if (tid == 0) a.tile_ss[blockIdx.x] = gsh.head_ss;
   }
   trace_stamp(a.trace, 4);
-  grid_barrier(a.barrier);
+  grid_sync(gs);
   trace_stamp(a.trace, 5);
 
   // ---- phase 3: gated RMSNorm of every head while staging, out_proj row g, residual ----
@@ -207,6 +209,7 @@ void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const flo
   a.h = h;
   a.pos = pos;
   a.barrier = barrier;
+  a.gen_barrier = grid_barrier_gen();
   a.trace = persistent_trace(1);
 
   launch_persistent(gdn_fused_kernel, a, kThreads, stream);

@@ -23,7 +23,7 @@ bool gdn_mixer_fused_supported(const GdnMixerDev& m, GdnDims d);
 size_t gdn_mixer_scratch_floats();  // floats of `scratch` below
 
 // One launch; h [H] is read (norm) and updated (residual). proj: [conv_dim + Hv*Dv + 2*Hv] projection scratch;
-// scratch: gdn_mixer_scratch_floats(); barrier: [2] unsigned, zeroed once, shared by sequential launches;
+// scratch: gdn_mixer_scratch_floats(); barrier: [kGridBarrierWords], zeroed once, shared by sequential launches;
 // conv_ring / state as launch_gdn_step; pos on the device; x_out (may be null) receives RMSNorm(h) * input_norm.
 void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const float* input_norm, float eps,
                             float* x_out, float* proj, float* scratch, unsigned* barrier, float* conv_ring,

@@ -1,14 +1,12 @@
-// Grid-wide barrier for the persistent kernels (moe_fused.cu, gdn_fused.cu): launched cooperatively with one
-// block per SM, so every block is resident. bar[0] counts arrivals, bar[1] is the generation; both start at zero
-// (cudaMemset once) and every barrier leaves them consistent for the next one, in this launch or a later one.
-// The generation is read before arriving, so the last block to arrive cannot release a generation this block
-// has not seen; its release store publishes the reset count and, through each block's fence before arriving,
-// every block's global writes.
-#pragma once
-#include <cuda_runtime.h>
-
-#include "kernels/common.cuh"
-
+// Grid-wide barriers for the persistent kernels (moe_fused.cu, gdn_fused.cu), launched cooperatively with one
+// block per SM so every block is resident. State: kGridBarrierWords words (qmat.h), zeroed once, one array per
+// kernel type (every launch on it must use the same grid), left ready for the next launch by every barrier.
+//   GridSync (default): a 64-bit arrival counter that only grows. Arriving is a fire-and-forget release add;
+//     barrier k of a launch waits until the counter reaches base + k * grid, where base (the counter at the
+//     launch's start, a multiple of grid) is read by each block before its first arrival: no block can pass
+//     barrier 1 before all arrive, so that read lies in [base, base + grid).
+//   grid_barrier (LILY_GRID_BARRIER=gen): arrivals counted with a returning atomic, the last block resets the
+//     count and releases a generation word the others poll (two round trips more per barrier).
 namespace lily::cuda::detail {
 
 __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
@@ -47,6 +45,48 @@ __device__ __forceinline__ void trace_stamp(unsigned long long* trace, int i) {
     trace[i] = t;
   }
 }
+
+__device__ __forceinline__ unsigned long long ld_acquire_gpu_u64(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+struct GridSync {
+  unsigned* bar;            // the kernel's barrier words
+  bool gen;                 // grid_barrier instead of the counter
+  unsigned long long base;  // thread 0: counter at this launch's start
+  unsigned k;               // thread 0: barriers passed
+};
+
+// Call once at kernel entry, before any barrier (thread 0 reads the counter).
+__device__ __forceinline__ GridSync grid_sync_begin(unsigned* bar, bool gen) {
+  GridSync s{bar, gen, 0ull, 0u};
+  if (threadIdx.x == 0 && !gen) {
+    const unsigned long long c = ld_acquire_gpu_u64(reinterpret_cast<const unsigned long long*>(bar + 2));
+    s.base = c - c % gridDim.x;
+  }
+  return s;
+}
+
+__device__ __forceinline__ void grid_sync(GridSync& s) {
+  if (s.gen) {
+    grid_barrier(s.bar);
+    return;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long* ctr = reinterpret_cast<unsigned long long*>(s.bar + 2);
+    __threadfence();  // this block's global writes before its arrival
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(ctr) : "memory");
+    const unsigned long long target = s.base + static_cast<unsigned long long>(++s.k) * gridDim.x;
+    while (ld_acquire_gpu_u64(ctr) < target) {
+    }
+  }
+  __syncthreads();
+}
+
+bool grid_barrier_gen();  // LILY_GRID_BARRIER=gen (benchmarks)
 
 // Number of SMs of the current device (the persistent kernels' grid).
 int sm_count();

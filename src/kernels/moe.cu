@@ -311,8 +311,8 @@ MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn) {
   CUDA_CHECK(cudaMalloc(&s.topk_w, sizeof(float) * top_k));
   CUDA_CHECK(cudaMalloc(&s.sh_scale, sizeof(float)));
   CUDA_CHECK(cudaMalloc(&s.act, sizeof(float) * (top_k + 1) * ffn));
-  CUDA_CHECK(cudaMalloc(&s.barrier, 2 * sizeof(unsigned)));
-  CUDA_CHECK(cudaMemset(s.barrier, 0, 2 * sizeof(unsigned)));
+  CUDA_CHECK(cudaMalloc(&s.barrier, kGridBarrierWords * sizeof(unsigned)));
+  CUDA_CHECK(cudaMemset(s.barrier, 0, kGridBarrierWords * sizeof(unsigned)));
   return s;
 }
 

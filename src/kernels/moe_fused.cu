@@ -43,7 +43,8 @@ struct FusedArgs {
   const float* norm_w;
   float eps;
   float* x_out;       // normed x (block 0 stores it), may be null
-  unsigned* barrier;  // [2]: arrivals, generation (zero at allocation; left consistent by every launch)
+  unsigned* barrier;  // [kGridBarrierWords] (grid_barrier.cuh)
+  bool gen_barrier;   // LILY_GRID_BARRIER=gen
   unsigned long long* trace;  // LILY_TRACE=1: phase timestamps of block 0 (diagnostics), else null
 };
 
@@ -81,6 +82,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int g = warp * gridDim.x + blockIdx.x;  // this warp's task index in every phase
   constexpr int G2 = kH / kGroupSize;
+  GridSync gs = grid_sync_begin(a.barrier, a.gen_barrier);
   stamp(a, 0);
 
   // ---- phase A: router logits and the shared expert's gate/up ----
@@ -118,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
     if (lane == 0) a.pairs.out[kK * kF + (g - n_router)] = silu(gs) * us;  // scaled by the shared gate in B
   }
   stamp(a, 2);
-  grid_barrier(a.barrier);
+  grid_sync(gs);
   stamp(a, 3);
 
   // ---- phase B: selection, routed gate/up; the down weights of phase C are requested first ----
@@ -152,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   if (blockIdx.x == 0)  // the shared expert's activations times sigmoid(shared gate logit)
     for (int r = threadIdx.x; r < kF; r += kThreads) a.pairs.out[kK * kF + r] = __ldcg(a.pairs.out + kK * kF + r) * topk.sh;
   stamp(a, 5);
-  grid_barrier(a.barrier);
+  grid_sync(gs);
   stamp(a, 6);
 
   // ---- phase C: down projections of all 9 activations, residual add ----
@@ -200,6 +202,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
 }
 
 }  // namespace
+
+bool grid_barrier_gen() {
+  static const bool on = [] {
+    const char* e = std::getenv("LILY_GRID_BARRIER");
+    return e && e[0] == 'g';
+  }();
+  return on;
+}
 
 bool cooperative_launch() {
   static const bool on = [] {
@@ -255,6 +265,7 @@ void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, flo
   a.eps = eps;
   a.x_out = x_out;
   a.barrier = s.barrier;
+  a.gen_barrier = grid_barrier_gen();
   a.trace = persistent_trace(0);
 
   launch_persistent(moe_fused_kernel, a, kThreads, stream);

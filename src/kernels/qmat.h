@@ -37,6 +37,7 @@ inline constexpr int kTopK = 8;           // experts per token
 inline constexpr int kMoeFfn = 512;       // F (routed and shared expert)
 inline constexpr int kVocab = 248320;     // V (rows of lm_head / embed_tokens)
 inline constexpr int kVocabReal = 248077; // ids >= this are padding and are masked before sampling
+inline constexpr int kGridBarrierWords = 4;  // grid barrier state of a persistent kernel (kernels/grid_barrier.cuh)
 
 struct QMat {
   QFormat format = QFormat::q4;
@@ -117,7 +118,7 @@ struct MoeScratch {
   float* topk_w = nullptr;     // [top_k] renormalised routing weights
   float* sh_scale = nullptr;   // [1] sigmoid(shared_expert_gate . x)
   float* act = nullptr;        // [top_k + 1][F] SwiGLU activations pre-multiplied by their weight
-  unsigned* barrier = nullptr; // [2] grid barrier of the fused MoE kernel (arrivals, generation); zeroed once
+  unsigned* barrier = nullptr; // [kGridBarrierWords] grid barrier of the fused MoE kernel; zeroed once
   int n_experts = 0, top_k = 0, ffn = 0;
 };
 MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn);

@@ -113,7 +113,7 @@ class CudaEngine {
   std::string skip_;                  // LILY_SKIP: kernel families left out of the step (benchmarks only)
   bool gdn_fused_ = true;             // LILY_GDN_FUSED=0: the three-launch GDN mixer (benchmarks)
   float* gdn_scratch_ = nullptr;      // [gdn_mixer_scratch_floats()] fused GDN mixer: raw outputs, tile sums
-  unsigned* gdn_barrier_ = nullptr;   // [2] its grid barrier
+  unsigned* gdn_barrier_ = nullptr;   // [kGridBarrierWords] its grid barrier
   bool family(const char* name);      // marks `name`; false when it is skipped
   int max_context_ = 0;
   cudaStream_t stream_ = nullptr;

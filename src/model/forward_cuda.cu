@@ -40,8 +40,8 @@ CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int de
   if (const char* e = std::getenv("LILY_SKIP")) skip_ = e;
   if (const char* e = std::getenv("LILY_GDN_FUSED")) gdn_fused_ = e[0] != '0';
   gdn_scratch_ = device_alloc<float>(gdn_mixer_scratch_floats());
-  gdn_barrier_ = device_alloc<unsigned>(2);
-  CUDA_CHECK(cudaMemsetAsync(gdn_barrier_, 0, 2 * sizeof(unsigned), stream_));
+  gdn_barrier_ = device_alloc<unsigned>(kGridBarrierWords);
+  CUDA_CHECK(cudaMemsetAsync(gdn_barrier_, 0, kGridBarrierWords * sizeof(unsigned), stream_));
   const int H = c.hidden, d = c.head_dim;
   const int gdn_proj = c.conv_dim() + c.value_dim() + 2 * c.lin_v_heads;
   const int attn_proj = c.q_proj_rows() + 2 * c.n_kv_heads * d;

@@ -49,8 +49,8 @@ TEST(GdnFused, MatchesThreeLaunchPath) {
   DevBuf<float> hA(h0), hB(h0), ringA(ring0), ringB(ring0), stA(state0), stB(state0);
   DevBuf<float> projA(conv + V + 2 * Hv), projB(conv + V + 2 * Hv), xA(H), xB(H), mixB(V),
       scratch(gdn_mixer_scratch_floats());
-  DevBuf<unsigned> barrier(2);
-  CUDA_CHECK(cudaMemset(barrier.p, 0, 2 * sizeof(unsigned)));
+  DevBuf<unsigned> barrier(kGridBarrierWords);
+  CUDA_CHECK(cudaMemset(barrier.p, 0, kGridBarrierWords * sizeof(unsigned)));
   DevBuf<int> pos(std::vector<int>{0});
   for (int p : {0, 1, 2, 3, 4, 5, 9}) {
     pos.upload(std::vector<int>{p});
