@@ -6,9 +6,9 @@
 //   1  every block normalises h; warp g computes rows [6g, 6g + 6) of in_proj (qkv | z | b | a, 12352 rows)
 //      into the projection scratch; those weights and the recurrent state are requested first thing
 //   2  blocks 0..127 (threads 0..255) run the step of one (value head, 32-column tile) each
-//      (kernels/gdn_core.cuh, state requested before barrier 1), writing the raw outputs o and each tile's Σ o²
-//   3  every block applies the gated RMSNorm of the head (Σ o² of its 4 tiles) to all 4096 outputs while staging
-//      them, and warp g computes out_proj row g (weights requested at the end of phase 1), h[g] += it
+//      (kernels/gdn_core.cuh, state requested at entry), writing o * w * silu(z) and each tile's Σ o²
+//   3  every block scales all 4096 of them by their head's 1 / rms (Σ o² of its 4 tiles) while staging them,
+//      and warp g computes out_proj row g (weights requested at the end of phase 1), h[g] += it
 // Replaces gemv_multi_rmsnorm + launch_gdn_step + gemv (the standalone kernels stay for other shapes and GPUs
 // with fewer than 128 SMs). Tested by tests/gpu/test_gdn_fused.cu against the three-launch path.
 #include "kernels/gdn_fused.h"
@@ -40,7 +40,7 @@ struct Args {
   gdn::StepArgs step;     // qkv / a / b point into the proj scratch
   const float* z;         // proj scratch z [Hv * Dv]
   const float* norm_w;    // gated RMSNorm weight [Dv]
-  float* o_raw;           // [Hv * Dv] scratch
+  float* o_raw;           // [Hv * Dv] scratch: o * w * silu(z), before the 1 / rms of the head
   float* tile_ss;         // [Hv * kTiles] scratch
   const uint8_t* ow; const uint32_t* osb;  // out_proj [H][Hv * Dv] q4
   float* h;
@@ -118,7 +118,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     const bool writes_qk = col0 == 0 && head % (kHv / kHk) == 0;
     const float4 o = gdn::step(a.step, head, col0, *a.pos, writes_qk, tid, s, gsh, sync);
     gdn::tile_sum_squares(o, col0, kD, tid, gsh, sync);
-    if (tid < gdn::kCols) a.o_raw[head * kD + col0 + tid] = gsh.o[tid];
+    if (tid < gdn::kCols) {  // the gate part of the gated RMSNorm now; phase 3 only scales by the head's norm
+      const int i = head * kD + col0 + tid;
+      a.o_raw[i] = gsh.o[tid] * a.norm_w[col0 + tid] * gdn::silu(__ldcg(a.z + i));
+    }
     if (tid == 0) a.tile_ss[blockIdx.x] = gsh.head_ss;
   }
   trace_stamp(a.trace, 4);
@@ -139,11 +142,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     for (int j = 0; j < J; ++j) {
       const int i = tid + j * kThreads;  // float4 index: chunk i / 8, part i % 8
       const float4 o = __ldcg(reinterpret_cast<const float4*>(a.o_raw) + i);
-      const float4 z = __ldcg(reinterpret_cast<const float4*>(a.z) + i);
-      const float4 w = reinterpret_cast<const float4*>(a.norm_w)[i % (kD / 4)];
       const float r = head_r[i / (kD / 4)];
-      const float4 x = make_float4(o.x * r * w.x * gdn::silu(z.x), o.y * r * w.y * gdn::silu(z.y),
-                                   o.z * r * w.z * gdn::silu(z.z), o.w * r * w.w * gdn::silu(z.w));
+      const float4 x = make_float4(o.x * r, o.y * r, o.z * r, o.w * r);
       xo.xt[(i & 7) * nch + (i >> 3)] = x;
       const float part = (x.x + x.y) + (x.z + x.w);
       float t = 0.f;

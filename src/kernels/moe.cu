@@ -398,10 +398,14 @@ bool moe_fused_on() {
 }
 }  // namespace detail
 
+bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s) {
+  return detail::moe_fused_on() && detail::moe_fused_supported(m, s);
+}
+
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
                cudaStream_t stream) {
   detail::check_moe(m, s);
-  if (detail::moe_fused_on() && detail::moe_fused_supported(m, s)) {
+  if (moe_block_is_fused(m, s)) {
     detail::launch_moe_fused(m, h, norm_w, eps, x_out, s, stream);
     return;
   }

@@ -6,9 +6,10 @@
 //      gate/up (unscaled silu(g) * u) — both need only x, and their weights are requested first thing
 //   B  every block turns the logits into the selection (route_topk); warps request the routed experts' gate/up
 //      rows and then the down-projection rows they will need in phase C, compute the gate/up into act (scaled by
-//      the routing weight); block 0 scales the shared activations by the sigmoid gate
-//   C  every block stages act in shared memory; warp g computes output row g of all 9 down projections and adds
-//      it to h (residual fused)
+//      the routing weight)
+//   C  every block stages act in shared memory (the shared expert's row times its sigmoid gate); warp g computes
+//      output row g of all 9 down projections and adds it to h (residual fused). The shared row of act stays
+//      unscaled in the scratch.
 // Replaces moe_route + moe_gate_up + moe_down (three kernel boundaries of ~4-5 us each on the H200, and the
 // down weights could only be requested after the last one). The 3-launch path stays for other shapes and for
 // GPUs with fewer than 128 SMs. Task g of a phase runs on warp (g / gridDim.x) of block (g % gridDim.x), so
@@ -151,8 +152,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
       if (lane == 0) a.pairs.out[task] = topk.w[task / kF] * silu(gv) * uv;
     }
   }
-  if (blockIdx.x == 0)  // the shared expert's activations times sigmoid(shared gate logit)
-    for (int r = threadIdx.x; r < kF; r += kThreads) a.pairs.out[kK * kF + r] = __ldcg(a.pairs.out + kK * kF + r) * topk.sh;
   stamp(a, 5);
   grid_sync(gs);
   stamp(a, 6);
@@ -165,6 +164,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
     for (int u = 0; u < kU; ++u) {
       const int f = threadIdx.x + kThreads * u;
       v[u] = f < kF4 ? __ldcg(reinterpret_cast<const float4*>(a.pairs.out) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
+      if (f >= kK * kF / 4) {  // the shared expert's row: times sigmoid(shared gate logit) here
+        const float sh = topk.sh;
+        v[u] = make_float4(v[u].x * sh, v[u].y * sh, v[u].z * sh, v[u].w * sh);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {

@@ -117,7 +117,8 @@ struct MoeScratch {
   int* topk_idx = nullptr;     // [top_k] selected experts, by decreasing probability (ties: lower id)
   float* topk_w = nullptr;     // [top_k] renormalised routing weights
   float* sh_scale = nullptr;   // [1] sigmoid(shared_expert_gate . x)
-  float* act = nullptr;        // [top_k + 1][F] SwiGLU activations pre-multiplied by their weight
+  float* act = nullptr;        // [top_k + 1][F] SwiGLU activations pre-multiplied by their weight (moe_block's
+                               // fused kernel leaves row top_k unscaled and applies sh_scale when staging it)
   unsigned* barrier = nullptr; // [kGridBarrierWords] grid barrier of the fused MoE kernel; zeroed once
   int n_experts = 0, top_k = 0, ffn = 0;
 };
@@ -145,6 +146,7 @@ void moe_forward(const MoeWeightsDev& m, const float* x, const MoeScratch& s, fl
 // work); otherwise, or with LILY_MOE_FUSED=0, moe_route_rmsnorm + moe_gate_up + moe_down.
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
                cudaStream_t stream);
+bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s);  // moe_block takes the one-launch kernel
 void print_persistent_trace();  // LILY_TRACE=1: phase times of the last fused MoE / GDN launches (benchmarks)
 
 // ---- embedding ----

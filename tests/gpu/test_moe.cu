@@ -241,6 +241,8 @@ void run_moe_block(const Shape& s, uint64_t seed) {
   DevMoe d(m);
   MoeScratch sc = moe_scratch_alloc(s.E, s.k, s.F);
   DevBuf<float> dh(h0), dwn(wn), dx(s.H);
+  const bool fused = moe_block_is_fused(d.w, sc);
+  std::printf("moe_block E=%d H=%d F=%d: %s\n", s.E, s.H, s.F, fused ? "fused kernel" : "three launches");
   for (int rep = 0; rep < 2; ++rep) {
     dh.upload(h0);
     dx.poison();
@@ -260,6 +262,8 @@ void run_moe_block(const Shape& s, uint64_t seed) {
     CUDA_CHECK(cudaMemcpy(w.data(), sc.topk_w, sizeof(float) * s.k, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(sh.data(), sc.sh_scale, sizeof(float), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(act.data(), sc.act, sizeof(float) * act.size(), cudaMemcpyDeviceToHost));
+    if (fused)  // the fused kernel applies the shared gate when it stages act, not in the scratch
+      for (int r = 0; r < s.F; ++r) act[static_cast<size_t>(s.k) * s.F + r] *= sh[0];
     {
       std::vector<float> l32(s.E + 1);
       std::vector<double> l64(s.E + 1);
