@@ -3,8 +3,11 @@
 // decode step captured once as a CUDA graph; CudaBackend adapts it to the Backend interface.
 // The step reads its token and position from device memory (StepDev), so the graph replays unchanged; per
 // token the host only copies {token, position} asynchronously. A prompt runs the same graph token by token
-// (simple and exact up to the full context). Math: shared/spec/model.md §2; kernels: kernels/mixers.h (GDN,
-// attention, norms, RoPE) and kernels/qmat.h (GEMV, MoE, embedding).
+// (simple and exact up to the full context). Math: shared/spec/model.md §2; kernels: kernels/gdn_fused.h (a GDN
+// layer's mixer in one persistent launch), kernels/qmat.h (GEMV, the MoE block in one persistent launch,
+// embedding) and kernels/mixers.h (attention, norms, RoPE, the standalone GDN step). For the real model the step
+// is 122 launches: embed, per GDN layer 2 (mixer, MoE), per attention layer 6 (q/k/v with the input norm,
+// q/k norm + RoPE + KV append, attention split, combine, o_proj, MoE), lm_head with the final norm.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
