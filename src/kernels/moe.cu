@@ -403,9 +403,9 @@ bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s) {
 }
 
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
-               cudaStream_t stream) {
+               cudaStream_t stream, bool allow_fused) {
   detail::check_moe(m, s);
-  if (moe_block_is_fused(m, s)) {
+  if (allow_fused && moe_block_is_fused(m, s)) {
     detail::launch_moe_fused(m, h, norm_w, eps, x_out, s, stream);
     return;
   }

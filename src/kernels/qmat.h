@@ -145,7 +145,7 @@ void moe_forward(const MoeWeightsDev& m, const float* x, const MoeScratch& s, fl
 // route, selection, gate/up, down separated by grid barriers, the down weights requested before the gate/up
 // work); otherwise, or with LILY_MOE_FUSED=0, moe_route_rmsnorm + moe_gate_up + moe_down.
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
-               cudaStream_t stream);
+               cudaStream_t stream, bool allow_fused = true);
 bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s);  // moe_block takes the one-launch kernel
 void print_persistent_trace();  // LILY_TRACE=1: phase times of the last fused MoE / GDN launches (benchmarks)
 

@@ -71,7 +71,8 @@ void launch_advance_pos(StepDev* step, cudaStream_t s);
 
 class CudaEngine {
  public:
-  CudaEngine(const Config& c, DeviceWeights w, int max_context, int device);
+  // fused = false: the multi-launch GDN mixer and MoE paths even where the persistent kernels apply (tests).
+  CudaEngine(const Config& c, DeviceWeights w, int max_context, int device, bool fused = true);
   ~CudaEngine();
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
@@ -111,7 +112,8 @@ class CudaEngine {
   DeviceWeights w_;
   const FamilyMark* mark_ = nullptr;  // set during an instrumented record_step
   std::string skip_;                  // LILY_SKIP: kernel families left out of the step (benchmarks only)
-  bool gdn_fused_ = true;             // LILY_GDN_FUSED=0: the three-launch GDN mixer (benchmarks)
+  bool gdn_fused_ = true;             // persistent GDN mixer (off: constructor, or LILY_GDN_FUSED=0)
+  bool moe_fused_ = true;             // persistent MoE block where supported (off: constructor)
   float* gdn_scratch_ = nullptr;      // [gdn_mixer_scratch_floats()] fused GDN mixer: raw outputs, tile sums
   unsigned* gdn_barrier_ = nullptr;   // [kGridBarrierWords] its grid barrier
   bool family(const char* name);      // marks `name`; false when it is skipped

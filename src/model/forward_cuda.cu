@@ -36,12 +36,13 @@ T* device_alloc(size_t n) {
 
 }  // namespace
 
-CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int device)
+CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int device, bool fused)
     : cfg_(c), w_(std::move(w)), max_context_(max_context) {
   CUDA_CHECK(cudaSetDevice(device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (const char* e = std::getenv("LILY_SKIP")) skip_ = e;
-  if (const char* e = std::getenv("LILY_GDN_FUSED")) gdn_fused_ = e[0] != '0';
+  gdn_fused_ = moe_fused_ = fused;
+  if (const char* e = std::getenv("LILY_GDN_FUSED")) gdn_fused_ = fused && e[0] != '0';
   gdn_scratch_ = device_alloc<float>(gdn_mixer_scratch_floats());
   gdn_barrier_ = device_alloc<unsigned>(kGridBarrierWords);
   CUDA_CHECK(cudaMemsetAsync(gdn_barrier_, 0, kGridBarrierWords * sizeof(unsigned), stream_));
@@ -163,7 +164,7 @@ void CudaEngine::record_step(const FamilyMark* mark) {
       attention(i, l.input_norm);  // h += o_proj(attention(norm(h)))
     else
       gdn(i, l.input_norm);        // h += out_proj(gdn(norm(h)))
-    if (family("moe")) moe_block(l.moe, h_, l.post_norm, c.eps, x_, moe_, stream_);  // h += MoE(norm(h))
+    if (family("moe")) moe_block(l.moe, h_, l.post_norm, c.eps, x_, moe_, stream_, moe_fused_);  // h += MoE(norm(h))
   }
   GemvBatch head;
   head.n = 1;
