@@ -4,10 +4,10 @@
 // one launch), the MoE block (router + softmax + top-k, experts gate/up, experts down + shared gate + residual)
 // and the embedding row gather. Sampling is in kernels/sampling.h.
 // All launchers take raw device pointers and a stream, never synchronise and never read device memory on the
-// host, so they can be captured into a CUDA graph. Kernels: kernels/gemv.cu, moe.cu, embed.cu, repack.cu.
-// The GEMV/MoE kernels are launched with programmatic dependent launch (PDL): they fetch weights before
-// waiting (griddepcontrol.wait) for the previous kernel in the stream, which is safe after any kernel;
-// PDL is off unless LILY_PDL=1 (measured slower end to end). x / y / act pointers must be 16-byte aligned.
+// host, so they can be captured into a CUDA graph. Kernels: kernels/gemv.cu, moe.cu, moe_fused.cu (the MoE
+// block in one persistent launch), embed.cu, repack.cu. With LILY_PDL=1 the GEMV/MoE kernels are launched with
+// programmatic dependent launch and fetch weights before waiting (griddepcontrol.wait) for the previous kernel;
+// off by default (measured slower end to end). x / y / act pointers must be 16-byte aligned.
 //
 // Layout (chosen for 16-byte coalesced loads with the dequantisation in registers):
 //   w  : the packed weights, row-major, one row after the other, rows 16-byte aligned (cols % 64 == 0):
