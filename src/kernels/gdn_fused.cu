@@ -92,16 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   {
     float acc[kRowsPerWarp];
     stream_dots<kH, kRowsPerWarp>(xs, wv, sv, acc);
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) acc[r] = group_sum<32>(acc[r]);
-    float v = acc[0];
-#pragma unroll
-    for (int r = 1; r < kRowsPerWarp; ++r) v = lane == r ? acc[r] : v;
-    const int task = row0 + lane;
-    if (lane < kRowsPerWarp && task < a.in.total) {
-      const int m = find_mat(a.in, task);
-      pick(a.in.y, m)[task - pick(a.in.off, m)] = v;
-    }
+    store_warp_rows(a.in, row0, acc, false);
   }
   // The out_proj row is requested only now: issued at entry it shared the HBM with the in_proj rows that phase
   // 1 waits for (in_proj finished ~2.5 us later); from here it streams during barrier 1 and phase 2.
@@ -136,21 +127,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     head_r[tid] = rsqrtf(t / kD + a.eps);
   }
   __syncthreads();
-  {
-    constexpr int nch = kV / 32, J = kV / 4 / kThreads;
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-      const int i = tid + j * kThreads;  // float4 index: chunk i / 8, part i % 8
-      const float4 o = __ldcg(reinterpret_cast<const float4*>(a.o_raw) + i);
-      const float r = head_r[i / (kD / 4)];
-      const float4 x = make_float4(o.x * r, o.y * r, o.z * r, o.w * r);
-      xo.xt[(i & 7) * nch + (i >> 3)] = x;
-      const float part = (x.x + x.y) + (x.z + x.w);
-      float t = 0.f;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) t += __shfl_sync(0xffffffffu, part, (tid & 24) + k);
-      if ((i & 7) == 0) xo.xsum[i >> 3] = t;
-    }
+  for (int j = 0; j < kV / 4 / kThreads; ++j) {
+    const int i = tid + j * kThreads;
+    const float4 o = __ldcg(reinterpret_cast<const float4*>(a.o_raw) + i);
+    const float r = head_r[i / (kD / 4)];
+    stream_put_x4(xo, i, make_float4(o.x * r, o.y * r, o.z * r, o.w * r));
   }
   __syncthreads();
   trace_stamp(a.trace, 6);

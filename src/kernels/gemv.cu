@@ -119,7 +119,6 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
     gemv_q4_stream_kernel(MultiArgs a, const XT* x, bool accumulate, NormIn norm) {
   constexpr int nc = K / 1024, G = K / kGroupSize;
   __shared__ __align__(16) StreamX<K> xs;
-  const int lane = threadIdx.x & 31;
   const int task0 = (blockIdx.x * NW + threadIdx.x / 32) * R;
   uint4 wv[R][nc];
   uint32_t sv[R][nc];
@@ -142,17 +141,7 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
   else stream_stage_input<K, NW * 32>(x, norm, xs);
   float acc[R];
   stream_dots<K, R>(xs, wv, sv, acc);
-#pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = group_sum<32>(acc[r]);
-  float v = acc[0];
-#pragma unroll
-  for (int r = 1; r < R; ++r) v = lane == r ? acc[r] : v;
-  const int task = task0 + lane;
-  if (lane < R && task < a.total) {
-    const int m = find_mat(a, task);
-    float* y = pick(a.y, m) + (task - pick(a.off, m));
-    *y = accumulate ? *y + v : v;
-  }
+  store_warp_rows(a, task0, acc, accumulate);
 }
 
 // Environment (for benchmarks): LILY_GEMV_STREAM=0 turns the streaming kernel off (the older kernels);

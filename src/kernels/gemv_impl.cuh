@@ -38,6 +38,24 @@ __device__ __forceinline__ int find_mat(const MultiArgs& a, int task) {
   return m;
 }
 
+// After a warp's R row dot products (acc[r]: this lane's part of row task0 + r of the concatenated row space):
+// sums each over the warp and stores row task0 + r from lane r (y = or y +=); rows past a.total are skipped.
+template <int R>
+__device__ __forceinline__ void store_warp_rows(const MultiArgs& a, int task0, float (&acc)[R], bool accumulate) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = group_sum<32>(acc[r]);
+  float v = acc[0];
+#pragma unroll
+  for (int r = 1; r < R; ++r) v = lane == r ? acc[r] : v;
+  const int task = task0 + lane;
+  if (lane < R && task < a.total) {
+    const int m = find_mat(a, task);
+    float* y = pick(a.y, m) + (task - pick(a.off, m));
+    *y = accumulate ? *y + v : v;
+  }
+}
+
 // Programmatic dependent launch: weight loads (independent of earlier kernels) are issued first, then the
 // kernel lets the next one be scheduled and waits for the previous one before it touches activations.
 // Both are no-ops when the kernel was launched without the PDL attribute.

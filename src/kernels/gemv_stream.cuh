@@ -35,22 +35,28 @@ __device__ __forceinline__ float4 x4_at(const uint16_t* x, int i) {
   return make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
 }
 
+// Stage one float4 of x (float4 index i: chunk i / 8, part i % 8) and, in the lane holding part 0, the chunk
+// sum in the order of load_x (parts 0..7 in sequence), so results equal the other kernels' bit for bit. The 8
+// parts of a chunk are in 8 consecutive lanes (i = threadIdx.x + a multiple of 8); every lane must call.
+template <int K>
+__device__ __forceinline__ void stream_put_x4(StreamX<K>& s, int i, float4 v) {
+  constexpr int nch = K / 32;
+  s.xt[(i & 7) * nch + (i >> 3)] = v;
+  const float part = (v.x + v.y) + (v.z + v.w);
+  float t = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) t += __shfl_sync(0xffffffffu, part, (threadIdx.x & 24) + k);
+  if ((i & 7) == 0) s.xsum[i >> 3] = t;
+}
+
 // Stage: x [K] into s by a block of NT threads (every thread takes part; ends with a barrier).
 template <int K, int NT, typename XT>
 __device__ __forceinline__ void stream_stage_x(const XT* x, StreamX<K>& s) {
-  constexpr int nch = K / 32;
   static_assert((K / 4) % NT == 0, "K / 4 must be a multiple of the block size");
 #pragma unroll
   for (int j = 0; j < K / 4 / NT; ++j) {
-    const int i = threadIdx.x + j * NT;  // float4 index: chunk i / 8, part i % 8
-    const float4 v = x4_at(x, i);
-    s.xt[(i & 7) * nch + (i >> 3)] = v;
-    // chunk sum in the order of load_x (parts 0..7 in sequence), so results equal the other kernels' bit for bit
-    const float part = (v.x + v.y) + (v.z + v.w);
-    float t = 0.f;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) t += __shfl_sync(0xffffffffu, part, (threadIdx.x & 24) + k);
-    if ((i & 7) == 0) s.xsum[i >> 3] = t;
+    const int i = threadIdx.x + j * NT;
+    stream_put_x4(s, i, x4_at(x, i));
   }
   __syncthreads();
 }
@@ -76,7 +82,7 @@ __device__ __forceinline__ void stream_load_h(const float* h, HRegs<K, NT>& r) {
 
 template <int K, int NT>
 __device__ __forceinline__ void stream_stage_loaded_norm(const HRegs<K, NT>& hr, const NormIn& n, StreamX<K>& s) {
-  constexpr int nch = K / 32, J = K / 4 / NT;
+  constexpr int J = K / 4 / NT;
   float4 v[J];
   float ss = 0.f;
 #pragma unroll
@@ -95,16 +101,11 @@ __device__ __forceinline__ void stream_stage_loaded_norm(const HRegs<K, NT>& hr,
   const bool store = n.x_out != nullptr && blockIdx.x == 0;
 #pragma unroll
   for (int j = 0; j < J; ++j) {
-    const int i = threadIdx.x + j * NT;  // float4 index: chunk i / 8, part i % 8
+    const int i = threadIdx.x + j * NT;
     const float4 w = x4_at(n.w, i);
     const float4 x = make_float4(v[j].x * r * w.x, v[j].y * r * w.y, v[j].z * r * w.z, v[j].w * r * w.w);
     if (store) reinterpret_cast<float4*>(n.x_out)[i] = x;
-    s.xt[(i & 7) * nch + (i >> 3)] = x;
-    const float part = (x.x + x.y) + (x.z + x.w);
-    float t = 0.f;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) t += __shfl_sync(0xffffffffu, part, (threadIdx.x & 24) + k);
-    if ((i & 7) == 0) s.xsum[i >> 3] = t;
+    stream_put_x4(s, i, x);
   }
   __syncthreads();
 }
