@@ -16,6 +16,7 @@ namespace lily::cuda {
 }
 
 bool debug_sync_enabled();  // reads LILY_CUDA_SYNC once
+int sm_count();             // multiprocessors of the current device (read once)
 
 }  // namespace lily::cuda
 

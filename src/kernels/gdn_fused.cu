@@ -151,7 +151,7 @@ bool gdn_mixer_fused_supported(const GdnMixerDev& m, GdnDims d) {
   auto q4 = [](const QMat& w, int rows, int cols) {
     return w.format == QFormat::q4 && w.n_mats == 1 && w.rows == rows && w.cols == cols;
   };
-  return detail::sm_count() >= detail::kMinBlocks && d.n_k_heads == detail::kHk && d.n_v_heads == detail::kHv &&
+  return sm_count() >= detail::kMinBlocks && d.n_k_heads == detail::kHk && d.n_v_heads == detail::kHv &&
          d.k_dim == detail::kD && d.v_dim == detail::kD && q4(m.qkv, detail::kConv, kHidden) &&
          q4(m.z, detail::kV, kHidden) && q4(m.b, detail::kHv, kHidden) && q4(m.a, detail::kHv, kHidden) &&
          q4(m.out, kHidden, detail::kV);

@@ -67,11 +67,9 @@ __global__ void __launch_bounds__(kBlockThreads, 2) gemv_pipe_kernel(MultiArgs a
 
 template <typename Kern>
 int resident_blocks(Kern k) {
-  int dev = 0, sms = 0, per_sm = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  int per_sm = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kBlockThreads, 0));
-  return sms * (per_sm > 0 ? per_sm : 1);
+  return sm_count() * (per_sm > 0 ? per_sm : 1);
 }
 
 // The persistent kernel wins on lm_head (148 vs 227 us on an H200) but loses on 8k-row matrices (10.5 vs
@@ -159,12 +157,7 @@ int stream_warps() {
   return nw;
 }
 int stream_blocks_limit() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return sms * std::max(1, env_int("LILY_GEMV_BPS", 2));
-  }();
+  static const int n = sm_count() * std::max(1, env_int("LILY_GEMV_BPS", 2));
   return n;
 }
 

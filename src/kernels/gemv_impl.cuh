@@ -445,6 +445,12 @@ __device__ __forceinline__ PairArgs route_topk(const PairArgs& a, TopkSm& t) {
   return res;
 }
 
+// Host: the argument blocks of the MoE kernels (moe.cu), shared by the three-launch path and the fused kernel
+// (moe_fused.cu): the router rows [E] + shared-expert gate [1] writing s.logits, and the gate/up pairs of the
+// routed and shared experts reading the selection inputs from s.
+MultiArgs router_args(const MoeWeightsDev& m, const MoeScratch& s);
+PairArgs expert_pair_args(const MoeWeightsDev& m, const MoeScratch& s);
+
 // The whole pair kernel body (plain SwiGLU or MoE gate/up).
 template <QFormat F, int K, int R, bool MOE>
 __device__ __forceinline__ void pair_body(const PairArgs& a_in, const float* x) {

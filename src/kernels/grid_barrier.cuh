@@ -7,6 +7,12 @@
 //     barrier 1 before all arrive, so that read lies in [base, base + grid).
 //   grid_barrier (LILY_GRID_BARRIER=gen): arrivals counted with a returning atomic, the last block resets the
 //     count and releases a generation word the others poll (two round trips more per barrier).
+// Host helpers (launch switches, LILY_TRACE stamps) are defined in persistent.cu.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernels/common.cuh"
+
 namespace lily::cuda::detail {
 
 __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
@@ -88,8 +94,6 @@ __device__ __forceinline__ void grid_sync(GridSync& s) {
 
 bool grid_barrier_gen();  // LILY_GRID_BARRIER=gen (benchmarks)
 
-// Number of SMs of the current device (the persistent kernels' grid).
-int sm_count();
 bool cooperative_launch();  // false with LILY_COOP=0 (benchmarks: the launch without the residency check)
 
 // Launches a persistent kernel: one block of `threads` per SM, cooperatively (the launch fails instead of

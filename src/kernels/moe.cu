@@ -322,10 +322,8 @@ void moe_scratch_free(MoeScratch& s) {
 }
 
 namespace detail {
-void route(const MoeWeightsDev& m, const float* x, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
-           cudaStream_t stream) {
-  check_route(m, s);
-  detail::MultiArgs a{};
+MultiArgs router_args(const MoeWeightsDev& m, const MoeScratch& s) {
+  MultiArgs a{};
   a.n = 2;
   a.cols = m.router.cols;
   a.w[0] = m.router.w; a.sb[0] = m.router.sb; a.y[0] = s.logits;
@@ -334,6 +332,26 @@ void route(const MoeWeightsDev& m, const float* x, const float* norm_w, float ep
   a.total = m.router.rows + 1;
   a.off[0] = 0; a.off[1] = m.router.rows;
   for (int i = 2; i < kMaxMulti; ++i) a.off[i] = a.total;
+  return a;
+}
+
+PairArgs expert_pair_args(const MoeWeightsDev& m, const MoeScratch& s) {
+  PairArgs a{};
+  a.gw = m.gate.w; a.gsb = m.gate.sb; a.uw = m.up.w; a.usb = m.up.sb;
+  a.sgw = m.sh_gate.w; a.sgsb = m.sh_gate.sb; a.suw = m.sh_up.w; a.susb = m.sh_up.sb;
+  a.mat_w_bytes = m.gate.mat_w_bytes();
+  a.mat_groups = m.gate.mat_groups();
+  a.logits = s.logits;
+  a.idx_out = s.topk_idx; a.w_out = s.topk_w; a.sh_out = s.sh_scale;
+  a.E = m.router.rows;
+  a.k = s.top_k; a.F = m.gate.rows; a.cols = m.gate.cols; a.out = s.act;
+  return a;
+}
+
+void route(const MoeWeightsDev& m, const float* x, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
+           cudaStream_t stream) {
+  check_route(m, s);
+  const MultiArgs a = router_args(m, s);
   switch (m.router.format) {
     case QFormat::q4: launch_route<QFormat::q4>(a, x, norm_w, eps, x_out, stream); return;
     case QFormat::q8: launch_route<QFormat::q8>(a, x, norm_w, eps, x_out, stream); return;
@@ -354,15 +372,7 @@ void moe_route_rmsnorm(const MoeWeightsDev& m, const float* h, const float* norm
 
 void moe_gate_up(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream) {
   detail::check_moe(m, s);
-  detail::PairArgs a{};
-  a.gw = m.gate.w; a.gsb = m.gate.sb; a.uw = m.up.w; a.usb = m.up.sb;
-  a.sgw = m.sh_gate.w; a.sgsb = m.sh_gate.sb; a.suw = m.sh_up.w; a.susb = m.sh_up.sb;
-  a.mat_w_bytes = m.gate.mat_w_bytes();
-  a.mat_groups = m.gate.mat_groups();
-  a.logits = s.logits;
-  a.idx_out = s.topk_idx; a.w_out = s.topk_w; a.sh_out = s.sh_scale;
-  a.E = m.router.rows;
-  a.k = s.top_k; a.F = m.gate.rows; a.cols = m.gate.cols; a.out = s.act;
+  const detail::PairArgs a = detail::expert_pair_args(m, s);
   switch (m.gate.format) {
     case QFormat::q4: detail::launch_gate_up<QFormat::q4>(a, x, stream); return;
     case QFormat::q8: detail::launch_gate_up<QFormat::q8>(a, x, stream); return;

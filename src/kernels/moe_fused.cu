@@ -15,7 +15,6 @@
 // GPUs with fewer than 128 SMs. Task g of a phase runs on warp (g / gridDim.x) of block (g % gridDim.x), so
 // every phase's work is spread over all SMs. Tested by tests/gpu/test_moe.cu against the CPU reference.
 #include <cfloat>
-#include <cstdio>
 #include <cstdlib>
 
 #include "kernels/common.cuh"
@@ -206,32 +205,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
 
 }  // namespace
 
-bool grid_barrier_gen() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILY_GRID_BARRIER");
-    return e && e[0] == 'g';
-  }();
-  return on;
-}
-
-bool cooperative_launch() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILY_COOP");
-    return !(e && e[0] == '0');
-  }();
-  return on;
-}
-
-int sm_count() {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
-  return sms;
-}
-
 bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s) {
   return sm_count() >= kMinBlocks && s.barrier != nullptr && m.router.format == QFormat::q8 &&
          m.shared_expert_gate.format == QFormat::q8 && m.router.cols == kH && m.router.rows <= kMaxExperts &&
@@ -242,24 +215,8 @@ bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s) {
 void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out,
                       const MoeScratch& s, cudaStream_t stream) {
   FusedArgs a{};
-  MultiArgs& r = a.router;
-  r.n = 2;
-  r.cols = kH;
-  r.w[0] = m.router.w; r.sb[0] = m.router.sb; r.y[0] = s.logits;
-  r.w[1] = m.shared_expert_gate.w; r.sb[1] = m.shared_expert_gate.sb; r.y[1] = s.logits + m.router.rows;
-  for (int i = 2; i < kMaxMulti; ++i) { r.w[i] = r.w[0]; r.sb[i] = r.sb[0]; r.y[i] = r.y[0]; }
-  r.total = m.router.rows + 1;
-  r.off[0] = 0; r.off[1] = m.router.rows;
-  for (int i = 2; i < kMaxMulti; ++i) r.off[i] = r.total;
-  PairArgs& p = a.pairs;
-  p.gw = m.gate.w; p.gsb = m.gate.sb; p.uw = m.up.w; p.usb = m.up.sb;
-  p.sgw = m.sh_gate.w; p.sgsb = m.sh_gate.sb; p.suw = m.sh_up.w; p.susb = m.sh_up.sb;
-  p.mat_w_bytes = m.gate.mat_w_bytes();
-  p.mat_groups = m.gate.mat_groups();
-  p.logits = s.logits;
-  p.idx_out = s.topk_idx; p.w_out = s.topk_w; p.sh_out = s.sh_scale;
-  p.E = m.router.rows;
-  p.k = s.top_k; p.F = kF; p.cols = kH; p.out = s.act;
+  a.router = router_args(m, s);
+  a.pairs = expert_pair_args(m, s);
   a.dw = m.down.w; a.dsb = m.down.sb; a.sdw = m.sh_down.w; a.sdsb = m.sh_down.sb;
   a.d_mat_w_bytes = m.down.mat_w_bytes();
   a.d_mat_groups = m.down.mat_groups();
@@ -276,34 +233,4 @@ void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, flo
 
 }  // namespace detail
 
-namespace detail {
-__device__ unsigned long long g_trace[2 * 16];
-
-// A static device array (no allocation: this runs inside graph capture).
-unsigned long long* persistent_trace(int kernel) {
-  static unsigned long long* buf = [] {
-    const char* e = std::getenv("LILY_TRACE");
-    unsigned long long* p = nullptr;
-    if (e && e[0] == '1') CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&p), g_trace));
-    return p;
-  }();
-  return buf ? buf + 16 * kernel : nullptr;
-}
-}  // namespace detail
-
-// Prints block 0's phase times of the last launch of each persistent kernel (LILY_TRACE=1; benchmarks).
-void print_persistent_trace() {
-  unsigned long long* d = detail::persistent_trace(0);
-  if (!d) return;
-  unsigned long long t[32] = {};
-  CUDA_CHECK(cudaMemcpy(t, d, sizeof t, cudaMemcpyDeviceToHost));
-  const char* moe[] = {"entry", "x normed", "phase A done", "barrier 1", "selection", "phase B done", "barrier 2",
-                       "act staged", "end"};
-  const char* gdn[] = {"entry", "x normed", "in_proj done", "barrier 1", "step done", "barrier 2", "staged", "end"};
-  std::printf("fused MoE, block 0 (ns since entry):");
-  for (int i = 1; i < 9; ++i) std::printf(" %s %llu;", moe[i], t[i] - t[0]);
-  std::printf("\nfused GDN mixer, block 0 (ns since entry):");
-  for (int i = 1; i < 8; ++i) std::printf(" %s %llu;", gdn[i], t[16 + i] - t[16]);
-  std::printf("\n");
-}
 }  // namespace lily::cuda

@@ -156,8 +156,9 @@ void CudaEngine::record_step(const FamilyMark* mark) {
   mark_ = mark;
   const Config& c = cfg_;
   if (family("embed")) embed_row(w_.embed, &step_->token, h_, stream_);
-  // Every RMSNorm is fused into the prologue of the kernel that consumes it (in_proj, router, lm_head), which
-  // also stores the normed x to x_ for later readers; residual adds are fused into out_proj and moe_down.
+  // Every RMSNorm is fused into the prologue of the kernel that consumes it (mixer in_proj, router, lm_head);
+  // where a later kernel reads the normed x (the MoE experts of the multi-launch path) it is stored to x_.
+  // Residual adds are fused into the kernels that produce h's updates (out_proj, the down projections).
   for (int i = 0; i < c.n_layers; ++i) {
     const LayerDev& l = w_.layers[i];
     if (c.is_attention(i))
@@ -195,7 +196,7 @@ void CudaEngine::gdn(int layer, const float* norm_w) {
   m.conv_w = g.conv_w, m.a_log = g.a_log, m.dt_bias = g.dt_bias, m.norm = g.norm;
   if (gdn_fused_ && gdn_mixer_fused_supported(m, dims)) {  // one persistent launch (kernels/gdn_fused.cu)
     if (family("gdn"))
-      launch_gdn_mixer_fused(m, dims, h_, norm_w, c.eps, x_, proj_, gdn_scratch_, gdn_barrier_, ring_[layer],
+      launch_gdn_mixer_fused(m, dims, h_, norm_w, c.eps, nullptr, proj_, gdn_scratch_, gdn_barrier_, ring_[layer],
                              S_[layer], &step_->pos, stream_);
     return;
   }
