@@ -125,6 +125,43 @@ void down_ref(const HostMoe& m, const Shape& s, const std::vector<int>& idx, con
   }
 }
 
+// x produced on the GPU against the fp64 RMSNorm of h with weight w (eps 1e-6): a few fp32 ulp.
+void expect_normed(const std::vector<float>& x, const std::vector<float>& h, const std::vector<float>& w) {
+  double ss = 0;
+  for (float v : h) ss += static_cast<double>(v) * v;
+  const double r = 1.0 / std::sqrt(ss / h.size() + 1e-6);
+  for (size_t i = 0; i < h.size(); ++i)
+    ASSERT_NEAR(x[i], h[i] * r * w[i], 1e-5 * std::fabs(h[i] * r * w[i]) + 1e-7) << "normed x[" << i << "]";
+}
+
+// The routing result left in the scratch against the CPU reference for input x: router logits (+ the
+// shared-gate logit), the selected experts, their weights and the shared gate. require_gap: the random case
+// must not be within 1e-5 of a tie (tie tests pass false). Returns the GPU's selection for the next checks.
+struct GpuRoute {
+  std::vector<int> idx;
+  std::vector<float> w;
+  float sh = 0;
+};
+void check_route(const HostMoe& m, const Shape& s, const std::vector<float>& x, const MoeScratch& sc,
+                 bool require_gap, const std::string& what, GpuRoute& g) {
+  std::vector<float> logits(s.E + 1);
+  g.idx.resize(s.k);
+  g.w.resize(s.k);
+  CUDA_CHECK(cudaMemcpy(logits.data(), sc.logits, sizeof(float) * (s.E + 1), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(g.idx.data(), sc.topk_idx, sizeof(int) * s.k, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(g.w.data(), sc.topk_w, sizeof(float) * s.k, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(&g.sh, sc.sh_scale, sizeof(float), cudaMemcpyDeviceToHost));
+  std::vector<float> l32(s.E + 1);
+  std::vector<double> l64(s.E + 1);
+  for (int e = 0; e <= s.E; ++e) ref_dot(e < s.E ? m.router : m.seg, 0, e < s.E ? e : 0, x, l64[e], l32[e]);
+  EXPECT_TRUE(close_enough(logits, l64, l32, what + " router logits"));
+  const Route64 r = route_ref(m, s, x);
+  if (require_gap) ASSERT_GT(r.gap, 1e-5) << "random case too close to a tie to be a fair test";
+  EXPECT_EQ(g.idx, r.idx) << what << ": top-k experts differ";
+  for (int j = 0; j < s.k; ++j) EXPECT_NEAR(g.w[j], r.w[j], 2e-6 + 1e-5 * r.w[j]) << what << ": routing weight " << j;
+  EXPECT_NEAR(g.sh, r.sh_scale, 1e-6) << what;
+}
+
 // fused_norm: the block input comes from moe_route_rmsnorm (x = RMSNorm(h) * w, stored by the routing kernel);
 // x_out is checked against an fp64 RMSNorm, and the references use the x the GPU produced.
 void run_block(const Shape& s, uint64_t seed, int tie_group, bool fused_norm = false) {
@@ -141,11 +178,8 @@ void run_block(const Shape& s, uint64_t seed, int tie_group, bool fused_norm = f
     CUDA_CHECK(cudaDeviceSynchronize());
     x = dxn.download();
     moe_scratch_free(sc);
-    double ss = 0;
-    for (float v : hn) ss += static_cast<double>(v) * v;
-    const double r = 1.0 / std::sqrt(ss / s.H + 1e-6);
-    for (int i = 0; i < s.H; ++i)
-      ASSERT_NEAR(x[i], hn[i] * r * wn[i], 1e-5 * std::fabs(hn[i] * r * wn[i]) + 1e-7) << "normed x[" << i << "]";
+    expect_normed(x, hn, wn);
+    if (::testing::Test::HasFatalFailure()) return;
   }
   if (tie_group > 0) {  // tie_group identical router rows that beat every other row
     std::vector<int> rows(s.E);
@@ -185,23 +219,12 @@ void run_block(const Shape& s, uint64_t seed, int tie_group, bool fused_norm = f
   if (fused_norm) EXPECT_EQ(dxn.download(), x) << "the normed x differs between two identical launches";
 
   // route
-  const Route64 r = route_ref(m, s, x);
-  std::vector<float> logits(s.E + 1), w(s.k), sh(1);
-  std::vector<int> idx(s.k);
-  CUDA_CHECK(cudaMemcpy(logits.data(), sc.logits, sizeof(float) * (s.E + 1), cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaMemcpy(idx.data(), sc.topk_idx, sizeof(int) * s.k, cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaMemcpy(w.data(), sc.topk_w, sizeof(float) * s.k, cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaMemcpy(sh.data(), sc.sh_scale, sizeof(float), cudaMemcpyDeviceToHost));
-  {
-    std::vector<float> l32(s.E + 1);
-    std::vector<double> l64(s.E + 1);
-    for (int e = 0; e <= s.E; ++e) ref_dot(e < s.E ? m.router : m.seg, 0, e < s.E ? e : 0, x, l64[e], l32[e]);
-    EXPECT_TRUE(close_enough(logits, l64, l32, "router logits"));
-  }
-  if (tie_group == 0) ASSERT_GT(r.gap, 1e-5) << "random case too close to a tie to be a fair test";
-  EXPECT_EQ(idx, r.idx) << "top-k experts differ";
-  for (int j = 0; j < s.k; ++j) EXPECT_NEAR(w[j], r.w[j], 2e-6 + 1e-5 * r.w[j]) << "routing weight " << j;
-  EXPECT_NEAR(sh[0], r.sh_scale, 1e-6);
+  GpuRoute g;
+  check_route(m, s, x, sc, tie_group == 0, "moe_route", g);
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::vector<int>& idx = g.idx;
+  const std::vector<float>& w = g.w;
+  const std::vector<float> sh{g.sh};
 
   // gate/up with the GPU's selection
   std::vector<double> a64;
@@ -250,38 +273,22 @@ void run_moe_block(const Shape& s, uint64_t seed) {
     moe_block(d.w, dh.p, dwn.p, 1e-6f, dx.p, sc, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<float> x = dx.download();
-    double ss = 0;
-    for (float v : h0) ss += static_cast<double>(v) * v;
-    const double r = 1.0 / std::sqrt(ss / s.H + 1e-6);
-    for (int i = 0; i < s.H; ++i)
-      ASSERT_NEAR(x[i], h0[i] * r * wn[i], 1e-5 * std::fabs(h0[i] * r * wn[i]) + 1e-7) << "normed x[" << i << "]";
-    std::vector<float> logits(s.E + 1), w(s.k), sh(1), act((s.k + 1) * s.F);
-    std::vector<int> idx(s.k);
-    CUDA_CHECK(cudaMemcpy(logits.data(), sc.logits, sizeof(float) * (s.E + 1), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(idx.data(), sc.topk_idx, sizeof(int) * s.k, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(w.data(), sc.topk_w, sizeof(float) * s.k, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(sh.data(), sc.sh_scale, sizeof(float), cudaMemcpyDeviceToHost));
+    expect_normed(x, h0, wn);
+    if (::testing::Test::HasFatalFailure()) return;
+    GpuRoute g;
+    check_route(m, s, x, sc, true, "moe_block", g);
+    if (::testing::Test::HasFatalFailure()) return;
+    std::vector<float> act((s.k + 1) * s.F);
     CUDA_CHECK(cudaMemcpy(act.data(), sc.act, sizeof(float) * act.size(), cudaMemcpyDeviceToHost));
     if (fused)  // the fused kernel applies the shared gate when it stages act, not in the scratch
-      for (int r = 0; r < s.F; ++r) act[static_cast<size_t>(s.k) * s.F + r] *= sh[0];
-    {
-      std::vector<float> l32(s.E + 1);
-      std::vector<double> l64(s.E + 1);
-      for (int e = 0; e <= s.E; ++e) ref_dot(e < s.E ? m.router : m.seg, 0, e < s.E ? e : 0, x, l64[e], l32[e]);
-      EXPECT_TRUE(close_enough(logits, l64, l32, "moe_block router logits"));
-    }
-    const Route64 rt = route_ref(m, s, x);
-    ASSERT_GT(rt.gap, 1e-5) << "random case too close to a tie to be a fair test";
-    EXPECT_EQ(idx, rt.idx) << "top-k experts differ";
-    for (int j = 0; j < s.k; ++j) EXPECT_NEAR(w[j], rt.w[j], 2e-6 + 1e-5 * rt.w[j]) << "routing weight " << j;
-    EXPECT_NEAR(sh[0], rt.sh_scale, 1e-6);
+      for (int r = 0; r < s.F; ++r) act[static_cast<size_t>(s.k) * s.F + r] *= g.sh;
     std::vector<double> a64;
     std::vector<float> a32;
-    act_ref(m, s, x, idx, w, sh[0], a64, a32);
+    act_ref(m, s, x, g.idx, g.w, g.sh, a64, a32);
     EXPECT_TRUE(close_enough(act, a64, a32, "moe_block gate/up act"));
     std::vector<double> h64;
     std::vector<float> h32;
-    down_ref(m, s, idx, act, h0, h64, h32);
+    down_ref(m, s, g.idx, act, h0, h64, h32);
     EXPECT_TRUE(close_enough(dh.download(), h64, h32, "moe_block h + MoE(norm(h))"));
   }
   moe_scratch_free(sc);
