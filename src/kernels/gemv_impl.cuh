@@ -3,6 +3,7 @@
 // Fast paths take K (cols) at compile time (x lives in registers); gemv_warp_generic handles any K % 64 == 0.
 #pragma once
 #include "kernels/common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/qdot.cuh"
 
 namespace lily::cuda::detail {
@@ -226,23 +227,10 @@ __device__ __forceinline__ void gemv_warp_generic(const MultiArgs& a, const XT* 
   }
 }
 
-bool pdl_enabled();  // LILY_PDL=1 in the environment turns programmatic dependent launch on
-
-// Launches kernel k with programmatic stream serialisation (PDL) unless disabled.
+// Launches kernel k (1-D grid) with programmatic stream serialisation when PDL is on (launch.cuh).
 template <typename... P, typename... A>
 void launch_kernel(void (*k)(P...), int grid, int block, size_t smem, cudaStream_t s, A... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(block);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, args...));
-  CUDA_CHECK_LAUNCH();
+  launch_ex(k, dim3(grid), dim3(block), smem, s, LaunchOpts{pdl_enabled()}, args...);
 }
 
 // Rows per warp for the fast paths (more bytes in flight per warp for short rows).

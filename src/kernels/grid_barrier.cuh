@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/common.cuh"
+#include "kernels/launch.cuh"
 
 namespace lily::cuda::detail {
 
@@ -100,17 +101,7 @@ bool cooperative_launch();  // false with LILY_COOP=0 (benchmarks: the launch wi
 // deadlocking if the blocks cannot all be resident).
 template <typename Args>
 void launch_persistent(void (*kernel)(Args), const Args& a, int threads, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(sm_count());
-  cfg.blockDim = dim3(threads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = cooperative_launch() ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
-  CUDA_CHECK_LAUNCH();
+  launch_ex(kernel, dim3(sm_count()), dim3(threads), 0, stream, LaunchOpts{false, 1, cooperative_launch()}, a);
 }
 
 }  // namespace lily::cuda::detail

@@ -1,7 +1,9 @@
-// Launch helper for the mixer kernels (gdn.cu, attention.cu, norm_rope.cu): cudaLaunchKernelEx with
-// programmatic dependent launch (PDL; off unless LILY_PDL=1, the switch lives in gemv.cu) and an optional
-// thread-block cluster. Kernels launched this way must call dep_wait() before reading anything an earlier
-// kernel wrote; dep_trigger() lets the next kernel be scheduled early (it still waits for this one to finish).
+// Kernel launches with attributes: launch_ex (cudaLaunchKernelEx with programmatic dependent launch, a
+// thread-block cluster and/or a cooperative launch), used by launch_mixer (gdn.cu, attention.cu, norm_rope.cu),
+// launch_kernel (gemv.cu, moe.cu) and launch_persistent (the one-launch MoE / GDN kernels). PDL is off unless
+// LILY_PDL=1 (the switch lives in gemv.cu). Kernels launched with PDL must call dep_wait() before reading
+// anything an earlier kernel wrote; dep_trigger() lets the next kernel be scheduled early (it still waits for
+// this one to finish).
 #pragma once
 #include "kernels/common.cuh"
 
@@ -14,29 +16,46 @@ bool pdl_enabled();  // kernels/gemv.cu
 __device__ __forceinline__ void dep_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void dep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// The one place kernels are launched with attributes (cudaLaunchKernelEx), every launch checked.
+struct LaunchOpts {
+  bool pdl = false;          // programmatic stream serialisation
+  int cluster_x = 1;         // thread-block cluster size (> 1: clusters along x)
+  bool cooperative = false;  // every block resident, or the launch fails
+};
+
 template <typename... P, typename... A>
-void launch_mixer(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int cluster_x, A... args) {
+void launch_ex(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, const LaunchOpts& o, A... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[3];
   int n = 0;
-  if (detail::pdl_enabled()) {
+  if (o.pdl) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (cluster_x > 1) {
+  if (o.cluster_x > 1) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.x = o.cluster_x;
     attr[n].val.clusterDim.y = 1;
     attr[n++].val.clusterDim.z = 1;
+  }
+  if (o.cooperative) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n++].val.cooperative = 1;
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, static_cast<P>(args)...));
   CUDA_CHECK_LAUNCH();
+}
+
+// The mixer kernels: PDL (unless off) and an optional cluster.
+template <typename... P, typename... A>
+void launch_mixer(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int cluster_x, A... args) {
+  launch_ex(k, grid, block, smem, s, LaunchOpts{detail::pdl_enabled(), cluster_x, false}, args...);
 }
 
 }  // namespace lily::cuda
