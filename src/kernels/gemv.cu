@@ -32,8 +32,8 @@ __global__ void __launch_bounds__(kBlockThreads) gemv_kernel(MultiArgs a, const 
   const int task0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * R * M::sub;
   RowBatch<F, K, R> b;
   stage_issue_rows<F, K, R>(a, task0, b);
-  pdl_trigger();
-  pdl_wait();
+  dep_trigger();
+  dep_wait();
   stage_x_to_smem(x, K, xsm);
   if (task0 >= a.total) return;
   stage_finish_rows<F, K, R>(a, xsm, b, accumulate);
@@ -51,8 +51,8 @@ __global__ void __launch_bounds__(kBlockThreads, 2) gemv_pipe_kernel(MultiArgs a
   RowBatch<F, K, R> b0, b1;
   stage_issue_rows<F, K, R>(a, t, b0);
   stage_issue_rows<F, K, R>(a, t + stride, b1);
-  pdl_trigger();
-  pdl_wait();
+  dep_trigger();
+  dep_wait();
   stage_x_to_smem(x, K, xsm);
   float xr[M::nc][M::epc], xs[M::nc];
   stage_load_x<F, K>(xsm, (threadIdx.x & 31) % M::lpr, xr, xs);
@@ -95,8 +95,8 @@ void launch_pipe(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t 
 
 template <QFormat F, int R, typename XT>
 __global__ void __launch_bounds__(kBlockThreads) gemv_generic_kernel(MultiArgs a, const XT* x, bool accumulate) {
-  pdl_trigger();
-  pdl_wait();
+  dep_trigger();
+  dep_wait();
   const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   gemv_warp_generic<F, R, XT>(a, x, warp * R, accumulate);
 }
@@ -133,8 +133,8 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
     const size_t row = static_cast<size_t>(task - pick(a.off, m));
     stream_load_row<K>(pick(a.w, m) + row * (K / 2), pick(a.sb, m) + row * G, wv[r], sv[r]);
   }
-  pdl_trigger();
-  pdl_wait();
+  dep_trigger();
+  dep_wait();
   if (h_first) stream_stage_loaded_norm(hr, norm, xs);
   else stream_stage_input<K, NW * 32>(x, norm, xs);
   float acc[R];
@@ -269,8 +269,8 @@ __global__ void __launch_bounds__(kBlockThreads) swiglu_kernel(PairArgs a, const
 
 template <QFormat F, int R>
 __global__ void __launch_bounds__(kBlockThreads) swiglu_generic_kernel(PairArgs a, const float* x) {
-  pdl_trigger();
-  pdl_wait();
+  dep_trigger();
+  dep_wait();
   const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   swiglu_warp_generic<F, R, false>(a, x, warp * R, a.F);
 }

@@ -57,11 +57,9 @@ __device__ __forceinline__ void store_warp_rows(const MultiArgs& a, int task0, f
   }
 }
 
-// Programmatic dependent launch: weight loads (independent of earlier kernels) are issued first, then the
-// kernel lets the next one be scheduled and waits for the previous one before it touches activations.
-// Both are no-ops when the kernel was launched without the PDL attribute.
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Programmatic dependent launch (launch.cuh: dep_trigger / dep_wait): weight loads (independent of earlier
+// kernels) are issued first, then the kernel lets the next one be scheduled and waits for the previous one
+// before it touches activations. Both are no-ops when the kernel was launched without the PDL attribute.
 
 // Stage: x [K] (fp32 or bf16) into fp32 shared memory by the whole block (16-byte aligned x).
 __device__ __forceinline__ void stage_x_to_smem(const float* x, int K, float* xsm) {
@@ -296,7 +294,7 @@ struct PairBatch {
   int task[R];
 };
 
-// Stage: issue the gate and up rows of the warp's tasks (MoE: reads the routing result, so after pdl_wait).
+// Stage: issue the gate and up rows of the warp's tasks (MoE: reads the routing result, so after dep_wait).
 template <QFormat F, int K, int R, bool MOE>
 __device__ __forceinline__ void stage_issue_pairs(const PairArgs& a, int task0, int total, PairBatch<F, K, R>& b) {
   using M = RowMap<F, K>;
@@ -450,14 +448,14 @@ __device__ __forceinline__ void pair_body(const PairArgs& a_in, const float* x) 
   PairBatch<F, K, R> b;
   PairArgs a = a_in;
   if (MOE) {
-    pdl_wait();  // the router logits come from the routing kernel
+    dep_wait();  // the router logits come from the routing kernel
     a = route_topk(a_in, topk);
   }
   stage_issue_pairs<F, K, R, MOE>(a, task0, total, b);
   // Trigger only after this block's loads are issued: dependents scheduled earlier would sit on the SMs
   // (waiting) and take residency from this kernel's later blocks.
-  pdl_trigger();
-  if (!MOE) pdl_wait();
+  dep_trigger();
+  if (!MOE) dep_wait();
   stage_x_to_smem(x, K, xsm);
   if (task0 >= total) return;
   stage_finish_pairs<F, K, R>(a, xsm, total, b);

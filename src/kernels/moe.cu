@@ -31,8 +31,8 @@ __global__ void __launch_bounds__(kBlockThreads) route_kernel(MultiArgs a, const
   const int task0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32) * R * M::sub;
   RowBatch<F, K, R> b;
   stage_issue_rows<F, K, R>(a, task0, b);
-  pdl_trigger();
-  pdl_wait();
+  dep_trigger();
+  dep_wait();
   if (norm_w) stage_x_norm_to_smem(x, norm_w, eps, x_out, K, xsm, red);
   else stage_x_to_smem(x, K, xsm);
   if (task0 < a.total) stage_finish_rows<F, K, R>(a, xsm, b, false);
@@ -40,8 +40,8 @@ __global__ void __launch_bounds__(kBlockThreads) route_kernel(MultiArgs a, const
 
 template <QFormat F>
 __global__ void __launch_bounds__(kBlockThreads) route_generic_kernel(MultiArgs a, const float* x) {
-  pdl_trigger();
-  pdl_wait();
+  dep_trigger();
+  dep_wait();
   const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   gemv_warp_generic<F, 1, float>(a, x, warp, false);
 }
@@ -70,8 +70,8 @@ __global__ void __launch_bounds__(kBlockThreads) gate_up_kernel(PairArgs a, cons
 template <QFormat F, int R>
 __global__ void __launch_bounds__(kBlockThreads) gate_up_generic_kernel(PairArgs a_in, const float* x) {
   __shared__ TopkSm topk;
-  pdl_trigger();
-  pdl_wait();
+  dep_trigger();
+  dep_wait();
   const PairArgs a = route_topk(a_in, topk);
   const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   swiglu_warp_generic<F, R, true>(a, x, warp * R, (a.k + 1) * a.F);
@@ -101,10 +101,10 @@ __global__ void __launch_bounds__(kBlockThreads, (2 * R * K <= 8192 ? 3 : 2)) ga
     }
   };
   if (shared_rows) issue(a_in);  // resolve_pair reads no routing data for shared rows except the scale (later)
-  pdl_wait();
+  dep_wait();
   const PairArgs a = route_topk(a_in, topk);
   if (!shared_rows) issue(a);
-  pdl_trigger();
+  dep_trigger();
   stream_stage_x<K, kBlockThreads>(x, xs);
   float acc[2 * R];
   stream_dots<K, 2 * R>(xs, wv, sv, acc);
@@ -193,8 +193,8 @@ __global__ void __launch_bounds__(kBlockThreads) down_kernel(DownArgs a) {
   extern __shared__ float4 smem4[];
   float* xsm = reinterpret_cast<float*>(smem4);
   float* xsum = xsm + NM * M::ch * (EPC + 4);
-  pdl_trigger();
-  pdl_wait();
+  dep_trigger();
+  dep_wait();
   stage_act_to_smem<EPC>(a.act, NM * M::ch, xsm, xsum);
   const int lane = threadIdx.x & 31, sub = lane / M::lpr, li = lane % M::lpr;
   const size_t row_bytes = static_cast<size_t>(KF) * static_cast<int>(F) / 8;
@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(kBlockThreads) down_kernel(DownArgs a) {
 template <QFormat F>
 __global__ void __launch_bounds__(kBlockThreads) down_generic_kernel(DownArgs a) {
   constexpr int EPC = Fmt<F>::epc;
-  pdl_trigger();
-  pdl_wait();
+  dep_trigger();
+  dep_wait();
   const int ch = a.cols / EPC, G = a.cols / kGroupSize, nm = a.k + 1;
   const size_t row_bytes = static_cast<size_t>(a.cols) * static_cast<int>(F) / 8;
   const int i = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x & 31;
