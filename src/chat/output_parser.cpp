@@ -441,13 +441,13 @@ struct OutputParser::Impl {
           }
           return true;
         }
+        // no call: the tag is reasoning text, and the reasoning state takes the buffered text (it may hold the
+        // </thinking> fallback; dumping it here made the result depend on how much text one token carried)
         res.reasoning_tokens += lookahead_tokens;
         lookahead_tokens = 0;
         reasoning.text("<tool_call>", *ev);
-        reasoning.text(buf, *ev);
-        buf.clear();
         st = St::reasoning;
-        return false;
+        return true;
       }
 
       case St::content: {

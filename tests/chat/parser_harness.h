@@ -194,8 +194,9 @@ inline void expect_same(const ParseResult& a, const ParseResult& b, const std::s
   }
 }
 
-// Runs `text` under every tokenisation (words, bytes, each single extra cut, random chunks) and checks that all
-// give the word-tokenised result, streaming and non-streaming. Returns the word-tokenised result.
+// Runs `text` under every tokenisation (words, bytes, one token per text run, each single extra cut, random
+// chunks) and checks that all give the word-tokenised result, streaming and non-streaming. Returns the
+// word-tokenised result.
 inline ParseResult parse_all_ways(std::string_view text, const ParserOptions& opt, const ToolSet& tools) {
   const auto words = tokens_words(text, opt.ids);
   const StreamRun ref = run_stream(words, opt, tools);
@@ -212,6 +213,7 @@ inline ParseResult parse_all_ways(std::string_view text, const ParserOptions& op
       EXPECT_EQ(ref.result.tool_calls[i].id, direct.tool_calls[i].id) << "seeded ids differ";
   }
   expect_same(ref.result, run_stream(tokens_bytes(text, opt.ids), opt, tools).result, "byte tokens");
+  expect_same(ref.result, run_stream(segments(text, opt.ids), opt, tools).result, "one token per text run");
   std::vector<Tok> cut;
   for (size_t c = 1; tokens_cut_at(text, c, cut, opt.ids); ++c) {
     expect_same(ref.result, run_stream(cut, opt, tools).result, "cut at byte " + std::to_string(c));

@@ -239,6 +239,12 @@ TEST(OutputParser, ThinkingCloseFallbackOption) {
   r = parse_all_ways("a </thinkin<tool_call> b</think>c", opt, tools());
   EXPECT_EQ(r.reasoning, "a </thinkin<tool_call> b");
   EXPECT_EQ(r.content, "c");
+  // A <tool_call> in reasoning that is no call: the text after it still ends reasoning at </thinking>, however
+  // it is tokenised (found by fuzz_parsers: one text token kept the tag in reasoning, bytes ended it).
+  r = parse_all_ways("a <tool_call> no call here</thinking>\nThe answer.", opt, tools());
+  EXPECT_EQ(r.reasoning, "a <tool_call> no call here");
+  EXPECT_EQ(r.content, "The answer.");
+  EXPECT_TRUE(r.reasoning_ended);
 }
 
 // Pitfall 10: truncated arguments (length stop) are closed with what was parsed.
