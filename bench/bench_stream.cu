@@ -1,0 +1,202 @@
+// Probe of the costs a persistent decode kernel is made of, on the GPU at hand (H200: 132 SMs):
+//   launch     an empty cooperative launch of one 512-thread block per SM, back to back in a CUDA graph
+//   barrier    one grid barrier (kernels/grid_barrier.cuh GridSync), from a launch with 16 of them
+//   slab       one phase's weight slab of S bytes per SM (every SM its own contiguous slab, fresh from HBM)
+//              read (a) by 16-byte register loads all issued up front (how gemv_stream.cuh streams) and
+//              (b) by one bulk copy into shared memory completing on an mbarrier (kernels/bulk_copy.cuh),
+//              (c) as (b) in 4 copies on 4 mbarriers, consumed as they land
+// Each case: a graph of 64 launches over buffers larger than the L2, median of 15 replays / 64.
+// Usage: bench_stream
+#include <algorithm>
+#include <functional>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/bulk_copy.cuh"
+#include "kernels/common.cuh"
+#include "kernels/grid_barrier.cuh"
+#include "kernels/gemv_stream.cuh"
+#include "kernels/qdot.cuh"
+
+using namespace lily::cuda;
+using namespace lily::cuda::detail;
+
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kLaunches = 64;
+
+__global__ void __launch_bounds__(kThreads, 1) empty_kernel(unsigned* bar, int barriers, float* out) {
+  GridSync gs = grid_sync_begin(bar, false);
+  for (int i = 0; i < barriers; ++i) grid_sync(gs);
+  if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = 1.f;
+}
+
+template <int S>
+__global__ void __launch_bounds__(kThreads, 1) slab_regs(const uint8_t* src, float* out) {
+  constexpr int kPer = (S / 16 + kThreads - 1) / kThreads;
+  const uint8_t* p = src + static_cast<size_t>(blockIdx.x) * S;
+  uint4 v[kPer];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int c = threadIdx.x + u * kThreads;
+    v[u] = c < S / 16 ? ld_stream(p + 16 * c) : make_uint4(0, 0, 0, 0);
+  }
+  uint32_t x = 0;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  if (x == 0x12345678u) out[blockIdx.x] = 1.f;  // keeps the loads
+}
+
+template <int S, int kParts>
+__global__ void __launch_bounds__(kThreads, 1) slab_bulk(const uint8_t* src, float* out) {
+  extern __shared__ __align__(128) uint8_t sm[];
+  __shared__ __align__(8) uint64_t bars[kParts];
+  constexpr int kPart = S / kParts;
+  static_assert(kPart % 16 == 0, "parts of 16-byte multiples");
+  const uint8_t* p = src + static_cast<size_t>(blockIdx.x) * S;
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < kParts; ++k) mbar_init(&bars[k], 1);
+    for (int k = 0; k < kParts; ++k) {
+      mbar_expect(&bars[k], kPart);
+      bulk_g2s(sm + k * kPart, p + k * kPart, kPart, &bars[k]);
+    }
+  }
+  __syncthreads();
+  uint32_t x = 0;
+  for (int k = 0; k < kParts; ++k) {
+    mbar_wait(&bars[k], 0);
+    for (int c = threadIdx.x; c < kPart / 16; c += kThreads) {
+      const uint4 v = reinterpret_cast<const uint4*>(sm + k * kPart)[c];
+      x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  }
+  if (x == 0x12345678u) out[blockIdx.x] = 1.f;
+}
+
+// The GDN in_proj phase alone: 12352 q4 rows of K = 2048 (1152 B each), warp g = warp * grid + block owns
+// rows [6g, 6g + 6) (as gdn_fused.cu), x staged in shared memory; DOTS = false only loads (xor of the words).
+template <bool DOTS>
+__global__ void __launch_bounds__(kThreads, 1) inproj(const uint8_t* w, const uint32_t* sb, const float* x, float* y) {
+  constexpr int K = 2048, R = 6, rows = 12352;
+  __shared__ __align__(16) StreamX<K> xs;
+  const int g = (threadIdx.x / 32) * gridDim.x + blockIdx.x;
+  uint4 wv[R][K / 1024];
+  uint32_t sv[R][K / 1024];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int row = min(g * R + r, rows - 1);
+    stream_load_row<K>(w + static_cast<size_t>(row) * (K / 2), sb + static_cast<size_t>(row) * (K / 64), wv[r], sv[r]);
+  }
+  stream_stage_x<K, kThreads>(x, xs);
+  if (DOTS) {
+    float acc[R];
+    stream_dots<K, R>(xs, wv, sv, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float v = group_sum<32>(acc[r]);
+      if ((threadIdx.x & 31) == 0 && g * R + r < rows) y[g * R + r] = v;
+    }
+  } else {
+    uint32_t t = 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) t ^= wv[r][0].x ^ wv[r][0].y ^ wv[r][1].z ^ wv[r][1].w ^ sv[r][0] ^ sv[r][1];
+    if (t == 0x12345678u) y[g] = 1.f;
+  }
+}
+
+double time_graph(cudaStream_t s, const std::function<void(int)>& launch) {
+  cudaGraph_t g;
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunches; ++i) launch(i);
+  CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t e;
+  CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  for (int w = 0; w < 3; ++w) CUDA_CHECK(cudaGraphLaunch(e, s));
+  std::vector<double> t;
+  for (int r = 0; r < 15; ++r) {
+    CUDA_CHECK(cudaEventRecord(a, s));
+    CUDA_CHECK(cudaGraphLaunch(e, s));
+    CUDA_CHECK(cudaEventRecord(b, s));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.0 / kLaunches);
+  }
+  std::sort(t.begin(), t.end());
+  CUDA_CHECK(cudaGraphExecDestroy(e));
+  CUDA_CHECK(cudaGraphDestroy(g));
+  return t[t.size() / 2];
+}
+
+template <int S>
+void slab_cases(cudaStream_t s, int sms, const uint8_t* buf, float* out) {
+  const size_t per = static_cast<size_t>(S) * sms;
+  const double mb = per / 1e6;
+  auto report = [&](const char* name, double us) {
+    std::printf("  slab %6d B/SM (%5.1f MB) %-22s %7.2f us  %6.0f GB/s\n", S, mb, name, us, per / us / 1e3);
+  };
+  report("registers", time_graph(s, [&](int i) { slab_regs<S><<<sms, kThreads, 0, s>>>(buf + i * per, out); }));
+  const size_t smem = S;
+  CUDA_CHECK(cudaFuncSetAttribute(slab_bulk<S, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  CUDA_CHECK(cudaFuncSetAttribute(slab_bulk<S, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  report("bulk copy x1", time_graph(s, [&](int i) { slab_bulk<S, 1><<<sms, kThreads, smem, s>>>(buf + i * per, out); }));
+  report("bulk copy x4", time_graph(s, [&](int i) { slab_bulk<S, 4><<<sms, kThreads, smem, s>>>(buf + i * per, out); }));
+}
+
+}  // namespace
+
+int main() {
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  unsigned* bar;
+  float* out;
+  CUDA_CHECK(cudaMalloc(&bar, 64));
+  CUDA_CHECK(cudaMemset(bar, 0, 64));
+  CUDA_CHECK(cudaMalloc(&out, 4096));
+  const size_t buf_bytes = static_cast<size_t>(200 * 1024) * sms * kLaunches;  // 1.7 GB at 132 SMs
+  uint8_t* buf;
+  CUDA_CHECK(cudaMalloc(&buf, buf_bytes));
+  CUDA_CHECK(cudaMemset(buf, 0x5a, buf_bytes));
+  std::printf("%d SMs, %d threads per block, graph of %d launches\n", sms, kThreads, kLaunches);
+  auto coop = [&](int barriers) {
+    return time_graph(s, [&](int) {
+      launch_ex(empty_kernel, dim3(sms), dim3(kThreads), 0, s, LaunchOpts{false, 1, true}, bar, barriers, out);
+    });
+  };
+  const double t0 = coop(0), t16 = coop(16);
+  const double plain = time_graph(s, [&](int) { empty_kernel<<<sms, kThreads, 0, s>>>(bar, 0, out); });
+  std::printf("  empty launch: cooperative %.2f us, plain %.2f us; grid barrier %.3f us each\n", t0, plain,
+              (t16 - t0) / 16);
+  {
+    const size_t wb = 12352ull * 1024, sbb = 12352ull * 128, per = wb + sbb;  // 14.2 MB per launch
+    float* x;
+    float* y;
+    CUDA_CHECK(cudaMalloc(&x, 2048 * 4));
+    CUDA_CHECK(cudaMalloc(&y, 12352 * 4));
+    CUDA_CHECK(cudaMemset(x, 0x3c, 2048 * 4));
+    auto run = [&](bool dots) {
+      return time_graph(s, [&](int i) {
+        const uint8_t* base = buf + i * per;
+        if (dots)
+          inproj<true><<<sms, kThreads, 0, s>>>(base, reinterpret_cast<const uint32_t*>(base + wb), x, y);
+        else
+          inproj<false><<<sms, kThreads, 0, s>>>(base, reinterpret_cast<const uint32_t*>(base + wb), x, y);
+      });
+    };
+    const double ld = run(false), dt = run(true);
+    std::printf("  GDN in_proj 14.2 MB: loads only %.2f us (%.0f GB/s), loads + dots %.2f us (%.0f GB/s)\n", ld,
+                per / ld / 1e3, dt, per / dt / 1e3);
+  }
+  slab_cases<36864>(s, sms, buf, out);    // out_proj 4096 -> 2048: 16 rows of 2304 B per SM
+  slab_cases<108288>(s, sms, buf, out);   // GDN in_proj: 94 rows of 1152 B per SM
+  slab_cases<147456>(s, sms, buf, out);   // both
+  slab_cases<196608>(s, sms, buf, out);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return 0;
+}
