@@ -1,11 +1,14 @@
-// Building blocks of the streaming q4 kernels (gemv.cu: plain / batched GEMV with K = 2048 or 4096; moe.cu:
-// expert gate/up with SwiGLU). Design: a warp owns R rows; each lane issues all its 16-byte weight loads
-// (chunks lane, lane + 32, ... of each row, 32 q4 elements each) and its scale|bias words before anything
-// else, so R * K / 2 bytes per warp are in flight with few registers (<= 64 at R * K <= 8192: four 256-thread
-// blocks per SM, leaving room for the next kernel's blocks to prefetch under PDL). x is staged once per block
-// in shared memory, permuted so that the lanes (consecutive chunks) read conflict-free float4s, with one
-// x-sum per 32-element chunk; each x float4 read is reused for the warp's R rows. Dequantisation as in
-// qdot.cuh: f = 1 + q/16 by PRMT, sum x*q = 16 (sum x*f - sum x), fp32 throughout.
+// Building blocks of the streaming q4 kernels (gemv.cu: plain / batched GEMV with K = 2048 or 4096; moe.cu,
+// moe_fused.cu: expert gate/up with SwiGLU; gdn_fused.cu). Design: a warp owns R rows; each lane issues all
+// its 16-byte weight loads (chunks lane, lane + 32, ... of each row, 32 q4 elements each) and its scale|bias
+// words before anything else, so R * K / 2 bytes per warp are in flight with few registers. x is staged once
+// per block in shared memory, per 32-element chunk c as 16-bit fixed point, x ~ sx_c * (256 hi + lo) with
+// int8 hi, lo (StreamX); the dot products are then integer: per 8 weights (one 32-bit word of nibbles) two
+// masks and four dp4a (sum q*hi, sum q*lo over the even and the odd elements), 7 instructions where the fp32
+// path took 20 (the kernels were issue-bound: the arithmetic added ~36 % to a 14 MB phase, bench_stream).
+// Per chunk and row: scale * sx * (256 Dhi + Dlo) + bias * sum(x), the sum of x in fp32 (exact as before).
+// Error: |x - x~| <= max|x_c| / 65024 per element (a 16-bit mantissa relative to the chunk's largest
+// element); the int sums are exact. Tests compare against a reference on x~ (kernel_test_util.h stream_x).
 #pragma once
 #include "kernels/qdot.cuh"
 
@@ -14,10 +17,24 @@ namespace lily::cuda::detail {
 template <int K>
 struct StreamX {
   static constexpr int nch = K / 32;  // 32-element chunks per row
-  float4 xt[8 * nch];                 // xt[p * nch + c] = x[32c + 4p .. 32c + 4p + 3]
-  float xsum[nch];                    // sum of chunk c
+  // xq[k * nch + c]: word k (elements 8k .. 8k + 7) of chunk c as int8x4 {hi of the even elements 8k + 0, 2,
+  // 4, 6; hi of the odd ones; lo even; lo odd}: the order of the nibbles in (w & 0x0f0f0f0f) and
+  // ((w >> 4) & 0x0f0f0f0f) of the weight word.
+  uint4 xq[4 * nch];
+  float sx[nch];                      // chunk c's unit: x = sx * (256 hi + lo)
+  float xsum[nch];                    // sum of chunk c (fp32, the float values)
   float red[32];                      // per-warp partial sums of squares (fused RMSNorm)
 };
+
+// The 16-bit fixed point of x (StreamX): t = x * (127 / max|x_c|) in [-127, 127], hi = rint(t),
+// lo = clamp(rint((t - hi) * 256), -127, 127) (t - hi is exact), sx = max|x_c| / 32512. The test reference
+// (kernel_test_util.h) repeats these fp32 steps.
+__device__ __forceinline__ void x16_split(float x, float inv, int& hi, int& lo) {
+  const float t = x * inv;
+  const float h = rintf(t);
+  hi = static_cast<int>(h);
+  lo = max(-127, min(127, static_cast<int>(rintf((t - h) * 256.f))));
+}
 
 // Fused RMSNorm of the GEMV input (model.md §2.1): x = h * rsqrt(mean(h²) + eps) * w, w the effective weight.
 // Every block computes the same sum in the same order, so all blocks stage bit-identical x; block 0 also
@@ -26,6 +43,7 @@ struct NormIn {
   const float* w = nullptr;  // [K]; nullptr: x is used as given
   float eps = 0.f;
   float* x_out = nullptr;    // [K] or nullptr
+  float* x_smem = nullptr;   // [K] shared memory or nullptr: every block also keeps x in plain fp32 order
   bool pdl = false;          // launched with PDL: h may only be read after griddepcontrol.wait
 };
 
@@ -35,18 +53,43 @@ __device__ __forceinline__ float4 x4_at(const uint16_t* x, int i) {
   return make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
 }
 
-// Stage one float4 of x (float4 index i: chunk i / 8, part i % 8) and, in the lane holding part 0, the chunk
-// sum in the order of load_x (parts 0..7 in sequence), so results equal the other kernels' bit for bit. The 8
-// parts of a chunk are in 8 consecutive lanes (i = threadIdx.x + a multiple of 8); every lane must call.
+// Stage one float4 of x (float4 index i: chunk i / 8, part i % 8, elements 4p .. 4p + 3 of the chunk): its
+// fixed-point bytes and, in the lane holding part 0, the chunk's unit and sum (in the order of load_x, parts
+// 0..7 in sequence, so the sums equal the other kernels' bit for bit). The 8 parts of a chunk are in 8
+// consecutive lanes (i = threadIdx.x + a multiple of 8); every lane must call.
 template <int K>
 __device__ __forceinline__ void stream_put_x4(StreamX<K>& s, int i, float4 v) {
   constexpr int nch = K / 32;
-  s.xt[(i & 7) * nch + (i >> 3)] = v;
+  const int base = threadIdx.x & 24;
   const float part = (v.x + v.y) + (v.z + v.w);
   float t = 0.f;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) t += __shfl_sync(0xffffffffu, part, (threadIdx.x & 24) + k);
-  if ((i & 7) == 0) s.xsum[i >> 3] = t;
+  for (int k = 0; k < 8; ++k) t += __shfl_sync(0xffffffffu, part, base + k);
+  float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const float inv = m > 0.f ? 127.f / m : 0.f;
+  int h0, h1, h2, h3, l0, l1, l2, l3;
+  x16_split(v.x, inv, h0, l0);
+  x16_split(v.y, inv, h1, l1);
+  x16_split(v.z, inv, h2, l2);
+  x16_split(v.w, inv, h3, l3);
+  // this part's half of word p / 2: even elements (v.x, v.z) and odd ones (v.y, v.w), 2 bytes each
+  const uint32_t hi = (h0 & 0xff) | (h2 & 0xff) << 8 | (h1 & 0xff) << 16 | (h3 & 0xff) << 24;
+  const uint32_t lo = (l0 & 0xff) | (l2 & 0xff) << 8 | (l1 & 0xff) << 16 | (l3 & 0xff) << 24;
+  const uint32_t hi2 = __shfl_xor_sync(0xffffffffu, hi, 1), lo2 = __shfl_xor_sync(0xffffffffu, lo, 1);
+  if ((i & 1) == 0) {  // the even part writes the word: its bytes first (elements 8k + 0..3), then the odd part's
+    uint4 q;
+    q.x = (hi & 0xffffu) | hi2 << 16;
+    q.y = hi >> 16 | (hi2 & 0xffff0000u);
+    q.z = (lo & 0xffffu) | lo2 << 16;
+    q.w = lo >> 16 | (lo2 & 0xffff0000u);
+    s.xq[((i & 7) >> 1) * nch + (i >> 3)] = q;
+  }
+  if ((i & 7) == 0) {
+    s.xsum[i >> 3] = t;
+    s.sx[i >> 3] = m / 32512.f;
+  }
 }
 
 // Stage: x [K] into s by a block of NT threads (every thread takes part; ends with a barrier).
@@ -105,6 +148,7 @@ __device__ __forceinline__ void stream_stage_loaded_norm(const HRegs<K, NT>& hr,
     const float4 w = x4_at(n.w, i);
     const float4 x = make_float4(v[j].x * r * w.x, v[j].y * r * w.y, v[j].z * r * w.z, v[j].w * r * w.w);
     if (store) reinterpret_cast<float4*>(n.x_out)[i] = x;
+    if (n.x_smem) reinterpret_cast<float4*>(n.x_smem)[i] = x;
     stream_put_x4(s, i, x);
   }
   __syncthreads();
@@ -153,28 +197,26 @@ __device__ __forceinline__ void stream_dots(const StreamX<K>& xs, const uint4 (&
 #pragma unroll
   for (int c = 0; c < nc; ++c) {
     const int ch = lane + 32 * c;
-    float s0[R], s1[R];
+    int dh[R], dl[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) s0[r] = s1[r] = 0.f;
+    for (int r = 0; r < R; ++r) dh[r] = dl[r] = 0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float4 xa = xs.xt[(2 * k) * nch + ch], xb = xs.xt[(2 * k + 1) * nch + ch];
-      const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+      const uint4 xq = xs.xq[k * nch + ch];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const uint32_t w = k == 0 ? wv[r][c].x : k == 1 ? wv[r][c].y : k == 2 ? wv[r][c].z : wv[r][c].w;
-        const uint32_t lo = ((w << 3) & 0x78787878u) | 0x80808080u;  // byte j: 0x80 | q[2j] << 3
-        const uint32_t hi = ((w >> 1) & 0x78787878u) | 0x80808080u;  // byte j: 0x80 | q[2j+1] << 3
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          s0[r] = fmaf(xv[2 * j], __uint_as_float(__byte_perm(lo, 0x3f000000u, 0x7044u | (j << 8))), s0[r]);
-          s1[r] = fmaf(xv[2 * j + 1], __uint_as_float(__byte_perm(hi, 0x3f000000u, 0x7044u | (j << 8))), s1[r]);
-        }
+        const int even = static_cast<int>(w & 0x0f0f0f0fu), odd = static_cast<int>((w >> 4) & 0x0f0f0f0fu);
+        dh[r] = __dp4a(even, static_cast<int>(xq.x), dh[r]);
+        dh[r] = __dp4a(odd, static_cast<int>(xq.y), dh[r]);
+        dl[r] = __dp4a(even, static_cast<int>(xq.z), dl[r]);
+        dl[r] = __dp4a(odd, static_cast<int>(xq.w), dl[r]);
       }
     }
-    const float X = xs.xsum[ch];
+    const float sx = xs.sx[ch], X = xs.xsum[ch];
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] += fmaf(16.f * bf16_lo(sv[r][c]), (s0[r] + s1[r]) - X, bf16_hi(sv[r][c]) * X);
+    for (int r = 0; r < R; ++r)  // 256 dh + dl < 2^24: exact in fp32
+      acc[r] += fmaf(bf16_lo(sv[r][c]) * sx, static_cast<float>(dh[r] * 256 + dl[r]), bf16_hi(sv[r][c]) * X);
   }
 }
 

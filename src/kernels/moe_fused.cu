@@ -106,12 +106,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   n.w = a.norm_w;
   n.eps = a.eps;
   n.x_out = a.x_out;
+  n.x_smem = xsm;  // the same x in plain order for the q8 router rows
   stream_stage_loaded_norm(hr, n, xs);
   stamp(a, 1);
-  // the same x in plain order for the q8 router rows (xs.xt holds float4 f of x at [(f % 8) * nch + f / 8])
-  for (int f = threadIdx.x; f < kH / 4; f += kThreads)
-    reinterpret_cast<float4*>(xsm)[f] = xs.xt[(f & 7) * (kH / 32) + (f >> 3)];
-  __syncthreads();
   if (router_task) stage_finish_rows<QFormat::q8, kH, 1>(a.router, xsm, rb, false);
   if (shared_task) {
     float acc[2];

@@ -137,6 +137,44 @@ inline void ref_dot(const HostMat& m, int e, int r, const std::vector<float>& x,
   }
 }
 
+// The streaming q4 kernels (gemv_stream.cuh: q4 GEMV with K = 2048 / 4096, the MoE gate/up and the fused
+// kernels) take x per 32-element chunk as 16-bit fixed point x~ = sx * (256 hi + lo); these are the same fp32
+// steps (x16_split), so a reference on x~ checks their arithmetic to fp32 rounding.
+inline bool streams(const HostMat& m) { return m.fmt == QFormat::q4 && (m.cols == 2048 || m.cols == 4096); }
+inline std::vector<double> stream_x(const std::vector<float>& x) {
+  std::vector<double> q(x.size());
+  for (size_t c0 = 0; c0 < x.size(); c0 += 32) {
+    float m = 0.f;
+    for (size_t i = c0; i < c0 + 32; ++i) m = std::max(m, std::fabs(x[i]));
+    const float inv = m > 0.f ? 127.f / m : 0.f, sx = m / 32512.f;
+    for (size_t i = c0; i < c0 + 32; ++i) {
+      const float t = x[i] * inv;
+      const float h = std::nearbyint(t);
+      const int lo = std::clamp(static_cast<int>(std::nearbyint((t - h) * 256.f)), -127, 127);
+      q[i] = static_cast<double>(sx) * (256.0 * h + lo);
+    }
+  }
+  return q;
+}
+// ref_dot for the kernel that runs this matrix's GEMV: on x~ for the scale term and on x for the bias term
+// when it streams (d32: the same in fp32, for the tolerance), else ref_dot.
+inline void ref_dot_gemv(const HostMat& m, int e, int r, const std::vector<float>& x, double& d64, float& d32) {
+  if (!streams(m)) return ref_dot(m, e, r, x, d64, d32);
+  static std::vector<float> last_x;  // x~ of the last x (callers go row by row over one x)
+  static std::vector<double> xq;
+  if (x != last_x) {
+    last_x = x;
+    xq = stream_x(x);
+  }
+  d64 = 0;
+  d32 = 0;
+  for (int c = 0; c < m.cols; ++c) {
+    const double q = m.q(e, r, c);
+    d64 += m.scale(e, r, c) * q * xq[c] + static_cast<double>(m.bias(e, r, c)) * x[c];
+    d32 += m.scale(e, r, c) * static_cast<float>(q) * static_cast<float>(xq[c]) + m.bias(e, r, c) * x[c];
+  }
+}
+
 // Compares got against ref64 with tol = 2 * max|ref32 - ref64| + atol_rel * max|ref64|; prints the worst.
 inline ::testing::AssertionResult close_enough(const std::vector<float>& got, const std::vector<double>& ref64,
                                                const std::vector<float>& ref32, const std::string& what,

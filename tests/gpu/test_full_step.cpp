@@ -66,11 +66,15 @@ double compare_paths(int layers, int positions, uint64_t seed) {
   return worst;
 }
 
-// 4 layers (3 GDN mixers, 1 attention, 4 MoE blocks), full width: the paths must agree to fp32 rounding.
+// 4 layers (3 GDN mixers, 1 attention, 4 MoE blocks), full width. The paths sum in different orders, and the
+// streaming GEMVs quantise their input per 32-element chunk (gemv_stream.cuh): an fp32-ulp difference in x can
+// move x~ by one step (1 / 65024 of the chunk's largest element), so each projection of the two paths can
+// differ by ~1e-5, carried through the recurrent state and the layers (measured on the H200: 3.9e-4 .. 6.5e-4;
+// 5.6e-5 with the fp32 dots). Wrong indexing or stale state give O(1).
 TEST(FullStep, PersistentKernelsMatchMultiLaunchPath) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-  EXPECT_LT(compare_paths(4, 8, 2026), 2e-4);
+  EXPECT_LT(compare_paths(4, 8, 2026), 2e-3);
 }
 
 // The whole 40-layer model. With random weights a router's 8th and 9th experts can be closer than fp32

@@ -1,8 +1,11 @@
 // The one-launch linear-attention mixer (kernels/gdn_fused.cu) against the three-launch path it replaces
 // (gemv_multi_rmsnorm + launch_gdn_step + gemv, each tested against CPU references in test_gemv.cu and
 // test_mixer_kernels.cu), on random full-size layer weights: h, the recurrent state and the conv ring must
-// agree to fp32 rounding (the two paths sum in different orders), over several consecutive positions (the ring
-// taps, the grid barrier reused launch after launch).
+// agree over several consecutive positions (the ring taps, the grid barrier reused launch after launch). The
+// two paths sum in different orders; from the second position on their inputs differ by fp32 ulps, which the
+// streaming GEMVs' 16-bit input quantisation (gemv_stream.cuh) can turn into one step of x~ (1 / 65024 of a
+// chunk's largest element): agreement to 2e-4 of the largest element (measured 2e-5 .. 4e-5 at positions 1-3;
+// errors of the kind this test looks for are O(1)).
 #include <gtest/gtest.h>
 
 #include "kernel_test_util.h"
@@ -68,12 +71,12 @@ TEST(GdnFused, MatchesThreeLaunchPath) {
     gemv(m.out, mixB.p, hB.p, true, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     std::printf("position %d\n", p);
-    EXPECT_LT(rel_diff(projA.download(), projB.download(), "proj"), 2e-5) << "position " << p;
-    EXPECT_LT(rel_diff(stA.download(), stB.download(), "state"), 2e-5) << "position " << p;
-    EXPECT_LT(rel_diff(ringA.download(), ringB.download(), "ring"), 2e-5) << "position " << p;
-    EXPECT_LT(rel_diff(hA.download(), hB.download(), "h"), 2e-5) << "position " << p;
-    // x is normed from h: equal to fp32 rounding at the first position, then h itself differs by ~1e-6
-    EXPECT_LT(rel_diff(xA.download(), xB.download(), "x"), p == 0 ? 1e-6 : 2e-5) << "position " << p;
+    EXPECT_LT(rel_diff(projA.download(), projB.download(), "proj"), 2e-4) << "position " << p;
+    EXPECT_LT(rel_diff(stA.download(), stB.download(), "state"), 2e-4) << "position " << p;
+    EXPECT_LT(rel_diff(ringA.download(), ringB.download(), "ring"), 2e-4) << "position " << p;
+    EXPECT_LT(rel_diff(hA.download(), hB.download(), "h"), 2e-4) << "position " << p;
+    // x is normed from h: equal to fp32 rounding at the first position, then h itself differs
+    EXPECT_LT(rel_diff(xA.download(), xB.download(), "x"), p == 0 ? 1e-6 : 2e-4) << "position " << p;
   }
 }
 

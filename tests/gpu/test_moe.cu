@@ -93,11 +93,11 @@ void act_ref(const HostMoe& m, const Shape& s, const std::vector<float>& x, cons
       double g, u;
       float g32, u32;
       if (j < s.k) {
-        ref_dot(m.gate, idx[j], r, x, g, g32);
-        ref_dot(m.up, idx[j], r, x, u, u32);
+        ref_dot_gemv(m.gate, idx[j], r, x, g, g32);
+        ref_dot_gemv(m.up, idx[j], r, x, u, u32);
       } else {
-        ref_dot(m.sh_gate, 0, r, x, g, g32);
-        ref_dot(m.sh_up, 0, r, x, u, u32);
+        ref_dot_gemv(m.sh_gate, 0, r, x, g, g32);
+        ref_dot_gemv(m.sh_up, 0, r, x, u, u32);
       }
       const float sc = j < s.k ? w[j] : sh;
       a64[static_cast<size_t>(j) * s.F + r] = sc * (g / (1 + std::exp(-g))) * u;
