@@ -113,6 +113,8 @@ __device__ __forceinline__ float4 step(const StepArgs& a, int h, int col0, int p
   const int c4 = tid % 8, rg = tid / 8, col = col0 + c4 * 4;
   const bool col_ok = col < Dv;
   float* S = a.state + (size_t)h * Dk * Dv;
+  // the gate inputs now, with the conv inputs: after the first barrier they would cost an L2 round trip more
+  const float b_raw = __ldcg(a.b_in + h), a_raw = __ldcg(a.a_in + h), a_log = a.a_log[h], dt_bias = a.dt_bias[h];
 
   // conv + SiLU: threads [0,128) q channel tid, [128,256) k channel tid-128; threads [0,32) also one v column.
   const int i_qk = tid % kMaxDk;
@@ -145,8 +147,8 @@ __device__ __forceinline__ float4 step(const StepArgs& a, int h, int col0, int p
   }
 
   // gates (every thread computes the two scalars of head h)
-  const float beta = sigmoid(__ldcg(a.b_in + h));
-  const float decay = __expf(-__expf(a.a_log[h]) * softplus(__ldcg(a.a_in + h) + a.dt_bias[h]));
+  const float beta = sigmoid(b_raw);
+  const float decay = __expf(-__expf(a_log) * softplus(a_raw + dt_bias));
   sync();
 
   // delta rule on this thread's 4 rows x 4 columns

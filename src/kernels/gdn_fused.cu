@@ -107,12 +107,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   if (step_block) {
     auto sync = [] { asm volatile("bar.sync 1, 256;" ::: "memory"); };  // threads 0..255 only
     const bool writes_qk = col0 == 0 && head % (kHv / kHk) == 0;
+    const int i = head * kD + col0 + tid;  // threads < 32: this tile's output column
+    float gate = 0.f;                      // z and the norm weight before the step's barriers, not after
+    if (tid < gdn::kCols) gate = a.norm_w[col0 + tid] * gdn::silu(__ldcg(a.z + i));
     const float4 o = gdn::step(a.step, head, col0, *a.pos, writes_qk, tid, s, gsh, sync);
     gdn::tile_sum_squares(o, col0, kD, tid, gsh, sync);
-    if (tid < gdn::kCols) {  // the gate part of the gated RMSNorm now; phase 3 only scales by the head's norm
-      const int i = head * kD + col0 + tid;
-      a.o_raw[i] = gsh.o[tid] * a.norm_w[col0 + tid] * gdn::silu(__ldcg(a.z + i));
-    }
+    if (tid < gdn::kCols) a.o_raw[i] = gsh.o[tid] * gate;  // the gate part of the gated RMSNorm; phase 3 scales
     if (tid == 0) a.tile_ss[blockIdx.x] = gsh.head_ss;
   }
   trace_stamp(a.trace, 4);
@@ -120,6 +120,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   trace_stamp(a.trace, 5);
 
   // ---- phase 3: gated RMSNorm of every head while staging, out_proj row g, residual ----
+  constexpr int kJ = kV / 4 / kThreads;
+  float4 ov4[kJ];  // the outputs with the sums of squares: one L2 round trip, not two
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) ov4[j] = __ldcg(reinterpret_cast<const float4*>(a.o_raw) + tid + j * kThreads);
   if (tid < kHv) {
     float t = 0.f;
 #pragma unroll
@@ -128,9 +132,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   }
   __syncthreads();
 #pragma unroll
-  for (int j = 0; j < kV / 4 / kThreads; ++j) {
+  for (int j = 0; j < kJ; ++j) {
     const int i = tid + j * kThreads;
-    const float4 o = __ldcg(reinterpret_cast<const float4*>(a.o_raw) + i);
+    const float4 o = ov4[j];
     const float r = head_r[i / (kD / 4)];
     stream_put_x4(xo, i, make_float4(o.x * r, o.y * r, o.z * r, o.w * r));
   }

@@ -396,9 +396,9 @@ void moe_down(const MoeWeightsDev& m, const MoeScratch& s, float* h, cudaStream_
 }
 
 namespace detail {
-bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s);  // kernels/moe_fused.cu
+bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s, const ResidualProj* pre);  // moe_fused.cu
 void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out,
-                      const MoeScratch& s, cudaStream_t stream);
+                      const MoeScratch& s, const ResidualProj* pre, cudaStream_t stream);
 bool moe_fused_on() {
   static const bool on = [] {
     const char* e = std::getenv("LILY_MOE_FUSED");
@@ -408,17 +408,18 @@ bool moe_fused_on() {
 }
 }  // namespace detail
 
-bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s) {
-  return detail::moe_fused_on() && detail::moe_fused_supported(m, s);
+bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s, const ResidualProj* pre) {
+  return detail::moe_fused_on() && detail::moe_fused_supported(m, s, pre);
 }
 
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
-               cudaStream_t stream, bool allow_fused) {
+               cudaStream_t stream, bool allow_fused, const ResidualProj* pre) {
   detail::check_moe(m, s);
-  if (allow_fused && moe_block_is_fused(m, s)) {
-    detail::launch_moe_fused(m, h, norm_w, eps, x_out, s, stream);
+  if (allow_fused && moe_block_is_fused(m, s, pre)) {
+    detail::launch_moe_fused(m, h, norm_w, eps, x_out, s, pre, stream);
     return;
   }
+  if (pre) gemv(pre->W, pre->x, h, true, stream);
   moe_route_rmsnorm(m, h, norm_w, eps, x_out, s, stream);
   moe_gate_up(m, x_out, s, stream);
   moe_down(m, s, h, stream);

@@ -1,7 +1,9 @@
 // The whole MoE block of one decode step in ONE persistent launch (model.md §2.1 + §2.4):
 //   h += MoE(x),  x = RMSNorm(h) * norm_w
 // for the real model's shapes (H = 2048, F = 512, top-8, q4 experts, q8 router, E <= 256). One block per SM,
-// 16 warps each; three phases separated by grid-wide barriers instead of kernel boundaries:
+// 16 warps each; phases separated by grid-wide barriers instead of kernel boundaries:
+//   0  (attention layers) h += o_proj(attn): warp g computes row g of the q4 [H][4096] projection, its weights
+//      requested at entry (a separate o_proj launch cost ~6 us per layer for 4.7 MB)
 //   A  every block normalises h; warps compute the router logits (+ shared-gate logit) and the shared expert's
 //      gate/up (unscaled silu(g) * u) — both need only x, and their weights are requested first thing
 //   B  every block turns the logits into the selection (route_topk); warps request the routed experts' gate/up
@@ -46,7 +48,10 @@ struct FusedArgs {
   unsigned* barrier;  // [kGridBarrierWords] (grid_barrier.cuh)
   bool gen_barrier;   // LILY_GRID_BARRIER=gen
   unsigned long long* trace;  // LILY_TRACE=1: phase timestamps of block 0 (diagnostics), else null
+  const uint8_t* pw; const uint32_t* psb;    // phase 0: h += P px, P q4 [H][kP] (null: no phase 0)
+  const float* px;
 };
+constexpr int kP = 4096;  // phase 0's input width (attention heads x head_dim)
 
 __device__ __forceinline__ void stamp(const FusedArgs& a, int i) { trace_stamp(a.trace, i); }
 
@@ -84,6 +89,24 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   constexpr int G2 = kH / kGroupSize;
   GridSync gs = grid_sync_begin(a.barrier, a.gen_barrier);
   stamp(a, 0);
+
+  // ---- phase 0 (optional): h += P px ----
+  if (a.pw) {
+    __shared__ __align__(16) StreamX<kP> xp;
+    uint4 pv[1][kP / 1024];
+    uint32_t psv[1][kP / 1024];
+    if (g < kH)
+      stream_load_row<kP>(a.pw + static_cast<size_t>(g) * (kP / 2), a.psb + static_cast<size_t>(g) * (kP / kGroupSize),
+                          pv[0], psv[0]);
+    stream_stage_x<kP, kThreads>(a.px, xp);
+    if (g < kH) {
+      float acc[1];
+      stream_dots<kP, 1>(xp, pv, psv, acc);
+      const float v = group_sum<32>(acc[0]);
+      if (lane == 0) a.h[g] += v;
+    }
+    grid_sync(gs);
+  }
 
   // ---- phase A: router logits and the shared expert's gate/up ----
   const int n_router = a.router.total;            // E + 1
@@ -202,7 +225,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
 
 }  // namespace
 
-bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s) {
+bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s, const ResidualProj* pre) {
+  if (pre && !(pre->W.format == QFormat::q4 && pre->W.n_mats == 1 && pre->W.rows == kH && pre->W.cols == kP))
+    return false;
   return sm_count() >= kMinBlocks && s.barrier != nullptr && m.router.format == QFormat::q8 &&
          m.shared_expert_gate.format == QFormat::q8 && m.router.cols == kH && m.router.rows <= kMaxExperts &&
          m.gate.format == QFormat::q4 && m.down.format == QFormat::q4 && m.gate.rows == kF && m.gate.cols == kH &&
@@ -210,7 +235,7 @@ bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s) {
 }
 
 void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out,
-                      const MoeScratch& s, cudaStream_t stream) {
+                      const MoeScratch& s, const ResidualProj* pre, cudaStream_t stream) {
   FusedArgs a{};
   a.router = router_args(m, s);
   a.pairs = expert_pair_args(m, s);
@@ -224,6 +249,11 @@ void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, flo
   a.barrier = s.barrier;
   a.gen_barrier = grid_barrier_gen();
   a.trace = persistent_trace(0);
+  if (pre) {
+    a.pw = pre->W.w;
+    a.psb = pre->W.sb;
+    a.px = pre->x;
+  }
 
   launch_persistent(moe_fused_kernel, a, kThreads, stream);
 }

@@ -140,13 +140,20 @@ void moe_gate_up(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cu
 void moe_down(const MoeWeightsDev& m, const MoeScratch& s, float* h, cudaStream_t stream);
 // All three: h += MoE(x).
 void moe_forward(const MoeWeightsDev& m, const float* x, const MoeScratch& s, float* h, cudaStream_t stream);
-// The MoE block of a decoder layer with its input norm: x = RMSNorm(h) * norm_w (stored to x_out), h += MoE(x).
-// For the real model's shapes on a GPU with >= 128 SMs this is ONE persistent launch (kernels/moe_fused.cu:
-// route, selection, gate/up, down separated by grid barriers, the down weights requested before the gate/up
-// work); otherwise, or with LILY_MOE_FUSED=0, moe_route_rmsnorm + moe_gate_up + moe_down.
+// A projection added to h before the MoE block: h += W x (the attention layer's o_proj and its residual).
+struct ResidualProj {
+  QMat W;                    // [H, K]
+  const float* x = nullptr;  // [K] fp32, device
+};
+// The MoE block of a decoder layer with its input norm: x = RMSNorm(h) * norm_w (stored to x_out), h += MoE(x);
+// with pre, h += pre->W pre->x first. For the real model's shapes on a GPU with >= 128 SMs this is ONE
+// persistent launch (kernels/moe_fused.cu: the pre projection (q4 K = 4096), route, selection, gate/up, down
+// separated by grid barriers, the down weights requested before the gate/up work); otherwise, or with
+// LILY_MOE_FUSED=0, gemv + moe_route_rmsnorm + moe_gate_up + moe_down.
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
-               cudaStream_t stream, bool allow_fused = true);
-bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s);  // moe_block takes the one-launch kernel
+               cudaStream_t stream, bool allow_fused = true, const ResidualProj* pre = nullptr);
+// moe_block takes the one-launch kernel (with this pre projection, or none)
+bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s, const ResidualProj* pre = nullptr);
 void print_persistent_trace();  // LILY_TRACE=1: phase times of the last fused MoE / GDN launches (benchmarks)
 
 // ---- embedding ----

@@ -104,7 +104,8 @@ class CudaEngine {
 
  private:
   void gdn(int layer, const float* norm_w);        // h += out_proj(gdn(rmsnorm(h) * norm_w))
-  void attention(int layer, const float* norm_w);  // h += o_proj(attention(rmsnorm(h) * norm_w))
+  // attention(rmsnorm(h) * norm_w) into mix_; o_proj (h += o_proj(mix_)) is left to the MoE launch
+  void attention(int layer, const float* norm_w, ResidualProj& o_proj);
   void project(const GemvBatch& b, const float* norm_w, bool& normed);
   void add_page(int page);
 

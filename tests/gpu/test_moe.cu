@@ -300,6 +300,48 @@ TEST(Moe, WholeBlockRealShapes) {
   run_moe_block({12, 192, 128, 3, QFormat::q8, QFormat::q4}, 33);  // other shapes: the three-launch path
 }
 
+// moe_block with a residual projection first (the attention layer's o_proj, h += W x, q4 [2048][4096]): on the
+// H200 the fused kernel's phase 0, against the same projection as its own launch (gemv, checked against the
+// CPU reference in test_gemv.cu) followed by moe_block without one. Both take the same 16-bit input and sum
+// each row in the same order, so h and the normed x agree to fp32 rounding; a wrong row or a missing barrier
+// gives O(1).
+TEST(Moe, ResidualProjectionFirst) {
+  const Shape s{256, 2048, 512, 8, QFormat::q8, QFormat::q4};
+  std::mt19937_64 rng(41);
+  HostMoe m = random_moe(rng, s);
+  const HostMat wo = random_mat(rng, QFormat::q4, 1, s.H, 4096);
+  DevMoe d(m);
+  DevMat dwo(wo);
+  const std::vector<float> h0 = random_vec(rng, s.H, -3.f, 3.f), wn = random_vec(rng, s.H, 0.5f, 1.5f);
+  const std::vector<float> px = random_vec(rng, 4096);
+  MoeScratch sc = moe_scratch_alloc(s.E, s.k, s.F);
+  DevBuf<float> dh(h0), dwn(wn), dx(s.H), dpx(px), dhB(h0), dxB(s.H);
+  ResidualProj pre;
+  pre.W = dwo.m;
+  pre.x = dpx.p;
+  std::printf("moe_block with o_proj: %s\n", moe_block_is_fused(d.w, sc, &pre) ? "fused kernel" : "separate launches");
+  for (int rep = 0; rep < 2; ++rep) {
+    dh.upload(h0);
+    dhB.upload(h0);
+    moe_block(d.w, dh.p, dwn.p, 1e-6f, dx.p, sc, nullptr, true, &pre);
+    gemv(dwo.m, dpx.p, dhB.p, true, nullptr);
+    moe_block(d.w, dhB.p, dwn.p, 1e-6f, dxB.p, sc, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> a = dh.download(), b = dhB.download(), xa = dx.download(), xb = dxB.download();
+    double dmax = 0, scale = 0, xdmax = 0, xscale = 0;
+    for (int i = 0; i < s.H; ++i) {
+      dmax = std::max(dmax, std::fabs(static_cast<double>(a[i]) - b[i]));
+      scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+      xdmax = std::max(xdmax, std::fabs(static_cast<double>(xa[i]) - xb[i]));
+      xscale = std::max(xscale, std::fabs(static_cast<double>(xb[i])));
+    }
+    std::printf("  h: max|one launch - two| / max|h| = %.3g; x: %.3g\n", dmax / scale, xdmax / xscale);
+    EXPECT_LT(dmax, 1e-5 * scale);
+    EXPECT_LT(xdmax, 1e-5 * xscale);
+  }
+  moe_scratch_free(sc);
+}
+
 TEST(Moe, RealWidthsQ8RouterQ4Experts) { run_block({64, 2048, 512, 8, QFormat::q8, QFormat::q4}, 11, 0); }
 
 TEST(Moe, RealWidthsBf16) { run_block({16, 2048, 512, 8, QFormat::bf16, QFormat::bf16}, 12, 0); }
