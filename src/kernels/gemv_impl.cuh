@@ -335,6 +335,7 @@ struct TopkSm {
   int idx[kMaxTopK];
   float w[kMaxTopK];
   float sh;
+  float sh_logit;                        // route_topk_select -> route_topk_finish
   float red[2][kMaxExperts / 32];        // per-warp max, per-warp sum
   __align__(16) float cand_p[kMaxExperts / 32 * kMaxTopK];  // each warp's 8 best (probability, expert)
   __align__(16) int cand_e[kMaxExperts / 32 * kMaxTopK];
@@ -350,8 +351,16 @@ __device__ __forceinline__ bool ranks_before(float v2, int i2, float v, int i) {
 // the overall top 8 is among those 64 candidates and its rank among them is its overall rank (every expert
 // above it is a candidate too), so candidate c is selected at rank #{candidates before c} if that is < k.
 // Block 0 also stores the selection to a.idx_out / w_out / sh_out for moe_down. Returns a with idx / wts /
-// sh_scale pointing at t.
+// sh_scale pointing at t. In two steps: route_topk_select leaves the experts in t.idx (and their unnormalised
+// probabilities in t.w), so a caller can request the experts' weights before route_topk_finish renormalises.
+__device__ __forceinline__ PairArgs route_topk_finish(const PairArgs& a, TopkSm& t);
+__device__ __forceinline__ void route_topk_select(const PairArgs& a, TopkSm& t);
 __device__ __forceinline__ PairArgs route_topk(const PairArgs& a, TopkSm& t) {
+  route_topk_select(a, t);
+  return route_topk_finish(a, t);
+}
+
+__device__ __forceinline__ void route_topk_select(const PairArgs& a, TopkSm& t) {
   constexpr int NW = kMaxExperts / 32;
   const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
   const bool mine = e < kMaxExperts;
@@ -408,7 +417,12 @@ __device__ __forceinline__ PairArgs route_topk(const PairArgs& a, TopkSm& t) {
       t.w[rank] = pc;
     }
   }
+  if (e == 0) t.sh_logit = l_sh;
   __syncthreads();
+}
+
+__device__ __forceinline__ PairArgs route_topk_finish(const PairArgs& a, TopkSm& t) {
+  const int e = threadIdx.x;
   float wj = 0.f;
   if (e < a.k) {  // renormalise: every selecting thread sums the k weights in rank order (same result)
     float total = 0.f;
@@ -417,7 +431,7 @@ __device__ __forceinline__ PairArgs route_topk(const PairArgs& a, TopkSm& t) {
   }
   __syncthreads();
   if (e < a.k) t.w[e] = wj;
-  if (e == 0) t.sh = 1.f / (1.f + expf(-l_sh));
+  if (e == 0) t.sh = 1.f / (1.f + expf(-t.sh_logit));
   __syncthreads();
   if (blockIdx.x == 0 && e < a.k) {
     a.idx_out[e] = t.idx[e];

@@ -144,7 +144,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   stamp(a, 3);
 
   // ---- phase B: selection, routed gate/up; the down weights of phase C are requested first ----
-  const PairArgs p = route_topk(a.pairs, topk);  // ends with __syncthreads
+  route_topk_select(a.pairs, topk);  // the experts (topk.idx); ends with __syncthreads
+  PairArgs p = a.pairs;
+  p.idx = topk.idx;
   stamp(a, 4);
   const bool pair_task = g < kK * kF / 2;        // 2 (gate, up) row pairs per warp
   const bool down_task = g < kH;
@@ -161,6 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   }
   // the down rows of phase C after the gate/up rows this phase waits for (issued first, they delayed them)
   if (down_task) load_down_row(a, topk.idx, g, dr);
+  p = route_topk_finish(a.pairs, topk);  // the routing weights while the rows stream
   if (pair_task) {
     float acc[4];
     stream_dots<kH, 4>(xs, wv, sv, acc);
