@@ -157,14 +157,15 @@ int stream_warps() {
   return nw;
 }
 int stream_blocks_limit() {
-  static const int n = sm_count() * std::max(1, env_int("LILY_GEMV_BPS", 2));
+  static const int n = sm_count() * std::max(1, env_int("LILY_GEMV_BPS", 3));
   return n;
 }
 
-// Rows per warp: the fewest that keep the grid within two blocks per SM, so that the next kernel's blocks find
-// free slots (measured on an H200 with 8 warps per block: 4096x2048 3.9 us at R = 2 vs 6.1 at R = 4;
-// 2048x4096 6.1 at R = 1 vs 7.6 at R = 2; 8192x2048 5.5 at R = 4). Taller matrices (lm_head) stream in
-// waves: max_r / 2 there (R = 4 at K = 2048: 100 us vs 105 at R = 8 and 117 at R = 2).
+// Rows per warp: the fewest that keep the grid within three blocks per SM (measured on an H200 with 8 warps per
+// block: 4096x2048 3.9 us at R = 2 vs 6.1 at R = 4; 2048x4096 6.1 at R = 1 vs 7.6 at R = 2; 8192x2048 5.5 at
+// R = 4; the attention q|k|v, 9216x2048, in the decode step: R = 4 (288 blocks) 8.5 us per token faster than
+// R = 8 (144 blocks, so 12 SMs ran two), which a limit of two blocks per SM picked). Taller matrices (lm_head)
+// stream in waves: max_r / 2 there (R = 4 at K = 2048: 100 us vs 105 at R = 8 and 117 at R = 2).
 int stream_rows_per_warp(int total, int max_r, int nw) {
   const int limit = stream_blocks_limit();
   for (int r = 1; r <= max_r; r *= 2)
