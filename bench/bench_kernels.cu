@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "graph_time.cuh"
 #include "kernels/common.cuh"
 #include "kernels/mixers.h"
 #include "kernels/qmat.h"
@@ -93,37 +94,14 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Captures launch(i) for i < copies into one graph, replays it and returns the median µs per launch.
+// Captures launch(i) for i < copies into one graph on a fresh stream; the median µs per launch.
 double time_graph(int copies, const std::function<void(int, cudaStream_t)>& launch, int replays = 15) {
   CUDA_CHECK(cudaDeviceSynchronize());  // the weight fills ran on the legacy stream
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < copies; ++i) launch(i, s);
-  CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  for (int w = 0; w < 3; ++w) CUDA_CHECK(cudaGraphLaunch(ge, s));
-  std::vector<double> t;
-  for (int r = 0; r < replays; ++r) {
-    CUDA_CHECK(cudaEventRecord(a, s));
-    CUDA_CHECK(cudaGraphLaunch(ge, s));
-    CUDA_CHECK(cudaEventRecord(b, s));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.0 / copies);
-  }
-  CUDA_CHECK(cudaGraphExecDestroy(ge));
-  CUDA_CHECK(cudaGraphDestroy(g));
-  CUDA_CHECK(cudaEventDestroy(a));
-  CUDA_CHECK(cudaEventDestroy(b));
+  const double us = graph_median_us(s, copies, launch, replays);
   CUDA_CHECK(cudaStreamDestroy(s));
-  return median(t);
+  return us;
 }
 
 double copy_bandwidth() {

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "graph_time.cuh"
 #include "kernels/bulk_copy.cuh"
 #include "kernels/common.cuh"
 #include "kernels/grid_barrier.cuh"
@@ -106,30 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1) inproj(const uint8_t* w, const ui
 }
 
 double time_graph(cudaStream_t s, const std::function<void(int)>& launch) {
-  cudaGraph_t g;
-  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunches; ++i) launch(i);
-  CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  cudaGraphExec_t e;
-  CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  for (int w = 0; w < 3; ++w) CUDA_CHECK(cudaGraphLaunch(e, s));
-  std::vector<double> t;
-  for (int r = 0; r < 15; ++r) {
-    CUDA_CHECK(cudaEventRecord(a, s));
-    CUDA_CHECK(cudaGraphLaunch(e, s));
-    CUDA_CHECK(cudaEventRecord(b, s));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0.f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.0 / kLaunches);
-  }
-  std::sort(t.begin(), t.end());
-  CUDA_CHECK(cudaGraphExecDestroy(e));
-  CUDA_CHECK(cudaGraphDestroy(g));
-  return t[t.size() / 2];
+  return graph_median_us(s, kLaunches, [&](int i, cudaStream_t) { launch(i); });
 }
 
 template <int S>
