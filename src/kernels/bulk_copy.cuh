@@ -1,8 +1,9 @@
 // Bulk copies global -> shared memory by the copy engine (cp.async.bulk, sm_90), completing on an mbarrier:
 // one thread issues a copy of any size (a multiple of 16 bytes, both addresses 16-byte aligned), the bytes
 // land in shared memory without passing through registers or the L1 miss queues, and every thread of the
-// block waits on the mbarrier's phase. The persistent kernels use it to have a whole phase's weight slab
-// (~100 KB per SM) in flight at once. Usage per barrier and phase:
+// block waits on the mbarrier's phase. Used by bench/bench_stream.cu, which measured it against register loads
+// for a persistent kernel's weight slab (~100 KB per SM): no faster (bench/RESULTS.md), so no kernel uses it
+// yet. Usage per barrier and phase:
 //   thread 0: mbar_expect(bar, total_bytes); bulk_g2s(dst, src, bytes, bar) ...   (total = sum of the copies)
 //   all:      mbar_wait(bar, parity)   (parity 0 for the first use of bar, then 1, 0, ...)
 // mbar_init by one thread, then __syncthreads(), before the first use.
@@ -46,13 +47,6 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, unsigned parity) {
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
   while (!mbar_try_wait(bar, parity)) {
   }
-}
-
-// Orders this thread's earlier generic-proxy shared-memory accesses before later bulk copies into the same
-// bytes (a buffer read by ordinary loads, then refilled by the copy engine): every reading thread calls it,
-// then a __syncthreads(), then the copies are issued.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 }  // namespace lily::cuda::detail

@@ -415,7 +415,11 @@ bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s, const Resid
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
                cudaStream_t stream, bool allow_fused, const ResidualProj* pre) {
   detail::check_moe(m, s);
-  if (allow_fused && moe_block_is_fused(m, s, pre)) {
+  if (allow_fused && moe_block_is_fused(m, s)) {
+    if (pre && !moe_block_is_fused(m, s, pre)) {  // a projection the kernel's phase 0 does not take
+      gemv(pre->W, pre->x, h, true, stream);
+      pre = nullptr;
+    }
     detail::launch_moe_fused(m, h, norm_w, eps, x_out, s, pre, stream);
     return;
   }
