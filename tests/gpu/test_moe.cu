@@ -305,11 +305,11 @@ TEST(Moe, WholeBlockRealShapes) {
 // CPU reference in test_gemv.cu) followed by moe_block without one. Both take the same 16-bit input and sum
 // each row in the same order, so h and the normed x agree to fp32 rounding; a wrong row or a missing barrier
 // gives O(1).
-TEST(Moe, ResidualProjectionFirst) {
+void residual_projection_case(QFormat fo) {
   const Shape s{256, 2048, 512, 8, QFormat::q8, QFormat::q4};
   std::mt19937_64 rng(41);
   HostMoe m = random_moe(rng, s);
-  const HostMat wo = random_mat(rng, QFormat::q4, 1, s.H, 4096);
+  const HostMat wo = random_mat(rng, fo, 1, s.H, 4096);
   DevMoe d(m);
   DevMat dwo(wo);
   const std::vector<float> h0 = random_vec(rng, s.H, -3.f, 3.f), wn = random_vec(rng, s.H, 0.5f, 1.5f);
@@ -319,7 +319,8 @@ TEST(Moe, ResidualProjectionFirst) {
   ResidualProj pre;
   pre.W = dwo.m;
   pre.x = dpx.p;
-  std::printf("moe_block with o_proj: %s\n", moe_block_is_fused(d.w, sc, &pre) ? "fused kernel" : "separate launches");
+  std::printf("moe_block with a %s o_proj: %s\n", fo == QFormat::q4 ? "q4" : "bf16",
+              moe_block_is_fused(d.w, sc, &pre) ? "phase 0 of the fused kernel" : "its own launch first");
   for (int rep = 0; rep < 2; ++rep) {
     dh.upload(h0);
     dhB.upload(h0);
@@ -340,6 +341,12 @@ TEST(Moe, ResidualProjectionFirst) {
     EXPECT_LT(xdmax, 1e-5 * xscale);
   }
   moe_scratch_free(sc);
+}
+
+// A bf16 projection is not taken by phase 0: moe_block then runs it as its own GEMV before the fused launch.
+TEST(Moe, ResidualProjectionFirst) {
+  residual_projection_case(QFormat::q4);
+  residual_projection_case(QFormat::bf16);
 }
 
 TEST(Moe, RealWidthsQ8RouterQ4Experts) { run_block({64, 2048, 512, 8, QFormat::q8, QFormat::q4}, 11, 0); }
