@@ -1,8 +1,8 @@
 // Decode attention (batch 1, one query token) over a paged bf16 KV cache, model.md §2.3, flash-decoding in
 // two kernels:
 //   attention_split_kernel   grid (splits, n_kv). The tokens [0, *pos] are cut at run time into steps of 8
-//                            tokens and the steps spread evenly over the active split blocks (>= 64 tokens
-//                            each), so one captured graph serves every context length. Inside a block each
+//                            tokens and the steps spread evenly over the active split blocks (up to 64
+//                            tokens each, at least 32 once the context passes 64), so one captured graph serves every context length. Inside a block each
 //                            warp walks its own steps with its own online softmax: no block barrier per tile.
 //     load_step              cp.async of a step's K and V rows into the warp's 3-stage shared-memory ring,
 //                            issued two steps ahead of the compute (loads overlap the FMA work)
@@ -38,8 +38,9 @@ constexpr int kCombWarps = kCombThreads / 32;
 constexpr int kCombDims = 32;     // output dims per combine block (one per lane)
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Steps of the token range and how many split blocks get some: at least kWarps steps (64 tokens) per split,
-// so a short context uses few splits and the combine reads little.
+// Steps of the token range and how many split blocks get some: ceil(n_steps / kWarps) splits, so each gets up
+// to kWarps steps (64 tokens) and at least half that once n_steps >= kWarps: a short context uses few splits
+// and the combine reads little.
 __device__ __forceinline__ int active_splits(int n_steps, int splits) {
   return min(splits, (n_steps + kWarps - 1) / kWarps);
 }

@@ -10,7 +10,7 @@
 //   3  every block scales all 4096 of them by their head's 1 / rms (Σ o² of its 4 tiles) while staging them,
 //      and warp g computes out_proj row g (weights requested at the end of phase 1), h[g] += it
 // Replaces gemv_multi_rmsnorm + launch_gdn_step + gemv (the standalone kernels stay for other shapes and GPUs
-// with fewer than 128 SMs). Tested by tests/gpu/test_gdn_fused.cu against the three-launch path.
+// with fewer than 129 SMs). Tested by tests/gpu/test_gdn_fused.cu against the three-launch path.
 #include "kernels/gdn_fused.h"
 
 #include "kernels/common.cuh"
@@ -29,7 +29,7 @@ constexpr int kConv = 2 * kHk * kD + kHv * kD;                        // 8192
 constexpr int kV = kHv * kD;                                           // 4096
 constexpr int kInRows = kConv + kV + 2 * kHv;                          // 12352
 constexpr int kWarps = 16, kThreads = kWarps * 32;
-constexpr int kRowsPerWarp = 6;                                        // 6 * 16 * 128 SMs >= 12352
+constexpr int kRowsPerWarp = 6;                                        // 6 * 16 * 129 SMs >= 12352
 constexpr int kMinBlocks = (kInRows + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp);  // 129
 
 struct Args {

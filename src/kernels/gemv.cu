@@ -2,8 +2,8 @@
 // up to kMaxMulti matrices sharing x in one launch, and the fused gate+up SwiGLU. Fast paths for
 // K = 512, 2048, 4096 (the model's widths) keep x in registers; other K (multiple of 64) use a generic path.
 // q4 with K = 2048 / 4096 (every q4 projection and lm_head) takes the streaming kernel (gemv_stream.cuh) instead.
-// Every launch uses programmatic dependent launch (kernels/gemv_impl.cuh): weights are fetched before waiting
-// for the previous kernel. Environment: LILY_PDL=1 (PDL on; off by default), LILY_GEMV_PIPE=0/1 (persistent K=2048 kernel),
+// With LILY_PDL=1 the launches use programmatic dependent launch (launch.cuh; off by default, measured slower):
+// weights are fetched before waiting for the previous kernel. Environment: LILY_GEMV_PIPE=0/1 (persistent K=2048 kernel),
 // LILY_GEMV_STREAM=0 (no streaming kernel), LILY_GEMV_NW / LILY_GEMV_BPS (its block shape, for benchmarks).
 // Tested by tests/gpu/test_gemv.cu, timed by bench/bench_kernels.cu.
 #include "kernels/common.cuh"

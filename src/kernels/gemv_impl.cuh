@@ -1,4 +1,5 @@
-// GEMV kernel bodies shared by gemv.cu and moe.cu, as __device__ stages: load x into registers, issue every
+// GEMV kernel bodies shared by gemv.cu, moe.cu and the persistent kernels (moe_fused.cu, gdn_fused.cu; also the
+// MoE routing selection route_topk), as __device__ stages: load x into registers, issue every
 // weight load of the warp's rows up front, dequantise + dot, reduce across the lanes of a row, store.
 // Fast paths take K (cols) at compile time (x lives in registers); gemv_warp_generic handles any K % 64 == 0.
 #pragma once
@@ -56,10 +57,6 @@ __device__ __forceinline__ void store_warp_rows(const MultiArgs& a, int task0, f
     *y = accumulate ? *y + v : v;
   }
 }
-
-// Programmatic dependent launch (launch.cuh: dep_trigger / dep_wait): weight loads (independent of earlier
-// kernels) are issued first, then the kernel lets the next one be scheduled and waits for the previous one
-// before it touches activations. Both are no-ops when the kernel was launched without the PDL attribute.
 
 // Stage: x [K] (fp32 or bf16) into fp32 shared memory by the whole block (16-byte aligned x).
 __device__ __forceinline__ void stage_x_to_smem(const float* x, int K, float* xsm) {
@@ -327,7 +324,7 @@ __device__ __forceinline__ void stage_finish_pairs(const PairArgs& a, const floa
   }
 }
 
-inline constexpr int kMaxExperts = 256;  // route_topk: 8 logits per lane of one warp
+inline constexpr int kMaxExperts = 256;  // route_topk: one logit per thread, 8 warps
 inline constexpr int kMaxTopK = 8;  // route_topk keeps each warp's 8 best as candidates
 
 // The routing selection in shared memory (route_topk's result) and its work space.

@@ -52,7 +52,7 @@ void launch_ex(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t
   CUDA_CHECK_LAUNCH();
 }
 
-// The mixer kernels: PDL (unless off) and an optional cluster.
+// The mixer kernels: PDL when LILY_PDL=1, and an optional cluster.
 template <typename... P, typename... A>
 void launch_mixer(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int cluster_x, A... args) {
   launch_ex(k, grid, block, smem, s, LaunchOpts{detail::pdl_enabled(), cluster_x, false}, args...);

@@ -74,8 +74,8 @@ size_t attn_scratch_floats(int n_kv, int max_splits, int group, int head_dim);
 // h / group), softmax(q[h]·K / sqrt(d)) V, then times sigmoid(gate[h]) (gate = qg[h][d:2d]).
 // q [n_heads][d] fp32; qg [n_heads][2d]; out [n_heads * d] fp32. head_dim 256 (also 128, 64, 32 for tests),
 // group <= 8, page_tokens a multiple of 8. Two launches: `splits` blocks per KV head (<= scratch.max_splits,
-// <= 128; one block per SM is the intended size, e.g. SMs / n_kv) each take an even share of the tokens (at
-// least 64, so short contexts use few of them), then one combine kernel merges the partials per head.
+// <= 128; one block per SM is the intended size, e.g. SMs / n_kv) each take an even share of the tokens (up to
+// 64 each, at least 32 once the context passes 64, so short contexts use few of them), then one combine kernel merges the partials per head.
 void launch_attention_decode(const float* q, const float* qg, KvPages kv, const int* pos, float* out,
                              AttnScratch scratch, int splits, int n_heads, cudaStream_t s);
 

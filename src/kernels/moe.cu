@@ -2,7 +2,7 @@
 //   moe_route   : router GEMV (8-bit in MLX) + the shared-expert-gate logit, optionally with the RMSNorm of the
 //                 block input fused in front (every block normalises; block 0 stores x for the experts).
 //   moe_gate_up : every block first turns the logits into the selection (route_topk: fp32 softmax over all
-//                 experts, top-k with ties to the lower id, renormalisation, sigmoid gate; one warp, ~1 us),
+//                 experts, top-k with ties to the lower id, renormalisation, sigmoid gate; 8 warps, ~2 us),
 //                 then the gate/up GEMVs of the k selected experts and the shared expert with SwiGLU, scaled by
 //                 the routing weight (shared: sigmoid gate), into act [(k+1)][F]. Block 0 stores the selection.
 //                 (Before: a last-block ticket in moe_route did the selection with block-wide reductions:
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kBlockThreads, (2 * R * K <= 8192 ? 3 : 2)) ga
       stream_load_row<K>(p.uw, p.usb, wv[2 * r + 1], sv[2 * r + 1]);
     }
   };
-  if (shared_rows) issue(a_in);  // resolve_pair reads no routing data for shared rows except the scale (later)
+  if (shared_rows) issue(a_in);  // resolve_pair reads no routing data for shared rows
   dep_wait();
   const PairArgs a = route_topk(a_in, topk);
   if (!shared_rows) issue(a);

@@ -5,7 +5,7 @@
 //   0  (attention layers) h += o_proj(attn): warp g computes row g of the q4 [H][4096] projection, its weights
 //      requested at entry (a separate o_proj launch cost ~6 us per layer for 4.7 MB)
 //   A  every block normalises h; warps compute the router logits (+ shared-gate logit) and the shared expert's
-//      gate/up (unscaled silu(g) * u) — both need only x, and their weights are requested first thing
+//      gate/up (unscaled silu(g) * u) — both need only x, and their weights are requested right after h
 //   B  every block turns the logits into the selection (route_topk); warps request the routed experts' gate/up
 //      rows and then the down-projection rows they will need in phase C, compute the gate/up into act (scaled by
 //      the routing weight)

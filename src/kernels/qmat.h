@@ -80,8 +80,8 @@ void from_bf16(const QMat& m, const uint16_t* src, cudaStream_t stream);
 // ---- GEMV: y = W x ----
 // W one matrix (n_mats == 1, or `mat` selects one of a stack), x [cols] fp32 or bf16 on the device,
 // y [rows] fp32. accumulate: y += W x (fused residual add), else y = W x. q4 with cols 2048 / 4096 (every q4
-// projection of the model) takes x per 32-element chunk as 16-bit fixed point (|x - x~| <= max|x_chunk| / 65024,
-// kernels/gemv_stream.cuh) and sums in integers; the other shapes and formats compute in fp32.
+// projection of the model) takes x per 32-element chunk as 16-bit fixed point (|x - x~| <= max|x_chunk| / 65024, / 32512
+// at exact ties; kernels/gemv_stream.cuh) and sums in integers; the other shapes and formats compute in fp32.
 void gemv(const QMat& W, const float* x, float* y, bool accumulate, cudaStream_t stream);
 void gemv(const QMat& W, const uint16_t* x_bf16, float* y, bool accumulate, cudaStream_t stream);
 

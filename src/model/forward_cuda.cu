@@ -146,7 +146,7 @@ void CudaEngine::fill_kv_random(int n_tokens, uint64_t seed) {
 
 // ---- the decode step, in the order of model.md §2.0 ----
 // Every launch of the step goes through family(): it marks the family for the instrumented pass and lets
-// benchmarks leave families out (LILY_SKIP=moe_route,gdn_core,...: the step then computes garbage, but the
+// benchmarks leave families out (LILY_SKIP=moe,attn_qk_rope,...: the step then computes garbage, but the
 // graph time without a family is its marginal cost in the real pipeline).
 bool CudaEngine::family(const char* name) {
   if (mark_) (*mark_)(name);

@@ -39,7 +39,7 @@ struct BenchOptions {
 };
 
 struct BenchFamily {
-  std::string name;                // e.g. "gdn_core", "moe_experts", "lm_head"
+  std::string name;                // e.g. "gdn", "moe", "lm_head"
   double us_per_token = 0;
 };
 

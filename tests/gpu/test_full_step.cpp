@@ -68,7 +68,7 @@ double compare_paths(int layers, int positions, uint64_t seed) {
 
 // 4 layers (3 GDN mixers, 1 attention, 4 MoE blocks), full width. The paths sum in different orders, and the
 // streaming GEMVs quantise their input per 32-element chunk (gemv_stream.cuh): an fp32-ulp difference in x can
-// move x~ by one step (1 / 65024 of the chunk's largest element), so each projection of the two paths can
+// move x~ by one step (1 / 32512 of the chunk's largest element), so each projection of the two paths can
 // differ by ~1e-5, carried through the recurrent state and the layers (measured on the H200: 3.9e-4 .. 6.5e-4;
 // 5.6e-5 with the fp32 dots). Wrong indexing or stale state give O(1).
 TEST(FullStep, PersistentKernelsMatchMultiLaunchPath) {

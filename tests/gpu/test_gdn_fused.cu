@@ -3,7 +3,7 @@
 // test_mixer_kernels.cu), on random full-size layer weights: h, the recurrent state and the conv ring must
 // agree over several consecutive positions (the ring taps, the grid barrier reused launch after launch). The
 // two paths sum in different orders; from the second position on their inputs differ by fp32 ulps, which the
-// streaming GEMVs' 16-bit input quantisation (gemv_stream.cuh) can turn into one step of x~ (1 / 65024 of a
+// streaming GEMVs' 16-bit input quantisation (gemv_stream.cuh) can turn into one step of x~ (1 / 32512 of a
 // chunk's largest element): agreement to 2e-4 of the largest element (measured 2e-5 .. 4e-5 at positions 1-3;
 // errors of the kind this test looks for are O(1)).
 #include <gtest/gtest.h>
