@@ -329,10 +329,8 @@ int main(int argc, char** argv) {
   // heads, 2 KV heads, head_dim 256, 1024-token bf16 pages). Each copy in the graph reads its own pages out of
   // a pool of >= ~640 MB, so the K/V come from DRAM as in decode; bytes = the K/V rows read.
   if (!gemv_only) {
-    constexpr int kHeads = 16, kKv = 2, kD = 256, kPage = 1024, kSplitsMax = 128;
-    int sms = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const int splits = std::min(kSplitsMax, sms / kKv);  // as the engine: one split block per SM
+    constexpr int kHeads = 16, kKv = 2, kD = 256, kPage = 1024, kSplitsMax = kAttnMaxSplits;
+    const int splits = std::min(kSplitsMax, sm_count() / kKv);  // as the engine: one split block per SM
     const int contexts[] = {1, 4096, 32768, 131072};
     const size_t page_elems = kv_page_elems(kPage, kKv, kD);
     const int pool_pages = 384;  // 768 MB: 3 copies of a 128K-token cache

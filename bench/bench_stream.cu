@@ -3,7 +3,7 @@
 //   barrier    one grid barrier (kernels/grid_barrier.cuh GridSync), from a launch with 16 of them
 //   slab       one phase's weight slab of S bytes per SM (every SM its own contiguous slab, fresh from HBM)
 //              read (a) by 16-byte register loads all issued up front (how gemv_stream.cuh streams) and
-//              (b) by one bulk copy into shared memory completing on an mbarrier (kernels/bulk_copy.cuh),
+//              (b) by one bulk copy into shared memory completing on an mbarrier (bulk_copy.cuh),
 //              (c) as (b) in 4 copies on 4 mbarriers, consumed as they land
 // Each case: a graph of 64 launches over buffers larger than the L2, median of 15 replays / 64.
 // Usage: bench_stream
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "graph_time.cuh"
-#include "kernels/bulk_copy.cuh"
+#include "bulk_copy.cuh"
 #include "kernels/common.cuh"
 #include "kernels/grid_barrier.cuh"
 #include "kernels/gemv_stream.cuh"
@@ -128,8 +128,7 @@ void slab_cases(cudaStream_t s, int sms, const uint8_t* buf, float* out) {
 }  // namespace
 
 int main() {
-  int sms = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int sms = sm_count();
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   unsigned* bar;

@@ -415,15 +415,15 @@ bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s, const Resid
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
                cudaStream_t stream, bool allow_fused, const ResidualProj* pre) {
   detail::check_moe(m, s);
-  if (allow_fused && moe_block_is_fused(m, s)) {
-    if (pre && !moe_block_is_fused(m, s, pre)) {  // a projection the kernel's phase 0 does not take
-      gemv(pre->W, pre->x, h, true, stream);
-      pre = nullptr;
-    }
+  const bool fused = allow_fused && moe_block_is_fused(m, s);
+  if (pre && !(fused && moe_block_is_fused(m, s, pre))) {  // a projection the fused kernel's phase 0 does not take
+    gemv(pre->W, pre->x, h, true, stream);
+    pre = nullptr;
+  }
+  if (fused) {
     detail::launch_moe_fused(m, h, norm_w, eps, x_out, s, pre, stream);
     return;
   }
-  if (pre) gemv(pre->W, pre->x, h, true, stream);
   moe_route_rmsnorm(m, h, norm_w, eps, x_out, s, stream);
   moe_gate_up(m, x_out, s, stream);
   moe_down(m, s, h, stream);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gdn_fused.h"
 #include "kernels/mixers.h"
 #include "kernels/qmat.h"
 #include "model/config.h"
@@ -17,14 +18,6 @@
 namespace lily::cuda {
 
 // ---- weights on the device ----
-struct GdnDev {                 // linear_attn.*
-  QMat qkv, z, b, a;            // [conv_dim, H], [Hv*Dv, H], [Hv, H], [Hv, H]
-  QMat out;                     // [H, Hv*Dv]
-  float* conv_w = nullptr;      // [conv_dim][4]
-  float* a_log = nullptr;       // [Hv]
-  float* dt_bias = nullptr;     // [Hv]
-  float* norm = nullptr;        // [Dv] plain weight
-};
 struct AttnDev {                // self_attn.*
   QMat q, k, v;                 // [Hq*2d, H], [Hkv*d, H], [Hkv*d, H]
   QMat o;                       // [H, Hq*d]
@@ -34,7 +27,7 @@ struct AttnDev {                // self_attn.*
 struct LayerDev {
   float* input_norm = nullptr;  // [H] effective (1 + w)
   float* post_norm = nullptr;   // [H]
-  GdnDev gdn;                   // linear-attention layers
+  GdnMixerDev gdn;              // linear-attention layers (linear_attn.*, kernels/gdn_fused.h)
   AttnDev attn;                 // full-attention layers
   MoeWeightsDev moe;
 };

@@ -24,7 +24,6 @@ namespace lily::cuda {
 namespace {
 
 constexpr int kPageTokens = 1024;   // KV tokens per page (2 MiB per attention layer for the real model)
-constexpr int kAttnMaxSplits = 128;  // split blocks per KV head at most (attention.cu's limit)
 
 __global__ void advance_pos_kernel(StepDev* step) { step->pos += 1; }
 
@@ -89,9 +88,7 @@ CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int de
     attn_.max_splits = kAttnMaxSplits;
     attn_.partial = device_alloc<float>(attn_scratch_floats(c.n_kv_heads, kAttnMaxSplits, c.n_heads / c.n_kv_heads, d));
     // one split block per SM (the split kernel holds a whole SM: 192 KB of K/V rings, ~200 registers)
-    int sms = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    attn_splits_ = std::clamp(sms / c.n_kv_heads, 1, kAttnMaxSplits);
+    attn_splits_ = std::clamp(sm_count() / c.n_kv_heads, 1, kAttnMaxSplits);
   }
   reset_state();
   ensure_kv(1);
@@ -198,14 +195,11 @@ void CudaEngine::project(const GemvBatch& b, const float* norm_w, bool& normed) 
 
 void CudaEngine::gdn(int layer, const float* norm_w) {
   const Config& c = cfg_;
-  const GdnDev& g = w_.layers[layer].gdn;
+  const GdnMixerDev& g = w_.layers[layer].gdn;
   const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
-  GdnMixerDev m;
-  m.qkv = g.qkv, m.z = g.z, m.b = g.b, m.a = g.a, m.out = g.out;
-  m.conv_w = g.conv_w, m.a_log = g.a_log, m.dt_bias = g.dt_bias, m.norm = g.norm;
-  if (gdn_fused_ && gdn_mixer_fused_supported(m, dims)) {  // one persistent launch (kernels/gdn_fused.cu)
+  if (gdn_fused_ && gdn_mixer_fused_supported(g, dims)) {  // one persistent launch (kernels/gdn_fused.cu)
     if (family("gdn"))
-      launch_gdn_mixer_fused(m, dims, h_, norm_w, c.eps, nullptr, proj_, gdn_scratch_, gdn_barrier_, ring_[layer],
+      launch_gdn_mixer_fused(g, dims, h_, norm_w, c.eps, nullptr, proj_, gdn_scratch_, gdn_barrier_, ring_[layer],
                              S_[layer], &step_->pos, stream_);
     return;
   }

@@ -1,9 +1,9 @@
 // Bulk copies global -> shared memory by the copy engine (cp.async.bulk, sm_90), completing on an mbarrier:
 // one thread issues a copy of any size (a multiple of 16 bytes, both addresses 16-byte aligned), the bytes
 // land in shared memory without passing through registers or the L1 miss queues, and every thread of the
-// block waits on the mbarrier's phase. Used by bench/bench_stream.cu, which measured it against register loads
-// for a persistent kernel's weight slab (~100 KB per SM): no faster (bench/RESULTS.md), so no kernel uses it
-// yet. Usage per barrier and phase:
+// block waits on the mbarrier's phase. bench_stream.cu measures it against register loads for a persistent
+// kernel's weight slab (~100 KB per SM): no faster (bench/RESULTS.md), so it lives here, beside the probe, until
+// a kernel has a use for it. Usage per barrier and phase:
 //   thread 0: mbar_expect(bar, total_bytes); bulk_g2s(dst, src, bytes, bar) ...   (total = sum of the copies)
 //   all:      mbar_wait(bar, parity)   (parity 0 for the first use of bar, then 1, 0, ...)
 // mbar_init by one thread, then __syncthreads(), before the first use.
