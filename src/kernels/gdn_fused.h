@@ -18,7 +18,7 @@ struct GdnMixerDev {            // linear_attn.* on the device
 };
 
 // True for the real model's shapes (every projection q4, H = 2048, Hk 16, Hv 32, Dk = Dv = 128) on a GPU with
-// enough SMs (>= 129) for the one-launch kernel.
+// enough SMs (>= 129) for the one-launch kernel, unless LILY_GDN_FUSED=0.
 bool gdn_mixer_fused_supported(const GdnMixerDev& m, GdnDims d);
 size_t gdn_mixer_scratch_floats();  // floats of `scratch` below
 

@@ -195,9 +195,11 @@ void launch_stream_nw(const MultiArgs& a, const XT* x, bool accumulate, const No
 }
 
 // Returns false when the streaming kernel does not apply (format, K or LILY_GEMV_STREAM=0).
+bool stream_applies(QFormat f, int cols) { return f == QFormat::q4 && (cols == 2048 || cols == 4096) && stream_on(); }
+
 template <QFormat F, typename XT>
 bool try_stream(const MultiArgs& a, const XT* x, bool accumulate, const NormIn& n, cudaStream_t s) {
-  if (F != QFormat::q4 || (a.cols != 2048 && a.cols != 4096) || !stream_on()) return false;
+  if (!stream_applies(F, a.cols)) return false;
   if (stream_warps() == 4) launch_stream_nw<4>(a, x, accumulate, n, s);
   else launch_stream_nw<8>(a, x, accumulate, n, s);
   return true;
@@ -290,6 +292,8 @@ void launch_swiglu(const PairArgs& a, const float* x, cudaStream_t s) {
 }
 
 }  // namespace detail
+
+bool gemv_streams(const QMat& W) { return detail::stream_applies(W.format, W.cols); }
 
 void gemv(const QMat& W, const float* x, float* y, bool accumulate, cudaStream_t stream) {
   GemvBatch b;

@@ -129,10 +129,12 @@ bool moe_stream_on() {
   return on;
 }
 
+bool gate_up_streams(QFormat f, int cols) { return f == QFormat::q4 && cols == 2048 && moe_stream_on(); }
+
 template <QFormat F>
 void launch_gate_up(const PairArgs& a, const float* x, cudaStream_t s) {
   const int total = (a.k + 1) * a.F;
-  if (F == QFormat::q4 && a.cols == 2048 && moe_stream_on()) {
+  if (gate_up_streams(F, a.cols)) {
     constexpr int R = 2;
     const int per_block = kWarpsPerBlock * R;
     launch_kernel(gate_up_stream_kernel<2048, R>, (total + per_block - 1) / per_block, kBlockThreads, 0, s, a, x);
@@ -369,6 +371,8 @@ void moe_route_rmsnorm(const MoeWeightsDev& m, const float* h, const float* norm
   LILY_CHECK(norm_w != nullptr && x_out != nullptr, "moe_route_rmsnorm: norm weight and x_out are required");
   detail::route(m, h, norm_w, eps, x_out, s, stream);
 }
+
+bool moe_gate_up_streams(const MoeWeightsDev& m) { return detail::gate_up_streams(m.gate.format, m.gate.cols); }
 
 void moe_gate_up(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream) {
   detail::check_moe(m, s);

@@ -83,6 +83,7 @@ void from_bf16(const QMat& m, const uint16_t* src, cudaStream_t stream);
 // projection of the model) takes x per 32-element chunk as 16-bit fixed point (|x - x~| <= max|x_chunk| / 65024, / 32512
 // at exact ties; kernels/gemv_stream.cuh) and sums in integers; the other shapes and formats compute in fp32.
 void gemv(const QMat& W, const float* x, float* y, bool accumulate, cudaStream_t stream);
+bool gemv_streams(const QMat& W);  // this GEMV (and gemv_multi of its format and width) takes the 16-bit x path
 void gemv(const QMat& W, const uint16_t* x_bf16, float* y, bool accumulate, cudaStream_t stream);
 
 // Up to 4 matrices with the same cols and format sharing one x, in one launch (e.g. GDN in_proj_qkv, _z, _b,
@@ -138,6 +139,8 @@ void moe_route_rmsnorm(const MoeWeightsDev& m, const float* h, const float* norm
 // act[j] = topk_w[j] * silu(G_e x) * (U_e x) for e = topk_idx[j], j < top_k, and
 // act[top_k] = sh_scale * silu(Gs x) * (Us x).
 void moe_gate_up(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream);
+// moe_gate_up takes the 16-bit x path of the streaming kernels (the one-launch moe_block always does)
+bool moe_gate_up_streams(const MoeWeightsDev& m);
 // Launch 3: h[i] += sum_j D_{e_j}[i] . act[j] + Ds[i] . act[top_k]   (residual add fused; h [H] fp32).
 void moe_down(const MoeWeightsDev& m, const MoeScratch& s, float* h, cudaStream_t stream);
 // All three: h += MoE(x).

@@ -106,8 +106,8 @@ class CudaEngine {
   DeviceWeights w_;
   const FamilyMark* mark_ = nullptr;  // set during an instrumented record_step
   std::string skip_;                  // LILY_SKIP: kernel families left out of the step (benchmarks only)
-  bool gdn_fused_ = true;             // persistent GDN mixer (off: constructor, or LILY_GDN_FUSED=0)
-  bool moe_fused_ = true;             // persistent MoE block where supported (off: constructor)
+  bool fused_ = true;                 // persistent GDN mixer and MoE block where they apply (off: constructor;
+                                      // LILY_GDN_FUSED=0 / LILY_MOE_FUSED=0 in the kernels' checks)
   float* gdn_scratch_ = nullptr;      // [gdn_mixer_scratch_floats()] fused GDN mixer: raw outputs, tile sums
   unsigned* gdn_barrier_ = nullptr;   // [kGridBarrierWords] its grid barrier
   bool family(const char* name);      // marks `name`; false when it is skipped

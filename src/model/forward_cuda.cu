@@ -37,12 +37,10 @@ T* device_alloc(size_t n) {
 }  // namespace
 
 CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int device, bool fused)
-    : cfg_(c), w_(std::move(w)), max_context_(max_context) {
+    : cfg_(c), w_(std::move(w)), fused_(fused), max_context_(max_context) {
   CUDA_CHECK(cudaSetDevice(device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (const char* e = std::getenv("LILY_SKIP")) skip_ = e;
-  gdn_fused_ = moe_fused_ = fused;
-  if (const char* e = std::getenv("LILY_GDN_FUSED")) gdn_fused_ = fused && e[0] != '0';
   gdn_scratch_ = device_alloc<float>(gdn_mixer_scratch_floats());
   gdn_barrier_ = device_alloc<unsigned>(kGridBarrierWords);
   CUDA_CHECK(cudaMemsetAsync(gdn_barrier_, 0, kGridBarrierWords * sizeof(unsigned), stream_));
@@ -168,7 +166,7 @@ void CudaEngine::record_step(const FamilyMark* mark) {
       gdn(i, l.input_norm);  // h += out_proj(gdn(norm(h)))
     const ResidualProj* pre = attn && family("attn_out_proj") ? &o_proj : nullptr;
     if (family("moe")) {
-      moe_block(l.moe, h_, l.post_norm, c.eps, x_, moe_, stream_, moe_fused_, pre);  // h += MoE(norm(h))
+      moe_block(l.moe, h_, l.post_norm, c.eps, x_, moe_, stream_, fused_, pre);  // h += MoE(norm(h))
     } else if (pre) {
       gemv(pre->W, pre->x, h_, true, stream_);
     }
@@ -197,7 +195,7 @@ void CudaEngine::gdn(int layer, const float* norm_w) {
   const Config& c = cfg_;
   const GdnMixerDev& g = w_.layers[layer].gdn;
   const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
-  if (gdn_fused_ && gdn_mixer_fused_supported(g, dims)) {  // one persistent launch (kernels/gdn_fused.cu)
+  if (fused_ && gdn_mixer_fused_supported(g, dims)) {  // one persistent launch (kernels/gdn_fused.cu)
     if (family("gdn"))
       launch_gdn_mixer_fused(g, dims, h_, norm_w, c.eps, nullptr, proj_, gdn_scratch_, gdn_barrier_, ring_[layer],
                              S_[layer], &step_->pos, stream_);

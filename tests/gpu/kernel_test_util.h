@@ -137,10 +137,9 @@ inline void ref_dot(const HostMat& m, int e, int r, const std::vector<float>& x,
   }
 }
 
-// The streaming q4 kernels (gemv_stream.cuh: q4 GEMV with K = 2048 / 4096, the MoE gate/up and the fused
-// kernels) take x per 32-element chunk as 16-bit fixed point x~ = sx * (256 hi + lo); these are the same fp32
-// steps (x16_split), so a reference on x~ checks their arithmetic to fp32 rounding.
-inline bool streams(const HostMat& m) { return m.fmt == QFormat::q4 && (m.cols == 2048 || m.cols == 4096); }
+// The streaming q4 kernels (gemv_stream.cuh; qmat.h gemv_streams, moe_gate_up_streams, the fused kernels) take x
+// per 32-element chunk as 16-bit fixed point x~ = sx * (256 hi + lo); these are the same fp32 steps
+// (x16_split), so a reference on x~ checks their arithmetic to fp32 rounding.
 inline std::vector<double> stream_x(const std::vector<float>& x) {
   std::vector<double> q(x.size());
   for (size_t c0 = 0; c0 < x.size(); c0 += 32) {
@@ -156,10 +155,11 @@ inline std::vector<double> stream_x(const std::vector<float>& x) {
   }
   return q;
 }
-// ref_dot for the kernel that runs this matrix's GEMV: on x~ for the scale term and on x for the bias term
-// when it streams (d32: the same in fp32, for the tolerance), else ref_dot.
-inline void ref_dot_gemv(const HostMat& m, int e, int r, const std::vector<float>& x, double& d64, float& d32) {
-  if (!streams(m)) return ref_dot(m, e, r, x, d64, d32);
+// ref_dot of the kernel's arithmetic: with x16 (the kernel streams, as the library reports) on x~ for the scale
+// term and on x for the bias term (d32: the same in fp32, for the tolerance), else ref_dot.
+inline void ref_dot_k(const HostMat& m, int e, int r, const std::vector<float>& x, bool x16, double& d64,
+                      float& d32) {
+  if (!x16) return ref_dot(m, e, r, x, d64, d32);
   static std::vector<float> last_x;  // x~ of the last x (callers go row by row over one x)
   static std::vector<double> xq;
   if (x != last_x) {

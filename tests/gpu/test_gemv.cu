@@ -30,7 +30,7 @@ void run_gemv(const GemvCase& c, bool bf16_x, bool accumulate, uint64_t seed) {
   std::vector<double> r64(c.rows);
   std::vector<float> r32(c.rows);
   for (int r = 0; r < c.rows; ++r) {
-    ref_dot_gemv(h, 0, r, x, r64[r], r32[r]);
+    ref_dot_k(h, 0, r, x, gemv_streams(d.m), r64[r], r32[r]);
     if (accumulate) { r64[r] += y0[r]; r32[r] += y0[r]; }
   }
   DevBuf<float> dx(x), dy(c.rows);
@@ -106,7 +106,7 @@ TEST(Gemv, MultiMatrixBatchOneLaunch) {
     for (int i = 0; i < 4; ++i) {
       std::vector<double> r64(rows[i]);
       std::vector<float> r32(rows[i]);
-      for (int r = 0; r < rows[i]; ++r) ref_dot_gemv(hs[i], 0, r, x, r64[r], r32[r]);
+      for (int r = 0; r < rows[i]; ++r) ref_dot_k(hs[i], 0, r, x, gemv_streams(ds[i]->m), r64[r], r32[r]);
       EXPECT_TRUE(close_enough(ys[i]->download(), r64, r32,
                                "gemv_multi matrix " + std::to_string(i) + " cols " + std::to_string(cols)));
     }
@@ -162,7 +162,8 @@ TEST(Gemv, FusedRmsNormPrologue) {
     for (int i = 0; i < n; ++i) {
       std::vector<double> r64(c.rows[i]);
       std::vector<float> r32(c.rows[i]);
-      for (int row = 0; row < c.rows[i]; ++row) ref_dot_gemv(hs[i], 0, row, x, r64[row], r32[row]);
+      for (int row = 0; row < c.rows[i]; ++row)
+        ref_dot_k(hs[i], 0, row, x, gemv_streams(ds[i]->m), r64[row], r32[row]);
       EXPECT_TRUE(close_enough(ys[i]->download(), r64, r32, name + " matrix " + std::to_string(i)));
     }
   }

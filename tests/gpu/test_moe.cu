@@ -83,9 +83,9 @@ Route64 route_ref(const HostMoe& m, const Shape& s, const std::vector<float>& x)
   return r;
 }
 
-// act rows for the given selection (64- and 32-bit references).
+// act rows for the given selection (64- and 32-bit references); x16: the kernel streams (16-bit x).
 void act_ref(const HostMoe& m, const Shape& s, const std::vector<float>& x, const std::vector<int>& idx,
-             const std::vector<float>& w, float sh, std::vector<double>& a64, std::vector<float>& a32) {
+             const std::vector<float>& w, float sh, bool x16, std::vector<double>& a64, std::vector<float>& a32) {
   a64.assign(static_cast<size_t>(s.k + 1) * s.F, 0);
   a32.assign(a64.size(), 0);
   for (int j = 0; j <= s.k; ++j)
@@ -93,11 +93,11 @@ void act_ref(const HostMoe& m, const Shape& s, const std::vector<float>& x, cons
       double g, u;
       float g32, u32;
       if (j < s.k) {
-        ref_dot_gemv(m.gate, idx[j], r, x, g, g32);
-        ref_dot_gemv(m.up, idx[j], r, x, u, u32);
+        ref_dot_k(m.gate, idx[j], r, x, x16, g, g32);
+        ref_dot_k(m.up, idx[j], r, x, x16, u, u32);
       } else {
-        ref_dot_gemv(m.sh_gate, 0, r, x, g, g32);
-        ref_dot_gemv(m.sh_up, 0, r, x, u, u32);
+        ref_dot_k(m.sh_gate, 0, r, x, x16, g, g32);
+        ref_dot_k(m.sh_up, 0, r, x, x16, u, u32);
       }
       const float sc = j < s.k ? w[j] : sh;
       a64[static_cast<size_t>(j) * s.F + r] = sc * (g / (1 + std::exp(-g))) * u;
@@ -229,7 +229,7 @@ void run_block(const Shape& s, uint64_t seed, int tie_group, bool fused_norm = f
   // gate/up with the GPU's selection
   std::vector<double> a64;
   std::vector<float> a32;
-  act_ref(m, s, x, idx, w, sh[0], a64, a32);
+  act_ref(m, s, x, idx, w, sh[0], moe_gate_up_streams(d.w), a64, a32);
   std::vector<float> act(a64.size());
   CUDA_CHECK(cudaMemcpy(act.data(), sc.act, sizeof(float) * act.size(), cudaMemcpyDeviceToHost));
   EXPECT_TRUE(close_enough(act, a64, a32, "experts gate/up act"));
@@ -284,7 +284,7 @@ void run_moe_block(const Shape& s, uint64_t seed) {
       for (int r = 0; r < s.F; ++r) act[static_cast<size_t>(s.k) * s.F + r] *= g.sh;
     std::vector<double> a64;
     std::vector<float> a32;
-    act_ref(m, s, x, g.idx, g.w, g.sh, a64, a32);
+    act_ref(m, s, x, g.idx, g.w, g.sh, fused || moe_gate_up_streams(d.w), a64, a32);
     EXPECT_TRUE(close_enough(act, a64, a32, "moe_block gate/up act"));
     std::vector<double> h64;
     std::vector<float> h32;
