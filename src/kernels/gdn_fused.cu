@@ -176,19 +176,12 @@ void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const flo
   LILY_CHECK(gdn_mixer_fused_supported(m, d), "gdn mixer: shapes not supported by the fused kernel");
   using namespace detail;
   Args a{};
-  MultiArgs& in = a.in;
-  const QMat* mats[4] = {&m.qkv, &m.z, &m.b, &m.a};
   float* ys[4] = {proj, proj + kConv, proj + kConv + kV, proj + kConv + kV + kHv};
+  GemvBatch in;
   in.n = 4;
-  in.cols = kHidden;
-  in.total = 0;
-  for (int i = 0; i < 4; ++i) {
-    in.w[i] = mats[i]->w;
-    in.sb[i] = mats[i]->sb;
-    in.y[i] = ys[i];
-    in.off[i] = in.total;
-    in.total += mats[i]->rows;
-  }
+  in.W[0] = m.qkv, in.W[1] = m.z, in.W[2] = m.b, in.W[3] = m.a;
+  for (int i = 0; i < 4; ++i) in.y[i] = ys[i];
+  a.in = multi_args(in);
   a.input_norm = input_norm;
   a.eps = eps;
   a.x_out = x_out;

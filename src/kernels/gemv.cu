@@ -239,8 +239,7 @@ void check_mat(const QMat& m, const char* what) {
   LILY_CHECK(m.w != nullptr && (m.format == QFormat::bf16 || m.sb != nullptr), what, ": matrix not allocated");
 }
 
-template <typename XT>
-void launch_multi(const GemvBatch& b, const XT* x, bool accumulate, cudaStream_t s, const NormIn& norm = {}) {
+MultiArgs multi_args(const GemvBatch& b) {
   LILY_CHECK(b.n >= 1 && b.n <= kMaxMulti, "gemv: batch of ", b.n, " matrices (1..", kMaxMulti, ")");
   MultiArgs a{};
   a.n = b.n;
@@ -258,6 +257,12 @@ void launch_multi(const GemvBatch& b, const XT* x, bool accumulate, cudaStream_t
   for (int i = b.n; i < kMaxMulti; ++i) {
     a.w[i] = a.w[0]; a.sb[i] = a.sb[0]; a.y[i] = a.y[0]; a.off[i] = a.total;
   }
+  return a;
+}
+
+template <typename XT>
+void launch_multi(const GemvBatch& b, const XT* x, bool accumulate, cudaStream_t s, const NormIn& norm = {}) {
+  const MultiArgs a = multi_args(b);
   switch (b.W[0].format) {
     case QFormat::q4: launch_format<QFormat::q4>(a, x, accumulate, norm, s); return;
     case QFormat::q8: launch_format<QFormat::q8>(a, x, accumulate, norm, s); return;

@@ -22,6 +22,9 @@ struct MultiArgs {
   int total;  // off[n]
   int cols;
 };
+// Host: the argument block of a GemvBatch (checked: 1..kMaxMulti matrices of one format and width; unused
+// entries repeat the first matrix with off = total). kernels/gemv.cu.
+MultiArgs multi_args(const GemvBatch& b);
 
 // arr[m] with a compile-time-indexed select chain (a run-time index into a kernel parameter would copy the
 // whole struct to local memory).

@@ -325,16 +325,11 @@ void moe_scratch_free(MoeScratch& s) {
 
 namespace detail {
 MultiArgs router_args(const MoeWeightsDev& m, const MoeScratch& s) {
-  MultiArgs a{};
-  a.n = 2;
-  a.cols = m.router.cols;
-  a.w[0] = m.router.w; a.sb[0] = m.router.sb; a.y[0] = s.logits;
-  a.w[1] = m.shared_expert_gate.w; a.sb[1] = m.shared_expert_gate.sb; a.y[1] = s.logits + m.router.rows;
-  for (int i = 2; i < kMaxMulti; ++i) { a.w[i] = a.w[0]; a.sb[i] = a.sb[0]; a.y[i] = a.y[0]; }
-  a.total = m.router.rows + 1;
-  a.off[0] = 0; a.off[1] = m.router.rows;
-  for (int i = 2; i < kMaxMulti; ++i) a.off[i] = a.total;
-  return a;
+  GemvBatch b;
+  b.n = 2;
+  b.W[0] = m.router, b.y[0] = s.logits;
+  b.W[1] = m.shared_expert_gate, b.y[1] = s.logits + m.router.rows;
+  return multi_args(b);
 }
 
 PairArgs expert_pair_args(const MoeWeightsDev& m, const MoeScratch& s) {
