@@ -28,7 +28,7 @@ constexpr int kThreads = 512;
 constexpr int kLaunches = 64;
 
 __global__ void __launch_bounds__(kThreads, 1) empty_kernel(unsigned* bar, int barriers, float* out) {
-  GridSync gs = grid_sync_begin(bar, false);
+  GridSync gs = grid_sync_begin(bar);
   for (int i = 0; i < barriers; ++i) grid_sync(gs);
   if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = 1.f;
 }

@@ -48,7 +48,7 @@ struct Args {
   float* h;
   const int* pos;
   unsigned* barrier;       // [kGridBarrierWords] (grid_barrier.cuh)
-  bool gen_barrier;        // LILY_GRID_BARRIER=gen
+  bool pdl;                // launched with PDL (grid_barrier.cuh): weights requested before the wait
   unsigned long long* trace;  // LILY_TRACE=1: block 0's phase times, else null
 };
 
@@ -60,12 +60,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = warp * gridDim.x + blockIdx.x;  // this warp's task in phases 1 and 3
   constexpr int G = kH / kGroupSize;
-  GridSync gs = grid_sync_begin(a.barrier, a.gen_barrier);
   trace_stamp(a.trace, 0);
+  dep_trigger();  // PDL: the next launch's blocks take the SMs as this launch's blocks leave
 
-  // ---- requests: h first (its L2 reads must not queue behind the weights), in_proj rows, this tile's state ----
+  // ---- requests: h first (its L2 reads must not queue behind the weights), in_proj rows, this tile's state;
+  // launched with PDL, the weights and the state (nothing the previous launch writes) before the wait, h after ----
   HRegs<kH, kThreads> hr;
-  stream_load_h(a.h, hr);
+  if (!a.pdl) stream_load_h(a.h, hr);
   uint4 wv[kRowsPerWarp][2];
   uint32_t sv[kRowsPerWarp][2];
   const int row0 = g * kRowsPerWarp;
@@ -80,6 +81,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   const int head = blockIdx.x / kTiles, col0 = (blockIdx.x % kTiles) * gdn::kCols;
   float4 s[gdn::kRowsPerThread];
   if (step_block) gdn::load_state(a.step, head, col0, tid, s);
+  if (a.pdl) {
+    dep_wait();
+    stream_load_h(a.h, hr);
+  }
+  GridSync gs = grid_sync_begin(a.barrier);  // after the wait: the previous launch is done
   const bool out_task = g < kH;
   uint4 ov[1][kV / 1024];
   uint32_t osv[1][kV / 1024];
@@ -195,7 +201,7 @@ void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const flo
   a.h = h;
   a.pos = pos;
   a.barrier = barrier;
-  a.gen_barrier = grid_barrier_gen();
+  a.pdl = persistent_pdl();
   a.trace = persistent_trace(1);
 
   launch_persistent(gdn_fused_kernel, a, kThreads, stream);

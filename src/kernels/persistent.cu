@@ -9,17 +9,9 @@
 namespace lily::cuda {
 namespace detail {
 
-bool grid_barrier_gen() {
+bool persistent_pdl() {
   static const bool on = [] {
-    const char* e = std::getenv("LILY_GRID_BARRIER");
-    return e && e[0] == 'g';
-  }();
-  return on;
-}
-
-bool cooperative_launch() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILY_COOP");
+    const char* e = std::getenv("LILY_PERSIST_PDL");
     return !(e && e[0] == '0');
   }();
   return on;
