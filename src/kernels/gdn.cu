@@ -39,7 +39,9 @@ __global__ void __launch_bounds__(kThreads) gdn_step_kernel(
   float4 s[gdn::kRowsPerThread];
   gdn::load_state(a, h, col0, tid, s);  // before waiting: no earlier kernel of the step writes the state
   dep_wait();
-  const float4 o = gdn::step(a, h, col0, *pos_ptr, writes_qk, tid, s, sh, sync);
+  const int pos = *pos_ptr;
+  gdn::prefetch_conv(a, h, col0, pos, tid, sh);
+  const float4 o = gdn::step(a, h, col0, pos, writes_qk, tid, s, sh, sync);
   gdn::tile_sum_squares(o, col0, Dv, tid, sh, sync);
   cluster.sync();
   if (warp == 0) {

@@ -1,7 +1,8 @@
 // The Gated DeltaNet decode step of one (value head, 32-column tile) for 256 threads, shared by the standalone
 // kernel (kernels/gdn.cu: one block per tile, the output norm over a cluster) and the fused mixer kernel
 // (kernels/gdn_fused.cu: half of a persistent block, the output norm in the out_proj phase). model.md §2.2:
-//   conv_silu   causal depthwise conv (4 taps) over raw qkv held in a 4-slot ring + SiLU
+//   conv_silu   causal depthwise conv (4 taps) over raw qkv held in a 4-slot ring + SiLU (taps and earlier
+//               values requested ahead by prefetch_conv)
 //   l2norm_qk   L2 norms of the key head's q and k (q additionally * 1/sqrt(Dk))
 //   gates       beta = sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias))
 //   delta_rule  S = decay*S; mem = Sᵀk; S += k ⊗ beta(v - mem); o = Sᵀq   (state read once, written once)
@@ -26,6 +27,9 @@ struct Shared {
   float o[kCols];
   float warp_ss[kThreads / 32];
   float head_ss;                    // this tile's share of Σ o²
+  // prefetch_conv: per conv channel, taps 0..3 at [0..3] and the raw values of tokens pos-3..pos-1 at [4..6]
+  float conv_qk[kThreads][8];       // thread t's q (t < 128) or k channel
+  float conv_v[kCols][8];           // thread t < kCols: its v column
 };
 
 struct StepArgs {
@@ -42,15 +46,41 @@ __device__ __forceinline__ float4 fma4(float4 a, float s, float4 b) {
   return make_float4(fmaf(a.x, s, b.x), fmaf(a.y, s, b.y), fmaf(a.z, s, b.z), fmaf(a.w, s, b.w));
 }
 
-// Causal depthwise conv of channel c at position pos over ring slots (pos-3..pos-1) % 4 and the current value,
-// then SiLU. Taps before the sequence start read as 0.
-__device__ __forceinline__ float conv_silu(const float* __restrict__ conv_w, const float* __restrict__ ring,
-                                           int conv_dim, int c, float x_cur, int pos) {
-  float acc = conv_w[c * 4 + 3] * x_cur;
+// Causal depthwise conv of one channel at position pos from its prefetched taps and earlier raw values (see
+// Shared::conv_qk) and the current value, then SiLU. Taps before the sequence start read as 0.
+__device__ __forceinline__ float conv_silu(const float* cv, float x_cur, int pos) {
+  float acc = cv[3] * x_cur;
 #pragma unroll
   for (int back = 1; back <= 3; ++back)
-    if (pos - back >= 0) acc += conv_w[c * 4 + 3 - back] * ring[(size_t)((pos - back) & 3) * conv_dim + c];
+    if (pos - back >= 0) acc += cv[3 - back] * cv[7 - back];
   return silu(acc);
+}
+
+__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+// Requests (cp.async into sh) the conv inputs of step() that no kernel of the step writes: each channel's 4 taps
+// and its raw values of the three earlier tokens (ring slots (pos-3..pos-1) % 4; slots before the sequence start
+// are not read). Issued at kernel entry, they arrive while the in_proj runs, so the step after its barrier waits
+// only for the L2 round trip of the projections (from DRAM they cost ~0.5 us more).
+__device__ __forceinline__ void prefetch_conv(const StepArgs& a, int h, int col0, int pos, int tid, Shared& sh) {
+  const GdnDims& d = a.dims;
+  const int kh = h / (d.n_v_heads / d.n_k_heads);
+  const int Dk = d.k_dim, Dv = d.v_dim, key_dim = d.n_k_heads * Dk;
+  const int conv_dim = 2 * key_dim + d.n_v_heads * Dv;
+  auto issue = [&](float* dst, int c) {
+#pragma unroll
+    for (int t = 0; t < 4; ++t) cp_async4(dst + t, a.conv_w + (size_t)c * 4 + t);
+#pragma unroll
+    for (int back = 1; back <= 3; ++back)
+      if (pos - back >= 0) cp_async4(dst + 7 - back, a.ring + (size_t)((pos - back) & 3) * conv_dim + c);
+  };
+  const int i_qk = tid % kMaxDk;
+  if (i_qk < Dk) issue(sh.conv_qk[tid], (tid >= kMaxDk ? key_dim : 0) + kh * Dk + i_qk);
+  if (tid < kCols && col0 + tid < Dv) issue(sh.conv_v[tid], 2 * key_dim + h * Dv + col0 + tid);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
 // Sum over the 4 row groups of a warp that share a column quad (lanes c4, c4+8, c4+16, c4+24), then over the
@@ -98,8 +128,9 @@ __device__ __forceinline__ void load_state(const StepArgs& a, int h, int col0, i
   }
 }
 
-// The step for head h, columns [col0, col0 + 32) at position pos, with the state already in s: updates ring and
-// state, returns the 4 output columns of this thread's quad (every thread of the quad holds them).
+// The step for head h, columns [col0, col0 + 32) at position pos, with the state already in s and the conv
+// inputs requested (prefetch_conv, same pos): updates ring and state, returns the 4 output columns of this
+// thread's quad (every thread of the quad holds them).
 // writes_qk: this tile writes the key head's q/k channels into the ring (one tile per key head does).
 template <typename Sync>
 __device__ __forceinline__ float4 step(const StepArgs& a, int h, int col0, int pos, bool writes_qk, int tid,
@@ -116,21 +147,23 @@ __device__ __forceinline__ float4 step(const StepArgs& a, int h, int col0, int p
   // the gate inputs now, with the conv inputs: after the first barrier they would cost an L2 round trip more
   const float b_raw = __ldcg(a.b_in + h), a_raw = __ldcg(a.a_in + h), a_log = a.a_log[h], dt_bias = a.dt_bias[h];
 
-  // conv + SiLU: threads [0,128) q channel tid, [128,256) k channel tid-128; threads [0,32) also one v column.
+  // conv + SiLU: threads [0,128) q channel tid, [128,256) k channel tid-128; threads [0,32) also one v column
+  // (each thread reads only the conv inputs it requested itself)
   const int i_qk = tid % kMaxDk;
   const bool is_k = tid >= kMaxDk;
   float u = 0.f;
+  const bool has_v = tid < kCols && col0 + tid < Dv;
+  const int c_qk = (is_k ? key_dim : 0) + kh * Dk + i_qk, c_v = 2 * key_dim + h * Dv + col0 + tid;
+  const float x_qk = i_qk < Dk ? __ldcg(a.qkv + c_qk) : 0.f;
+  const float x_v = has_v ? __ldcg(a.qkv + c_v) : 0.f;
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
   if (i_qk < Dk) {
-    const int c = (is_k ? key_dim : 0) + kh * Dk + i_qk;
-    const float x = __ldcg(a.qkv + c);
-    u = conv_silu(a.conv_w, a.ring, conv_dim, c, x, pos);
-    if (writes_qk) a.ring[slot + c] = x;
+    u = conv_silu(sh.conv_qk[tid], x_qk, pos);
+    if (writes_qk) a.ring[slot + c_qk] = x_qk;
   }
-  if (tid < kCols && col0 + tid < Dv) {
-    const int c = 2 * key_dim + h * Dv + col0 + tid;
-    const float x = __ldcg(a.qkv + c);
-    sh.v[tid] = conv_silu(a.conv_w, a.ring, conv_dim, c, x, pos);
-    a.ring[slot + c] = x;
+  if (has_v) {
+    sh.v[tid] = conv_silu(sh.conv_v[tid], x_v, pos);
+    a.ring[slot + c_v] = x_v;
   }
 
   // L2 norms: warps 0-3 hold q, warps 4-7 hold k.

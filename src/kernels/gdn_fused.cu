@@ -4,7 +4,8 @@
 // SM, 16 warps each; three phases separated by grid barriers (kernels/grid_barrier.cuh) instead of kernel
 // boundaries:
 //   1  every block normalises h; warp g computes rows [6g, 6g + 6) of in_proj (qkv | z | b | a, 12352 rows)
-//      into the projection scratch; those weights and the recurrent state are requested first thing
+//      into the projection scratch; those weights, the recurrent state and the conv taps / earlier values of
+//      phase 2 are requested first thing
 //   2  blocks 0..127 (threads 0..255) run the step of one (value head, 32-column tile) each
 //      (kernels/gdn_core.cuh, state requested at entry), writing o * w * silu(z) and each tile's Σ o²
 //   3  every block scales all 4096 of them by their head's 1 / rms (Σ o² of its 4 tiles) while staging them,
@@ -67,6 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   // launched with PDL, the weights and the state (nothing the previous launch writes) before the wait, h after ----
   HRegs<kH, kThreads> hr;
   if (!a.pdl) stream_load_h(a.h, hr);
+  const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.input_norm);
   uint4 wv[kRowsPerWarp][2];
   uint32_t sv[kRowsPerWarp][2];
   const int row0 = g * kRowsPerWarp;
@@ -80,7 +82,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   const bool step_block = blockIdx.x < kHv * kTiles && tid < gdn::kThreads;
   const int head = blockIdx.x / kTiles, col0 = (blockIdx.x % kTiles) * gdn::kCols;
   float4 s[gdn::kRowsPerThread];
-  if (step_block) gdn::load_state(a.step, head, col0, tid, s);
+  const int pos = *a.pos;  // written only between steps (advance / host copy), never by an earlier launch
+  if (step_block) {
+    gdn::load_state(a.step, head, col0, tid, s);
+    gdn::prefetch_conv(a.step, head, col0, pos, tid, gsh);
+  }
   if (a.pdl) {
     dep_wait();
     stream_load_h(a.h, hr);
@@ -95,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   n.w = a.input_norm;
   n.eps = a.eps;
   n.x_out = a.x_out;
-  stream_stage_loaded_norm(hr, n, xs);
+  stream_stage_loaded_norm(hr, &nw, n, xs);
   trace_stamp(a.trace, 1);
   {
     float acc[kRowsPerWarp];
@@ -118,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     const int i = head * kD + col0 + tid;  // threads < 32: this tile's output column
     float gate = 0.f;                      // z and the norm weight before the step's barriers, not after
     if (tid < gdn::kCols) gate = a.norm_w[col0 + tid] * gdn::silu(__ldcg(a.z + i));
-    const float4 o = gdn::step(a.step, head, col0, *a.pos, writes_qk, tid, s, gsh, sync);
+    const float4 o = gdn::step(a.step, head, col0, pos, writes_qk, tid, s, gsh, sync);
     gdn::tile_sum_squares(o, col0, kD, tid, gsh, sync);
     if (tid < gdn::kCols) a.o_raw[i] = gsh.o[tid] * gate;  // the gate part of the gated RMSNorm; phase 3 scales
     if (tid == 0) a.tile_ss[blockIdx.x] = gsh.head_ss;

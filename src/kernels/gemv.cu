@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
   }
   dep_trigger();
   dep_wait();
-  if (h_first) stream_stage_loaded_norm(hr, norm, xs);
+  if (h_first) stream_stage_loaded_norm<K, NW * 32>(hr, nullptr, norm, xs);
   else stream_stage_input<K, NW * 32>(x, norm, xs);
   float acc[R];
   stream_dots<K, R>(xs, wv, sv, acc);

@@ -111,6 +111,19 @@ template <int K, int NT>
 struct HRegs {
   float4 v[K / 4 / NT];
 };
+// The norm weights of this thread's elements: requested before the reduction (the persistent kernels: at entry,
+// they are constant), not after it, which cost a memory round trip more.
+template <int K, int NT>
+struct NormW {
+  float4 w[K / 4 / NT];
+};
+template <int K, int NT>
+__device__ __forceinline__ NormW<K, NT> stream_load_norm_w(const float* w) {
+  NormW<K, NT> r;
+#pragma unroll
+  for (int j = 0; j < K / 4 / NT; ++j) r.w[j] = x4_at(w, threadIdx.x + j * NT);
+  return r;
+}
 template <int K, int NT>
 __device__ __forceinline__ void stream_load_h(const float* h, HRegs<K, NT>& r) {
   static_assert((K / 4) % NT == 0 && NT % 32 == 0, "K / 4 must be a multiple of the block size");
@@ -123,8 +136,10 @@ __device__ __forceinline__ void stream_load_h(const float* h, HRegs<K, NT>& r) {
   }
 }
 
+// nw: the norm weights loaded ahead, or null (read from n.w after the reduction: the register-tight GEMV)
 template <int K, int NT>
-__device__ __forceinline__ void stream_stage_loaded_norm(const HRegs<K, NT>& hr, const NormIn& n, StreamX<K>& s) {
+__device__ __forceinline__ void stream_stage_loaded_norm(const HRegs<K, NT>& hr, const NormW<K, NT>* nw,
+                                                         const NormIn& n, StreamX<K>& s) {
   constexpr int J = K / 4 / NT;
   float4 v[J];
   float ss = 0.f;
@@ -145,7 +160,7 @@ __device__ __forceinline__ void stream_stage_loaded_norm(const HRegs<K, NT>& hr,
 #pragma unroll
   for (int j = 0; j < J; ++j) {
     const int i = threadIdx.x + j * NT;
-    const float4 w = x4_at(n.w, i);
+    const float4 w = nw ? nw->w[j] : x4_at(n.w, i);
     const float4 x = make_float4(v[j].x * r * w.x, v[j].y * r * w.y, v[j].z * r * w.z, v[j].w * r * w.w);
     if (store) reinterpret_cast<float4*>(n.x_out)[i] = x;
     if (n.x_smem) reinterpret_cast<float4*>(n.x_smem)[i] = x;
@@ -159,7 +174,7 @@ __device__ __forceinline__ void stream_stage_x_norm(const float* h, const NormIn
   HRegs<K, NT> hr;
 #pragma unroll
   for (int j = 0; j < K / 4 / NT; ++j) hr.v[j] = x4_at(h, threadIdx.x + j * NT);
-  stream_stage_loaded_norm<K, NT>(hr, n, s);
+  stream_stage_loaded_norm<K, NT>(hr, nullptr, n, s);
 }
 
 // Either stage: plain x, or RMSNorm(x) when n.w is set (x must then be fp32).

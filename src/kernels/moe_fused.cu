@@ -119,6 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   // weights are requested before the wait, h after)
   const bool wait_here = !a.pw;
   HRegs<kH, kThreads> hr;
+  const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.norm_w);
   if (wait_here && !a.pdl) {
     gs = grid_sync_begin(a.barrier);
     stream_load_h(a.h, hr);
@@ -145,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   n.eps = a.eps;
   n.x_out = a.x_out;
   n.x_smem = xsm;  // the same x in plain order for the q8 router rows
-  stream_stage_loaded_norm(hr, n, xs);
+  stream_stage_loaded_norm(hr, &nw, n, xs);
   stamp(a, 1);
   if (router_task) stage_finish_rows<QFormat::q8, kH, 1>(a.router, xsm, rb, false);
   if (shared_task) {
