@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads) gdn_step_kernel(
   gdn::load_state(a, h, col0, tid, s);  // before waiting: no earlier kernel of the step writes the state
   dep_wait();
   const int pos = *pos_ptr;
-  gdn::prefetch_conv(a, h, col0, pos, tid, sh);
+  gdn::prefetch_inputs(a, norm_w, h, col0, pos, tid, sh);
   const float4 o = gdn::step(a, h, col0, pos, writes_qk, tid, s, sh, sync);
   gdn::tile_sum_squares(o, col0, Dv, tid, sh, sync);
   cluster.sync();
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kThreads) gdn_step_kernel(
     const int j = col0 + lane;
     if (j < Dv) {
       const float n = sh.o[lane] * rsqrtf(total / Dv + eps);
-      out[(size_t)h * Dv + j] = n * norm_w[j] * gdn::silu(z[(size_t)h * Dv + j]);
+      out[(size_t)h * Dv + j] = n * sh.norm_w[lane] * gdn::silu(z[(size_t)h * Dv + j]);
     }
   }
   cluster.sync();  // keep this block's shared memory alive until every block of the cluster has read it

@@ -2,7 +2,7 @@
 // kernel (kernels/gdn.cu: one block per tile, the output norm over a cluster) and the fused mixer kernel
 // (kernels/gdn_fused.cu: half of a persistent block, the output norm in the out_proj phase). model.md §2.2:
 //   conv_silu   causal depthwise conv (4 taps) over raw qkv held in a 4-slot ring + SiLU (taps and earlier
-//               values requested ahead by prefetch_conv)
+//               values requested ahead by prefetch_inputs)
 //   l2norm_qk   L2 norms of the key head's q and k (q additionally * 1/sqrt(Dk))
 //   gates       beta = sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias))
 //   delta_rule  S = decay*S; mem = Sᵀk; S += k ⊗ beta(v - mem); o = Sᵀq   (state read once, written once)
@@ -27,9 +27,11 @@ struct Shared {
   float o[kCols];
   float warp_ss[kThreads / 32];
   float head_ss;                    // this tile's share of Σ o²
-  // prefetch_conv: per conv channel, taps 0..3 at [0..3] and the raw values of tokens pos-3..pos-1 at [4..6]
+  // prefetch_inputs: per conv channel, taps 0..3 at [0..3] and the raw values of tokens pos-3..pos-1 at [4..6]
   float conv_qk[kThreads][8];       // thread t's q (t < 128) or k channel
   float conv_v[kCols][8];           // thread t < kCols: its v column
+  float gate_in[2];                 // prefetch_inputs: A_log[h], dt_bias[h]
+  float norm_w[kCols];              // prefetch_inputs: thread t < kCols: the output norm weight of its column
 };
 
 struct StepArgs {
@@ -61,11 +63,13 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
 }
 
-// Requests (cp.async into sh) the conv inputs of step() that no kernel of the step writes: each channel's 4 taps
+// Requests (cp.async into sh) the inputs of step() that no kernel of the step writes: each channel's 4 conv taps
 // and its raw values of the three earlier tokens (ring slots (pos-3..pos-1) % 4; slots before the sequence start
-// are not read). Issued at kernel entry, they arrive while the in_proj runs, so the step after its barrier waits
+// are not read), the head's A_log and dt_bias, and the output norm weights of the tile's columns (sh.norm_w,
+// thread t < kCols its own column; read by the caller after step()). Issued at kernel entry, they arrive while the in_proj runs, so the step after its barrier waits
 // only for the L2 round trip of the projections (from DRAM they cost ~0.5 us more).
-__device__ __forceinline__ void prefetch_conv(const StepArgs& a, int h, int col0, int pos, int tid, Shared& sh) {
+__device__ __forceinline__ void prefetch_inputs(const StepArgs& a, const float* norm_w, int h, int col0, int pos,
+                                                int tid, Shared& sh) {
   const GdnDims& d = a.dims;
   const int kh = h / (d.n_v_heads / d.n_k_heads);
   const int Dk = d.k_dim, Dv = d.v_dim, key_dim = d.n_k_heads * Dk;
@@ -79,7 +83,14 @@ __device__ __forceinline__ void prefetch_conv(const StepArgs& a, int h, int col0
   };
   const int i_qk = tid % kMaxDk;
   if (i_qk < Dk) issue(sh.conv_qk[tid], (tid >= kMaxDk ? key_dim : 0) + kh * Dk + i_qk);
-  if (tid < kCols && col0 + tid < Dv) issue(sh.conv_v[tid], 2 * key_dim + h * Dv + col0 + tid);
+  if (tid < kCols && col0 + tid < Dv) {
+    issue(sh.conv_v[tid], 2 * key_dim + h * Dv + col0 + tid);
+    cp_async4(&sh.norm_w[tid], norm_w + col0 + tid);
+  }
+  if (tid == 0) {
+    cp_async4(&sh.gate_in[0], a.a_log + h);
+    cp_async4(&sh.gate_in[1], a.dt_bias + h);
+  }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
@@ -129,7 +140,7 @@ __device__ __forceinline__ void load_state(const StepArgs& a, int h, int col0, i
 }
 
 // The step for head h, columns [col0, col0 + 32) at position pos, with the state already in s and the conv
-// inputs requested (prefetch_conv, same pos): updates ring and state, returns the 4 output columns of this
+// inputs requested (prefetch_inputs, same pos): updates ring and state, returns the 4 output columns of this
 // thread's quad (every thread of the quad holds them).
 // writes_qk: this tile writes the key head's q/k channels into the ring (one tile per key head does).
 template <typename Sync>
@@ -145,7 +156,7 @@ __device__ __forceinline__ float4 step(const StepArgs& a, int h, int col0, int p
   const bool col_ok = col < Dv;
   float* S = a.state + (size_t)h * Dk * Dv;
   // the gate inputs now, with the conv inputs: after the first barrier they would cost an L2 round trip more
-  const float b_raw = __ldcg(a.b_in + h), a_raw = __ldcg(a.a_in + h), a_log = a.a_log[h], dt_bias = a.dt_bias[h];
+  const float b_raw = __ldcg(a.b_in + h), a_raw = __ldcg(a.a_in + h);
 
   // conv + SiLU: threads [0,128) q channel tid, [128,256) k channel tid-128; threads [0,32) also one v column
   // (each thread reads only the conv inputs it requested itself)
@@ -179,9 +190,9 @@ __device__ __forceinline__ float4 step(const StepArgs& a, int h, int col0, int p
     (is_k ? sh.kn : sh.qn)[i_qk] = u * rsqrtf(part + 1e-6f) * scale;
   }
 
-  // gates (every thread computes the two scalars of head h)
+  // gates (every thread computes the two scalars of head h; sh.gate_in landed before the sync above)
   const float beta = sigmoid(b_raw);
-  const float decay = __expf(-__expf(a_log) * softplus(a_raw + dt_bias));
+  const float decay = __expf(-__expf(sh.gate_in[0]) * softplus(a_raw + sh.gate_in[1]));
   sync();
 
   // delta rule on this thread's 4 rows x 4 columns

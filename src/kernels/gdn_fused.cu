@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   const int pos = *a.pos;  // written only between steps (advance / host copy), never by an earlier launch
   if (step_block) {
     gdn::load_state(a.step, head, col0, tid, s);
-    gdn::prefetch_conv(a.step, head, col0, pos, tid, gsh);
+    gdn::prefetch_inputs(a.step, a.norm_w, head, col0, pos, tid, gsh);
   }
   if (a.pdl) {
     dep_wait();
@@ -122,11 +122,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     auto sync = [] { asm volatile("bar.sync 1, 256;" ::: "memory"); };  // threads 0..255 only
     const bool writes_qk = col0 == 0 && head % (kHv / kHk) == 0;
     const int i = head * kD + col0 + tid;  // threads < 32: this tile's output column
-    float gate = 0.f;                      // z and the norm weight before the step's barriers, not after
-    if (tid < gdn::kCols) gate = a.norm_w[col0 + tid] * gdn::silu(__ldcg(a.z + i));
+    const float z = tid < gdn::kCols ? __ldcg(a.z + i) : 0.f;  // before the step's barriers, not after
     const float4 o = gdn::step(a.step, head, col0, pos, writes_qk, tid, s, gsh, sync);
     gdn::tile_sum_squares(o, col0, kD, tid, gsh, sync);
-    if (tid < gdn::kCols) a.o_raw[i] = gsh.o[tid] * gate;  // the gate part of the gated RMSNorm; phase 3 scales
+    // the gate part of the gated RMSNorm (the norm weight prefetched); phase 3 scales by the head's 1 / rms
+    if (tid < gdn::kCols) a.o_raw[i] = gsh.o[tid] * (gsh.norm_w[tid] * gdn::silu(z));
     if (tid == 0) a.tile_ss[blockIdx.x] = gsh.head_ss;
   }
   trace_stamp(a.trace, 4);
