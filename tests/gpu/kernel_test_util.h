@@ -204,4 +204,19 @@ inline ::testing::AssertionResult close_enough(const std::vector<float>& got, co
   return r;
 }
 
+// max |a - b| / max |b| of two paths' results (non-finite a counts as infinite), printing the worst element:
+// "  <what> max|<vs>| / max|.| = ...".
+inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b, const char* what, const char* vs) {
+  double scale = 0, worst = 0;
+  size_t at = 0;
+  for (float v : b) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::isfinite(a[i]) ? std::fabs(static_cast<double>(a[i]) - b[i]) : INFINITY;
+    if (!(d <= worst)) worst = d, at = i;
+  }
+  std::printf("  %-6s max|%s| / max|.| = %.3g (element %zu: %.8g vs %.8g)\n", what, vs, worst / scale, at, a[at],
+              b[at]);
+  return worst / scale;
+}
+
 }  // namespace lily::cuda::test
