@@ -2,8 +2,11 @@
 // two kernels:
 //   attention_split_kernel   grid (splits, n_kv). The tokens [0, *pos] are cut at run time into steps of 8
 //                            tokens and the steps spread evenly over the active split blocks (up to 64
-//                            tokens each, at least 32 once the context passes 64), so one captured graph serves every context length. Inside a block each
-//                            warp walks its own steps with its own online softmax: no block barrier per tile.
+//                            tokens each, at least 32 once the context passes 64), so one captured graph
+//                            serves every context length. Inside a block each warp walks its own steps with
+//                            its own online softmax: no block barrier per tile. Launched with PDL
+//                            (attention_pdl), it copies its first steps (earlier tokens' rows) before waiting
+//                            for the q/k kernel, and reads the token's own row again after the wait.
 //     load_step              cp.async of a step's K and V rows into the warp's 3-stage shared-memory ring,
 //                            issued two steps ahead of the compute (loads overlap the FMA work)
 //     score_step             the group's query heads (8 for the real model) score each key row, read once for
@@ -13,10 +16,12 @@
 //     merge_warps            the warps' (acc, m, l) merged in a fixed order -> the split's partial
 //   attention_combine_kernel grid (n_heads, head_dim / 32): merges the active splits' partials for one head and
 //                            32 dims (splits spread over the warps, fixed order) and applies the sigmoid gate.
-// Deterministic: every sum has a fixed order; no float atomics.
+// Deterministic: every sum has a fixed order; no float atomics. Inputs another kernel wrote are read through L2
+// (__ldcg, cp.async.cg): with PDL a block may start on an SM before the previous kernel's blocks there finish.
 // Tested against a CPU reference in tests/gpu/test_mixer_kernels.cu (odd lengths, tails, a 128K-token cache);
 // timed by bench/bench_kernels.cu (attention section).
 #include <cfloat>
+#include <cstdlib>
 
 #include "kernels/common.cuh"
 #include "kernels/launch.cuh"
@@ -148,44 +153,101 @@ __device__ __forceinline__ void load_step(const KvPages& kv, int g, int step, in
   }
 }
 
-template <int EPL>
-__global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
-    const float* __restrict__ q, KvPages kv, const int* __restrict__ pos_ptr, AttnScratch scratch, int group) {
-  constexpr int D = EPL * 32;
-  extern __shared__ __align__(16) uint16_t ring_all[];  // [kWarps][ring_elems<D>()]
-  __shared__ SplitShared sh;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int g = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
-  const int hh_lane = lane >> 2;  // the head whose scores this lane holds after reduce_scatter8
-  dep_trigger();
-  dep_wait();
-  const int len = *pos_ptr + 1;
+// One split block's share of the tokens [0, len): steps [s_begin, s_end) of 8 tokens; warp w walks steps
+// first + kWarps * i, i < n_my.
+struct SplitPlan {
+  int len, n_active;
+  bool active;  // split < n_active
+  int first, n_my;
+};
+__device__ __forceinline__ SplitPlan split_plan(int len, int split, int splits) {
+  SplitPlan p;
   const int n_steps = (len + kStep - 1) / kStep;
-  const int n_active = active_splits(n_steps, splits);
-  if (split >= n_active) return;
-  const int s_begin = (int)((long long)split * n_steps / n_active);
-  const int s_end = (int)((long long)(split + 1) * n_steps / n_active);
-  // this warp's steps: s_begin + warp + kWarps * i, i < n_my
-  const int first = s_begin + warp;
-  const int n_my = first < s_end ? (s_end - first + kWarps - 1) / kWarps : 0;
-  uint16_t* ring = ring_all + warp * ring_elems<D>();
-  constexpr int kStageElems = 2 * kStep * D;
+  p.len = len;
+  p.n_active = active_splits(n_steps, splits);
+  p.active = split < p.n_active;
+  const int s_begin = (int)((long long)split * n_steps / p.n_active);
+  const int s_end = (int)((long long)(split + 1) * n_steps / p.n_active);
+  p.first = s_begin + threadIdx.x / 32;
+  p.n_my = p.first < s_end ? (s_end - p.first + kWarps - 1) / kWarps : 0;
+  return p;
+}
 
-  // start the first loads before anything else
+// Start the copies of the warp's first kStages - 1 steps into its ring (one commit group each).
+template <int EPL>
+__device__ __forceinline__ void split_issue_first(const SplitPlan& p, const KvPages& kv, int g, uint16_t* ring_all) {
+  constexpr int D = EPL * 32;
+  constexpr int kStageElems = 2 * kStep * D;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  uint16_t* ring = ring_all + warp * ring_elems<D>();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < n_my) load_step<EPL>(kv, g, first + i * kWarps, len, ring + i * kStageElems, lane);
+    if (i < p.n_my) load_step<EPL>(kv, g, p.first + i * kWarps, p.len, ring + i * kStageElems, lane);
     cp_async_commit();
   }
+}
+
+// For copies started before token t's K/V row was written (launched with PDL, the split kernel starts them
+// before the append of the q/k kernel is visible): the warp whose first steps hold t waits for its copies and
+// reads that row again (its own dims of it, through L2). The later steps are copied after the wait.
+template <int EPL>
+__device__ __forceinline__ void split_refetch_first(const SplitPlan& p, const KvPages& kv, int g, int t,
+                                                    uint16_t* ring_all) {
+  constexpr int D = EPL * 32;
+  constexpr int kStageElems = 2 * kStep * D;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    const int t0 = (p.first + i * kWarps) * kStep;
+    if (i < p.n_my && t >= t0 && t < t0 + kStep) {
+      cp_async_wait<0>();
+      uint16_t* dst = ring_all + warp * ring_elems<D>() + i * kStageElems + (t - t0) * D + lane * EPL;
+      const uint16_t* page = kv.pages[t / kv.page_tokens];
+      const size_t row = (size_t)g * kv.page_tokens + t % kv.page_tokens;
+#pragma unroll
+      for (int which = 0; which < 2; ++which)
+#pragma unroll
+        for (int e = 0; e < EPL; ++e)
+          dst[which * kStep * D + e] =
+              __ldcg(page + (row + (size_t)which * kv.n_kv * kv.page_tokens) * D + lane * EPL + e);
+      __syncwarp();
+    }
+  }
+}
+
+// The rest of the split block after split_issue_first: scores, online softmax, p·V over its steps, the warps
+// merged into the split's partial (acc, m, l) in scratch.
+template <int EPL>
+__device__ __forceinline__ void split_run(const SplitPlan& p, const float* q, const KvPages& kv, int g, int split,
+                                          int group, const AttnScratch& scratch, uint16_t* ring_all,
+                                          SplitShared& sh) {
+  constexpr int D = EPL * 32;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int hh_lane = lane >> 2;  // the head whose scores this lane holds after reduce_scatter8
+  const int len = p.len, first = p.first, n_my = p.n_my;
+  uint16_t* ring = ring_all + warp * ring_elems<D>();
+  constexpr int kStageElems = 2 * kStep * D;
 
   // queries of the group, pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2); heads past the group are 0
   float qr[kMaxGroup][EPL];
   const float qscale = rsqrtf((float)D) * kLog2e;
 #pragma unroll
-  for (int hh = 0; hh < kMaxGroup; ++hh)
+  for (int hh = 0; hh < kMaxGroup; ++hh) {
+    // vector loads: through L2 (__ldcg), 8 scalar loads per lane would each fetch every lane's sector again
+    const float* src = q + (size_t)(g * group + hh) * D + lane * EPL;
+    if constexpr (EPL % 4 == 0) {
 #pragma unroll
-    for (int e = 0; e < EPL; ++e)
-      qr[hh][e] = hh < group ? q[(size_t)(g * group + hh) * D + lane * EPL + e] * qscale : 0.f;
+      for (int e = 0; e < EPL; e += 4) {
+        const float4 v =
+            hh < group ? __ldcg(reinterpret_cast<const float4*>(src + e)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        qr[hh][e] = v.x * qscale, qr[hh][e + 1] = v.y * qscale;
+        qr[hh][e + 2] = v.z * qscale, qr[hh][e + 3] = v.w * qscale;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) qr[hh][e] = hh < group ? __ldcg(src + e) * qscale : 0.f;
+    }
+  }
   float acc[kMaxGroup][EPL] = {};
   float m = -INFINITY, l = 0.f;  // online softmax state of head hh_lane
   float(*x)[kMaxGroup] = sh.x[warp];
@@ -305,21 +367,21 @@ __global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
   }
 }
 
-// One block per (query head, 32 dims): warp w sums splits w, w + 8, ... for its lane's dim, then the warps'
+// One combine block: query head h, dims [dim0, dim0 + 32):
+// warp w sums splits w, w + 8, ... for its lane's dim, then the warps'
 // sums are added in a fixed order. The split weights exp2(m_s - max) / Σ weight·l are computed by warp 0
 // while the other warps' partial loads are in flight.
-__global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
-    const float* __restrict__ qg, const int* __restrict__ pos_ptr, float* __restrict__ out, AttnScratch scratch,
-    int splits, int group, int D) {
-  __shared__ float w_sh[kMaxSplits];
-  __shared__ float num_sh[kCombWarps][kCombDims];
-  __shared__ float inv_den;
+struct CombineShared {
+  float w[kMaxSplits];
+  float num[kCombWarps][kCombDims];
+  float inv_den;
+};
+__device__ __forceinline__ void combine_run(const float* __restrict__ qg, int len, float* __restrict__ out,
+                                            const AttnScratch& scratch, int splits, int group, int D, int h,
+                                            int dim0, CombineShared& cs) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int h = blockIdx.x, g = h / group, hh = h % group;
-  const int dim = blockIdx.y * kCombDims + lane;
-  dep_trigger();
-  dep_wait();
-  const int len = *pos_ptr + 1;
+  const int g = h / group, hh = h % group;
+  const int dim = dim0 + lane;
   const int n_active = active_splits((len + kStep - 1) / kStep, splits);
   const int stride = D + 2;
   // note: __ldcg reads through L2 only (the partials were written by the previous kernel on other SMs)
@@ -339,28 +401,61 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
     for (int sp = lane; sp < n_active; sp += 32) {
       const float* p = base + (size_t)sp * group * stride;
       const float wt = exp2f(__ldcg(p + D) - mx);
-      w_sh[sp] = wt;
+      cs.w[sp] = wt;
       den = fmaf(wt, __ldcg(p + D + 1), den);
     }
     for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-    if (lane == 0) inv_den = 1.f / den;
+    if (lane == 0) cs.inv_den = 1.f / den;
   }
   __syncthreads();
   float num = 0.f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int sp = warp + i * kCombWarps;
-    if (sp < n_active) num = fmaf(w_sh[sp], v[i], num);
+    if (sp < n_active) num = fmaf(cs.w[sp], v[i], num);
   }
-  num_sh[warp][lane] = num;
+  cs.num[warp][lane] = num;
   __syncthreads();
   if (warp == 0 && dim < D) {
     float total = 0.f;
 #pragma unroll
-    for (int w = 0; w < kCombWarps; ++w) total += num_sh[w][lane];
-    const float gate = qg[(size_t)h * 2 * D + D + dim];
-    out[(size_t)h * D + dim] = total * inv_den / (1.f + __expf(-gate));
+    for (int w = 0; w < kCombWarps; ++w) total += cs.num[w][lane];
+    const float gate = __ldcg(qg + (size_t)h * 2 * D + D + dim);
+    out[(size_t)h * D + dim] = total * cs.inv_den / (1.f + __expf(-gate));
   }
+}
+
+template <int EPL>
+__global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
+    const float* __restrict__ q, KvPages kv, const int* __restrict__ pos_ptr, AttnScratch scratch, int group,
+    bool pdl) {
+  extern __shared__ __align__(16) uint16_t ring_all[];  // [kWarps][ring_elems<D>()]
+  __shared__ SplitShared sh;
+  const int g = blockIdx.y, split = blockIdx.x;
+  dep_trigger();
+  // The position is written between steps only, never by the previous launch. Launched with PDL, the first K/V
+  // copies start before the wait (rows of earlier tokens are final), and the token's own row, appended by the
+  // previous launch, is read again after it.
+  if (!pdl) dep_wait();
+  const int pos = *pos_ptr;
+  const SplitPlan p = split_plan(pos + 1, split, gridDim.x);
+  if (!p.active) return;
+  split_issue_first<EPL>(p, kv, g, ring_all);  // the first loads before anything else
+  if (pdl) {
+    dep_wait();
+    split_refetch_first<EPL>(p, kv, g, pos, ring_all);
+  }
+  split_run<EPL>(p, q, kv, g, split, group, scratch, ring_all, sh);
+}
+
+// One block per (query head, 32 dims).
+__global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
+    const float* __restrict__ qg, const int* __restrict__ pos_ptr, float* __restrict__ out, AttnScratch scratch,
+    int splits, int group, int D) {
+  __shared__ CombineShared cs;
+  dep_trigger();
+  dep_wait();
+  combine_run(qg, *pos_ptr + 1, out, scratch, splits, group, D, blockIdx.x, blockIdx.y * kCombDims, cs);
 }
 
 template <int EPL>
@@ -370,11 +465,20 @@ void launch_split(const float* q, KvPages kv, const int* pos, AttnScratch scratc
   // note: set on every call (cheap, not a stream operation, legal during graph capture): no static state
   CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<EPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem));
-  launch_mixer(attention_split_kernel<EPL>, dim3(splits, kv.n_kv), dim3(kThreads), smem, s, 1, q, kv, pos,
-               scratch, group);
+  const bool pdl = attention_pdl();
+  launch_ex(attention_split_kernel<EPL>, dim3(splits, kv.n_kv), dim3(kThreads), smem, s, LaunchOpts{pdl, 1, false},
+            q, kv, pos, scratch, group, pdl);
 }
 
 }  // namespace
+
+bool attention_pdl() {
+  static const bool on = [] {  // LILY_ATTN_PDL=0: without (benchmarks)
+    const char* e = std::getenv("LILY_ATTN_PDL");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
 
 size_t attn_scratch_floats(int n_kv, int max_splits, int group, int head_dim) {
   return (size_t)n_kv * max_splits * group * (head_dim + 2);
@@ -394,8 +498,8 @@ void launch_attention_decode(const float* q, const float* qg, KvPages kv, const 
     default: ::lily::fail("attention_decode: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
   }
   const dim3 grid(n_heads, (kv.head_dim + kCombDims - 1) / kCombDims);
-  launch_mixer(attention_combine_kernel, grid, dim3(kCombThreads), 0, s, 1, qg, pos, out, scratch, splits, group,
-               kv.head_dim);
+  launch_ex(attention_combine_kernel, grid, dim3(kCombThreads), 0, s, LaunchOpts{attention_pdl(), 1, false}, qg, pos,
+            out, scratch, splits, group, kv.head_dim);
 }
 
 }  // namespace lily::cuda

@@ -75,8 +75,13 @@ size_t attn_scratch_floats(int n_kv, int max_splits, int group, int head_dim);
 // q [n_heads][d] fp32; qg [n_heads][2d]; out [n_heads * d] fp32. head_dim 256 (also 128, 64, 32 for tests),
 // group <= 8, page_tokens a multiple of 8. Two launches: `splits` blocks per KV head (<= scratch.max_splits,
 // <= 128; one block per SM is the intended size, e.g. SMs / n_kv) each take an even share of the tokens (up to
-// 64 each, at least 32 once the context passes 64, so short contexts use few of them), then one combine kernel merges the partials per head.
+// 64 each, at least 32 once the context passes 64, so short contexts use few of them), then one combine kernel
+// merges the partials per head.
 inline constexpr int kAttnMaxSplits = 128;  // split blocks per KV head at most
+// The q/k norm + RoPE + append, split and combine kernels are launched with programmatic dependent launch (each
+// can start while the one before it finishes; the split kernel copies the K/V rows of earlier tokens before it
+// waits), unless LILY_ATTN_PDL=0.
+bool attention_pdl();
 void launch_attention_decode(const float* q, const float* qg, KvPages kv, const int* pos, float* out,
                              AttnScratch scratch, int splits, int n_heads, cudaStream_t s);
 

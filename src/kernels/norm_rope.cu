@@ -107,8 +107,9 @@ void launch_qk_norm_rope_append(const float* qg, const float* k, const float* v,
                                 int head_dim, int rope_dim, float theta, float eps, cudaStream_t s) {
   LILY_CHECK(head_dim % 32 == 0 && head_dim <= 1024 && rope_dim % 2 == 0 && rope_dim <= head_dim,
              "qk_norm_rope_append: unsupported head_dim ", head_dim, " / rope_dim ", rope_dim);
-  launch_mixer(qk_norm_rope_append_kernel, dim3(n_heads + kv.n_kv), dim3(head_dim), head_dim * sizeof(float), s, 1,
-               qg, k, v, q_norm, k_norm, q_out, kv, pos, n_heads, rope_dim, theta, eps);
+  launch_ex(qk_norm_rope_append_kernel, dim3(n_heads + kv.n_kv), dim3(head_dim), head_dim * sizeof(float), s,
+            LaunchOpts{attention_pdl(), 1, false}, qg, k, v, q_norm, k_norm, q_out, kv, pos, n_heads, rope_dim, theta,
+            eps);
 }
 
 }  // namespace lily::cuda
