@@ -66,8 +66,9 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
 // Requests (cp.async into sh) the inputs of step() that no kernel of the step writes: each channel's 4 conv taps
 // and its raw values of the three earlier tokens (ring slots (pos-3..pos-1) % 4; slots before the sequence start
 // are not read), the head's A_log and dt_bias, and the output norm weights of the tile's columns (sh.norm_w,
-// thread t < kCols its own column; read by the caller after step()). Issued at kernel entry, they arrive while the in_proj runs, so the step after its barrier waits
-// only for the L2 round trip of the projections (from DRAM they cost ~0.5 us more).
+// thread t < kCols its own column; read by the caller after step()). Issued at kernel entry, they arrive while
+// the in_proj runs, so the step after its barrier waits only for the L2 round trip of the projections (from
+// DRAM they cost ~0.5 us more).
 __device__ __forceinline__ void prefetch_inputs(const StepArgs& a, const float* norm_w, int h, int col0, int pos,
                                                 int tid, Shared& sh) {
   const GdnDims& d = a.dims;
