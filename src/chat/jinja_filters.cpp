@@ -484,8 +484,9 @@ bool apply_test(const std::string& name, const Value& v, Args& args) {
 }
 
 void add_globals(DictItems& g, Budget& budget) {
-  g.emplace_back("namespace", Value::callable("namespace", [](Args& a) {
+  g.emplace_back("namespace", Value::callable("namespace", [&budget](Args& a) {
                    Value ns = Value::namespace_();
+                   budget.namespaces.push_back(ns.dict);  // cleared when the render ends (Budget)
                    for (const auto& p : a.pos) {
                      if (!p.is_dict()) throw_error("namespace() positional argument must be a mapping");
                      for (const auto& [k, v] : *p.dict) ns.set_item(k, v);

@@ -1,16 +1,28 @@
 // Interfaces shared by the Jinja evaluator (jinja_eval.cpp) and its builtins (jinja_builtins.cpp): attribute
 // and item lookup with Jinja2's sandboxed semantics, filters, tests, global functions, Python operators.
 #pragma once
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "chat/jinja.h"
 
 namespace lily::jinja {
 
-// Budget shared by a render: output/string sizes and evaluation steps.
+// Budget shared by a render: output/string sizes and evaluation steps. It also holds the namespaces the render
+// creates: namespaces are the only mutable values, so only they can form reference cycles (`{% set ns.self = ns
+// %}`); their contents are dropped when the render ends, so a cycle does not outlive it (found by fuzz_jinja as
+// a leak).
 struct Budget {
   Limits limits;
   uint64_t steps = 0;
+  std::vector<std::shared_ptr<DictItems>> namespaces;
+  Budget() = default;
+  Budget(const Budget&) = delete;
+  Budget& operator=(const Budget&) = delete;
+  ~Budget() {
+    for (auto& d : namespaces) d->clear();
+  }
   void step() {
     if (++steps > limits.max_steps) throw_error("template evaluation exceeded the step limit");
   }
