@@ -16,8 +16,9 @@
 //     merge_warps            the warps' (acc, m, l) merged in a fixed order -> the split's partial
 //   attention_combine_kernel grid (n_heads, head_dim / 32): merges the active splits' partials for one head and
 //                            32 dims (splits spread over the warps, fixed order) and applies the sigmoid gate.
-// Deterministic: every sum has a fixed order; no float atomics. Inputs another kernel wrote are read through L2
-// (__ldcg, cp.async.cg): with PDL a block may start on an SM before the previous kernel's blocks there finish.
+// Deterministic: every sum has a fixed order; no float atomics. The split kernel reads what another kernel wrote
+// through L2 (__ldcg, cp.async.cg): with PDL its block may start on an SM before the previous kernel's blocks
+// there finish.
 // Tested against a CPU reference in tests/gpu/test_mixer_kernels.cu (odd lengths, tails, a 128K-token cache);
 // timed by bench/bench_kernels.cu (attention section).
 #include <cfloat>
@@ -367,64 +368,6 @@ __device__ __forceinline__ void split_run(const SplitPlan& p, const float* q, co
   }
 }
 
-// One combine block: query head h, dims [dim0, dim0 + 32):
-// warp w sums splits w, w + 8, ... for its lane's dim, then the warps'
-// sums are added in a fixed order. The split weights exp2(m_s - max) / Σ weight·l are computed by warp 0
-// while the other warps' partial loads are in flight.
-struct CombineShared {
-  float w[kMaxSplits];
-  float num[kCombWarps][kCombDims];
-  float inv_den;
-};
-__device__ __forceinline__ void combine_run(const float* __restrict__ qg, int len, float* __restrict__ out,
-                                            const AttnScratch& scratch, int splits, int group, int D, int h,
-                                            int dim0, CombineShared& cs) {
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int g = h / group, hh = h % group;
-  const int dim = dim0 + lane;
-  const int n_active = active_splits((len + kStep - 1) / kStep, splits);
-  const int stride = D + 2;
-  // note: __ldcg reads through L2 only (the partials were written by the previous kernel on other SMs)
-  const float* base = scratch.partial + ((size_t)g * scratch.max_splits * group + hh) * stride;
-  constexpr int kPer = kMaxSplits / kCombWarps;
-  float v[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int sp = warp + i * kCombWarps;
-    v[i] = sp < n_active && dim < D ? __ldcg(base + (size_t)sp * group * stride + dim) : 0.f;
-  }
-  if (warp == 0) {
-    float mx = -FLT_MAX;
-    for (int sp = lane; sp < n_active; sp += 32) mx = fmaxf(mx, __ldcg(base + (size_t)sp * group * stride + D));
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float den = 0.f;
-    for (int sp = lane; sp < n_active; sp += 32) {
-      const float* p = base + (size_t)sp * group * stride;
-      const float wt = exp2f(__ldcg(p + D) - mx);
-      cs.w[sp] = wt;
-      den = fmaf(wt, __ldcg(p + D + 1), den);
-    }
-    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-    if (lane == 0) cs.inv_den = 1.f / den;
-  }
-  __syncthreads();
-  float num = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int sp = warp + i * kCombWarps;
-    if (sp < n_active) num = fmaf(cs.w[sp], v[i], num);
-  }
-  cs.num[warp][lane] = num;
-  __syncthreads();
-  if (warp == 0 && dim < D) {
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kCombWarps; ++w) total += cs.num[w][lane];
-    const float gate = __ldcg(qg + (size_t)h * 2 * D + D + dim);
-    out[(size_t)h * D + dim] = total * cs.inv_den / (1.f + __expf(-gate));
-  }
-}
-
 template <int EPL>
 __global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
     const float* __restrict__ q, KvPages kv, const int* __restrict__ pos_ptr, AttnScratch scratch, int group,
@@ -448,14 +391,62 @@ __global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
   split_run<EPL>(p, q, kv, g, split, group, scratch, ring_all, sh);
 }
 
-// One block per (query head, 32 dims).
+// One block per (query head, 32 dims): warp w sums splits w, w + 8, ... for its lane's dim, then the warps'
+// sums are added in a fixed order. The split weights exp2(m_s - max) / Σ weight·l are computed by warp 0
+// while the other warps' partial loads are in flight.
 __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
     const float* __restrict__ qg, const int* __restrict__ pos_ptr, float* __restrict__ out, AttnScratch scratch,
     int splits, int group, int D) {
-  __shared__ CombineShared cs;
+  __shared__ float w_sh[kMaxSplits];
+  __shared__ float num_sh[kCombWarps][kCombDims];
+  __shared__ float inv_den;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int h = blockIdx.x, g = h / group, hh = h % group;
+  const int dim = blockIdx.y * kCombDims + lane;
   dep_trigger();
   dep_wait();
-  combine_run(qg, *pos_ptr + 1, out, scratch, splits, group, D, blockIdx.x, blockIdx.y * kCombDims, cs);
+  const int len = *pos_ptr + 1;
+  const int n_active = active_splits((len + kStep - 1) / kStep, splits);
+  const int stride = D + 2;
+  // note: __ldcg reads through L2 only (the partials were written by the previous kernel on other SMs)
+  const float* base = scratch.partial + ((size_t)g * scratch.max_splits * group + hh) * stride;
+  constexpr int kPer = kMaxSplits / kCombWarps;
+  float v[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int sp = warp + i * kCombWarps;
+    v[i] = sp < n_active && dim < D ? __ldcg(base + (size_t)sp * group * stride + dim) : 0.f;
+  }
+  if (warp == 0) {
+    float mx = -FLT_MAX;
+    for (int sp = lane; sp < n_active; sp += 32) mx = fmaxf(mx, __ldcg(base + (size_t)sp * group * stride + D));
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float den = 0.f;
+    for (int sp = lane; sp < n_active; sp += 32) {
+      const float* p = base + (size_t)sp * group * stride;
+      const float wt = exp2f(__ldcg(p + D) - mx);
+      w_sh[sp] = wt;
+      den = fmaf(wt, __ldcg(p + D + 1), den);
+    }
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    if (lane == 0) inv_den = 1.f / den;
+  }
+  __syncthreads();
+  float num = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int sp = warp + i * kCombWarps;
+    if (sp < n_active) num = fmaf(w_sh[sp], v[i], num);
+  }
+  num_sh[warp][lane] = num;
+  __syncthreads();
+  if (warp == 0 && dim < D) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kCombWarps; ++w) total += num_sh[w][lane];
+    const float gate = qg[(size_t)h * 2 * D + D + dim];
+    out[(size_t)h * D + dim] = total * inv_den / (1.f + __expf(-gate));
+  }
 }
 
 template <int EPL>

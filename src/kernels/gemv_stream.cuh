@@ -8,7 +8,8 @@
 // path took 20 (the kernels were issue-bound: the arithmetic added ~36 % to a 14 MB phase, bench_stream).
 // Per chunk and row: scale * sx * (256 Dhi + Dlo) + bias * sum(x), the sum of x in fp32 (exact as before).
 // Error: |x - x~| <= max|x_c| / 65024 per element (a 16-bit mantissa relative to the chunk's largest
-// element), max|x_c| / 32512 where t lands on an exact .5 tie and lo is clamped; the int sums are exact. Tests compare against a reference on x~ (kernel_test_util.h stream_x).
+// element), max|x_c| / 32512 where t lands on an exact .5 tie and lo is clamped; the int sums are exact. Tests
+// compare against a reference on x~ (kernel_test_util.h stream_x).
 #pragma once
 #include "kernels/qdot.cuh"
 

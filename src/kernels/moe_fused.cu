@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   grid_sync(gs);
   stamp(a, 3);
 
-  // ---- phase B: selection, routed gate/up; the down weights of phase C are requested first ----
+  // ---- phase B: selection, routed gate/up; the down weights of phase C requested behind the gate/up rows ----
   route_topk_select(a.pairs, topk);  // the experts (topk.idx); ends with __syncthreads
   PairArgs p = a.pairs;
   p.idx = topk.idx;
