@@ -49,7 +49,6 @@ struct Args {
   float* h;
   const int* pos;
   unsigned* barrier;       // [kGridBarrierWords] (grid_barrier.cuh)
-  bool pdl;                // launched with PDL (grid_barrier.cuh): weights requested before the wait
   unsigned long long* trace;  // LILY_TRACE=1: block 0's phase times, else null
 };
 
@@ -62,12 +61,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   const int g = warp * gridDim.x + blockIdx.x;  // this warp's task in phases 1 and 3
   constexpr int G = kH / kGroupSize;
   trace_stamp(a.trace, 0);
-  dep_trigger();  // PDL: the next launch's blocks take the SMs as this launch's blocks leave
+  dep_trigger();  // PDL (grid_barrier.cuh): the next launch's blocks take the SMs as this launch's blocks leave
+  dep_wait();     // the previous launch complete, before any load
 
-  // ---- requests: h first (its L2 reads must not queue behind the weights), in_proj rows, this tile's state;
-  // launched with PDL, the weights and the state (nothing the previous launch writes) before the wait, h after ----
+  // ---- requests: h first (its L2 reads must not queue behind the weights), in_proj rows, this tile's state and
+  // the step's other inputs ----
   HRegs<kH, kThreads> hr;
-  if (!a.pdl) stream_load_h(a.h, hr);
+  stream_load_h(a.h, hr);
   const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.input_norm);
   uint4 wv[kRowsPerWarp][2];
   uint32_t sv[kRowsPerWarp][2];
@@ -82,16 +82,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   const bool step_block = blockIdx.x < kHv * kTiles && tid < gdn::kThreads;
   const int head = blockIdx.x / kTiles, col0 = (blockIdx.x % kTiles) * gdn::kCols;
   float4 s[gdn::kRowsPerThread];
-  const int pos = *a.pos;  // written only between steps (advance / host copy), never by an earlier launch
+  const int pos = *a.pos;
   if (step_block) {
     gdn::load_state(a.step, head, col0, tid, s);
     gdn::prefetch_inputs(a.step, a.norm_w, head, col0, pos, tid, gsh);
   }
-  if (a.pdl) {
-    dep_wait();
-    stream_load_h(a.h, hr);
-  }
-  GridSync gs = grid_sync_begin(a.barrier);  // after the wait: the previous launch is done
+  GridSync gs = grid_sync_begin(a.barrier);
   const bool out_task = g < kH;
   uint4 ov[1][kV / 1024];
   uint32_t osv[1][kV / 1024];
@@ -207,7 +203,6 @@ void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const flo
   a.h = h;
   a.pos = pos;
   a.barrier = barrier;
-  a.pdl = persistent_pdl();
   a.trace = persistent_trace(1);
 
   launch_persistent(gdn_fused_kernel, a, kThreads, stream);

@@ -9,10 +9,9 @@
 // 0's release add is cumulative, so other blocks that acquire the counter and then __syncthreads see them; no
 // separate fence (a __threadfence before the add cost ~18 us per token, measured 2026-11-30).
 // The persistent kernels are launched with programmatic dependent launch (LILY_PERSIST_PDL=0: without): a launch
-// triggers its dependents at entry, so the next launch's blocks take the SMs as this launch's blocks leave and
-// request the weights (never anything an earlier launch writes) before griddepcontrol.wait; the barrier counter
-// is read only after the wait (the previous launch of the same kernel is then done). (Waiting first, then h, then
-// the weights measured 6-7 us per token faster in a first build; not yet tested: branch exp/pdl-wait-first.)
+// triggers its dependents at entry, so the next launch's blocks take the SMs as this launch's blocks leave, and
+// each waits (griddepcontrol.wait) at entry, before any load and before reading the barrier counter. Requesting
+// the weights before the wait measured 6-7 us per token slower (h's reads then queue behind them).
 // Host helpers (launch switches, LILY_TRACE stamps) are defined in persistent.cu.
 #pragma once
 #include <cuda_runtime.h>

@@ -46,7 +46,6 @@ struct FusedArgs {
   float eps;
   float* x_out;       // normed x (block 0 stores it), may be null
   unsigned* barrier;  // [kGridBarrierWords] (grid_barrier.cuh)
-  bool pdl;           // launched with PDL (grid_barrier.cuh): weights requested before the wait
   unsigned long long* trace;  // LILY_TRACE=1: phase timestamps of block 0 (diagnostics), else null
   const uint8_t* pw; const uint32_t* psb;    // phase 0: h += P px, P q4 [H][kP] (null: no phase 0)
   const float* px;
@@ -88,8 +87,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   const int g = warp * gridDim.x + blockIdx.x;  // this warp's task index in every phase
   constexpr int G2 = kH / kGroupSize;
   stamp(a, 0);
-  dep_trigger();  // PDL: the next launch's blocks take the SMs as this launch's blocks leave
-  GridSync gs;
+  dep_trigger();  // PDL (grid_barrier.cuh): the next launch's blocks take the SMs as this launch's blocks leave
+  dep_wait();     // the previous launch complete, before any load
+  GridSync gs = grid_sync_begin(a.barrier);
 
   // ---- phase 0 (optional): h += P px ----
   if (a.pw) {
@@ -99,8 +99,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
     if (g < kH)
       stream_load_row<kP>(a.pw + static_cast<size_t>(g) * (kP / 2), a.psb + static_cast<size_t>(g) * (kP / kGroupSize),
                           pv[0], psv[0]);
-    dep_wait();
-    gs = grid_sync_begin(a.barrier);
     stream_stage_x<kP, kThreads>(a.px, xp);
     if (g < kH) {
       float acc[1];
@@ -115,16 +113,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   const int n_router = a.router.total;            // E + 1
   const bool router_task = g < n_router;
   const bool shared_task = !router_task && g < n_router + kF;
-  // h first: its L2 reads must not queue behind the weight loads (launched with PDL and without phase 0, the
-  // weights are requested before the wait, h after)
-  const bool wait_here = !a.pw;
-  HRegs<kH, kThreads> hr;
   const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.norm_w);
-  if (wait_here && !a.pdl) {
-    gs = grid_sync_begin(a.barrier);
-    stream_load_h(a.h, hr);
-  }
-  if (!wait_here) stream_load_h(a.h, hr);
+  HRegs<kH, kThreads> hr;  // h before the weights: its L2 reads must not queue behind the weight loads
+  stream_load_h(a.h, hr);
   RowBatch<QFormat::q8, kH, 1> rb;
   uint4 swv[2][2];  // shared expert gate, up rows
   uint32_t ssv[2][2];
@@ -135,11 +126,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
                         swv[0], ssv[0]);
     stream_load_row<kH>(a.pairs.suw + static_cast<size_t>(r) * (kH / 2), a.pairs.susb + static_cast<size_t>(r) * G2,
                         swv[1], ssv[1]);
-  }
-  if (wait_here && a.pdl) {
-    dep_wait();
-    gs = grid_sync_begin(a.barrier);
-    stream_load_h(a.h, hr);
   }
   NormIn n;
   n.w = a.norm_w;
@@ -266,7 +252,6 @@ void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, flo
   a.eps = eps;
   a.x_out = x_out;
   a.barrier = s.barrier;
-  a.pdl = persistent_pdl();
   a.trace = persistent_trace(0);
   if (pre) {
     a.pw = pre->W.w;
