@@ -1,6 +1,10 @@
 // Probe of the costs a persistent decode kernel is made of, on the GPU at hand (H200: 132 SMs):
 //   launch     an empty cooperative launch of one 512-thread block per SM, back to back in a CUDA graph
 //   barrier    one grid barrier (kernels/grid_barrier.cuh GridSync), from a launch with 16 of them
+//   cluster    one cluster barrier (barrier.cluster arrive.release / wait.acquire) in clusters of 8 blocks,
+//              with and without a DSMEM store to every block of the cluster before it; how many clusters of
+//              8 and 16 one-block-per-SM blocks can be resident at once
+//   atomic     the round trip of one atom.add.acq_rel.gpu with its result used (a last-arriver reduction)
 //   slab       one phase's weight slab of S bytes per SM (every SM its own contiguous slab, fresh from HBM)
 //              read (a) by 16-byte register loads all issued up front (how gemv_stream.cuh streams) and
 //              (b) by one bulk copy into shared memory completing on an mbarrier (bulk_copy.cuh),
@@ -31,6 +35,34 @@ __global__ void __launch_bounds__(kThreads, 1) empty_kernel(unsigned* bar, int b
   GridSync gs = grid_sync_begin(bar);
   for (int i = 0; i < barriers; ++i) grid_sync(gs);
   if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = 1.f;
+}
+
+// Cluster barriers: `barriers` of them, each after (dsmem) a store of one word into every block of the cluster.
+__global__ void __launch_bounds__(kThreads, 1) cluster_kernel(int barriers, bool dsmem, float* out) {
+  __shared__ float word[16];
+  unsigned rank, n;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  for (int i = 0; i < barriers; ++i) {
+    if (dsmem && threadIdx.x < n) {
+      unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(&word[rank])), remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(threadIdx.x));
+      asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(static_cast<float>(i)));
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  }
+  if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = word[0];
+}
+
+// `n` dependent atomic round trips by thread 0 of every block (each on its own word).
+__global__ void __launch_bounds__(kThreads, 1) atomic_kernel(unsigned* words, int n, float* out) {
+  if (threadIdx.x != 0) return;
+  unsigned v = 0;
+  for (int i = 0; i < n; ++i) {
+    unsigned* p = words + blockIdx.x * 32 + (v & 1);
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(v) : "l"(p) : "memory");
+  }
+  if (v == 0xffffffffu) out[1] = 1.f;
 }
 
 template <int S>
@@ -150,6 +182,43 @@ int main() {
   const double plain = time_graph(s, [&](int) { empty_kernel<<<sms, kThreads, 0, s>>>(bar, 0, out); });
   std::printf("  empty launch: cooperative %.2f us, plain %.2f us; grid barrier %.3f us each\n", t0, plain,
               (t16 - t0) / 16);
+  {
+    auto clusters = [&](int size) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(size * 16);
+      cfg.blockDim = dim3(kThreads);
+      cfg.dynamicSmemBytes = 96 * 1024;
+      cudaLaunchAttribute a;
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = size, a.val.clusterDim.y = 1, a.val.clusterDim.z = 1;
+      cfg.attrs = &a;
+      cfg.numAttrs = 1;
+      if (size > 8) CUDA_CHECK(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      CUDA_CHECK(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
+      int c = 0;
+      const cudaError_t e = cudaOccupancyMaxActiveClusters(&c, cluster_kernel, &cfg);
+      if (e != cudaSuccess) (void)cudaGetLastError();
+      return c;
+    };
+    std::printf("  resident clusters (512 threads, 96 KB smem): of 4 blocks %d, of 8 %d, of 16 %d\n", clusters(4),
+                clusters(8), clusters(16));
+    auto cl = [&](int barriers, bool dsmem) {
+      return time_graph(s, [&](int) {
+        launch_ex(cluster_kernel, dim3(128), dim3(kThreads), 0, s, LaunchOpts{false, 8, false}, barriers, dsmem, out);
+      });
+    };
+    const double c0 = cl(0, false), c16 = cl(16, false), d16 = cl(16, true);
+    std::printf("  cluster of 8 (128 blocks): empty launch %.2f us, barrier %.3f us each, store to 8 blocks + "
+                "barrier %.3f us\n", c0, (c16 - c0) / 16, (d16 - c0) / 16);
+    unsigned* words;
+    CUDA_CHECK(cudaMalloc(&words, sms * 128));
+    CUDA_CHECK(cudaMemset(words, 0, sms * 128));
+    auto at = [&](int n) {
+      return time_graph(s, [&](int) { atomic_kernel<<<sms, kThreads, 0, s>>>(words, n, out); });
+    };
+    const double a0 = at(0), a16 = at(16);
+    std::printf("  atomic round trip (acq_rel, gpu scope): %.3f us each\n", (a16 - a0) / 16);
+  }
   {
     const size_t wb = 12352ull * 1024, sbb = 12352ull * 128, per = wb + sbb;  // 14.2 MB per launch
     float* x;
