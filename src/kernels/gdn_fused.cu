@@ -68,6 +68,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   // the step's other inputs ----
   HRegs<kH, kThreads> hr;
   stream_load_h(a.h, hr);
+  float hg = 0.f;  // h[g], the row this warp adds to in phase 3: its residual add is then a store, not a round trip
+  if (lane == 0 && g < kH) hg = __ldcg(a.h + g);
   const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.input_norm);
   uint4 wv[kRowsPerWarp][2];
   uint32_t sv[kRowsPerWarp][2];
@@ -154,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   float acc[1];
   stream_dots<kV, 1>(xo, ov, osv, acc);
   const float v = group_sum<32>(acc[0]);
-  if (lane == 0) a.h[g] += v;
+  if (lane == 0) a.h[g] = hg + v;
   trace_stamp(a.trace, 7);
 }
 

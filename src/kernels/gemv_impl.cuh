@@ -336,8 +336,7 @@ struct TopkSm {
   float w[kMaxTopK];
   float sh;
   float sh_logit;                        // route_topk_select -> route_topk_finish
-  float red[2][kMaxExperts / 32];        // per-warp max, per-warp sum
-  __align__(16) float cand_p[kMaxExperts / 32 * kMaxTopK];  // each warp's 8 best (probability, expert)
+  __align__(16) float cand_l[kMaxExperts / 32 * kMaxTopK];  // each warp's 8 best (logit, expert)
   __align__(16) int cand_e[kMaxExperts / 32 * kMaxTopK];
 };
 
@@ -345,14 +344,18 @@ struct TopkSm {
 __device__ __forceinline__ bool ranks_before(float v2, int i2, float v, int i) { return v2 > v || (v2 == v && i2 < i); }
 
 // model.md §2.4 routing from the router logits: fp32 softmax over all E experts, the top k by probability
-// (ties: lower expert id), renormalised over the k; sigmoid of the shared-expert-gate logit. Thread e < 256
-// holds expert e (the block must have >= 256 threads; every thread must call; barriers inside). Selection
-// without a serial argmax loop: each warp ranks its 32 experts with shuffles and keeps its 8 best; an expert of
-// the overall top 8 is among those 64 candidates and its rank among them is its overall rank (every expert
-// above it is a candidate too), so candidate c is selected at rank #{candidates before c} if that is < k.
-// Block 0 also stores the selection to a.idx_out / w_out / sh_out for moe_down. Returns a with idx / wts /
-// sh_scale pointing at t. In two steps: route_topk_select leaves the experts in t.idx (and their unnormalised
-// probabilities in t.w), so a caller can request the experts' weights before route_topk_finish renormalises.
+// (ties: lower expert id), renormalised over the k; sigmoid of the shared-expert-gate logit. The softmax is
+// monotonic and its denominator cancels in the renormalisation, so the k are selected by logit and weighted
+// exp(l - l_max) / sum over the k of exp(l' - l_max): no reduction over all E before the selection. (Only where
+// two different logits round to the same probability can this differ from the reference's order: it then
+// keeps the larger logit where the reference keeps the lower id.) Thread e < 256 holds expert e (the block
+// must have >= 256 threads; every thread must call; barriers inside). Selection without a serial argmax loop:
+// each warp ranks its 32 experts with shuffles and keeps its 8 best; an expert of the overall top 8 is among
+// those 64 candidates and its rank among them is its overall rank (every expert above it is a candidate too),
+// so candidate c is selected at rank #{candidates before c} if that is < k. Block 0 also stores the selection
+// to a.idx_out / w_out / sh_out for moe_down. Returns a with idx / wts / sh_scale pointing at t. In two steps:
+// route_topk_select leaves the experts in t.idx (and their logits in t.w), so a caller can request the
+// experts' weights before route_topk_finish computes the routing weights.
 __device__ __forceinline__ PairArgs route_topk_finish(const PairArgs& a, TopkSm& t);
 __device__ __forceinline__ void route_topk_select(const PairArgs& a, TopkSm& t);
 __device__ __forceinline__ PairArgs route_topk(const PairArgs& a, TopkSm& t) {
@@ -370,51 +373,33 @@ __device__ __forceinline__ void route_topk_select(const PairArgs& a, TopkSm& t) 
   }
   const float l = e < a.E ? __ldcg(a.logits + e) : -INFINITY;
   const float l_sh = e == 0 ? __ldcg(a.logits + a.E) : 0.f;  // shared-expert-gate logit, loaded with the others
-  float m = l;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (mine && lane == 0) t.red[0][warp] = m;
-  __syncthreads();
-  m = t.red[0][0];
-#pragma unroll
-  for (int w = 1; w < NW; ++w) m = fmaxf(m, t.red[0][w]);
-  float p = e < a.E ? expf(l - m) : 0.f;
-  float s = p;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (mine && lane == 0) t.red[1][warp] = s;
-  __syncthreads();
-  s = 0.f;
-#pragma unroll
-  for (int w = 0; w < NW; ++w) s += t.red[1][w];
-  p = e < a.E ? p / s : -1.f;
   // rank within the warp
   int r = 0;
 #pragma unroll
   for (int d = 1; d < 32; ++d) {
     const int l2 = (lane + d) & 31;
-    const float q = __shfl_sync(0xffffffffu, p, l2);
-    r += ranks_before(q, (e & ~31) + l2, p, e) ? 1 : 0;
+    const float q = __shfl_sync(0xffffffffu, l, l2);
+    r += ranks_before(q, (e & ~31) + l2, l, e) ? 1 : 0;
   }
   if (mine && r < kMaxTopK) {
-    t.cand_p[warp * kMaxTopK + r] = p;
+    t.cand_l[warp * kMaxTopK + r] = l;
     t.cand_e[warp * kMaxTopK + r] = e;
   }
   __syncthreads();
   if (e < NW * kMaxTopK) {
-    const float pc = t.cand_p[e];
+    const float lc = t.cand_l[e];
     const int ec = t.cand_e[e];
     int rank = 0;
 #pragma unroll
     for (int c = 0; c < NW * kMaxTopK; c += 4) {  // unrolled: the shared-memory reads stay in flight together
-      const float4 q = *reinterpret_cast<const float4*>(t.cand_p + c);
+      const float4 q = *reinterpret_cast<const float4*>(t.cand_l + c);
       const int4 qi = *reinterpret_cast<const int4*>(t.cand_e + c);
-      rank += (ranks_before(q.x, qi.x, pc, ec) ? 1 : 0) + (ranks_before(q.y, qi.y, pc, ec) ? 1 : 0) +
-              (ranks_before(q.z, qi.z, pc, ec) ? 1 : 0) + (ranks_before(q.w, qi.w, pc, ec) ? 1 : 0);
+      rank += (ranks_before(q.x, qi.x, lc, ec) ? 1 : 0) + (ranks_before(q.y, qi.y, lc, ec) ? 1 : 0) +
+              (ranks_before(q.z, qi.z, lc, ec) ? 1 : 0) + (ranks_before(q.w, qi.w, lc, ec) ? 1 : 0);
     }
     if (rank < a.k) {
       t.idx[rank] = ec < a.E ? ec : 0;  // NaN logits select nothing: never index past the expert stack
-      t.w[rank] = pc;
+      t.w[rank] = lc;
     }
   }
   if (e == 0) t.sh_logit = l_sh;
@@ -424,10 +409,11 @@ __device__ __forceinline__ void route_topk_select(const PairArgs& a, TopkSm& t) 
 __device__ __forceinline__ PairArgs route_topk_finish(const PairArgs& a, TopkSm& t) {
   const int e = threadIdx.x;
   float wj = 0.f;
-  if (e < a.k) {  // renormalise: every selecting thread sums the k weights in rank order (same result)
+  if (e < a.k) {  // every selecting thread sums the k weights in rank order (same result); t.w[0] is the max
+    const float l0 = t.w[0];
     float total = 0.f;
-    for (int j = 0; j < a.k; ++j) total += t.w[j];
-    wj = t.w[e] / total;
+    for (int j = 0; j < a.k; ++j) total += expf(t.w[j] - l0);
+    wj = expf(t.w[e] - l0) / total;
   }
   __syncthreads();
   if (e < a.k) t.w[e] = wj;

@@ -1,8 +1,8 @@
 // The sparse MoE block on the GPU (shared/spec/model.md §2.4) in three launches, no host sync:
 //   moe_route   : router GEMV (8-bit in MLX) + the shared-expert-gate logit, optionally with the RMSNorm of the
 //                 block input fused in front (every block normalises; block 0 stores x for the experts).
-//   moe_gate_up : every block first turns the logits into the selection (route_topk: fp32 softmax over all
-//                 experts, top-k with ties to the lower id, renormalisation, sigmoid gate; 8 warps, ~2 us),
+//   moe_gate_up : every block first turns the logits into the selection (route_topk: top-k by logit with ties
+//                 to the lower id, the softmax weights renormalised over the k, sigmoid gate; 8 warps),
 //                 then the gate/up GEMVs of the k selected experts and the shared expert with SwiGLU, scaled by
 //                 the routing weight (shared: sigmoid gate), into act [(k+1)][F]. Block 0 stores the selection.
 //                 (Before: a last-block ticket in moe_route did the selection with block-wide reductions:

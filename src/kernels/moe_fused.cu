@@ -90,6 +90,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   dep_trigger();  // PDL (grid_barrier.cuh): the next launch's blocks take the SMs as this launch's blocks leave
   dep_wait();     // the previous launch complete, before any load
   GridSync gs = grid_sync_begin(a.barrier);
+  // h[g], the row this warp adds to in phases 0 and C, in a register from the start: the residual adds are then
+  // plain stores, not an L2 round trip on the launch's tail
+  float hg = 0.f;
+  if (lane == 0 && g < kH) hg = __ldcg(a.h + g);
 
   // ---- phase 0 (optional): h += P px ----
   if (a.pw) {
@@ -104,7 +108,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
       float acc[1];
       stream_dots<kP, 1>(xp, pv, psv, acc);
       const float v = group_sum<32>(acc[0]);
-      if (lane == 0) a.h[g] += v;
+      if (lane == 0) {
+        hg += v;
+        a.h[g] = hg;
+      }
     }
     grid_sync(gs);
   }
@@ -224,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
     acc += chunk_dot<QFormat::q4>(dr.w[u], dr.sb[u], xr, act_sum[t]);
   }
   acc = group_sum<32>(acc);
-  if (lane == 0) a.h[g] += acc;
+  if (lane == 0) a.h[g] = hg + acc;
   stamp(a, 8);
 }
 
