@@ -5,6 +5,10 @@
 //              with and without a DSMEM store to every block of the cluster before it; how many clusters of
 //              8 and 16 one-block-per-SM blocks can be resident at once
 //   atomic     the round trip of one atom.add.acq_rel.gpu with its result used (a last-arriver reduction)
+//   L2 warm    the 108 KB/SM slab read by register loads after a 5 us kernel that leaves the HBM idle, (a)
+//              cold, (b) with the idle kernel prefetching the slab into L2 by cp.async.bulk.prefetch.L2 (one
+//              request per 27 KB per block), (c) by prefetch.global.L2 per 128-byte line; and (d) the slab
+//              read again and again while it stays in L2
 //   slab       one phase's weight slab of S bytes per SM (every SM its own contiguous slab, fresh from HBM)
 //              read (a) by 16-byte register loads all issued up front (how gemv_stream.cuh streams) and
 //              (b) by one bulk copy into shared memory completing on an mbarrier (bulk_copy.cuh),
@@ -17,7 +21,7 @@
 #include <vector>
 
 #include "graph_time.cuh"
-#include "bulk_copy.cuh"
+#include "kernels/bulk_copy.cuh"
 #include "kernels/common.cuh"
 #include "kernels/grid_barrier.cuh"
 #include "kernels/gemv_stream.cuh"
@@ -63,6 +67,55 @@ __global__ void __launch_bounds__(kThreads, 1) atomic_kernel(unsigned* words, in
     asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(v) : "l"(p) : "memory");
   }
   if (v == 0xffffffffu) out[1] = 1.f;
+}
+
+// Spins ~ns nanoseconds (the HBM idle), after prefetching this block's S bytes of `pre` into L2 (mode 1: bulk
+// prefetches of S / 4 bytes by thread 0; mode 2: prefetch.global.L2 per 128-byte line by every thread).
+template <int S>
+__global__ void __launch_bounds__(kThreads, 1) idle_kernel(const uint8_t* pre, int mode, unsigned ns) {
+  const uint8_t* p = pre + static_cast<size_t>(blockIdx.x) * S;
+  if (mode == 1 && threadIdx.x == 0) {
+    static_assert(S % 64 == 0, "4 parts of 16-byte multiples");
+    for (int k = 0; k < 4; ++k)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + k * (S / 4)), "r"(S / 4) : "memory");
+  }
+  if (mode == 2)
+    for (int c = threadIdx.x; c < S / 128; c += kThreads) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 128 * c));
+  if (mode == 3) {  // loads into registers, discarded
+    uint32_t x = 0;
+    for (int c = threadIdx.x; c < S / 16; c += kThreads) {
+      const uint4 v = ld_stream(p + 16 * c);
+      x ^= v.x;
+    }
+    if (x == 0x12345678u) asm volatile("trap;");
+  }
+  if (mode == 4 && threadIdx.x == 0) {  // bulk prefetches with an evict_last cache policy
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    for (int k = 0; k < 4; ++k)
+      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p + k * (S / 4)), "r"(S / 4),
+                   "l"(pol) : "memory");
+  }
+  __shared__ __align__(128) uint8_t scratch[16384];
+  __shared__ __align__(8) uint64_t bar;
+  if (mode == 5) {  // cp.async 16-byte copies into a scratch buffer whose contents nobody reads
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(scratch + 16 * (threadIdx.x % 1024)));
+    for (int c = threadIdx.x; c < S / 16; c += kThreads)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(p + 16 * c) : "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  if (mode == 6 && threadIdx.x == 0) {  // bulk copies into the scratch buffer, one mbarrier
+    mbar_init(&bar, 1);
+    mbar_expect(&bar, S / 16384 * 16384);
+    for (int k = 0; k < S / 16384; ++k) bulk_g2s(scratch, p + k * 16384, 16384, &bar);
+  }
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+  if (mode == 5) asm volatile("cp.async.wait_all;" ::: "memory");
+  if (mode == 6 && threadIdx.x == 0) mbar_wait(&bar, 0);
 }
 
 template <int S>
@@ -238,6 +291,28 @@ int main() {
     const double ld = run(false), dt = run(true);
     std::printf("  GDN in_proj 14.2 MB: loads only %.2f us (%.0f GB/s), loads + dots %.2f us (%.0f GB/s)\n", ld,
                 per / ld / 1e3, dt, per / dt / 1e3);
+  }
+  {
+    constexpr int S = 108288;
+    const size_t per = static_cast<size_t>(S) * sms;
+    const double hot = time_graph(s, [&](int) { slab_regs<S><<<sms, kThreads, 0, s>>>(buf, out); });
+    std::printf("  L2 warm: slab resident in L2 %.2f us\n", hot);
+    for (unsigned ns : {5000u, 10000u}) {
+      auto warm = [&](int mode) {
+        return time_graph(s, [&](int i) {
+          idle_kernel<S><<<sms, kThreads, 0, s>>>(buf + i * per, mode, ns);
+          slab_regs<S><<<sms, kThreads, 0, s>>>(buf + i * per, out);
+        });
+      };
+      const double idle =
+          time_graph(s, [&](int i) { idle_kernel<S><<<sms, kThreads, 0, s>>>(buf + i * per, 0, ns); });
+      const double cold = warm(0), bulk = warm(1), line = warm(2), load = warm(3), last = warm(4);
+      const double cpa = warm(5), tma = warm(6);
+      std::printf("  L2 warm: idle %u ns kernel alone %.2f us; slab after it: cold %.2f, bulk-prefetched %.2f, "
+                  "line-prefetched %.2f, loaded %.2f, bulk evict_last %.2f, cp.async to smem %.2f, bulk copy to "
+                  "smem %.2f us\n", ns, idle, cold - idle, bulk - idle, line - idle, load - idle, last - idle,
+                  cpa - idle, tma - idle);
+    }
   }
   slab_cases<36864>(s, sms, buf, out);    // out_proj 4096 -> 2048: 16 rows of 2304 B per SM
   slab_cases<108288>(s, sms, buf, out);   // GDN in_proj: 94 rows of 1152 B per SM

@@ -21,14 +21,16 @@
 
 namespace lily::cuda::detail {
 
-// Diagnostics (LILY_TRACE=1): block 0 of a persistent kernel stamps %globaltimer at its phase boundaries into
-// persistent_trace(kernel) (16 words, kernel 0 = MoE, 1 = GDN mixer); null when tracing is off.
+// Diagnostics (LILY_TRACE=1): thread 0 of every block of a persistent kernel stamps %globaltimer at its phase
+// boundaries into the launch's slot, persistent_trace(kernel) (kernel 0 = MoE, 1 = GDN mixer; stamp i of block b at
+// [b * kTraceStamps + i], stamp 15 = griddepcontrol.wait returned); null when tracing is off.
+constexpr int kTraceBlocks = 160, kTraceStamps = 16;
 unsigned long long* persistent_trace(int kernel);
 __device__ __forceinline__ void trace_stamp(unsigned long long* trace, int i) {
-  if (trace && blockIdx.x == 0 && threadIdx.x == 0) {
+  if (trace && threadIdx.x == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    trace[i] = t;
+    trace[blockIdx.x * kTraceStamps + i] = t;
   }
 }
 

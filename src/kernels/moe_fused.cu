@@ -89,6 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   stamp(a, 0);
   dep_trigger();  // PDL (grid_barrier.cuh): the next launch's blocks take the SMs as this launch's blocks leave
   dep_wait();     // the previous launch complete, before any load
+  trace_stamp(a.trace, 15);
   GridSync gs = grid_sync_begin(a.barrier);
   // h[g], the row this warp adds to in phases 0 and C, in a register from the start: the residual adds are then
   // plain stores, not an L2 round trip on the launch's tail

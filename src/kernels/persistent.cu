@@ -1,7 +1,9 @@
 // Host side of the persistent kernels (moe_fused.cu, gdn_fused.cu; device side in grid_barrier.cuh): the
 // environment switches of their launch and barrier, and the LILY_TRACE=1 phase stamps.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "kernels/grid_barrier.cuh"
 #include "kernels/qmat.h"
@@ -17,33 +19,88 @@ bool persistent_pdl() {
   return on;
 }
 
-__device__ unsigned long long g_trace[2 * 16];
+// LILY_TRACE=1: every block's thread 0 stamps %globaltimer at its phase boundaries (stamp 15: griddepcontrol.wait
+// returned) into one slot per launch of the step: a static device array (no allocation: this runs inside graph
+// capture), slots handed out in launch order from persistent_trace_begin().
+constexpr int kTraceSlots = 96;
+__device__ unsigned long long g_trace[kTraceSlots * kTraceBlocks * kTraceStamps];
+int g_slots = 0;
+int g_slot_kind[kTraceSlots];
 
-// A static device array (no allocation: this runs inside graph capture).
-unsigned long long* persistent_trace(int kernel) {
+unsigned long long* trace_base() {
   static unsigned long long* buf = [] {
     const char* e = std::getenv("LILY_TRACE");
     unsigned long long* p = nullptr;
     if (e && e[0] == '1') CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&p), g_trace));
     return p;
   }();
-  return buf ? buf + 16 * kernel : nullptr;
+  return buf;
+}
+
+unsigned long long* persistent_trace(int kernel) {
+  unsigned long long* base = trace_base();
+  if (!base || g_slots >= kTraceSlots || sm_count() > kTraceBlocks) return nullptr;
+  g_slot_kind[g_slots] = kernel;
+  return base + static_cast<size_t>(g_slots++) * kTraceBlocks * kTraceStamps;
 }
 }  // namespace detail
 
-// Prints block 0's phase times of the last launch of each persistent kernel (LILY_TRACE=1; benchmarks).
+void persistent_trace_begin() { detail::g_slots = 0; }
+
+// The last step's persistent launches (LILY_TRACE=1; benchmarks): per kernel kind, averaged over its launches,
+// when the blocks finished each phase (earliest and latest block), in µs after the launch's first block
+// returned from griddepcontrol.wait; and the gap from the previous persistent launch's last block to that
+// first wait return (the launch boundary, plus any plain launches in between).
 void print_persistent_trace() {
-  unsigned long long* d = detail::persistent_trace(0);
-  if (!d) return;
-  unsigned long long t[32] = {};
-  CUDA_CHECK(cudaMemcpy(t, d, sizeof t, cudaMemcpyDeviceToHost));
-  const char* moe[] = {"entry", "x normed", "phase A done", "barrier 1", "selection", "phase B done", "barrier 2",
+  using namespace detail;
+  unsigned long long* d = trace_base();
+  if (!d || g_slots == 0) return;
+  const int nb = sm_count(), ns = g_slots;
+  std::vector<unsigned long long> t(static_cast<size_t>(ns) * kTraceBlocks * kTraceStamps);
+  CUDA_CHECK(cudaMemcpy(t.data(), d, t.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  const char* moe[] = {"entry", "x normed", "phase A", "barrier 1", "selection", "phase B", "barrier 2",
                        "act staged", "end"};
-  const char* gdn[] = {"entry", "x normed", "in_proj done", "barrier 1", "step done", "barrier 2", "staged", "end"};
-  std::printf("fused MoE, block 0 (ns since entry):");
-  for (int i = 1; i < 9; ++i) std::printf(" %s %llu;", moe[i], t[i] - t[0]);
-  std::printf("\nfused GDN mixer, block 0 (ns since entry):");
-  for (int i = 1; i < 8; ++i) std::printf(" %s %llu;", gdn[i], t[16 + i] - t[16]);
-  std::printf("\n");
+  const char* gdn[] = {"entry", "x normed", "in_proj", "barrier 1", "step", "barrier 2", "staged", "end"};
+  const int n_stamps[2] = {9, 8};
+  // kinds: 0 MoE after a GDN mixer, 1 MoE after attention (o_proj phase; plain launches before it), 2 GDN mixer
+  const char* kind_name[3] = {"MoE (after a GDN mixer)", "MoE + o_proj (after attention)", "GDN mixer"};
+  double sum_lo[3][kTraceStamps] = {}, sum_hi[3][kTraceStamps] = {}, gap[3] = {}, wait_spread[3] = {};
+  int count[3] = {};
+  unsigned long long prev_end = 0;
+  for (int s = 0; s < ns; ++s) {
+    const int k = g_slot_kind[s], n = n_stamps[k];
+    const unsigned long long* b = t.data() + static_cast<size_t>(s) * kTraceBlocks * kTraceStamps;
+    unsigned long long w_lo = ~0ull, w_hi = 0, end_hi = 0;
+    for (int i = 0; i < nb; ++i) {
+      w_lo = std::min(w_lo, b[i * kTraceStamps + 15]);
+      w_hi = std::max(w_hi, b[i * kTraceStamps + 15]);
+      end_hi = std::max(end_hi, b[i * kTraceStamps + n - 1]);
+    }
+    const int kind = k == 1 ? 2 : (s > 0 && g_slot_kind[s - 1] == 1 ? 0 : 1);
+    if (s > 0) gap[kind] += static_cast<double>(w_lo) - static_cast<double>(prev_end);
+    wait_spread[kind] += static_cast<double>(w_hi - w_lo);
+    for (int p = 1; p < n; ++p) {
+      unsigned long long lo = ~0ull, hi = 0;
+      for (int i = 0; i < nb; ++i) {
+        lo = std::min(lo, b[i * kTraceStamps + p]);
+        hi = std::max(hi, b[i * kTraceStamps + p]);
+      }
+      sum_lo[kind][p] += static_cast<double>(lo) - static_cast<double>(w_lo);
+      sum_hi[kind][p] += static_cast<double>(hi) - static_cast<double>(w_lo);
+    }
+    count[kind] += s > 0;
+    prev_end = end_hi;
+  }
+  for (int kind = 0; kind < 3; ++kind) {
+    if (count[kind] == 0) continue;
+    const double c = count[kind];
+    std::printf("%s, %d launches (us after the first wait return; earliest-latest block):\n  gap from the previous "
+                "persistent launch %.2f, wait spread %.2f;", kind_name[kind], count[kind], gap[kind] / c / 1e3,
+                wait_spread[kind] / c / 1e3);
+    const char** names = kind == 2 ? gdn : moe;
+    for (int p = 1; p < n_stamps[kind == 2 ? 1 : 0]; ++p)
+      std::printf(" %s %.2f-%.2f;", names[p], sum_lo[kind][p] / c / 1e3, sum_hi[kind][p] / c / 1e3);
+    std::printf("\n");
+  }
 }
 }  // namespace lily::cuda

@@ -159,7 +159,8 @@ void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps,
                cudaStream_t stream, bool allow_fused = true, const ResidualProj* pre = nullptr);
 // moe_block takes the one-launch kernel (with this pre projection, or none)
 bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s, const ResidualProj* pre = nullptr);
-void print_persistent_trace();  // LILY_TRACE=1: phase times of the last fused MoE / GDN launches (benchmarks)
+void print_persistent_trace();  // LILY_TRACE=1: phase times of the last step's fused MoE / GDN launches (benchmarks)
+void persistent_trace_begin();  // LILY_TRACE=1: a new step is being recorded (its launches take slots from 0)
 
 // ---- embedding ----
 // out[c] = E[token][c] dequantised (fp32 [cols]); token read from DEVICE memory (e.g. the sampler's output),

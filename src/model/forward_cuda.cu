@@ -150,6 +150,7 @@ bool CudaEngine::family(const char* name) {
 
 void CudaEngine::record_step(const FamilyMark* mark) {
   mark_ = mark;
+  persistent_trace_begin();
   const Config& c = cfg_;
   if (family("embed")) embed_row(w_.embed, &step_->token, h_, stream_);
   // Every RMSNorm is fused into the prologue of the kernel that consumes it (mixer in_proj, router, lm_head);
