@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "graph_time.cuh"
-#include "kernels/bulk_copy.cuh"
+#include "bulk_copy.cuh"
 #include "kernels/common.cuh"
 #include "kernels/grid_barrier.cuh"
 #include "kernels/gemv_stream.cuh"
