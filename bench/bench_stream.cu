@@ -5,10 +5,11 @@
 //              with and without a DSMEM store to every block of the cluster before it; how many clusters of
 //              8 and 16 one-block-per-SM blocks can be resident at once
 //   atomic     the round trip of one atom.add.acq_rel.gpu with its result used (a last-arriver reduction)
-//   L2 warm    the 108 KB/SM slab read by register loads after a 5 us kernel that leaves the HBM idle, (a)
-//              cold, (b) with the idle kernel prefetching the slab into L2 by cp.async.bulk.prefetch.L2 (one
-//              request per 27 KB per block), (c) by prefetch.global.L2 per 128-byte line; and (d) the slab
-//              read again and again while it stays in L2
+//   L2 warm    the 108 KB/SM slab read by register loads after a 5 or 10 us kernel that leaves the HBM
+//              idle: cold, or with that kernel putting the slab into the L2 by cp.async.bulk.prefetch.L2 (one
+//              request per 27 KB per block; also with an evict_last policy), by prefetch.global.L2 per
+//              128-byte line, by register loads, by cp.async 16-byte copies or by bulk copies into a scratch
+//              buffer in shared memory; and the slab read again and again while it stays in the L2
 //   slab       one phase's weight slab of S bytes per SM (every SM its own contiguous slab, fresh from HBM)
 //              read (a) by 16-byte register loads all issued up front (how gemv_stream.cuh streams) and
 //              (b) by one bulk copy into shared memory completing on an mbarrier (bulk_copy.cuh),
