@@ -49,7 +49,7 @@ struct Args {
   float* h;
   const int* pos;
   unsigned* barrier;       // [kGridBarrierWords] (grid_barrier.cuh)
-  unsigned long long* trace;  // LILY_TRACE=1: block 0's phase times, else null
+  unsigned long long* trace;  // LILY_TRACE=1: this launch's slot of phase times (grid_barrier.cuh), else null
 };
 
 __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {

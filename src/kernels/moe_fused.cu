@@ -46,7 +46,7 @@ struct FusedArgs {
   float eps;
   float* x_out;       // normed x (block 0 stores it), may be null
   unsigned* barrier;  // [kGridBarrierWords] (grid_barrier.cuh)
-  unsigned long long* trace;  // LILY_TRACE=1: phase timestamps of block 0 (diagnostics), else null
+  unsigned long long* trace;  // LILY_TRACE=1: this launch's slot of phase times (grid_barrier.cuh), else null
   const uint8_t* pw; const uint32_t* psb;    // phase 0: h += P px, P q4 [H][kP] (null: no phase 0)
   const float* px;
 };
