@@ -22,7 +22,6 @@
 // Tested against a CPU reference in tests/gpu/test_mixer_kernels.cu (odd lengths, tails, a 128K-token cache);
 // timed by bench/bench_kernels.cu (attention section).
 #include <cfloat>
-#include <cstdlib>
 
 #include "kernels/common.cuh"
 #include "kernels/launch.cuh"
@@ -464,10 +463,7 @@ void launch_split(const float* q, KvPages kv, const int* pos, AttnScratch scratc
 }  // namespace
 
 bool attention_pdl() {
-  static const bool on = [] {  // LILY_ATTN_PDL=0: without (benchmarks)
-    const char* e = std::getenv("LILY_ATTN_PDL");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_flag("LILY_ATTN_PDL", true);  // LILY_ATTN_PDL=0: without (benchmarks)
   return on;
 }
 

@@ -11,11 +11,14 @@ int sm_count() {
   return sms;
 }
 
+bool env_flag(const char* name, bool dflt) {
+  const char* e = std::getenv(name);
+  if (e && e[0] == (dflt ? '0' : '1')) return !dflt;
+  return dflt;
+}
+
 bool debug_sync_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILY_CUDA_SYNC");
-    return e && e[0] == '1';
-  }();
+  static const bool on = env_flag("LILY_CUDA_SYNC", false);
   return on;
 }
 }  // namespace lily::cuda

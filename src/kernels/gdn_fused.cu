@@ -14,7 +14,6 @@
 // with fewer than 129 SMs). Tested by tests/gpu/test_gdn_fused.cu against the three-launch path.
 #include "kernels/gdn_fused.h"
 
-#include <cstdlib>
 
 #include "kernels/common.cuh"
 #include "kernels/gdn_core.cuh"
@@ -165,10 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
 }  // namespace detail
 
 bool gdn_mixer_fused_supported(const GdnMixerDev& m, GdnDims d) {
-  static const bool on = [] {  // LILY_GDN_FUSED=0: the three-launch path (benchmarks)
-    const char* e = std::getenv("LILY_GDN_FUSED");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_flag("LILY_GDN_FUSED", true);  // LILY_GDN_FUSED=0: the three-launch path (benchmarks)
   if (!on) return false;
   auto q4 = [](const QMat& w, int rows, int cols) {
     return w.format == QFormat::q4 && w.n_mats == 1 && w.rows == rows && w.cols == cols;

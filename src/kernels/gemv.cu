@@ -18,10 +18,8 @@ namespace lily::cuda {
 namespace detail {
 
 bool pdl_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILY_PDL");
-    return e && e[0] == '1';  // off by default: measured 5-50 us per token slower with it (bench/RESULTS.md)
-  }();
+  // off by default: measured 5-50 us per token slower with it (bench/RESULTS.md)
+  static const bool on = env_flag("LILY_PDL", false);
   return on;
 }
 
@@ -124,8 +122,8 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
   // requested alongside every SM's weight stream wait behind it in the L2 (the GDN mixer's norm finished 5.4 us
   // after its start that way, 1.3 us norm-first). With PDL the weights go first and h after
   // griddepcontrol.wait, as the earlier kernel may still be writing it.
-  const bool h_first = sizeof(XT) == 4 && norm.w != nullptr && !norm.pdl;
-  if (h_first) {
+  const bool norm_first = sizeof(XT) == 4 && norm.w != nullptr && !norm.pdl;
+  if (norm_first) {
     HRegs<K, NW * 32> hr;
     stream_load_h(reinterpret_cast<const float*>(x), hr);
     const NormW<K, NW * 32> nw = stream_load_norm_w<K, NW * 32>(norm.w);
@@ -140,7 +138,7 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
   }
   dep_trigger();
   dep_wait();
-  if (!h_first) stream_stage_input<K, NW * 32>(x, norm, xs);
+  if (!norm_first) stream_stage_input<K, NW * 32>(x, norm, xs);
   float acc[R];
   stream_dots<K, R>(xs, wv, sv, acc);
   store_warp_rows(a, task0, acc, accumulate);

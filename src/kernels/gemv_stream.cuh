@@ -137,7 +137,8 @@ __device__ __forceinline__ void stream_load_h(const float* h, HRegs<K, NT>& r) {
   }
 }
 
-// nw: the norm weights loaded ahead, or null (read from n.w after the reduction: the register-tight GEMV)
+// nw: the norm weights loaded ahead, or null (read from n.w after the reduction: stream_stage_x_norm, the GEMV
+// launched with PDL, whose weight rows hold the registers)
 template <int K, int NT>
 __device__ __forceinline__ void stream_stage_loaded_norm(const HRegs<K, NT>& hr, const NormW<K, NT>* nw,
                                                          const NormIn& n, StreamX<K>& s) {

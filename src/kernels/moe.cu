@@ -14,7 +14,6 @@
 #include "kernels/gemv_stream.cuh"
 #include "kernels/mixers.h"
 
-#include <cstdlib>
 
 namespace lily::cuda {
 namespace detail {
@@ -122,10 +121,7 @@ __global__ void __launch_bounds__(kBlockThreads, (2 * R * K <= 8192 ? 3 : 2)) ga
 
 // LILY_MOE_STREAM=0 turns the streaming gate/up kernel off (for benchmarks).
 bool moe_stream_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILY_MOE_STREAM");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_flag("LILY_MOE_STREAM", true);
   return on;
 }
 
@@ -395,27 +391,26 @@ void moe_down(const MoeWeightsDev& m, const MoeScratch& s, float* h, cudaStream_
 }
 
 namespace detail {
-bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s, const ResidualProj* pre);  // moe_fused.cu
+// moe_fused.cu: the shapes of the one-launch kernel, and the projections its phase 0 takes
+bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s);
+bool moe_fused_takes_pre(const ResidualProj& pre);
 void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out,
                       const MoeScratch& s, const ResidualProj* pre, cudaStream_t stream);
 bool moe_fused_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILY_MOE_FUSED");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_flag("LILY_MOE_FUSED", true);
   return on;
 }
 }  // namespace detail
 
 bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s, const ResidualProj* pre) {
-  return detail::moe_fused_on() && detail::moe_fused_supported(m, s, pre);
+  return detail::moe_fused_on() && detail::moe_fused_supported(m, s) && (!pre || detail::moe_fused_takes_pre(*pre));
 }
 
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
                cudaStream_t stream, bool allow_fused, const ResidualProj* pre) {
   detail::check_moe(m, s);
   const bool fused = allow_fused && moe_block_is_fused(m, s);
-  if (pre && !(fused && moe_block_is_fused(m, s, pre))) {  // a projection the fused kernel's phase 0 does not take
+  if (pre && !(fused && detail::moe_fused_takes_pre(*pre))) {  // a projection the fused kernel's phase 0 does not take
     gemv(pre->W, pre->x, h, true, stream);
     pre = nullptr;
   }

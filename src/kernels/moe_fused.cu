@@ -17,7 +17,6 @@
 // GPUs with fewer than 128 SMs. Task g of a phase runs on warp (g / gridDim.x) of block (g % gridDim.x), so
 // every phase's work is spread over all SMs. Tested by tests/gpu/test_moe.cu against the CPU reference.
 #include <cfloat>
-#include <cstdlib>
 
 #include "kernels/common.cuh"
 #include "kernels/gemv_impl.cuh"
@@ -238,9 +237,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
 
 }  // namespace
 
-bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s, const ResidualProj* pre) {
-  if (pre && !(pre->W.format == QFormat::q4 && pre->W.n_mats == 1 && pre->W.rows == kH && pre->W.cols == kP))
-    return false;
+bool moe_fused_takes_pre(const ResidualProj& pre) {
+  return pre.W.format == QFormat::q4 && pre.W.n_mats == 1 && pre.W.rows == kH && pre.W.cols == kP;
+}
+
+bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s) {
   return sm_count() >= kMinBlocks && s.barrier != nullptr && m.router.format == QFormat::q8 &&
          m.shared_expert_gate.format == QFormat::q8 && m.router.cols == kH && m.router.rows <= kMaxExperts &&
          m.gate.format == QFormat::q4 && m.down.format == QFormat::q4 && m.gate.rows == kF && m.gate.cols == kH &&

@@ -2,7 +2,6 @@
 // environment switches of their launch and barrier, and the LILY_TRACE=1 phase stamps.
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
 #include "kernels/grid_barrier.cuh"
@@ -12,10 +11,7 @@ namespace lily::cuda {
 namespace detail {
 
 bool persistent_pdl() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILY_PERSIST_PDL");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_flag("LILY_PERSIST_PDL", true);
   return on;
 }
 
@@ -29,9 +25,8 @@ int g_slot_kind[kTraceSlots];
 
 unsigned long long* trace_base() {
   static unsigned long long* buf = [] {
-    const char* e = std::getenv("LILY_TRACE");
     unsigned long long* p = nullptr;
-    if (e && e[0] == '1') CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&p), g_trace));
+    if (env_flag("LILY_TRACE", false)) CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&p), g_trace));
     return p;
   }();
   return buf;
@@ -61,9 +56,11 @@ void print_persistent_trace() {
   const char* moe[] = {"entry", "x normed", "phase A", "barrier 1", "selection", "phase B", "barrier 2",
                        "act staged", "end"};
   const char* gdn[] = {"entry", "x normed", "in_proj", "barrier 1", "step", "barrier 2", "staged", "end"};
+  const char* const* names[2] = {moe, gdn};  // by kernel (persistent_trace's argument)
   const int n_stamps[2] = {9, 8};
   // kinds: 0 MoE after a GDN mixer, 1 MoE after attention (o_proj phase; plain launches before it), 2 GDN mixer
   const char* kind_name[3] = {"MoE (after a GDN mixer)", "MoE + o_proj (after attention)", "GDN mixer"};
+  const int kernel_of[3] = {0, 0, 1};
   double sum_lo[3][kTraceStamps] = {}, sum_hi[3][kTraceStamps] = {}, gap[3] = {}, wait_spread[3] = {};
   int count[3] = {};
   unsigned long long prev_end = 0;
@@ -97,9 +94,9 @@ void print_persistent_trace() {
     std::printf("%s, %d launches (us after the first wait return; earliest-latest block):\n  gap from the previous "
                 "persistent launch %.2f, wait spread %.2f;", kind_name[kind], count[kind], gap[kind] / c / 1e3,
                 wait_spread[kind] / c / 1e3);
-    const char** names = kind == 2 ? gdn : moe;
-    for (int p = 1; p < n_stamps[kind == 2 ? 1 : 0]; ++p)
-      std::printf(" %s %.2f-%.2f;", names[p], sum_lo[kind][p] / c / 1e3, sum_hi[kind][p] / c / 1e3);
+    const int k = kernel_of[kind];
+    for (int p = 1; p < n_stamps[k]; ++p)
+      std::printf(" %s %.2f-%.2f;", names[k][p], sum_lo[kind][p] / c / 1e3, sum_hi[kind][p] / c / 1e3);
     std::printf("\n");
   }
 }
