@@ -8,11 +8,13 @@
 //                            (attention_pdl), it copies its first steps (earlier tokens' rows) before waiting
 //                            for the q/k kernel, and reads the token's own row again after the wait.
 //     load_step              cp.async of a step's K and V rows into the warp's 3-stage shared-memory ring,
-//                            issued two steps ahead of the compute (loads overlap the FMA work)
-//     score_step             the group's query heads (8 for the real model) score each key row, read once for
-//                            all of them (GQA packing); a reduce-scatter leaves head (lane / 4) in each lane
-//     softmax_step           online softmax per head on the 8 scores a lane holds: running max / sum
-//     pv_step                accumulate p·V with each value row read once for all heads of the group
+//                            issued two steps ahead of the compute (loads overlap the math)
+//     split_run_mma          head_dim 256 (the real model): per step, the group's 8 query heads score the 8
+//                            key rows and accumulate p·V on the tensor cores (mma.sync bf16, fp32 sums, q and
+//                            p split into two bf16 terms for ~16-bit mantissas), online softmax in the score
+//                            registers; every K/V row read once for all heads of the group (GQA packing)
+//     split_run_scalar       smaller heads (the test models): the same steps in fp32 FMAs, a reduce-scatter
+//                            leaving head (lane / 4) in each lane
 //     merge_warps            the warps' (acc, m, l) merged in a fixed order -> the split's partial
 //   attention_combine_kernel grid (n_heads, head_dim / 32): merges the active splits' partials for one head and
 //                            32 dims (splits spread over the warps, fixed order) and applies the sigmoid gate.
@@ -21,6 +23,8 @@
 // there finish.
 // Tested against a CPU reference in tests/gpu/test_mixer_kernels.cu (odd lengths, tails, a 128K-token cache);
 // timed by bench/bench_kernels.cu (attention section).
+#include <cuda_bf16.h>
+
 #include <cfloat>
 
 #include "kernels/common.cuh"
@@ -135,9 +139,18 @@ struct alignas(16) SplitShared {
 template <int D>
 constexpr int ring_elems() { return kStages * 2 * kStep * D; }
 
-// Issue the copies of step `step` (tokens [8 step, 8 step + 8)) into one ring stage; each lane copies exactly
-// the dims it will read later (dims [lane * EPL, lane * EPL + EPL) of every row), so no cross-lane sync
-// is needed for the data itself. A step never crosses a page (page_tokens % kStep == 0).
+// Where lane's EPL dims of row r of a step sit in its ring stage (elements from the row's start). D = 256 (the
+// tensor-core path, read with ldmatrix): the 16-byte chunk c of row r at chunk c ^ (r & 7), so the 8 rows of an
+// 8x8 matrix fall in 8 different bank groups. Smaller heads (the scalar path): in place.
+template <int EPL>
+__device__ __forceinline__ int ring_dim(int r, int lane) {
+  if constexpr (EPL == 8) return (lane ^ (r & 7)) * 8;
+  return lane * EPL;
+}
+
+// Issue the copies of step `step` (tokens [8 step, 8 step + 8)) into one ring stage; lane copies dims
+// [lane * EPL, lane * EPL + EPL) of every row (to ring_dim). A step never crosses a page (page_tokens % kStep
+// == 0).
 template <int EPL>
 __device__ __forceinline__ void load_step(const KvPages& kv, int g, int step, int len, uint16_t* stage, int lane) {
   constexpr int D = EPL * 32;
@@ -149,7 +162,7 @@ __device__ __forceinline__ void load_step(const KvPages& kv, int g, int step, in
     const uint16_t* src = page + ((size_t)(which * kv.n_kv + g) * kv.page_tokens + row0) * D + lane * EPL;
 #pragma unroll
     for (int k = 0; k < kStep; ++k)
-      copy_async<EPL>(stage + (which * kStep + k) * D + lane * EPL, src + (size_t)k * D, t0 + k < len);
+      copy_async<EPL>(stage + (which * kStep + k) * D + ring_dim<EPL>(k, lane), src + (size_t)k * D, t0 + k < len);
   }
 }
 
@@ -201,7 +214,7 @@ __device__ __forceinline__ void split_refetch_first(const SplitPlan& p, const Kv
     const int t0 = (p.first + i * kWarps) * kStep;
     if (i < p.n_my && t >= t0 && t < t0 + kStep) {
       cp_async_wait<0>();
-      uint16_t* dst = ring_all + warp * ring_elems<D>() + i * kStageElems + (t - t0) * D + lane * EPL;
+      uint16_t* dst = ring_all + warp * ring_elems<D>() + i * kStageElems + (t - t0) * D + ring_dim<EPL>(t - t0, lane);
       const uint16_t* page = kv.pages[t / kv.page_tokens];
       const size_t row = (size_t)g * kv.page_tokens + t % kv.page_tokens;
 #pragma unroll
@@ -215,12 +228,49 @@ __device__ __forceinline__ void split_refetch_first(const SplitPlan& p, const Kv
   }
 }
 
+// merge_warps: weights exp2(m_w - M) per head, scaled accumulators summed over the warps in a fixed order.
+// A warp without steps has m = -inf, acc = 0 and weight 0; warp 0 always has a step, so M is finite.
+// The weight of warp w's head hh (sh.m of every warp written, then a block barrier).
+__device__ __forceinline__ float merge_weight(const SplitShared& sh, int warp, int hh) {
+  float mb = sh.m[0][hh];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) mb = fmaxf(mb, sh.m[w][hh]);
+  return exp2f(sh.m[warp][hh] - mb);
+}
+
+// After every warp stored its weighted accumulators [kMaxGroup][D] as fp32 at the start of its ring: their sum
+// over the warps, and per head the block's max and sum, into the split's partial.
+template <int D>
+__device__ __forceinline__ void write_partial(const SplitShared& sh, const uint16_t* ring_all, int g, int split,
+                                              int group, const AttnScratch& scratch) {
+  __syncthreads();
+  const int tid = threadIdx.x;
+  const int stride = D + 2;
+  float* part = scratch.partial + ((size_t)g * scratch.max_splits + split) * group * stride;
+  for (int i = tid; i < group * D; i += kThreads) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += reinterpret_cast<const float*>(ring_all + w * ring_elems<D>())[i];
+    part[(i / D) * stride + i % D] = sum;
+  }
+  if (tid < group) {
+    float mb = sh.m[0][tid];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) mb = fmaxf(mb, sh.m[w][tid]);
+    float lb = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) lb += exp2f(sh.m[w][tid] - mb) * sh.l[w][tid];
+    part[tid * stride + D] = mb;
+    part[tid * stride + D + 1] = lb;
+  }
+}
+
 // The rest of the split block after split_issue_first: scores, online softmax, p·V over its steps, the warps
-// merged into the split's partial (acc, m, l) in scratch.
+// merged into the split's partial (acc, m, l) in scratch. Scalar fp32 path (head_dim < 256: the test models).
 template <int EPL>
-__device__ __forceinline__ void split_run(const SplitPlan& p, const float* q, const KvPages& kv, int g, int split,
-                                          int group, const AttnScratch& scratch, uint16_t* ring_all,
-                                          SplitShared& sh) {
+__device__ __forceinline__ void split_run_scalar(const SplitPlan& p, const float* q, const KvPages& kv, int g,
+                                                 int split, int group, const AttnScratch& scratch,
+                                                 uint16_t* ring_all, SplitShared& sh) {
   constexpr int D = EPL * 32;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int hh_lane = lane >> 2;  // the head whose scores this lane holds after reduce_scatter8
@@ -329,8 +379,7 @@ __device__ __forceinline__ void split_run(const SplitPlan& p, const float* q, co
   }
   cp_async_wait<0>();
 
-  // merge_warps: weights exp2(m_w - M) per head, scaled accumulators summed over the warps in a fixed order.
-  // A warp without steps has m = -inf, acc = 0 and weight 0; warp 0 always has a step, so M is finite.
+  // merge_warps
   if ((lane & 3) == 0) {
     sh.m[warp][hh_lane] = m;
     sh.l[warp][hh_lane] = l;
@@ -339,32 +388,171 @@ __device__ __forceinline__ void split_run(const SplitPlan& p, const float* q, co
   float* accw = reinterpret_cast<float*>(ring);  // [kMaxGroup][D] fp32, fits in the warp's own ring
 #pragma unroll
   for (int hh = 0; hh < kMaxGroup; ++hh) {
-    float mb = sh.m[0][hh];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) mb = fmaxf(mb, sh.m[w][hh]);
-    const float f = exp2f(sh.m[warp][hh] - mb);
+    const float f = merge_weight(sh, warp, hh);
 #pragma unroll
     for (int e = 0; e < EPL; ++e) accw[hh * D + lane * EPL + e] = acc[hh][e] * f;
   }
+  write_partial<D>(sh, ring_all, g, split, group, scratch);
+}
+
+// ---- tensor-core path (head_dim 256, the real model) ----
+// Per warp and 8-token step, with mma.sync on bf16 (K and V are bf16 already; fp32 accumulation):
+//   S  [16 x 8]  = A [16 x 256] · K^T   m16n8k16, A's rows 0..7 the group's queries rounded to bf16 (q_hi), rows
+//                                       8..15 the rest (q_lo = bf16(q - q_hi)): s = S[h] + S[h + 8] carries ~16
+//                                       mantissa bits of q (products with bf16 K exact, sums in fp32)
+//   O^T [256 x 8] += V^T · P^T          m16n8k8 per 16 dims, twice: P rounded to bf16 (p_hi) and the rest (p_lo)
+// The C fragment of S (lane: head lane / 4, tokens 2 (lane % 4) + {0, 1}) is exactly the B fragment P^T needs, so
+// the softmax runs in the registers that hold the scores: a quad of lanes shares one head. K rows are B fragments
+// by ldmatrix, V rows A fragments by ldmatrix.trans, both from the swizzled ring (ring_dim). ~110 instructions
+// per warp and step where the scalar path takes ~1300 (it was issue-bound: 71 % of copy bandwidth at 128K).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo_half, float hi_half) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo_half, hi_half);  // .x in the low 16 bits
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_k8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
+__device__ __forceinline__ void split_run_mma(const SplitPlan& p, const float* q, const KvPages& kv, int g,
+                                              int split, int group, const AttnScratch& scratch, uint16_t* ring_all,
+                                              SplitShared& sh) {
+  constexpr int EPL = 8, D = 256, kRow = D * 2;  // bytes per K/V row in the ring
+  constexpr int kStageElems = 2 * kStep * D;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int hq = lane >> 2, tq = lane & 3;  // fragment row (head) and column pair of this lane
+  const int len = p.len, first = p.first, n_my = p.n_my;
+  uint16_t* ring = ring_all + warp * ring_elems<D>();
+  const unsigned ring_s = static_cast<unsigned>(__cvta_generic_to_shared(ring));
+
+  // A fragments of [q_hi; q_lo] per 16-dim slice kk: {row hq, dims 2tq, +1}, {row hq + 8, same}, {row hq, dims
+  // 2tq + 8, +9}, {row hq + 8, same}; q pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2); heads past the
+  // group are 0
+  uint32_t qa[D / 16][4];
+  {
+    const float qscale = rsqrtf((float)D) * kLog2e;
+    const float* src = q + (size_t)(g * group + hq) * D + 2 * tq;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const float2 a = hq < group ? __ldcg(reinterpret_cast<const float2*>(src + 16 * kk)) : make_float2(0.f, 0.f);
+      const float2 b = hq < group ? __ldcg(reinterpret_cast<const float2*>(src + 16 * kk + 8)) : make_float2(0.f, 0.f);
+      const float a0 = a.x * qscale, a1 = a.y * qscale, b0 = b.x * qscale, b1 = b.y * qscale;
+      const float a0h = bf16_round(a0), a1h = bf16_round(a1), b0h = bf16_round(b0), b1h = bf16_round(b1);
+      qa[kk][0] = pack_bf16x2(a0h, a1h);
+      qa[kk][1] = pack_bf16x2(a0 - a0h, a1 - a1h);
+      qa[kk][2] = pack_bf16x2(b0h, b1h);
+      qa[kk][3] = pack_bf16x2(b0 - b0h, b1 - b1h);
+    }
+  }
+  float o[D / 16][4] = {};          // O^T m-tile mt: {dim 16 mt + hq, heads 2tq, 2tq + 1}, {dim + 8, same heads}
+  float m = -INFINITY, l = 0.f;     // head hq: running max (quad-uniform), this lane's share of the running sum
+  // this lane's ldmatrix row address in a stage: row (lane & 7) of matrix (lane >> 3), chunk 4 i + (lane >> 3)
+  const int lr = lane & 7;
+  const unsigned row_off = lr * kRow;
+
+  int stage = 0;
+  for (int i = 0; i < n_my; ++i) {
+    {  // keep kStages - 1 steps in flight: load step i + 2 into the stage computed at step i - 1
+      const int j = i + kStages - 1;
+      const int js = stage == 0 ? kStages - 1 : stage - 1;
+      if (j < n_my) load_step<EPL>(kv, g, first + j * kWarps, len, ring + js * kStageElems, lane);
+      cp_async_commit();
+    }
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const unsigned kst = ring_s + stage * kStageElems * 2 + row_off, vst = kst + kStep * kRow;
+    // S = [q_hi; q_lo] K^T, two accumulators (even / odd slices) for shorter dependency chains
+    float sa[4] = {}, sb[4] = {};
+#pragma unroll
+    for (int i4 = 0; i4 < D / 32; ++i4) {
+      uint32_t kb[4];
+      ldsm_x4(kb, kst + (((4 * i4 + (lane >> 3)) ^ lr) << 4));
+      mma_k16(sa, qa[2 * i4], kb[0], kb[1]);
+      mma_k16(sb, qa[2 * i4 + 1], kb[2], kb[3]);
+    }
+    const int tok = (first + i * kWarps) * kStep + 2 * tq;
+    const float s0 = tok < len ? (sa[0] + sa[2]) + (sb[0] + sb[2]) : -INFINITY;
+    const float s1 = tok + 1 < len ? (sa[1] + sa[3]) + (sb[1] + sb[3]) : -INFINITY;
+    // online softmax of head hq over the step's 8 tokens (the quad holds them; the first token is always valid)
+    float mx = fmaxf(s0, s1);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx);
+    const float corr = exp2f(m - m_new);  // 0 on the first step (m = -inf)
+    const float p0 = exp2f(s0 - m_new), p1 = exp2f(s1 - m_new);
+    l = fmaf(l, corr, p0 + p1);
+    m = m_new;
+    // rescale O only when some head's max moved (rare once the context is long); its columns are heads 2tq, 2tq+1
+    if (__any_sync(0xffffffffu, corr != 1.f)) {
+      const float c0 = __shfl_sync(0xffffffffu, corr, 8 * tq), c1 = __shfl_sync(0xffffffffu, corr, 8 * tq + 4);
+#pragma unroll
+      for (int mt = 0; mt < D / 16; ++mt) o[mt][0] *= c0, o[mt][1] *= c1, o[mt][2] *= c0, o[mt][3] *= c1;
+    }
+    const float p0h = bf16_round(p0), p1h = bf16_round(p1);
+    const uint32_t ph = pack_bf16x2(p0h, p1h), pl = pack_bf16x2(p0 - p0h, p1 - p1h);
+#pragma unroll
+    for (int i4 = 0; i4 < D / 32; ++i4) {
+      uint32_t va[4];
+      ldsm_x4_trans(va, vst + (((4 * i4 + (lane >> 3)) ^ lr) << 4));
+      mma_k8(o[2 * i4], va[0], va[1], ph);
+      mma_k8(o[2 * i4], va[0], va[1], pl);
+      mma_k8(o[2 * i4 + 1], va[2], va[3], ph);
+      mma_k8(o[2 * i4 + 1], va[2], va[3], pl);
+    }
+    __syncwarp();  // this stage is rewritten by the next steps
+    stage = stage == kStages - 1 ? 0 : stage + 1;
+  }
+  cp_async_wait<0>();
+
+  // merge_warps
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (tq == 0) {
+    sh.m[warp][hq] = m;
+    sh.l[warp][hq] = l;
+  }
   __syncthreads();
-  const int stride = D + 2;
-  float* part = scratch.partial + ((size_t)g * scratch.max_splits + split) * group * stride;
-  for (int i = tid; i < group * D; i += kThreads) {
-    float sum = 0.f;
+  float* accw = reinterpret_cast<float*>(ring);  // [kMaxGroup][D] fp32, fits in the warp's own ring
+  const int h0 = 2 * tq, h1 = 2 * tq + 1;
+  const float f0 = merge_weight(sh, warp, h0), f1 = merge_weight(sh, warp, h1);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += reinterpret_cast<const float*>(ring_all + w * ring_elems<D>())[i];
-    part[(i / D) * stride + i % D] = sum;
+  for (int mt = 0; mt < D / 16; ++mt) {
+    const int d = 16 * mt + hq;
+    accw[h0 * D + d] = o[mt][0] * f0;
+    accw[h1 * D + d] = o[mt][1] * f1;
+    accw[h0 * D + d + 8] = o[mt][2] * f0;
+    accw[h1 * D + d + 8] = o[mt][3] * f1;
   }
-  if (tid < group) {
-    float mb = sh.m[0][tid];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) mb = fmaxf(mb, sh.m[w][tid]);
-    float lb = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) lb += exp2f(sh.m[w][tid] - mb) * sh.l[w][tid];
-    part[tid * stride + D] = mb;
-    part[tid * stride + D + 1] = lb;
-  }
+  write_partial<D>(sh, ring_all, g, split, group, scratch);
+}
+
+template <int EPL>
+__device__ __forceinline__ void split_run(const SplitPlan& p, const float* q, const KvPages& kv, int g, int split,
+                                          int group, const AttnScratch& scratch, uint16_t* ring_all,
+                                          SplitShared& sh) {
+  if constexpr (EPL == 8)
+    split_run_mma(p, q, kv, g, split, group, scratch, ring_all, sh);
+  else
+    split_run_scalar<EPL>(p, q, kv, g, split, group, scratch, ring_all, sh);
 }
 
 template <int EPL>
