@@ -130,6 +130,7 @@ __device__ __forceinline__ float reduce_scatter8(float (&v)[kMaxGroup], int lane
 
 // Shared memory of the split kernel besides the dynamic K/V rings.
 struct alignas(16) SplitShared {
+  uint16_t qa[2 * kMaxGroup * 256];       // tensor-core path: [q_hi; q_lo] as bf16 [16][256] (split_run_mma)
   float x[kWarps][kStep + 1][kMaxGroup];  // per warp: probabilities [token][head], then the rescale per head
   float m[kWarps][kMaxGroup];             // per warp running max (log2 domain) at the end
   float l[kWarps][kMaxGroup];             // per warp running sum at the end
@@ -238,7 +239,13 @@ __device__ __forceinline__ float merge_weight(const SplitShared& sh, int warp, i
   return exp2f(sh.m[warp][hh] - mb);
 }
 
-// After every warp stored its weighted accumulators [kMaxGroup][D] as fp32 at the start of its ring: their sum
+// Row stride of the weighted accumulators a warp leaves in its ring: 4 floats of padding, so the tensor-core
+// path's stores (lanes: heads 2 (lane % 4) + {0, 1}, dims lane / 4 + ...) hit 32 different banks.
+template <int D>
+constexpr int acc_stride() { return D + 4; }
+static_assert(kMaxGroup * acc_stride<256>() * 4 <= ring_elems<256>() * 2, "the accumulators fit in a warp's ring");
+
+// After every warp stored its weighted accumulators [kMaxGroup][acc_stride] as fp32 at the start of its ring: their sum
 // over the warps, and per head the block's max and sum, into the split's partial.
 template <int D>
 __device__ __forceinline__ void write_partial(const SplitShared& sh, const uint16_t* ring_all, int g, int split,
@@ -250,7 +257,8 @@ __device__ __forceinline__ void write_partial(const SplitShared& sh, const uint1
   for (int i = tid; i < group * D; i += kThreads) {
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += reinterpret_cast<const float*>(ring_all + w * ring_elems<D>())[i];
+    for (int w = 0; w < kWarps; ++w)
+      sum += reinterpret_cast<const float*>(ring_all + w * ring_elems<D>())[(i / D) * acc_stride<D>() + i % D];
     part[(i / D) * stride + i % D] = sum;
   }
   if (tid < group) {
@@ -385,12 +393,12 @@ __device__ __forceinline__ void split_run_scalar(const SplitPlan& p, const float
     sh.l[warp][hh_lane] = l;
   }
   __syncthreads();
-  float* accw = reinterpret_cast<float*>(ring);  // [kMaxGroup][D] fp32, fits in the warp's own ring
+  float* accw = reinterpret_cast<float*>(ring);  // [kMaxGroup][acc_stride] fp32 in the warp's own ring
 #pragma unroll
   for (int hh = 0; hh < kMaxGroup; ++hh) {
     const float f = merge_weight(sh, warp, hh);
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) accw[hh * D + lane * EPL + e] = acc[hh][e] * f;
+    for (int e = 0; e < EPL; ++e) accw[hh * acc_stride<D>() + lane * EPL + e] = acc[hh][e] * f;
   }
   write_partial<D>(sh, ring_all, g, split, group, scratch);
 }
@@ -444,24 +452,38 @@ __device__ __forceinline__ void split_run_mma(const SplitPlan& p, const float* q
   uint16_t* ring = ring_all + warp * ring_elems<D>();
   const unsigned ring_s = static_cast<unsigned>(__cvta_generic_to_shared(ring));
 
-  // A fragments of [q_hi; q_lo] per 16-dim slice kk: {row hq, dims 2tq, +1}, {row hq + 8, same}, {row hq, dims
-  // 2tq + 8, +9}, {row hq + 8, same}; q pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2); heads past the
-  // group are 0
-  uint32_t qa[D / 16][4];
+  // [q_hi; q_lo] staged once per block as the bf16 A matrix [16][D] (rows 8..15 the remainders; chunk c of row r
+  // at c ^ (r & 7)), q pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2); heads past the group are 0. Each
+  // thread converts 8 consecutive values (one 16-byte chunk of a row): one L2 read of q per block, not per warp.
   {
     const float qscale = rsqrtf((float)D) * kLog2e;
-    const float* src = q + (size_t)(g * group + hq) * D + 2 * tq;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const float2 a = hq < group ? __ldcg(reinterpret_cast<const float2*>(src + 16 * kk)) : make_float2(0.f, 0.f);
-      const float2 b = hq < group ? __ldcg(reinterpret_cast<const float2*>(src + 16 * kk + 8)) : make_float2(0.f, 0.f);
-      const float a0 = a.x * qscale, a1 = a.y * qscale, b0 = b.x * qscale, b1 = b.y * qscale;
-      const float a0h = bf16_round(a0), a1h = bf16_round(a1), b0h = bf16_round(b0), b1h = bf16_round(b1);
-      qa[kk][0] = pack_bf16x2(a0h, a1h);
-      qa[kk][1] = pack_bf16x2(a0 - a0h, a1 - a1h);
-      qa[kk][2] = pack_bf16x2(b0h, b1h);
-      qa[kk][3] = pack_bf16x2(b0 - b0h, b1 - b1h);
+    const int e0 = threadIdx.x * 8, hh = e0 / D, c = (e0 % D) / 8;
+    static_assert(kThreads * 8 == kMaxGroup * D, "one chunk per thread");
+    float v[8] = {};
+    if (hh < group) {
+      const float4* src = reinterpret_cast<const float4*>(q + (size_t)(g * group) * D + e0);
+      const float4 a = __ldcg(src), b = __ldcg(src + 1);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
     }
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float x0 = v[2 * k] * qscale, x1 = v[2 * k + 1] * qscale;
+      const float h0 = bf16_round(x0), h1 = bf16_round(x1);
+      hi[k] = pack_bf16x2(h0, h1);
+      lo[k] = pack_bf16x2(x0 - h0, x1 - h1);
+    }
+    *reinterpret_cast<uint4*>(sh.qa + hh * D + ((c ^ hh) * 8)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    *reinterpret_cast<uint4*>(sh.qa + (hh + 8) * D + ((c ^ hh) * 8)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+  __syncthreads();
+  // A fragments per 16-dim slice kk (ldmatrix.x4: matrices rows 0-7 / 8-15 x dims 0-7 / 8-15 of the slice)
+  uint32_t qa[D / 16][4];
+  {
+    const unsigned qs = static_cast<unsigned>(__cvta_generic_to_shared(sh.qa));
+    const int j = lane >> 3, row = (lane & 7) + 8 * (j & 1);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qa[kk], qs + row * kRow + (((2 * kk + (j >> 1)) ^ (row & 7)) << 4));
   }
   float o[D / 16][4] = {};          // O^T m-tile mt: {dim 16 mt + hq, heads 2tq, 2tq + 1}, {dim + 8, same heads}
   float m = -INFINITY, l = 0.f;     // head hq: running max (quad-uniform), this lane's share of the running sum
@@ -531,16 +553,16 @@ __device__ __forceinline__ void split_run_mma(const SplitPlan& p, const float* q
     sh.l[warp][hq] = l;
   }
   __syncthreads();
-  float* accw = reinterpret_cast<float*>(ring);  // [kMaxGroup][D] fp32, fits in the warp's own ring
+  float* accw = reinterpret_cast<float*>(ring);  // [kMaxGroup][acc_stride] fp32 in the warp's own ring
   const int h0 = 2 * tq, h1 = 2 * tq + 1;
   const float f0 = merge_weight(sh, warp, h0), f1 = merge_weight(sh, warp, h1);
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt) {
     const int d = 16 * mt + hq;
-    accw[h0 * D + d] = o[mt][0] * f0;
-    accw[h1 * D + d] = o[mt][1] * f1;
-    accw[h0 * D + d + 8] = o[mt][2] * f0;
-    accw[h1 * D + d + 8] = o[mt][3] * f1;
+    accw[h0 * acc_stride<D>() + d] = o[mt][0] * f0;
+    accw[h1 * acc_stride<D>() + d] = o[mt][1] * f1;
+    accw[h0 * acc_stride<D>() + d + 8] = o[mt][2] * f0;
+    accw[h1 * acc_stride<D>() + d + 8] = o[mt][3] * f1;
   }
   write_partial<D>(sh, ring_all, g, split, group, scratch);
 }
