@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -272,7 +273,18 @@ int main(int argc, char** argv) {
     report("sample top_k20 top_p.95 +penalty", t, kVocab * 8.0);
     p.top_k = 0;
     t = time_graph(8, [&](int, cudaStream_t s) { sample(logits, kVocab, p, counts, ctr, tok, scratch, s); });
-    report("sample top_p.95 full vocab (slow path)", t, kVocab * 8.0);
+    report("sample top_p.95, flat logits (select over all z)", t, kVocab * 8.0);
+    {  // a peaked distribution (tail in [-12, -4], 40 logits in [5, 10]): the nucleus from the candidates
+      std::mt19937 g(5);
+      std::uniform_real_distribution<float> tail(-12.f, -4.f), head(5.f, 10.f);
+      std::vector<float> hl(kVocab);
+      for (float& x : hl) x = tail(g);
+      for (int i = 0; i < 40; ++i) hl[g() % kVocab] = head(g);
+      float* peaked = static_cast<float*>(dalloc(sizeof(float) * kVocab));
+      CUDA_CHECK(cudaMemcpy(peaked, hl.data(), sizeof(float) * kVocab, cudaMemcpyHostToDevice));
+      t = time_graph(32, [&](int, cudaStream_t s) { sample(peaked, kVocab, p, counts, ctr, tok, scratch, s); });
+      report("sample top_p.95, peaked logits (candidates)", t, kVocab * 8.0);
+    }
   }
   // Whole per-token weight stream: 30 GDN + 10 attention mixers' projections, 40 full MoE blocks (E = 256
   // experts per layer, 18 GB), lm_head.

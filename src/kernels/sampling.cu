@@ -3,7 +3,9 @@
 //          sum exp(z - max); on the fast path (top_k <= kSampleFastTopK, greedy = top_k 1) the block's top_k
 //          candidates (radix select in shared memory); on the full path z is written to scratch.
 //   finish (one block): global top_k from the candidates (fast) or exact top-k / top-p / min-p cuts over the
-//          whole vocabulary by radix select on the order-preserving keys of z (full), then the draw.
+//          whole vocabulary by radix select on the order-preserving keys of z (full), then the draw. Top-p
+//          without top-k takes its cut from 32 candidates per prep block when that is provably the exact one
+//          (a peaked distribution; 2.3 ms -> see bench_kernels), else selects over all of z.
 // Keys: order-preserving uint32 of the float z; among equal keys the lower id comes first.
 // Tested by tests/gpu/test_sampling.cu.
 #include "kernels/common.cuh"
@@ -32,6 +34,8 @@ namespace detail {
 inline constexpr int kPrepThreads = 256;
 inline constexpr int kPrepPerBlock = 1024;  // logits per prep block
 inline constexpr int kFinishThreads = 1024;
+inline constexpr int kNucleusCand = 32;  // candidates per prep block for top-p without top-k (<= kSampleFastTopK)
+inline constexpr int kNucleusList = 256;  // the best candidates sorted to find the top-p cut among them
 
 __device__ __forceinline__ uint32_t key_of(float z) {
   const uint32_t u = __float_as_uint(z);
@@ -106,7 +110,7 @@ __device__ Cut block_select(KeyFn key, int n, bool by_mass, float target, float 
       const unsigned same = __match_any_sync(0xffffffffu, d);  // lanes with the same digit add once
       if (d >= 0) {
         if ((threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist_c[d], static_cast<float>(__popc(same)));
-        if (by_mass) atomicAdd(&hist_m[d], expf(z_of(k) - zmax));
+        if (by_mass && k != 0u) atomicAdd(&hist_m[d], expf(z_of(k) - zmax));  // key 0: padding (prep)
       }
     }
     __syncthreads();
@@ -348,7 +352,144 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
   emit(a, token);
 }
 
-// Full path over all z: exact cuts by radix select, then the draw in id order.
+__device__ uint32_t block_max_u32(uint32_t v) {
+  __shared__ uint32_t s[kFinishThreads / 32];
+  v = __reduce_max_sync(0xffffffffu, v);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) s[threadIdx.x / 32] = v;
+  __syncthreads();
+  uint32_t t = s[0];
+  for (int i = 1; i < kFinishThreads / 32; ++i) t = max(t, s[i]);
+  return t;
+}
+
+// Shared-memory lists of the candidate paths of finish_full_kernel (at most kFinishThreads entries each).
+struct CandLists {
+  uint32_t a_key[kFinishThreads];
+  int a_id[kFinishThreads];
+  uint32_t b_key[kFinishThreads];
+  int b_id[kFinishThreads];
+  float c_m[kFinishThreads];
+  int c_id[kFinishThreads];
+  int n_a, n_b, token;
+};
+
+// Gathers the candidates with key >= k into L.a_*; false (block-uniform) if they are more than kFinishThreads.
+__device__ bool gather_candidates(const FinishArgs& a, uint32_t k, CandLists& L) {
+  if (threadIdx.x == 0) L.n_a = 0;
+  __syncthreads();
+  const int nc = a.n_blocks * a.cand;
+  for (int i = threadIdx.x; i < nc; i += kFinishThreads)
+    if (a.cand_key[i] >= k) {
+      const int slot = atomicAdd(&L.n_a, 1);
+      if (slot < kFinishThreads) {
+        L.a_key[slot] = a.cand_key[i];
+        L.a_id[slot] = a.cand_id[i];
+      }
+    }
+  __syncthreads();
+  return L.n_a <= kFinishThreads;
+}
+
+// The top-p cut from the prep blocks' candidates (their a.cand largest keys each), when it is the exact cut over
+// the whole vocabulary: every element a block left out ranks at or below that block's smallest candidate, so
+// if the cut key is above the largest of those (over the blocks that left some out), every element at or above
+// the cut is a candidate and the candidates' masses are the vocabulary's. The cut is searched among the
+// kNucleusList best candidates: sorted (key desc, id asc), masses summed in that order. Returns false (the
+// caller then selects over all of z) when the cut is not among them or not provably exact.
+__device__ bool nucleus_from_candidates(const FinishArgs& a, float target, float zmax, CandLists& L, Cut& cut) {
+  const int nc = a.n_blocks * a.cand;
+  const Cut top = block_select<kFinishThreads>([&](int i) { return a.cand_key[i]; }, nc, false,
+                                               static_cast<float>(min(nc, kNucleusList)), 0.f);
+  if (!gather_candidates(a, top.key, L)) return false;
+  const int n = L.n_a;
+  if (threadIdx.x < n) {  // rank sort: key desc, id asc
+    const uint32_t k = L.a_key[threadIdx.x];
+    const int id = L.a_id[threadIdx.x];
+    int r = 0;
+    for (int i = 0; i < n; ++i) r += L.a_key[i] > k || (L.a_key[i] == k && L.a_id[i] < id);
+    L.b_key[r] = k;
+    L.c_m[r] = k != 0u ? expf(z_of(k) - zmax) : 0.f;  // key 0: prep's padding
+  }
+  __shared__ int s_at;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float cum = 0.f;
+    int at = -1;
+    for (int i = 0; i < n; ++i) {
+      cum += L.c_m[i];
+      if (cum >= target) { at = i; break; }
+    }
+    s_at = at;
+  }
+  __syncthreads();
+  const int at = s_at;
+  if (at < 0) return false;
+  int ties = 0;
+  for (int i = 0; i <= at; ++i) ties += L.b_key[i] == L.b_key[at];
+  cut = Cut{L.b_key[at], ties, 0, 0.f, 0};  // (the other fields are not used after the cuts)
+  uint32_t thr = 0;
+  for (int b = threadIdx.x; b < a.n_blocks; b += kFinishThreads) {
+    if (min(kPrepPerBlock, a.vocab - b * kPrepPerBlock) <= a.cand) continue;  // the whole block is a candidate
+    uint32_t mn = 0xffffffffu;
+    for (int j = 0; j < a.cand; ++j) mn = min(mn, a.cand_key[static_cast<size_t>(b) * a.cand + j]);
+    thr = max(thr, mn);
+  }
+  thr = block_max_u32(thr);
+  return cut.key > thr;
+}
+
+// The draw when every kept element is a candidate (the cut came from nucleus_from_candidates) and they are at most
+// kFinishThreads: the kept candidates sorted by id, their masses summed in that order, the first whose running
+// sum exceeds u * total. Returns -1 (block-uniform) when there are more (the caller draws over all of z).
+__device__ int draw_from_candidates(const FinishArgs& a, const Cut& best, float zmax, CandLists& L) {
+  if (!gather_candidates(a, best.key, L)) return -1;
+  const int n = L.n_a;
+  const int j = threadIdx.x;
+  bool kept = false;
+  if (j < n) {
+    kept = L.a_key[j] > best.key;
+    if (!kept) {  // a tie at the cut: kept if among the n_tie lowest ids
+      int r = 0;
+      for (int i = 0; i < n; ++i) r += L.a_key[i] == best.key && L.a_id[i] < L.a_id[j];
+      kept = r < best.n_tie;
+    }
+  }
+  if (threadIdx.x == 0) L.n_b = 0;
+  __syncthreads();
+  if (kept) {
+    const int slot = atomicAdd(&L.n_b, 1);
+    L.b_key[slot] = L.a_key[j];
+    L.b_id[slot] = L.a_id[j];
+  }
+  __syncthreads();
+  const int nk = L.n_b;
+  if (threadIdx.x < nk) {  // rank by id (distinct)
+    int r = 0;
+    for (int i = 0; i < nk; ++i) r += L.b_id[i] < L.b_id[threadIdx.x];
+    L.c_id[r] = L.b_id[threadIdx.x];
+    L.c_m[r] = expf(z_of(L.b_key[threadIdx.x]) - zmax);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float tot = 0.f;
+    for (int i = 0; i < nk; ++i) tot += L.c_m[i];
+    const float u = uniform_from(a.p.seed, *a.rng_counter) * tot;
+    float cum = 0.f;
+    int token = L.c_id[nk - 1];
+    for (int i = 0; i < nk; ++i) {
+      cum += L.c_m[i];
+      if (cum > u) { token = L.c_id[i]; break; }
+    }
+    L.token = token;
+  }
+  __syncthreads();
+  return L.token;
+}
+
+// Full path over all z: exact cuts by radix select, then the draw in id order. Top-p without top-k first tries
+// the prep blocks' candidates (nucleus_from_candidates: a peaked distribution's nucleus is among them) and then
+// draws from them.
 __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs a) {
   float zmax, total;
   global_stats(a, zmax, total);
@@ -365,13 +506,24 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
       if (key(i) > best.key) s += expf(a.z[i] - zmax);
     mass_k = block_reduce<kFinishThreads>(s, false) + best.n_tie * expf(z_of(best.key) - zmax);
   }
+  __shared__ CandLists lists;
+  bool in_cand = false;  // every element at or above the cut is a candidate
   if (a.p.top_p < 1.f) {
-    const Cut c = block_select<kFinishThreads>(key, V, true, a.p.top_p * mass_k, zmax);
+    Cut c;
+    in_cand = a.cand > 0 && nucleus_from_candidates(a, a.p.top_p * mass_k, zmax, lists, c);
+    if (!in_cand) c = block_select<kFinishThreads>(key, V, true, a.p.top_p * mass_k, zmax);
     if (shorter(c, best)) best = c;
   }
   if (a.p.min_p > 0.f) {
     const Cut c{key_of(zmax + logf(a.p.min_p)), 0x7fffffff, 0, 0.f, 0};
-    if (shorter(c, best)) best = c;
+    if (shorter(c, best)) best = c;  // a shorter cut keeps a subset: still all candidates
+  }
+  if (in_cand) {
+    const int token = draw_from_candidates(a, best, zmax, lists);
+    if (token >= 0) {
+      if (threadIdx.x == 0) emit(a, token);
+      return;
+    }
   }
   // draw: contiguous id ranges per thread; tie ranks from a block scan of the tie counts
   __shared__ float s_mass[kFinishThreads];
@@ -464,12 +616,14 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   char* s = static_cast<char*>(scratch);
   const bool greedy = p.temperature <= 0.f;
   const bool fast = greedy || (p.top_k >= 1 && p.top_k <= kSampleFastTopK);
+  // top-p over the whole vocabulary: the prep blocks also keep their kNucleusCand largest keys
+  const bool nucleus = !fast && p.top_p < 1.f && (p.top_k <= 0 || p.top_k >= vocab);
   detail::PrepArgs pa{};
   pa.logits = logits;
   pa.counts = penalties ? counts : nullptr;
   pa.vocab = vocab;
   pa.p = p;
-  pa.cand = fast ? (greedy ? 1 : p.top_k) : 0;
+  pa.cand = fast ? (greedy ? 1 : p.top_k) : nucleus ? detail::kNucleusCand : 0;
   pa.cand_key = reinterpret_cast<uint32_t*>(s + l.cand_key);
   pa.cand_id = reinterpret_cast<int*>(s + l.cand_id);
   pa.z = fast ? nullptr : reinterpret_cast<float*>(s + l.z);

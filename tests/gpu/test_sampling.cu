@@ -187,14 +187,22 @@ TEST(Sampling, GreedyTiesMaskAndPenalties) {
   }
 }
 
-void check_draws(int V, SamplingParams p, int n_draws, uint64_t seed, bool penalties) {
+// peaked: a tail in [-12, -4] and 40 head logits in [5, 10], so the nucleus of top_p <= 0.98 lies in the head
+// (the full path then takes its cut from the prep blocks' candidates); otherwise a flat tail in [-6, 6] and a
+// head of 30 at ~9.
+void check_draws(int V, SamplingParams p, int n_draws, uint64_t seed, bool penalties, bool peaked = false) {
   std::mt19937_64 rng(seed);
   Sampler s(V);
   int skipped = 0, compared = 0;
   std::vector<int> seen;
   for (int t = 0; t < n_draws; ++t) {
-    std::vector<float> l = random_logits(rng, V, 6.f);
-    for (int i = 0; i < 30; ++i) l[rng() % V] = 9.f + static_cast<float>(rng() % 1000) * 1e-3f;  // a head
+    std::vector<float> l = random_logits(rng, V, peaked ? 4.f : 6.f);
+    if (peaked) {
+      for (float& x : l) x -= 8.f;
+      for (int i = 0; i < 40; ++i) l[rng() % V] = 5.f + static_cast<float>(rng() % 5000) * 1e-3f;
+    } else {
+      for (int i = 0; i < 30; ++i) l[rng() % V] = 9.f + static_cast<float>(rng() % 1000) * 1e-3f;  // a head
+    }
     std::vector<int> c;
     if (penalties) {
       c.assign(V, 0);
@@ -252,6 +260,16 @@ TEST(Sampling, FullPathExact) {
   check_draws(kVocab, p, 8, 54, false);
   p.top_k = 0; p.top_p = 1.f; p.min_p = 0.f; p.n_valid = 0;  // plain softmax sampling over everything
   check_draws(3000, p, 15, 55, false);
+  // peaked: the cut from the candidates (top_p 0.9 / 0.98, also with min_p and a padded vocabulary), and a
+  // top_p whose cut lies deep in the tail (0.9995: not provable from 32 candidates per block, all of z)
+  p.top_k = 0; p.top_p = 0.9f; p.temperature = 1.f;
+  check_draws(kVocab, p, 12, 56, false, true);
+  p.top_p = 0.98f; p.min_p = 0.001f; p.n_valid = kVocabReal; p.temperature = 0.8f;
+  check_draws(kVocab, p, 12, 57, false, true);
+  p.top_p = 0.9f; p.min_p = 0.f; p.n_valid = 0; p.temperature = 1.f;
+  check_draws(5000, p, 12, 58, false, true);
+  p.top_p = 0.9995f;
+  check_draws(kVocab, p, 8, 59, false, true);
 }
 
 TEST(Sampling, UpdatesCountsAndCountTokens) {
