@@ -14,7 +14,8 @@
 //   then u = uniform [0,1) from (seed, *rng_counter) and the token is the first id, walking the kept set in
 //   ascending id order, whose running sum of exp(z - z_max) exceeds u * total. *rng_counter is incremented.
 //   With update_counts, counts[token] += 1 afterwards.
-// top_k in 1..kSampleFastTopK uses a one-pass candidate path; other values an exact full-vocabulary path.
+// top_k in 1..kSampleFastTopK uses a one-pass candidate path; other values an exact full-vocabulary path, where
+// top-p without top-k first looks for its cut among 32 candidates per 1,024 logits (kept when provably exact).
 #pragma once
 #include <cuda_runtime_api.h>
 
