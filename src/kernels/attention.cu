@@ -167,6 +167,20 @@ __device__ __forceinline__ void load_step(const KvPages& kv, int g, int step, in
   }
 }
 
+// The warp's ring at step i (in `stage`): keep kStages - 1 steps in flight (issue step i + kStages - 1 into the
+// stage computed at step i - 1), then wait until step i has landed.
+template <int EPL>
+__device__ __forceinline__ void ring_next(const KvPages& kv, int g, int first, int n_my, int len, int i, int stage,
+                                          uint16_t* ring, int lane) {
+  constexpr int kStageElems = 2 * kStep * EPL * 32;
+  const int j = i + kStages - 1;
+  const int js = stage == 0 ? kStages - 1 : stage - 1;
+  if (j < n_my) load_step<EPL>(kv, g, first + j * kWarps, len, ring + js * kStageElems, lane);
+  cp_async_commit();
+  cp_async_wait<kStages - 1>();
+  __syncwarp();
+}
+
 // One split block's share of the tokens [0, len): steps [s_begin, s_end) of 8 tokens; warp w walks steps
 // first + kWarps * i, i < n_my.
 struct SplitPlan {
@@ -312,14 +326,7 @@ __device__ __forceinline__ void split_run_scalar(const SplitPlan& p, const float
 
   int stage = 0;
   for (int i = 0; i < n_my; ++i) {
-    {  // keep kStages - 1 steps in flight: load step i + 2 into the stage computed at step i - 1
-      const int j = i + kStages - 1;
-      const int js = stage == 0 ? kStages - 1 : stage - 1;
-      if (j < n_my) load_step<EPL>(kv, g, first + j * kWarps, len, ring + js * kStageElems, lane);
-      cp_async_commit();
-    }
-    cp_async_wait<kStages - 1>();
-    __syncwarp();
+    ring_next<EPL>(kv, g, first, n_my, len, i, stage, ring, lane);
     const uint16_t* kst = ring + stage * kStageElems + lane * EPL;
     const uint16_t* vst = kst + kStep * D;
     const int t0 = (first + i * kWarps) * kStep;
@@ -493,14 +500,7 @@ __device__ __forceinline__ void split_run_mma(const SplitPlan& p, const float* q
 
   int stage = 0;
   for (int i = 0; i < n_my; ++i) {
-    {  // keep kStages - 1 steps in flight: load step i + 2 into the stage computed at step i - 1
-      const int j = i + kStages - 1;
-      const int js = stage == 0 ? kStages - 1 : stage - 1;
-      if (j < n_my) load_step<EPL>(kv, g, first + j * kWarps, len, ring + js * kStageElems, lane);
-      cp_async_commit();
-    }
-    cp_async_wait<kStages - 1>();
-    __syncwarp();
+    ring_next<EPL>(kv, g, first, n_my, len, i, stage, ring, lane);
     const unsigned kst = ring_s + stage * kStageElems * 2 + row_off, vst = kst + kStep * kRow;
     // S = [q_hi; q_lo] K^T, two accumulators (even / odd slices) for shorter dependency chains
     float sa[4] = {}, sb[4] = {};
