@@ -90,17 +90,35 @@ struct Cut {
 
 // Block-wide radix select over n elements given by key(i): the shortest prefix with count >= target (by
 // count) or mass sum exp(z - zmax) >= target (by mass). Every thread of the block gets the result.
+// The mass histogram has one copy per group of 4 warps (summed in a fixed order after each pass): float
+// atomics of a whole block on the few bins of a pass's leading digits serialised (2.4 ms over a 248K vocabulary).
+// sm: one per kernel, shared by its calls (each instantiation's own static arrays did not fit); a call ends with
+// a block barrier after its last read of sm.
+template <int NT>
+struct SelectSmem {
+  static constexpr int kCopies = NT / 128;
+  float hist_c[256], hist_m[256], hist_mw[kCopies][256];
+  uint32_t prefix;
+  int count_above, at;
+  float mass_above;
+};
 template <int NT, typename KeyFn>
-__device__ Cut block_select(KeyFn key, int n, bool by_mass, float target, float zmax) {
-  __shared__ float hist_c[256], hist_m[256];
-  __shared__ uint32_t s_prefix;
-  __shared__ int s_count_above, s_at;
-  __shared__ float s_mass_above;
+__device__ Cut block_select(SelectSmem<NT>& sm, KeyFn key, int n, bool by_mass, float target, float zmax) {
+  constexpr int kCopies = SelectSmem<NT>::kCopies;
+  float (&hist_c)[256] = sm.hist_c;
+  float (&hist_m)[256] = sm.hist_m;
+  float (&hist_mw)[kCopies][256] = sm.hist_mw;
+  uint32_t& s_prefix = sm.prefix;
+  int &s_count_above = sm.count_above, &s_at = sm.at;
+  float& s_mass_above = sm.mass_above;
   if (threadIdx.x == 0) { s_prefix = 0; s_count_above = 0; s_mass_above = 0.f; s_at = 0; }
+  float* my_m = hist_mw[threadIdx.x / 128];
   for (int pass = 0; pass < 4; ++pass) {
     const int shift = 24 - 8 * pass;
     const uint32_t hi_mask = pass == 0 ? 0u : (0xffffffffu << (32 - 8 * pass));
-    for (int d = threadIdx.x; d < 256; d += NT) { hist_c[d] = 0.f; hist_m[d] = 0.f; }
+    for (int d = threadIdx.x; d < 256; d += NT) hist_c[d] = hist_m[d] = 0.f;
+    if (by_mass)
+      for (int d = threadIdx.x; d < kCopies * 256; d += NT) hist_mw[d / 256][d % 256] = 0.f;
     __syncthreads();
     const uint32_t prefix = s_prefix;
     for (int i0 = 0; i0 < n; i0 += NT) {  // warp-uniform trip count (for __match_any_sync)
@@ -110,10 +128,19 @@ __device__ Cut block_select(KeyFn key, int n, bool by_mass, float target, float 
       const unsigned same = __match_any_sync(0xffffffffu, d);  // lanes with the same digit add once
       if (d >= 0) {
         if ((threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist_c[d], static_cast<float>(__popc(same)));
-        if (by_mass && k != 0u) atomicAdd(&hist_m[d], expf(z_of(k) - zmax));  // key 0: padding (prep)
+        if (by_mass && k != 0u) atomicAdd(&my_m[d], expf(z_of(k) - zmax));  // key 0: padding (prep)
       }
     }
     __syncthreads();
+    if (by_mass) {  // block-uniform
+      for (int d = threadIdx.x; d < 256; d += NT) {
+        float m = 0.f;
+#pragma unroll
+        for (int c = 0; c < kCopies; ++c) m += hist_mw[c][d];
+        hist_m[d] = m;
+      }
+      __syncthreads();
+    }
     if (threadIdx.x < 32) {
       const int l = threadIdx.x;
       float sc = 0.f, sm = 0.f;
@@ -220,7 +247,9 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(PrepArgs a) {
     }
     return;
   }
-  const Cut c = block_select<kPrepThreads>([&](int i) { return keys[i]; }, n, false, static_cast<float>(a.cand), 0.f);
+  __shared__ SelectSmem<kPrepThreads> ssm;
+  const Cut c =
+      block_select<kPrepThreads>(ssm, [&](int i) { return keys[i]; }, n, false, static_cast<float>(a.cand), 0.f);
   __shared__ int slot;
   if (threadIdx.x == 0) slot = 0;
   __syncthreads();
@@ -282,7 +311,9 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
   __shared__ int n_list;
   const int nc = a.n_blocks * a.cand;
   const int k = a.p.temperature <= 0.f ? 1 : a.p.top_k;
-  const Cut c = block_select<kFinishThreads>([&](int i) { return a.cand_key[i]; }, nc, false, static_cast<float>(k), 0.f);
+  __shared__ SelectSmem<kFinishThreads> ssm;
+  const Cut c =
+      block_select<kFinishThreads>(ssm, [&](int i) { return a.cand_key[i]; }, nc, false, static_cast<float>(k), 0.f);
   if (threadIdx.x == 0) n_list = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < nc; i += kFinishThreads)
@@ -397,9 +428,10 @@ __device__ bool gather_candidates(const FinishArgs& a, uint32_t k, CandLists& L)
 // the cut is a candidate and the candidates' masses are the vocabulary's. The cut is searched among the
 // kNucleusList best candidates: sorted (key desc, id asc), masses summed in that order. Returns false (the
 // caller then selects over all of z) when the cut is not among them or not provably exact.
-__device__ bool nucleus_from_candidates(const FinishArgs& a, float target, float zmax, CandLists& L, Cut& cut) {
+__device__ bool nucleus_from_candidates(const FinishArgs& a, float target, float zmax, CandLists& L,
+                                        SelectSmem<kFinishThreads>& ssm, Cut& cut) {
   const int nc = a.n_blocks * a.cand;
-  const Cut top = block_select<kFinishThreads>([&](int i) { return a.cand_key[i]; }, nc, false,
+  const Cut top = block_select<kFinishThreads>(ssm, [&](int i) { return a.cand_key[i]; }, nc, false,
                                                static_cast<float>(min(nc, kNucleusList)), 0.f);
   if (!gather_candidates(a, top.key, L)) return false;
   const int n = L.n_a;
@@ -491,6 +523,7 @@ __device__ int draw_from_candidates(const FinishArgs& a, const Cut& best, float 
 // the prep blocks' candidates (nucleus_from_candidates: a peaked distribution's nucleus is among them) and then
 // draws from them.
 __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs a) {
+  __shared__ SelectSmem<kFinishThreads> ssm;
   float zmax, total;
   global_stats(a, zmax, total);
   const int V = a.vocab;
@@ -499,7 +532,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
   float mass_k = total;
   auto shorter = [](const Cut& x, const Cut& y) { return x.key > y.key || (x.key == y.key && x.n_tie < y.n_tie); };
   if (a.p.top_k > 0 && a.p.top_k < V) {
-    best = block_select<kFinishThreads>(key, V, false, static_cast<float>(a.p.top_k), zmax);
+    best = block_select<kFinishThreads>(ssm, key, V, false, static_cast<float>(a.p.top_k), zmax);
     // mass of the top_k set
     float s = 0.f;
     for (int i = threadIdx.x; i < V; i += kFinishThreads)
@@ -510,8 +543,8 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
   bool in_cand = false;  // every element at or above the cut is a candidate
   if (a.p.top_p < 1.f) {
     Cut c;
-    in_cand = a.cand > 0 && nucleus_from_candidates(a, a.p.top_p * mass_k, zmax, lists, c);
-    if (!in_cand) c = block_select<kFinishThreads>(key, V, true, a.p.top_p * mass_k, zmax);
+    in_cand = a.cand > 0 && nucleus_from_candidates(a, a.p.top_p * mass_k, zmax, lists, ssm, c);
+    if (!in_cand) c = block_select<kFinishThreads>(ssm, key, V, true, a.p.top_p * mass_k, zmax);
     if (shorter(c, best)) best = c;
   }
   if (a.p.min_p > 0.f) {
