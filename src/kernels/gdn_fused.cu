@@ -14,7 +14,6 @@
 // with fewer than 129 SMs). Tested by tests/gpu/test_gdn_fused.cu against the three-launch path.
 #include "kernels/gdn_fused.h"
 
-
 #include "kernels/common.cuh"
 #include "kernels/gdn_core.cuh"
 #include "kernels/gemv_impl.cuh"

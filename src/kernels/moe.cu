@@ -14,7 +14,6 @@
 #include "kernels/gemv_stream.cuh"
 #include "kernels/mixers.h"
 
-
 namespace lily::cuda {
 namespace detail {
 

@@ -41,6 +41,10 @@ __device__ __forceinline__ uint32_t key_of(float z) {
   const uint32_t u = __float_as_uint(z);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
+// The selection order: larger key first, among equal keys the lower id.
+__device__ __forceinline__ bool ranks_before(uint32_t k2, int i2, uint32_t k, int i) {
+  return k2 > k || (k2 == k && i2 < i);
+}
 __device__ __forceinline__ float z_of(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
@@ -228,20 +232,20 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(PrepArgs a) {
     uint32_t bk = 0u;
     int bi = 0x7fffffff;
     for (int j = threadIdx.x; j < n; j += kPrepThreads)
-      if (keys[j] > bk || (keys[j] == bk && base + j < bi)) { bk = keys[j]; bi = base + j; }
+      if (ranks_before(keys[j], base + j, bk, bi)) { bk = keys[j]; bi = base + j; }
     __shared__ uint32_t wk[kPrepThreads / 32];
     __shared__ int wi[kPrepThreads / 32];
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) {
       const uint32_t k2 = __shfl_xor_sync(0xffffffffu, bk, o);
       const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (k2 > bk || (k2 == bk && i2 < bi)) { bk = k2; bi = i2; }
+      if (ranks_before(k2, i2, bk, bi)) { bk = k2; bi = i2; }
     }
     if ((threadIdx.x & 31) == 0) { wk[threadIdx.x / 32] = bk; wi[threadIdx.x / 32] = bi; }
     __syncthreads();
     if (threadIdx.x == 0) {
       for (int w = 1; w < kPrepThreads / 32; ++w)
-        if (wk[w] > bk || (wk[w] == bk && wi[w] < bi)) { bk = wk[w]; bi = wi[w]; }
+        if (ranks_before(wk[w], wi[w], bk, bi)) { bk = wk[w]; bi = wi[w]; }
       ck[0] = bk;
       ci[0] = bi;
     }
@@ -343,7 +347,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
   const int n = n_list;
   if (threadIdx.x < n) {  // rank sort: key desc, id asc
     int r = 0;
-    for (int j = 0; j < n; ++j) r += (lk[j] > lk[threadIdx.x] || (lk[j] == lk[threadIdx.x] && lid[j] < lid[threadIdx.x]));
+    for (int j = 0; j < n; ++j) r += ranks_before(lk[j], lid[j], lk[threadIdx.x], lid[threadIdx.x]);
     sk[r] = lk[threadIdx.x];
     sid[r] = lid[threadIdx.x];
   }
@@ -381,17 +385,6 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
     if (cum > u) break;
   }
   emit(a, token);
-}
-
-__device__ uint32_t block_max_u32(uint32_t v) {
-  __shared__ uint32_t s[kFinishThreads / 32];
-  v = __reduce_max_sync(0xffffffffu, v);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) s[threadIdx.x / 32] = v;
-  __syncthreads();
-  uint32_t t = s[0];
-  for (int i = 1; i < kFinishThreads / 32; ++i) t = max(t, s[i]);
-  return t;
 }
 
 // Shared-memory lists of the candidate paths of finish_full_kernel (at most kFinishThreads entries each).
@@ -439,7 +432,7 @@ __device__ bool nucleus_from_candidates(const FinishArgs& a, float target, float
     const uint32_t k = L.a_key[threadIdx.x];
     const int id = L.a_id[threadIdx.x];
     int r = 0;
-    for (int i = 0; i < n; ++i) r += L.a_key[i] > k || (L.a_key[i] == k && L.a_id[i] < id);
+    for (int i = 0; i < n; ++i) r += ranks_before(L.a_key[i], L.a_id[i], k, id);
     L.b_key[r] = k;
     L.c_m[r] = k != 0u ? expf(z_of(k) - zmax) : 0.f;  // key 0: prep's padding
   }
@@ -460,14 +453,16 @@ __device__ bool nucleus_from_candidates(const FinishArgs& a, float target, float
   int ties = 0;
   for (int i = 0; i <= at; ++i) ties += L.b_key[i] == L.b_key[at];
   cut = Cut{L.b_key[at], ties, 0, 0.f, 0};  // (the other fields are not used after the cuts)
-  uint32_t thr = 0;
+  __shared__ uint32_t thr;
+  if (threadIdx.x == 0) thr = 0;
+  __syncthreads();
   for (int b = threadIdx.x; b < a.n_blocks; b += kFinishThreads) {
     if (min(kPrepPerBlock, a.vocab - b * kPrepPerBlock) <= a.cand) continue;  // the whole block is a candidate
     uint32_t mn = 0xffffffffu;
     for (int j = 0; j < a.cand; ++j) mn = min(mn, a.cand_key[static_cast<size_t>(b) * a.cand + j]);
-    thr = max(thr, mn);
+    atomicMax(&thr, mn);
   }
-  thr = block_max_u32(thr);
+  __syncthreads();
   return cut.key > thr;
 }
 
