@@ -5,7 +5,8 @@
 //               values requested ahead by prefetch_inputs)
 //   l2norm_qk   L2 norms of the key head's q and k (q additionally * 1/sqrt(Dk))
 //   gates       beta = sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias))
-//   delta_rule  S = decay*S; mem = Sᵀk; S += k ⊗ beta(v - mem); o = Sᵀq   (state read once, written once)
+//   delta_rule  S = decay*S; mem = Sᵀk; S += k ⊗ beta(v - mem); o = Sᵀq   (state read once, written once;
+//               o from the decayed state as Sᵀq + (k·q) beta(v - mem), so one column reduction serves both)
 // Thread t holds rows rg + 32r (r < 4) x columns c4*4..+3 of the tile (c4 = t % 8, rg = t / 8). The caller's
 // Sync functor is the barrier of the 256 participating threads. Inputs produced by the in_proj (qkv, a, b) are
 // read through L2 (__ldcg): in the fused kernel other blocks wrote them in the same launch.
@@ -23,7 +24,7 @@ struct Shared {
   float qn[kMaxDk];
   float kn[kMaxDk];
   float v[kCols];
-  float red[kThreads / 32][kCols];  // per-warp partial column sums
+  float red[kThreads / 32 * 8 * 9];  // column_sums: per warp and column quad, up to 9 partial sums
   float o[kCols];
   float warp_ss[kThreads / 32];
   float head_ss;                    // this tile's share of Σ o²
@@ -96,34 +97,25 @@ __device__ __forceinline__ void prefetch_inputs(const StepArgs& a, const float* 
 }
 
 // Sum over the 4 row groups of a warp that share a column quad (lanes c4, c4+8, c4+16, c4+24), then over the
-// 8 warps through shared memory. Returns the 4 column totals of this thread's quad.
-template <typename Sync>
-__device__ __forceinline__ float4 column_sums(float4 p, float (*red)[kCols], int tid, Sync sync) {
+// 8 warps through shared memory, of N values per thread; every thread of quad c4 gets the N totals.
+template <int N, typename Sync>
+__device__ __forceinline__ void column_sums(float (&p)[N], float* red, int tid, Sync sync) {
 #pragma unroll
-  for (int o = 8; o <= 16; o <<= 1) {
-    p.x += __shfl_xor_sync(0xffffffffu, p.x, o);
-    p.y += __shfl_xor_sync(0xffffffffu, p.y, o);
-    p.z += __shfl_xor_sync(0xffffffffu, p.z, o);
-    p.w += __shfl_xor_sync(0xffffffffu, p.w, o);
-  }
+  for (int o = 8; o <= 16; o <<= 1)
+#pragma unroll
+    for (int n = 0; n < N; ++n) p[n] += __shfl_xor_sync(0xffffffffu, p[n], o);
   const int lane = tid % 32, warp = tid / 32, c4 = tid % 8;
   sync();  // red may still be read by a previous call
-  if (lane < 8) {
-    red[warp][c4 * 4 + 0] = p.x;
-    red[warp][c4 * 4 + 1] = p.y;
-    red[warp][c4 * 4 + 2] = p.z;
-    red[warp][c4 * 4 + 3] = p.w;
-  }
-  sync();
-  float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (lane < 8)
 #pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) {
-    t.x += red[w][c4 * 4 + 0];
-    t.y += red[w][c4 * 4 + 1];
-    t.z += red[w][c4 * 4 + 2];
-    t.w += red[w][c4 * 4 + 3];
-  }
-  return t;
+    for (int n = 0; n < N; ++n) red[(warp * 8 + c4) * N + n] = p[n];
+  sync();
+#pragma unroll
+  for (int n = 0; n < N; ++n) p[n] = 0.f;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w)
+#pragma unroll
+    for (int n = 0; n < N; ++n) p[n] += red[(w * 8 + c4) * N + n];
 }
 
 // This thread's 4 rows x 4 columns of the state of head h (no earlier kernel of the step writes it, so callers
@@ -196,21 +188,29 @@ __device__ __forceinline__ float4 step(const StepArgs& a, int h, int col0, int p
   const float decay = __expf(-__expf(sh.gate_in[0]) * softplus(a_raw + sh.gate_in[1]));
   sync();
 
-  // delta rule on this thread's 4 rows x 4 columns
-  float4 mem = make_float4(0.f, 0.f, 0.f, 0.f);
+  // delta rule on this thread's 4 rows x 4 columns, with one column reduction: S' = decay S + k ⊗ dlt, so
+  // mem = (decay S)ᵀk, dlt = beta (v - mem) and o = S'ᵀq = (decay S)ᵀq + (k·q) dlt; the reduction carries the
+  // 4 columns of (decay S)ᵀk, the 4 of (decay S)ᵀq and this thread's rows' share of k·q.
+  float cs[9] = {};
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const int i = rg + 32 * r;
     s[r] = make_float4(s[r].x * decay, s[r].y * decay, s[r].z * decay, s[r].w * decay);
-    if (i < Dk) mem = fma4(s[r], sh.kn[i], mem);
+    if (i < Dk) {
+      const float kn = sh.kn[i], qn = sh.qn[i];
+      cs[0] = fmaf(s[r].x, kn, cs[0]), cs[1] = fmaf(s[r].y, kn, cs[1]);
+      cs[2] = fmaf(s[r].z, kn, cs[2]), cs[3] = fmaf(s[r].w, kn, cs[3]);
+      cs[4] = fmaf(s[r].x, qn, cs[4]), cs[5] = fmaf(s[r].y, qn, cs[5]);
+      cs[6] = fmaf(s[r].z, qn, cs[6]), cs[7] = fmaf(s[r].w, qn, cs[7]);
+      cs[8] = fmaf(kn, qn, cs[8]);
+    }
   }
-  mem = column_sums(mem, sh.red, tid, sync);
+  column_sums(cs, sh.red, tid, sync);
   float4 dlt = make_float4(0.f, 0.f, 0.f, 0.f);
   if (col_ok) {
     const float* v = sh.v + c4 * 4;
-    dlt = make_float4(beta * (v[0] - mem.x), beta * (v[1] - mem.y), beta * (v[2] - mem.z), beta * (v[3] - mem.w));
+    dlt = make_float4(beta * (v[0] - cs[0]), beta * (v[1] - cs[1]), beta * (v[2] - cs[2]), beta * (v[3] - cs[3]));
   }
-  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const int i = rg + 32 * r;
@@ -219,10 +219,10 @@ __device__ __forceinline__ float4 step(const StepArgs& a, int h, int col0, int p
       s[r] = make_float4(fmaf(kn, dlt.x, s[r].x), fmaf(kn, dlt.y, s[r].y), fmaf(kn, dlt.z, s[r].z),
                          fmaf(kn, dlt.w, s[r].w));
       *reinterpret_cast<float4*>(S + (size_t)i * Dv + col) = s[r];
-      o = fma4(s[r], sh.qn[i], o);
     }
   }
-  return column_sums(o, sh.red, tid, sync);
+  const float kq = cs[8];
+  return make_float4(fmaf(kq, dlt.x, cs[4]), fmaf(kq, dlt.y, cs[5]), fmaf(kq, dlt.z, cs[6]), fmaf(kq, dlt.w, cs[7]));
 }
 
 // The tile's outputs into sh.o and its Σ o² into sh.head_ss (threads < 8 and warp 0 work; ends with a sync).

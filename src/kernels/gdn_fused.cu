@@ -7,9 +7,10 @@
 //      (qkv | z | b | a, 12352 rows) into the projection scratch; those weights, the recurrent state and the
 //      conv taps / earlier values of phase 2 are requested as soon as x is staged
 //   2  blocks 0..127 (threads 0..255) run the step of one (value head, 32-column tile) each
-//      (kernels/gdn_core.cuh, state requested in phase 1), writing o * w * silu(z) and each tile's Σ o²
-//   3  every block scales all 4096 of them by their head's 1 / rms (Σ o² of its 4 tiles) while staging them,
-//      and warp g computes out_proj row g (weights requested at the end of phase 1), h[g] += it
+//      (kernels/gdn_core.cuh, state requested in phase 1); its warp 0 writes the tile's Σ o² and o * w * silu(z)
+//      already in the out_proj's input format (gemv_stream.cuh StreamX: a tile is one 32-element chunk)
+//   3  every block copies the staged chunks, scaling each chunk's unit and sum by its head's 1 / rms (Σ o² of
+//      its 4 tiles), and warp g computes out_proj row g (weights requested at the end of phase 1), h[g] += it
 // Replaces gemv_multi_rmsnorm + launch_gdn_step + gemv (the standalone kernels stay for other shapes and GPUs
 // with fewer than 129 SMs). Tested by tests/gpu/test_gdn_fused.cu against the three-launch path.
 #include "kernels/gdn_fused.h"
@@ -41,7 +42,7 @@ struct Args {
   gdn::StepArgs step;     // qkv / a / b point into the proj scratch
   const float* z;         // proj scratch z [Hv * Dv]
   const float* norm_w;    // gated RMSNorm weight [Dv]
-  float* o_raw;           // [Hv * Dv] scratch: o * w * silu(z), before the 1 / rms of the head
+  StreamX<kV>* o_staged;  // scratch: o * w * silu(z) before the 1 / rms of the head, staged for out_proj
   float* tile_ss;         // [Hv * kTiles] scratch
   const uint8_t* ow; const uint32_t* osb;  // out_proj [H][Hv * Dv] q4
   float* h;
@@ -118,36 +119,46 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   if (step_block) {
     auto sync = [] { asm volatile("bar.sync 1, 256;" ::: "memory"); };  // threads 0..255 only
     const bool writes_qk = col0 == 0 && head % (kHv / kHk) == 0;
-    const int i = head * kD + col0 + tid;  // threads < 32: this tile's output column
-    const float z = tid < gdn::kCols ? __ldcg(a.z + i) : 0.f;  // before the step's barriers, not after
+    // warp 0 stages the tile's 32 outputs o * w * silu(z) (before the head's 1 / rms) as chunk blockIdx.x of the
+    // out_proj input: lane l holds column quad l % 8, lanes 0..7 store; z requested before the step's barriers
+    const int i = head * kD + col0 + 4 * (tid & 7);
+    const float4 z = tid < 32 ? __ldcg(reinterpret_cast<const float4*>(a.z + i)) : float4{};
     const float4 o = gdn::step(a.step, head, col0, pos, writes_qk, tid, s, gsh, sync);
-    gdn::tile_sum_squares(o, col0, kD, tid, gsh, sync);
-    // the gate part of the gated RMSNorm (the norm weight prefetched); phase 3 scales by the head's 1 / rms
-    if (tid < gdn::kCols) a.o_raw[i] = gsh.o[tid] * (gsh.norm_w[tid] * gdn::silu(z));
-    if (tid == 0) a.tile_ss[blockIdx.x] = gsh.head_ss;
+    if (tid < 32) {
+      // the tile's Σ o²: each quad's 4 squares, then over the 8 quads (lanes c4 = lane % 8 hold quad c4)
+      float t = fmaf(o.x, o.x, fmaf(o.y, o.y, fmaf(o.z, o.z, o.w * o.w)));
+#pragma unroll
+      for (int m = 1; m < 8; m <<= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
+      if (tid == 0) a.tile_ss[blockIdx.x] = t;
+      const float* w = gsh.norm_w + 4 * (tid & 7);
+      const float4 g = make_float4(o.x * (w[0] * gdn::silu(z.x)), o.y * (w[1] * gdn::silu(z.y)),
+                                   o.z * (w[2] * gdn::silu(z.z)), o.w * (w[3] * gdn::silu(z.w)));
+      stream_put_x4(*a.o_staged, blockIdx.x * 8 + (tid & 7), g, tid < 8);
+    }
   }
   trace_stamp(a.trace, 4);
   grid_sync(gs);
   trace_stamp(a.trace, 5);
 
-  // ---- phase 3: gated RMSNorm of every head while staging, out_proj row g, residual ----
-  constexpr int kJ = kV / 4 / kThreads;
-  float4 ov4[kJ];  // the outputs with the sums of squares: one L2 round trip, not two
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) ov4[j] = __ldcg(reinterpret_cast<const float4*>(a.o_raw) + tid + j * kThreads);
+  // ---- phase 3: the staged outputs with the gated RMSNorm's 1 / rms of each head, out_proj row g, residual.
+  // The chunks' fixed-point bytes are scale-free; the head's 1 / rms only scales each chunk's unit and sum. ----
+  static_assert(4 * StreamX<kV>::nch == kThreads && StreamX<kV>::nch == kHv * kTiles, "one word per thread");
+  const StreamX<kV>& st = *a.o_staged;
+  const uint4 q = __ldcg(&st.xq[tid]);  // every load of the phase first: one L2 round trip
+  float sx = 0.f, xsum = 0.f;
+  if (tid < StreamX<kV>::nch) sx = __ldcg(&st.sx[tid]), xsum = __ldcg(&st.xsum[tid]);
   if (tid < kHv) {
     float t = 0.f;
 #pragma unroll
     for (int k = 0; k < kTiles; ++k) t += __ldcg(a.tile_ss + tid * kTiles + k);
     head_r[tid] = rsqrtf(t / kD + a.eps);
   }
+  xo.xq[tid] = q;
   __syncthreads();
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) {
-    const int i = tid + j * kThreads;
-    const float4 o = ov4[j];
-    const float r = head_r[i / (kD / 4)];
-    stream_put_x4(xo, i, make_float4(o.x * r, o.y * r, o.z * r, o.w * r));
+  if (tid < StreamX<kV>::nch) {
+    const float r = head_r[tid / kTiles];
+    xo.sx[tid] = sx * r;
+    xo.xsum[tid] = xsum * r;
   }
   __syncthreads();
   trace_stamp(a.trace, 6);
@@ -174,7 +185,9 @@ bool gdn_mixer_fused_supported(const GdnMixerDev& m, GdnDims d) {
          q4(m.out, kHidden, detail::kV);
 }
 
-size_t gdn_mixer_scratch_floats() { return detail::kV + detail::kHv * detail::kTiles; }
+size_t gdn_mixer_scratch_floats() {
+  return sizeof(detail::StreamX<detail::kV>) / sizeof(float) + detail::kHv * detail::kTiles;
+}
 
 void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const float* input_norm, float eps,
                             float* x_out, float* proj, float* scratch, unsigned* barrier, float* conv_ring,
@@ -194,8 +207,8 @@ void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const flo
   a.step = gdn::StepArgs{proj, ys[3], ys[2], m.conv_w, m.a_log, m.dt_bias, conv_ring, state, d};
   a.z = ys[1];
   a.norm_w = m.norm;
-  a.o_raw = scratch;
-  a.tile_ss = scratch + kV;
+  a.o_staged = reinterpret_cast<StreamX<kV>*>(scratch);
+  a.tile_ss = scratch + sizeof(StreamX<kV>) / sizeof(float);
   a.ow = m.out.w;
   a.osb = m.out.sb;
   a.h = h;

@@ -57,9 +57,10 @@ __device__ __forceinline__ float4 x4_at(const uint16_t* x, int i) {
 // Stage one float4 of x (float4 index i: chunk i / 8, part i % 8, elements 4p .. 4p + 3 of the chunk): its
 // fixed-point bytes and, in the lane holding part 0, the chunk's unit and sum (in the order of load_x, parts
 // 0..7 in sequence, so the sums equal the other kernels' bit for bit). The 8 parts of a chunk are in 8
-// consecutive lanes (i = threadIdx.x + a multiple of 8); every lane must call.
+// consecutive lanes (i = threadIdx.x + a multiple of 8); every lane must call; lanes with store = false only
+// take part in the shuffles (s may live in global memory: the GDN mixer's step blocks stage their outputs there).
 template <int K>
-__device__ __forceinline__ void stream_put_x4(StreamX<K>& s, int i, float4 v) {
+__device__ __forceinline__ void stream_put_x4(StreamX<K>& s, int i, float4 v, bool store = true) {
   constexpr int nch = K / 32;
   const int base = threadIdx.x & 24;
   const float part = (v.x + v.y) + (v.z + v.w);
@@ -79,7 +80,7 @@ __device__ __forceinline__ void stream_put_x4(StreamX<K>& s, int i, float4 v) {
   const uint32_t hi = (h0 & 0xff) | (h2 & 0xff) << 8 | (h1 & 0xff) << 16 | (h3 & 0xff) << 24;
   const uint32_t lo = (l0 & 0xff) | (l2 & 0xff) << 8 | (l1 & 0xff) << 16 | (l3 & 0xff) << 24;
   const uint32_t hi2 = __shfl_xor_sync(0xffffffffu, hi, 1), lo2 = __shfl_xor_sync(0xffffffffu, lo, 1);
-  if ((i & 1) == 0) {  // the even part writes the word: its bytes first (elements 8k + 0..3), then the odd part's
+  if (store && (i & 1) == 0) {  // the even part writes the word: its bytes first (elements 8k + 0..3), then the odd part's
     uint4 q;
     q.x = (hi & 0xffffu) | hi2 << 16;
     q.y = hi >> 16 | (hi2 & 0xffff0000u);
@@ -87,7 +88,7 @@ __device__ __forceinline__ void stream_put_x4(StreamX<K>& s, int i, float4 v) {
     q.w = lo >> 16 | (lo2 & 0xffff0000u);
     s.xq[((i & 7) >> 1) * nch + (i >> 3)] = q;
   }
-  if ((i & 7) == 0) {
+  if (store && (i & 7) == 0) {
     s.xsum[i >> 3] = t;
     s.sx[i >> 3] = m / 32512.f;
   }

@@ -108,7 +108,7 @@ class CudaEngine {
   std::string skip_;                  // LILY_SKIP: kernel families left out of the step (benchmarks only)
   bool fused_ = true;                 // persistent GDN mixer and MoE block where they apply (off: constructor;
                                       // LILY_GDN_FUSED=0 / LILY_MOE_FUSED=0 in the kernels' checks)
-  float* gdn_scratch_ = nullptr;      // [gdn_mixer_scratch_floats()] fused GDN mixer: raw outputs, tile sums
+  float* gdn_scratch_ = nullptr;      // [gdn_mixer_scratch_floats()] fused GDN mixer: staged outputs, tile sums
   unsigned* gdn_barrier_ = nullptr;   // [kGridBarrierWords] its grid barrier
   bool family(const char* name);      // marks `name`; false when it is skipped
   int max_context_ = 0;
