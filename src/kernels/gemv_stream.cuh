@@ -204,6 +204,25 @@ __device__ __forceinline__ void stream_load_row(const uint8_t* wrow, const uint3
   }
 }
 
+// One chunk ch of a q4 row (its 16 bytes w and scale|bias word sb) with the staged x: the integer dot products
+// of stream_dots below for a single row.
+template <int K>
+__device__ __forceinline__ float stream_chunk_dot(const StreamX<K>& xs, int ch, uint4 w, uint32_t sb) {
+  constexpr int nch = K / 32;
+  int dh = 0, dl = 0;
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint4 xq = xs.xq[k * nch + ch];
+    const int even = static_cast<int>(ws[k] & 0x0f0f0f0fu), odd = static_cast<int>((ws[k] >> 4) & 0x0f0f0f0fu);
+    dh = __dp4a(even, static_cast<int>(xq.x), dh);
+    dh = __dp4a(odd, static_cast<int>(xq.y), dh);
+    dl = __dp4a(even, static_cast<int>(xq.z), dl);
+    dl = __dp4a(odd, static_cast<int>(xq.w), dl);
+  }
+  return fmaf(bf16_lo(sb) * xs.sx[ch], static_cast<float>(dh * 256 + dl), bf16_hi(sb) * xs.xsum[ch]);
+}
+
 // Stage: this lane's partial dot products of R rows with x (sum over the lanes still to do).
 template <int K, int R>
 __device__ __forceinline__ void stream_dots(const StreamX<K>& xs, const uint4 (&wv)[R][K / 1024],

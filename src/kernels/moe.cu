@@ -308,13 +308,16 @@ MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn) {
   CUDA_CHECK(cudaMalloc(&s.topk_w, sizeof(float) * top_k));
   CUDA_CHECK(cudaMalloc(&s.sh_scale, sizeof(float)));
   CUDA_CHECK(cudaMalloc(&s.act, sizeof(float) * (top_k + 1) * ffn));
+  static_assert(sizeof(detail::StreamX<4096>) <= 4 * 4096, "MoeScratch::act_q: 4 bytes per element suffice");
+  CUDA_CHECK(cudaMalloc(&s.act_q, sizeof(float) * top_k * ffn));
   CUDA_CHECK(cudaMalloc(&s.barrier, kGridBarrierWords * sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(s.barrier, 0, kGridBarrierWords * sizeof(unsigned)));
   return s;
 }
 
 void moe_scratch_free(MoeScratch& s) {
-  cudaFree(s.logits); cudaFree(s.topk_idx); cudaFree(s.topk_w); cudaFree(s.sh_scale); cudaFree(s.act); cudaFree(s.barrier);
+  cudaFree(s.logits); cudaFree(s.topk_idx); cudaFree(s.topk_w); cudaFree(s.sh_scale); cudaFree(s.act); cudaFree(s.act_q);
+  cudaFree(s.barrier);
   s = MoeScratch{};
 }
 

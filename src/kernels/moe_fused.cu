@@ -8,14 +8,16 @@
 //      gate/up (unscaled silu(g) * u) — both need only x, and their weights are requested right after h
 //   B  every block turns the logits into the selection (route_topk); warps request the routed experts' gate/up
 //      rows and then the down-projection rows they will need in phase C, compute the gate/up into act (scaled by
-//      the routing weight)
-//   C  every block stages act in shared memory (the shared expert's row times its sigmoid gate); warp g computes
-//      output row g of all 9 down projections and adds it to h (residual fused). The shared row of act stays
-//      unscaled in the scratch.
+//      the routing weight); the 16 warps of block b compute act chunk b (32 consecutive values), which the block
+//      stages in the streaming kernels' 16-bit input format (gemv_stream.cuh StreamX) once for every block
+//   C  every block copies the staged chunks and stages the shared expert's row (times its sigmoid gate) in
+//      shared memory; warp g computes output row g of all 9 down projections by integer dot products and adds
+//      it to h (residual fused). The shared row of act stays unscaled in the scratch.
 // Replaces moe_route + moe_gate_up + moe_down (three kernel boundaries of ~4-5 us each on the H200, and the
 // down weights could only be requested after the last one). The 3-launch path stays for other shapes and for
-// GPUs with fewer than 128 SMs. Task g of a phase runs on warp (g / gridDim.x) of block (g % gridDim.x), so
-// every phase's work is spread over all SMs. Tested by tests/gpu/test_moe.cu against the CPU reference.
+// GPUs with fewer than 128 SMs. Task g of phases 0, A and C runs on warp (g / gridDim.x) of block
+// (g % gridDim.x), so their work is spread over all SMs; phase B's pair tasks go block by block (a chunk of act
+// per block). Tested by tests/gpu/test_moe.cu against the CPU reference.
 #include <cfloat>
 
 #include "kernels/common.cuh"
@@ -32,7 +34,8 @@ constexpr int kWarps = 16, kThreads = kWarps * 32;
 constexpr int kMinBlocks = 128;                   // phases B and C need 2048 warp tasks
 constexpr int kDownChunks = (kK + 1) * kF / 32;   // 144 chunks of 32 elements in one output row of the 9 downs
 constexpr int kDownPerLane = (kDownChunks + 31) / 32;  // 5
-constexpr int kActStride = 36;                    // floats per staged act chunk (32 + 4 padding: no bank conflicts)
+constexpr int kRoutedChunks = kK * kF / 32;       // 128: phase B block b computes routed act chunk b
+static_assert(2 * kWarps == 32 && kRoutedChunks <= kMinBlocks, "a block's 16 warps compute one chunk of act");
 
 struct FusedArgs {
   MultiArgs router;   // router [E] + shared_expert_gate [1] rows (q8, K = H) -> logits
@@ -40,6 +43,7 @@ struct FusedArgs {
   const uint8_t* dw; const uint32_t* dsb;    // routed down stack [E][H][F] q4
   const uint8_t* sdw; const uint32_t* sdsb;  // shared down [H][F] q4
   size_t d_mat_w_bytes, d_mat_groups;
+  StreamX<kK * kF>* act_q;  // the routed act chunks, staged in phase B by the blocks that computed them
   float* h;
   const float* norm_w;
   float eps;
@@ -79,8 +83,8 @@ __device__ __forceinline__ void load_down_row(const FusedArgs& a, const int* idx
 __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   __shared__ __align__(16) StreamX<kH> xs;           // x for the q4 stream dots
   __shared__ __align__(16) float xsm[kH];            // x for the q8 router rows
-  __shared__ __align__(16) float act_sm[kDownChunks * kActStride];
-  __shared__ float act_sum[kDownChunks];
+  __shared__ __align__(16) StreamX<(kK + 1) * kF> xd;  // act (the 9 down projections' input), staged
+  __shared__ __align__(16) float act_chunk[32];        // phase B: this block's chunk of act
   __shared__ TopkSm topk;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int g = warp * gridDim.x + blockIdx.x;  // this warp's task index in every phase
@@ -157,7 +161,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   PairArgs p = a.pairs;
   p.idx = topk.idx;
   stamp(a, 4);
-  const bool pair_task = g < kK * kF / 2;        // 2 (gate, up) row pairs per warp
+  // 2 (gate, up) row pairs per warp; a block's 16 warps compute 32 consecutive act values, act chunk blockIdx.x
+  const int gb = blockIdx.x * kWarps + warp;
+  const bool pair_task = gb < kK * kF / 2;
   const bool down_task = g < kH;
   DownRow dr;
   uint4 wv[4][2];  // gate, up rows of the warp's two pairs
@@ -165,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   if (pair_task) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const PairRow pr = resolve_pair<true>(p, 2 * g + r, kH / 2, G2);
+      const PairRow pr = resolve_pair<true>(p, 2 * gb + r, kH / 2, G2);
       stream_load_row<kH>(pr.gw, pr.gsb, wv[2 * r], sv[2 * r]);
       stream_load_row<kH>(pr.uw, pr.usb, wv[2 * r + 1], sv[2 * r + 1]);
     }
@@ -179,39 +185,37 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float gv = group_sum<32>(acc[2 * r]), uv = group_sum<32>(acc[2 * r + 1]);
-      const int task = 2 * g + r;
-      if (lane == 0) a.pairs.out[task] = topk.w[task / kF] * silu(gv) * uv;
+      const int task = 2 * gb + r;
+      const float v = topk.w[task / kF] * silu(gv) * uv;
+      if (lane == 0) {
+        a.pairs.out[task] = v;  // the fp32 act stays in the scratch (the tests read it)
+        act_chunk[2 * warp + r] = v;
+      }
     }
   }
+  // the block's chunk in the down phase's input format, once, instead of every block staging all of act in C
+  __syncthreads();
+  if (warp == 0 && blockIdx.x < kRoutedChunks)
+    stream_put_x4(*a.act_q, blockIdx.x * 8 + (lane & 7), reinterpret_cast<const float4*>(act_chunk)[lane & 7], lane < 8);
   stamp(a, 5);
   grid_sync(gs);
   stamp(a, 6);
 
   // ---- phase C: down projections of all 9 activations, residual add ----
-  {  // float4 f = threadIdx.x + kThreads * u of act: chunk f / 8, part f % 8; all loads first
-    constexpr int kF4 = kDownChunks * 8, kU = (kF4 + kThreads - 1) / kThreads;
-    float4 v[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int f = threadIdx.x + kThreads * u;
-      v[u] = f < kF4 ? __ldcg(reinterpret_cast<const float4*>(a.pairs.out) + f) : make_float4(0.f, 0.f, 0.f, 0.f);
-      if (f >= kK * kF / 4) {  // the shared expert's row: times sigmoid(shared gate logit) here
-        const float sh = topk.sh;
-        v[u] = make_float4(v[u].x * sh, v[u].y * sh, v[u].z * sh, v[u].w * sh);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int f = threadIdx.x + kThreads * u;
-      // chunk sum over its 8 parts (8 consecutive lanes), in part order
-      const float part = (v[u].x + v[u].y) + (v[u].z + v[u].w);
-      float t = 0.f;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) t += __shfl_sync(0xffffffffu, part, (lane & 24) + k);
-      if (f < kF4) {
-        *reinterpret_cast<float4*>(act_sm + (f / 8) * kActStride + (f % 8) * 4) = v[u];
-        if (f % 8 == 0) act_sum[f / 8] = t;
-      }
+  {  // the routed chunks as staged in phase B (one word per thread); the shared expert's row (unscaled in the
+     // scratch) times sigmoid(shared gate logit), staged here by threads 0..127; all loads first
+    static_assert(4 * kRoutedChunks == kThreads && kF / 4 <= kThreads, "one staged word per thread");
+    const StreamX<kK * kF>& st = *a.act_q;
+    const uint4 q = __ldcg(&st.xq[threadIdx.x]);
+    float sx = 0.f, xsum = 0.f;
+    if (threadIdx.x < kRoutedChunks) sx = __ldcg(&st.sx[threadIdx.x]), xsum = __ldcg(&st.xsum[threadIdx.x]);
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (threadIdx.x < kF / 4) v = __ldcg(reinterpret_cast<const float4*>(a.pairs.out + kK * kF) + threadIdx.x);
+    xd.xq[(threadIdx.x / kRoutedChunks) * kDownChunks + threadIdx.x % kRoutedChunks] = q;
+    if (threadIdx.x < kRoutedChunks) xd.sx[threadIdx.x] = sx, xd.xsum[threadIdx.x] = xsum;
+    if (threadIdx.x < kF / 4) {  // warps 0..3 whole: float4 kRoutedChunks * 8 + i of act
+      const float sh = topk.sh;
+      stream_put_x4(xd, kRoutedChunks * 8 + threadIdx.x, make_float4(v.x * sh, v.y * sh, v.z * sh, v.w * sh));
     }
   }
   __syncthreads();
@@ -221,14 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
 #pragma unroll
   for (int u = 0; u < kDownPerLane; ++u) {
     const int t = lane + 32 * u;
-    if (t >= kDownChunks) break;
-    float xr[32];
-#pragma unroll
-    for (int q = 0; q < 32; q += 4) {
-      const float4 v = *reinterpret_cast<const float4*>(act_sm + t * kActStride + q);
-      xr[q] = v.x, xr[q + 1] = v.y, xr[q + 2] = v.z, xr[q + 3] = v.w;
-    }
-    acc += chunk_dot<QFormat::q4>(dr.w[u], dr.sb[u], xr, act_sum[t]);
+    if (t < kDownChunks) acc += stream_chunk_dot(xd, t, dr.w[u], dr.sb[u]);
   }
   acc = group_sum<32>(acc);
   if (lane == 0) a.h[g] = hg + acc;
@@ -256,6 +253,7 @@ void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, flo
   a.dw = m.down.w; a.dsb = m.down.sb; a.sdw = m.sh_down.w; a.sdsb = m.sh_down.sb;
   a.d_mat_w_bytes = m.down.mat_w_bytes();
   a.d_mat_groups = m.down.mat_groups();
+  a.act_q = static_cast<StreamX<kK * kF>*>(s.act_q);
   a.h = h;
   a.norm_w = norm_w;
   a.eps = eps;

@@ -105,8 +105,9 @@ void act_ref(const HostMoe& m, const Shape& s, const std::vector<float>& x, cons
     }
 }
 
+// x16: the fused kernel's down phase streams act as 16-bit x (per 32-element chunk of each matrix's input).
 void down_ref(const HostMoe& m, const Shape& s, const std::vector<int>& idx, const std::vector<float>& act,
-              const std::vector<float>& h0, std::vector<double>& h64, std::vector<float>& h32) {
+              const std::vector<float>& h0, std::vector<double>& h64, std::vector<float>& h32, bool x16 = false) {
   h64.assign(s.H, 0);
   h32.assign(s.H, 0);
   for (int i = 0; i < s.H; ++i) {
@@ -116,7 +117,7 @@ void down_ref(const HostMoe& m, const Shape& s, const std::vector<int>& idx, con
       const std::vector<float> a(act.begin() + static_cast<size_t>(j) * s.F, act.begin() + static_cast<size_t>(j + 1) * s.F);
       double d;
       float d32;
-      ref_dot(j < s.k ? m.down : m.sh_down, j < s.k ? idx[j] : 0, i, a, d, d32);
+      ref_dot_k(j < s.k ? m.down : m.sh_down, j < s.k ? idx[j] : 0, i, a, x16, d, d32);
       acc += d;
       acc32 += d32;
     }
@@ -288,7 +289,7 @@ void run_moe_block(const Shape& s, uint64_t seed) {
     EXPECT_TRUE(close_enough(act, a64, a32, "moe_block gate/up act"));
     std::vector<double> h64;
     std::vector<float> h32;
-    down_ref(m, s, g.idx, act, h0, h64, h32);
+    down_ref(m, s, g.idx, act, h0, h64, h32, fused);
     EXPECT_TRUE(close_enough(dh.download(), h64, h32, "moe_block h + MoE(norm(h))"));
   }
   moe_scratch_free(sc);
