@@ -308,7 +308,7 @@ MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn) {
   CUDA_CHECK(cudaMalloc(&s.topk_w, sizeof(float) * top_k));
   CUDA_CHECK(cudaMalloc(&s.sh_scale, sizeof(float)));
   CUDA_CHECK(cudaMalloc(&s.act, sizeof(float) * (top_k + 1) * ffn));
-  static_assert(sizeof(detail::StreamX<4096>) <= 4 * 4096, "MoeScratch::act_q: 4 bytes per element suffice");
+  static_assert(sizeof(detail::StreamX<4608>) <= 4 * 4096, "MoeScratch::act_q: 4 bytes per routed element suffice");
   CUDA_CHECK(cudaMalloc(&s.act_q, sizeof(float) * top_k * ffn));
   CUDA_CHECK(cudaMalloc(&s.barrier, kGridBarrierWords * sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(s.barrier, 0, kGridBarrierWords * sizeof(unsigned)));

@@ -10,9 +10,10 @@
 //      rows and then the down-projection rows they will need in phase C, compute the gate/up into act (scaled by
 //      the routing weight); the 16 warps of block b compute act chunk b (32 consecutive values), which the block
 //      stages in the streaming kernels' 16-bit input format (gemv_stream.cuh StreamX) once for every block
-//   C  every block copies the staged chunks and stages the shared expert's row (times its sigmoid gate) in
-//      shared memory; warp g computes output row g of all 9 down projections by integer dot products and adds
-//      it to h (residual fused). The shared row of act stays unscaled in the scratch.
+//      (and the last block stages the shared expert's row, times its sigmoid gate, computed in phase A)
+//   C  every block copies the staged act into shared memory; warp g computes output row g of all 9 down
+//      projections by integer dot products and adds it to h (residual fused). The shared row of act stays
+//      unscaled in the scratch.
 // Replaces moe_route + moe_gate_up + moe_down (three kernel boundaries of ~4-5 us each on the H200, and the
 // down weights could only be requested after the last one). The 3-launch path stays for other shapes and for
 // GPUs with fewer than 128 SMs. Task g of phases 0, A and C runs on warp (g / gridDim.x) of block
@@ -43,7 +44,7 @@ struct FusedArgs {
   const uint8_t* dw; const uint32_t* dsb;    // routed down stack [E][H][F] q4
   const uint8_t* sdw; const uint32_t* sdsb;  // shared down [H][F] q4
   size_t d_mat_w_bytes, d_mat_groups;
-  StreamX<kK * kF>* act_q;  // the routed act chunks, staged in phase B by the blocks that computed them
+  StreamX<(kK + 1) * kF>* act_q;  // act staged in phase B: routed chunk b by block b, the shared 16 by the last block
   float* h;
   const float* norm_w;
   float eps;
@@ -197,26 +198,32 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   __syncthreads();
   if (warp == 0 && blockIdx.x < kRoutedChunks)
     stream_put_x4(*a.act_q, blockIdx.x * 8 + (lane & 7), reinterpret_cast<const float4*>(act_chunk)[lane & 7], lane < 8);
+  // the shared expert's row (written unscaled in phase A) times sigmoid(shared gate logit): warps 4..7 of the last
+  // block (no pair tasks when the grid has more than kRoutedChunks blocks)
+  if (blockIdx.x == gridDim.x - 1 && warp >= 4 && warp < 4 + kF / 128) {
+    const int i = threadIdx.x - 128;  // float4 i of the shared row
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(a.pairs.out + kK * kF) + i);
+    const float sh = topk.sh;
+    stream_put_x4(*a.act_q, kRoutedChunks * 8 + i, make_float4(v.x * sh, v.y * sh, v.z * sh, v.w * sh));
+  }
   stamp(a, 5);
   grid_sync(gs);
   stamp(a, 6);
 
   // ---- phase C: down projections of all 9 activations, residual add ----
-  {  // the routed chunks as staged in phase B (one word per thread); the shared expert's row (unscaled in the
-     // scratch) times sigmoid(shared gate logit), staged here by threads 0..127; all loads first
-    static_assert(4 * kRoutedChunks == kThreads && kF / 4 <= kThreads, "one staged word per thread");
-    const StreamX<kK * kF>& st = *a.act_q;
-    const uint4 q = __ldcg(&st.xq[threadIdx.x]);
+  {  // act as staged in phase B: a copy (its words, then the chunks' units and sums)
+    constexpr int kWords = 4 * kDownChunks;
+    const StreamX<(kK + 1) * kF>& st = *a.act_q;
+    uint4 q[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+      if (threadIdx.x + u * kThreads < kWords) q[u] = __ldcg(&st.xq[threadIdx.x + u * kThreads]);
     float sx = 0.f, xsum = 0.f;
-    if (threadIdx.x < kRoutedChunks) sx = __ldcg(&st.sx[threadIdx.x]), xsum = __ldcg(&st.xsum[threadIdx.x]);
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (threadIdx.x < kF / 4) v = __ldcg(reinterpret_cast<const float4*>(a.pairs.out + kK * kF) + threadIdx.x);
-    xd.xq[(threadIdx.x / kRoutedChunks) * kDownChunks + threadIdx.x % kRoutedChunks] = q;
-    if (threadIdx.x < kRoutedChunks) xd.sx[threadIdx.x] = sx, xd.xsum[threadIdx.x] = xsum;
-    if (threadIdx.x < kF / 4) {  // warps 0..3 whole: float4 kRoutedChunks * 8 + i of act
-      const float sh = topk.sh;
-      stream_put_x4(xd, kRoutedChunks * 8 + threadIdx.x, make_float4(v.x * sh, v.y * sh, v.z * sh, v.w * sh));
-    }
+    if (threadIdx.x < kDownChunks) sx = __ldcg(&st.sx[threadIdx.x]), xsum = __ldcg(&st.xsum[threadIdx.x]);
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+      if (threadIdx.x + u * kThreads < kWords) xd.xq[threadIdx.x + u * kThreads] = q[u];
+    if (threadIdx.x < kDownChunks) xd.sx[threadIdx.x] = sx, xd.xsum[threadIdx.x] = xsum;
   }
   __syncthreads();
   stamp(a, 7);
@@ -253,7 +260,7 @@ void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, flo
   a.dw = m.down.w; a.dsb = m.down.sb; a.sdw = m.sh_down.w; a.sdsb = m.sh_down.sb;
   a.d_mat_w_bytes = m.down.mat_w_bytes();
   a.d_mat_groups = m.down.mat_groups();
-  a.act_q = static_cast<StreamX<kK * kF>*>(s.act_q);
+  a.act_q = static_cast<StreamX<(kK + 1) * kF>*>(s.act_q);
   a.h = h;
   a.norm_w = norm_w;
   a.eps = eps;

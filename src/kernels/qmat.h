@@ -122,8 +122,8 @@ struct MoeScratch {
   float* sh_scale = nullptr;   // [1] sigmoid(shared_expert_gate . x)
   float* act = nullptr;        // [top_k + 1][F] SwiGLU activations pre-multiplied by their weight (moe_block's
                                // fused kernel leaves row top_k unscaled and applies sh_scale when staging it)
-  void* act_q = nullptr;       // fused kernel: the routed rows of act staged for its down phase by the blocks that
-                               // computed them (gemv_stream.cuh StreamX<top_k * F>; allocated as 4 (top_k * F) bytes)
+  void* act_q = nullptr;       // fused kernel: act staged for its down phase in phase B (gemv_stream.cuh
+                               // StreamX<(top_k + 1) * F>; allocated as 4 (top_k * F) bytes, enough for it)
   unsigned* barrier = nullptr; // [kGridBarrierWords] grid barrier of the fused MoE kernel; zeroed once
   int n_experts = 0, top_k = 0, ffn = 0;
 };
