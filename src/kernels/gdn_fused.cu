@@ -63,7 +63,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   dep_trigger();  // PDL (grid_barrier.cuh): the next launch's blocks take the SMs as this launch's blocks leave
   dep_wait();     // the previous launch complete, before any load
   trace_stamp(a.trace, 15);
-  GridSync gs = grid_sync_begin(a.barrier);
 
   // ---- phase 1: x = RMSNorm(h), then the requests of the in_proj rows, this tile's state and the step's other
   // inputs, then in_proj. The norm first: h (L2) and the norm weights requested together with ~16 MB of weight
@@ -75,6 +74,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   if (lane == 0 && g < kH) hg = __ldcg(a.h + g);
   const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.input_norm);
   const int pos = *a.pos;
+  GridSync gs = grid_sync_begin(a.barrier);  // after the first loads (grid_barrier.cuh)
   NormIn n;
   n.w = a.input_norm;
   n.eps = a.eps;

@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   dep_trigger();  // PDL (grid_barrier.cuh): the next launch's blocks take the SMs as this launch's blocks leave
   dep_wait();     // the previous launch complete, before any load
   trace_stamp(a.trace, 15);
-  GridSync gs = grid_sync_begin(a.barrier);
+  GridSync gs{};  // the barrier base is read after the first loads (grid_barrier.cuh grid_sync_begin)
   // h[g], the row this warp adds to in phases 0 and C, in a register from the start: the residual adds are then
   // plain stores, not an L2 round trip on the launch's tail
   float hg = 0.f;
@@ -109,6 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
       stream_load_row<kP>(a.pw + static_cast<size_t>(g) * (kP / 2), a.psb + static_cast<size_t>(g) * (kP / kGroupSize),
                           pv[0], psv[0]);
     stream_stage_x<kP, kThreads>(a.px, xp);
+    gs = grid_sync_begin(a.barrier);
     if (g < kH) {
       float acc[1];
       stream_dots<kP, 1>(xp, pv, psv, acc);
@@ -128,6 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.norm_w);
   HRegs<kH, kThreads> hr;  // h before the weights: its L2 reads must not queue behind the weight loads
   stream_load_h(a.h, hr);
+  if (!a.pw) gs = grid_sync_begin(a.barrier);
   RowBatch<QFormat::q8, kH, 1> rb;
   uint4 swv[2][2];  // shared expert gate, up rows
   uint32_t ssv[2][2];
