@@ -73,6 +73,7 @@ TEST(Gemv, TallMatrixPersistentPath) {
   run_gemv({QFormat::q4, 20011, 2048}, false, false, 350);
   run_gemv({QFormat::q4, 16384, 2048}, true, true, 351);
   run_gemv({QFormat::q8, 17001, 2048}, false, false, 352);
+  run_gemv({QFormat::q4, 70001, 2048}, true, true, 353);  // the looping streaming kernel (>= 65536 rows)
 }
 
 // Row counts that make the streaming q4 kernel pick each of its rows-per-warp variants (on a 132-SM H200:
