@@ -105,7 +105,7 @@ __device__ __forceinline__ void column_sums(float (&p)[N], float* red, int tid, 
 #pragma unroll
     for (int n = 0; n < N; ++n) p[n] += __shfl_xor_sync(0xffffffffu, p[n], o);
   const int lane = tid % 32, warp = tid / 32, c4 = tid % 8;
-  sync();  // red may still be read by a previous call
+  sync();  // red may still be read by a previous call (the step makes one; kept for reuse)
   if (lane < 8)
 #pragma unroll
     for (int n = 0; n < N; ++n) red[(warp * 8 + c4) * N + n] = p[n];
