@@ -124,12 +124,7 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
   // after its start that way, 1.3 us norm-first). With PDL the weights go first and h after
   // griddepcontrol.wait, as the earlier kernel may still be writing it.
   const bool norm_first = sizeof(XT) == 4 && norm.w != nullptr && !norm.pdl;
-  if (norm_first) {
-    HRegs<K, NW * 32> hr;
-    stream_load_h(reinterpret_cast<const float*>(x), hr);
-    const NormW<K, NW * 32> nw = stream_load_norm_w<K, NW * 32>(norm.w);
-    stream_stage_loaded_norm<K, NW * 32>(hr, &nw, norm, xs);
-  }
+  if (norm_first) stream_stage_norm_first<K, NW * 32>(reinterpret_cast<const float*>(x), norm, xs);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int task = min(task0 + r, a.total - 1);
@@ -158,14 +153,8 @@ __global__ void __launch_bounds__(NW * 32, 1) gemv_q4_stream_loop_kernel(MultiAr
   int t = (blockIdx.x * NW + threadIdx.x / 32) * R;
   dep_trigger();
   dep_wait();
-  if (norm.w) {
-    HRegs<K, NW * 32> hr;
-    stream_load_h(x, hr);
-    const NormW<K, NW * 32> nw = stream_load_norm_w<K, NW * 32>(norm.w);
-    stream_stage_loaded_norm<K, NW * 32>(hr, &nw, norm, xs);
-  } else {
-    stream_stage_x<K, NW * 32>(x, xs);
-  }
+  if (norm.w) stream_stage_norm_first<K, NW * 32>(x, norm, xs);
+  else stream_stage_x<K, NW * 32>(x, xs);
   uint4 w[2][R][nc];
   uint32_t sb[2][R][nc];
   auto issue = [&](int task0, int b) {

@@ -172,6 +172,16 @@ __device__ __forceinline__ void stream_stage_loaded_norm(const HRegs<K, NT>& hr,
   __syncthreads();
 }
 
+// Stage x = RMSNorm(h) with h and the norm weights requested together (the streaming GEMVs' prologue when h is
+// final at launch: before any weight request).
+template <int K, int NT>
+__device__ __forceinline__ void stream_stage_norm_first(const float* h, const NormIn& n, StreamX<K>& s) {
+  HRegs<K, NT> hr;
+  stream_load_h(h, hr);
+  const NormW<K, NT> nw = stream_load_norm_w<K, NT>(n.w);
+  stream_stage_loaded_norm<K, NT>(hr, &nw, n, s);
+}
+
 template <int K, int NT>
 __device__ __forceinline__ void stream_stage_x_norm(const float* h, const NormIn& n, StreamX<K>& s) {
   HRegs<K, NT> hr;
@@ -204,23 +214,30 @@ __device__ __forceinline__ void stream_load_row(const uint8_t* wrow, const uint3
   }
 }
 
-// One chunk ch of a q4 row (its 16 bytes w and scale|bias word sb) with the staged x: the integer dot products
-// of stream_dots below for a single row.
+// One 32-bit word of nibbles (8 weights) against its staged x word xq: the hi and lo integer sums.
+__device__ __forceinline__ void word_dp4a(uint32_t w, uint4 xq, int& dh, int& dl) {
+  const int even = static_cast<int>(w & 0x0f0f0f0fu), odd = static_cast<int>((w >> 4) & 0x0f0f0f0fu);
+  dh = __dp4a(even, static_cast<int>(xq.x), dh);
+  dh = __dp4a(odd, static_cast<int>(xq.y), dh);
+  dl = __dp4a(even, static_cast<int>(xq.z), dl);
+  dl = __dp4a(odd, static_cast<int>(xq.w), dl);
+}
+// A chunk's contribution from its integer sums: scale * sx * (256 dh + dl) + bias * sum(x) (256 dh + dl < 2^24:
+// exact in fp32).
+__device__ __forceinline__ float chunk_from_sums(uint32_t sb, float sx, float xsum, int dh, int dl) {
+  return fmaf(bf16_lo(sb) * sx, static_cast<float>(dh * 256 + dl), bf16_hi(sb) * xsum);
+}
+
+// One chunk ch of a q4 row (its 16 bytes w and scale|bias word sb) with the staged x: stream_dots below for a
+// single row.
 template <int K>
 __device__ __forceinline__ float stream_chunk_dot(const StreamX<K>& xs, int ch, uint4 w, uint32_t sb) {
   constexpr int nch = K / 32;
   int dh = 0, dl = 0;
   const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint4 xq = xs.xq[k * nch + ch];
-    const int even = static_cast<int>(ws[k] & 0x0f0f0f0fu), odd = static_cast<int>((ws[k] >> 4) & 0x0f0f0f0fu);
-    dh = __dp4a(even, static_cast<int>(xq.x), dh);
-    dh = __dp4a(odd, static_cast<int>(xq.y), dh);
-    dl = __dp4a(even, static_cast<int>(xq.z), dl);
-    dl = __dp4a(odd, static_cast<int>(xq.w), dl);
-  }
-  return fmaf(bf16_lo(sb) * xs.sx[ch], static_cast<float>(dh * 256 + dl), bf16_hi(sb) * xs.xsum[ch]);
+  for (int k = 0; k < 4; ++k) word_dp4a(ws[k], xs.xq[k * nch + ch], dh, dl);
+  return chunk_from_sums(sb, xs.sx[ch], xs.xsum[ch], dh, dl);
 }
 
 // Stage: this lane's partial dot products of R rows with x (sum over the lanes still to do).
@@ -243,17 +260,12 @@ __device__ __forceinline__ void stream_dots(const StreamX<K>& xs, const uint4 (&
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const uint32_t w = k == 0 ? wv[r][c].x : k == 1 ? wv[r][c].y : k == 2 ? wv[r][c].z : wv[r][c].w;
-        const int even = static_cast<int>(w & 0x0f0f0f0fu), odd = static_cast<int>((w >> 4) & 0x0f0f0f0fu);
-        dh[r] = __dp4a(even, static_cast<int>(xq.x), dh[r]);
-        dh[r] = __dp4a(odd, static_cast<int>(xq.y), dh[r]);
-        dl[r] = __dp4a(even, static_cast<int>(xq.z), dl[r]);
-        dl[r] = __dp4a(odd, static_cast<int>(xq.w), dl[r]);
+        word_dp4a(w, xq, dh[r], dl[r]);
       }
     }
     const float sx = xs.sx[ch], X = xs.xsum[ch];
 #pragma unroll
-    for (int r = 0; r < R; ++r)  // 256 dh + dl < 2^24: exact in fp32
-      acc[r] += fmaf(bf16_lo(sv[r][c]) * sx, static_cast<float>(dh[r] * 256 + dl[r]), bf16_hi(sv[r][c]) * X);
+    for (int r = 0; r < R; ++r) acc[r] += chunk_from_sums(sv[r][c], sx, X, dh[r], dl[r]);
   }
 }
 
