@@ -64,10 +64,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   dep_wait();     // the previous launch complete, before any load
   trace_stamp(a.trace, 15);
 
-  // ---- phase 1: x = RMSNorm(h), then the requests of the in_proj rows, this tile's state and the step's other
-  // inputs, then in_proj. The norm first: h (L2) and the norm weights requested together with ~16 MB of weight
-  // rows from all SMs waited behind them in the L2 (x normed 5.4 us after the start; the MoE launch, whose
-  // opening requests are 1.7 MB, has it at 1.5 us). ----
+  // ---- phase 1: x = RMSNorm(h) with the requests of the in_proj rows issued once h has arrived (in the
+  // norm, after its first barrier), then this tile's state and the step's other inputs, then in_proj. Not
+  // before h has arrived: h (L2) and the norm weights requested together with ~16 MB of weight rows from all
+  // SMs waited behind them in the L2 (x normed 5.4 us after the start), and with the rows held back 0.5 or
+  // 1 us after h's requests h still arrived at ~4-5 us. Not after the whole norm either: h arrives ~0.8 us
+  // after the wait, the rest of the norm (issue-bound: every warp stages its part of x) takes ~0.8 us more,
+  // which the rows' DRAM latency now covers (H200, 4K: -8..-15 us per token). ----
   HRegs<kH, kThreads> hr;
   stream_load_h(a.h, hr);
   float hg = 0.f;  // h[g], the row this warp adds to in phase 3: its residual add is then a store, not a round trip
@@ -75,22 +78,25 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.input_norm);
   const int pos = *a.pos;
   GridSync gs = grid_sync_begin(a.barrier);  // after the first loads (grid_barrier.cuh)
-  NormIn n;
-  n.w = a.input_norm;
-  n.eps = a.eps;
-  n.x_out = a.x_out;
-  stream_stage_loaded_norm(hr, &nw, n, xs);
-  trace_stamp(a.trace, 1);
-  uint4 wv[kRowsPerWarp][2];
-  uint32_t sv[kRowsPerWarp][2];
   const int row0 = g * kRowsPerWarp;
+  const uint8_t* wrow[kRowsPerWarp];  // the rows' addresses while h is in flight
+  const uint32_t* sbrow[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int task = min(row0 + r, a.in.total - 1);
     const int m = find_mat(a.in, task);
     const size_t row = static_cast<size_t>(task - pick(a.in.off, m));
-    stream_load_row<kH>(pick(a.in.w, m) + row * (kH / 2), pick(a.in.sb, m) + row * G, wv[r], sv[r]);
+    wrow[r] = pick(a.in.w, m) + row * (kH / 2);
+    sbrow[r] = pick(a.in.sb, m) + row * G;
   }
+  uint4 wv[kRowsPerWarp][2];
+  uint32_t sv[kRowsPerWarp][2];
+  NormIn n;
+  n.w = a.input_norm;
+  n.eps = a.eps;
+  n.x_out = a.x_out;
+  stream_stage_loaded_norm(hr, &nw, n, xs, [&] { stream_load_rows<kH, kRowsPerWarp>(wrow, sbrow, wv, sv); });
+  trace_stamp(a.trace, 1);
   const bool step_block = blockIdx.x < kHv * kTiles && tid < gdn::kThreads;
   const int head = blockIdx.x / kTiles, col0 = (blockIdx.x % kTiles) * gdn::kCols;
   float4 s[gdn::kRowsPerThread];

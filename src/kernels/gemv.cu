@@ -114,7 +114,7 @@ void launch_fast(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t 
 template <int K, int R, int NW, typename XT>
 __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 32))
     gemv_q4_stream_kernel(MultiArgs a, const XT* x, bool accumulate, NormIn norm) {
-  constexpr int nc = K / 1024, G = K / kGroupSize;
+  constexpr int nc = K / 1024;
   __shared__ __align__(16) StreamX<K> xs;
   const int task0 = (blockIdx.x * NW + threadIdx.x / 32) * R;
   uint4 wv[R][nc];
@@ -125,13 +125,7 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
   // griddepcontrol.wait, as the earlier kernel may still be writing it.
   const bool norm_first = sizeof(XT) == 4 && norm.w != nullptr && !norm.pdl;
   if (norm_first) stream_stage_norm_first<K, NW * 32>(reinterpret_cast<const float*>(x), norm, xs);
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int task = min(task0 + r, a.total - 1);
-    const int m = find_mat(a, task);
-    const size_t row = static_cast<size_t>(task - pick(a.off, m));
-    stream_load_row<K>(pick(a.w, m) + row * (K / 2), pick(a.sb, m) + row * G, wv[r], sv[r]);
-  }
+  stream_load_multi_rows<K, R>(a, task0, wv, sv);
   dep_trigger();
   dep_wait();
   if (!norm_first) stream_stage_input<K, NW * 32>(x, norm, xs);
@@ -147,7 +141,7 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
 template <int R, int NW>
 __global__ void __launch_bounds__(NW * 32, 1) gemv_q4_stream_loop_kernel(MultiArgs a, const float* x, bool accumulate,
                                                                          NormIn norm) {
-  constexpr int K = 2048, nc = K / 1024, G = K / kGroupSize;
+  constexpr int K = 2048, nc = K / 1024;
   __shared__ __align__(16) StreamX<K> xs;
   const int stride = gridDim.x * NW * R;
   int t = (blockIdx.x * NW + threadIdx.x / 32) * R;
@@ -157,15 +151,7 @@ __global__ void __launch_bounds__(NW * 32, 1) gemv_q4_stream_loop_kernel(MultiAr
   else stream_stage_x<K, NW * 32>(x, xs);
   uint4 w[2][R][nc];
   uint32_t sb[2][R][nc];
-  auto issue = [&](int task0, int b) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int task = min(task0 + r, a.total - 1);
-      const int m = find_mat(a, task);
-      const size_t row = static_cast<size_t>(task - pick(a.off, m));
-      stream_load_row<K>(pick(a.w, m) + row * (K / 2), pick(a.sb, m) + row * G, w[b][r], sb[b][r]);
-    }
-  };
+  auto issue = [&](int task0, int b) { stream_load_multi_rows<K, R>(a, task0, w[b], sb[b]); };
   auto finish = [&](int task0, int b) {
     float acc[R];
     stream_dots<K, R>(xs, w[b], sb[b], acc);

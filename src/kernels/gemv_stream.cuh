@@ -11,6 +11,7 @@
 // element), max|x_c| / 32512 where t lands on an exact .5 tie and lo is clamped; the int sums are exact. Tests
 // compare against a reference on x~ (kernel_test_util.h stream_x).
 #pragma once
+#include "kernels/gemv_impl.cuh"
 #include "kernels/qdot.cuh"
 
 namespace lily::cuda::detail {
@@ -139,10 +140,15 @@ __device__ __forceinline__ void stream_load_h(const float* h, HRegs<K, NT>& r) {
 }
 
 // nw: the norm weights loaded ahead, or null (read from n.w after the reduction: stream_stage_x_norm, the GEMV
-// launched with PDL, whose weight rows hold the registers)
-template <int K, int NT>
+// launched with PDL, whose weight rows hold the registers). mid(): run by every thread once the block's h has
+// arrived (after the sum of squares' barrier), before the rest of the norm (the GDN mixer requests its weight
+// rows there).
+struct NoMid {
+  __device__ void operator()() const {}
+};
+template <int K, int NT, typename Mid = NoMid>
 __device__ __forceinline__ void stream_stage_loaded_norm(const HRegs<K, NT>& hr, const NormW<K, NT>* nw,
-                                                         const NormIn& n, StreamX<K>& s) {
+                                                         const NormIn& n, StreamX<K>& s, Mid mid = {}) {
   constexpr int J = K / 4 / NT;
   float4 v[J];
   float ss = 0.f;
@@ -155,6 +161,7 @@ __device__ __forceinline__ void stream_stage_loaded_norm(const HRegs<K, NT>& hr,
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   if ((threadIdx.x & 31) == 0) s.red[threadIdx.x / 32] = ss;
   __syncthreads();
+  mid();
   float total = 0.f;
 #pragma unroll
   for (int w = 0; w < NT / 32; ++w) total += s.red[w];
@@ -202,7 +209,23 @@ __device__ __forceinline__ void stream_stage_input(const XT* x, const NormIn& n,
   stream_stage_x<K, NT>(x, s);
 }
 
-// Stage: issue this lane's loads of one q4 row (K / 1024 chunks and their scale|bias words).
+// Stage: issue this lane's loads of R q4 rows (K / 1024 chunks each and their scale|bias words), chunk-major:
+// chunk 0 of every row, then chunk 1, ..., the order stream_dots consumes them. An SM receives its data in the
+// order it requested it, so the dots of the first chunks run while the later ones arrive (row-major requests
+// made the first chunk loop wait for the last row: H200 decode step at 4K -2..-3 us).
+template <int K, int R>
+__device__ __forceinline__ void stream_load_rows(const uint8_t* const (&wrow)[R], const uint32_t* const (&sbrow)[R],
+                                                 uint4 (&wv)[R][K / 1024], uint32_t (&sv)[R][K / 1024]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < K / 1024; ++c)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      wv[r][c] = ld_stream(wrow[r] + (lane + 32 * c) * 16);
+      sv[r][c] = ld_stream_u32(sbrow[r] + (lane + 32 * c) / 2);
+    }
+}
+// One row.
 template <int K>
 __device__ __forceinline__ void stream_load_row(const uint8_t* wrow, const uint32_t* sbrow, uint4 (&wv)[K / 1024],
                                                 uint32_t (&sv)[K / 1024]) {
@@ -212,6 +235,22 @@ __device__ __forceinline__ void stream_load_row(const uint8_t* wrow, const uint3
     wv[c] = ld_stream(wrow + (lane + 32 * c) * 16);
     sv[c] = ld_stream_u32(sbrow + (lane + 32 * c) / 2);
   }
+}
+// The R consecutive rows [task0, task0 + R) of a MultiArgs row space (rows past the end repeat the last one).
+template <int K, int R>
+__device__ __forceinline__ void stream_load_multi_rows(const MultiArgs& a, int task0, uint4 (&wv)[R][K / 1024],
+                                                       uint32_t (&sv)[R][K / 1024]) {
+  const uint8_t* w[R];
+  const uint32_t* sb[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int task = min(task0 + r, a.total - 1);
+    const int m = find_mat(a, task);
+    const size_t row = static_cast<size_t>(task - pick(a.off, m));
+    w[r] = pick(a.w, m) + row * (K / 2);
+    sb[r] = pick(a.sb, m) + row * (K / kGroupSize);
+  }
+  stream_load_rows<K, R>(w, sb, wv, sv);
 }
 
 // One 32-bit word of nibbles (8 weights) against its staged x word xq: the hi and lo integer sums.

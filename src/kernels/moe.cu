@@ -91,12 +91,14 @@ __global__ void __launch_bounds__(kBlockThreads, (2 * R * K <= 8192 ? 3 : 2)) ga
   uint4 wv[2 * R][nc];
   uint32_t sv[2 * R][nc];
   auto issue = [&](const PairArgs& a) {
+    const uint8_t* w[2 * R];
+    const uint32_t* sb[2 * R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const PairRow p = resolve_pair<true>(a, min(task0 + r, total - 1), K / 2, G);
-      stream_load_row<K>(p.gw, p.gsb, wv[2 * r], sv[2 * r]);
-      stream_load_row<K>(p.uw, p.usb, wv[2 * r + 1], sv[2 * r + 1]);
+      w[2 * r] = p.gw, sb[2 * r] = p.gsb, w[2 * r + 1] = p.uw, sb[2 * r + 1] = p.usb;
     }
+    stream_load_rows<K, 2 * R>(w, sb, wv, sv);
   };
   if (shared_rows) issue(a_in);  // resolve_pair reads no routing data for shared rows
   dep_wait();

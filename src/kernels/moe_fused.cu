@@ -135,11 +135,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   uint32_t ssv[2][2];
   if (router_task) stage_issue_rows<QFormat::q8, kH, 1>(a.router, g, rb);
   if (shared_task) {
-    const int r = g - n_router;
-    stream_load_row<kH>(a.pairs.sgw + static_cast<size_t>(r) * (kH / 2), a.pairs.sgsb + static_cast<size_t>(r) * G2,
-                        swv[0], ssv[0]);
-    stream_load_row<kH>(a.pairs.suw + static_cast<size_t>(r) * (kH / 2), a.pairs.susb + static_cast<size_t>(r) * G2,
-                        swv[1], ssv[1]);
+    const size_t r = g - n_router;
+    const uint8_t* const w[2] = {a.pairs.sgw + r * (kH / 2), a.pairs.suw + r * (kH / 2)};
+    const uint32_t* const sb[2] = {a.pairs.sgsb + r * G2, a.pairs.susb + r * G2};
+    stream_load_rows<kH, 2>(w, sb, swv, ssv);
   }
   NormIn n;
   n.w = a.norm_w;
@@ -172,12 +171,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   uint4 wv[4][2];  // gate, up rows of the warp's two pairs
   uint32_t sv[4][2];
   if (pair_task) {
+    const uint8_t* w[4];
+    const uint32_t* sb[4];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const PairRow pr = resolve_pair<true>(p, 2 * gb + r, kH / 2, G2);
-      stream_load_row<kH>(pr.gw, pr.gsb, wv[2 * r], sv[2 * r]);
-      stream_load_row<kH>(pr.uw, pr.usb, wv[2 * r + 1], sv[2 * r + 1]);
+      w[2 * r] = pr.gw, sb[2 * r] = pr.gsb, w[2 * r + 1] = pr.uw, sb[2 * r + 1] = pr.usb;
     }
+    stream_load_rows<kH, 4>(w, sb, wv, sv);
   }
   // the down rows of phase C after the gate/up rows this phase waits for (issued first, they delayed them)
   if (down_task) load_down_row(a, topk.idx, g, dr);
