@@ -43,7 +43,7 @@ unsigned long long* persistent_trace(int kernel) {
 void persistent_trace_begin() { detail::g_slots = 0; }
 
 // The last step's persistent launches (LILY_TRACE=1; benchmarks): per kernel kind, averaged over its launches,
-// when the blocks finished each phase (earliest and latest block), in µs after the launch's first block
+// when the blocks finished each phase (earliest, median and latest block), in µs after the launch's first block
 // returned from griddepcontrol.wait; and the gap from the previous persistent launch's last block to that
 // first wait return (the launch boundary, plus any plain launches in between).
 void print_persistent_trace() {
@@ -61,7 +61,8 @@ void print_persistent_trace() {
   // kinds: 0 MoE after a GDN mixer, 1 MoE after attention (o_proj phase; plain launches before it), 2 GDN mixer
   const char* kind_name[3] = {"MoE (after a GDN mixer)", "MoE + o_proj (after attention)", "GDN mixer"};
   const int kernel_of[3] = {0, 0, 1};
-  double sum_lo[3][kTraceStamps] = {}, sum_hi[3][kTraceStamps] = {}, gap[3] = {}, wait_spread[3] = {};
+  double sum_lo[3][kTraceStamps] = {}, sum_hi[3][kTraceStamps] = {}, sum_med[3][kTraceStamps] = {}, gap[3] = {},
+         wait_spread[3] = {};
   int count[3] = {};
   unsigned long long prev_end = 0;
   for (int s = 0; s < ns; ++s) {
@@ -77,13 +78,12 @@ void print_persistent_trace() {
     if (s > 0) gap[kind] += static_cast<double>(w_lo) - static_cast<double>(prev_end);
     wait_spread[kind] += static_cast<double>(w_hi - w_lo);
     for (int p = 1; p < n; ++p) {
-      unsigned long long lo = ~0ull, hi = 0;
-      for (int i = 0; i < nb; ++i) {
-        lo = std::min(lo, b[i * kTraceStamps + p]);
-        hi = std::max(hi, b[i * kTraceStamps + p]);
-      }
-      sum_lo[kind][p] += static_cast<double>(lo) - static_cast<double>(w_lo);
-      sum_hi[kind][p] += static_cast<double>(hi) - static_cast<double>(w_lo);
+      std::vector<unsigned long long> v(static_cast<size_t>(nb));
+      for (int i = 0; i < nb; ++i) v[i] = b[i * kTraceStamps + p];
+      std::sort(v.begin(), v.end());
+      sum_lo[kind][p] += static_cast<double>(v.front()) - static_cast<double>(w_lo);
+      sum_med[kind][p] += static_cast<double>(v[v.size() / 2]) - static_cast<double>(w_lo);
+      sum_hi[kind][p] += static_cast<double>(v.back()) - static_cast<double>(w_lo);
     }
     count[kind] += s > 0;
     prev_end = end_hi;
@@ -91,12 +91,13 @@ void print_persistent_trace() {
   for (int kind = 0; kind < 3; ++kind) {
     if (count[kind] == 0) continue;
     const double c = count[kind];
-    std::printf("%s, %d launches (us after the first wait return; earliest-latest block):\n  gap from the previous "
+    std::printf("%s, %d launches (us after the first wait return; earliest/median/latest block):\n  gap from the previous "
                 "persistent launch %.2f, wait spread %.2f;", kind_name[kind], count[kind], gap[kind] / c / 1e3,
                 wait_spread[kind] / c / 1e3);
     const int k = kernel_of[kind];
     for (int p = 1; p < n_stamps[k]; ++p)
-      std::printf(" %s %.2f-%.2f;", names[k][p], sum_lo[kind][p] / c / 1e3, sum_hi[kind][p] / c / 1e3);
+      std::printf(" %s %.2f/%.2f/%.2f;", names[k][p], sum_lo[kind][p] / c / 1e3, sum_med[kind][p] / c / 1e3,
+                  sum_hi[kind][p] / c / 1e3);
     std::printf("\n");
   }
 }
