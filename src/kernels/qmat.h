@@ -155,7 +155,7 @@ struct ResidualProj {
 // The MoE block of a decoder layer with its input norm: x = RMSNorm(h) * norm_w (stored to x_out), h += MoE(x);
 // with pre, h += pre->W pre->x first. For the real model's shapes on a GPU with >= 128 SMs this is ONE
 // persistent launch (kernels/moe_fused.cu: the pre projection (q4 K = 4096), route, selection, gate/up, down
-// separated by grid barriers, the down weights requested before the gate/up work); otherwise, or with
+// separated by grid barriers, the down weights requested during the gate/up work); otherwise, or with
 // LILY_MOE_FUSED=0, gemv + moe_route_rmsnorm + moe_gate_up + moe_down.
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
                cudaStream_t stream, bool allow_fused = true, const ResidualProj* pre = nullptr);
