@@ -138,6 +138,33 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
 // once (with the fused norm) and walks its row batches grid-strided with two batches of R rows per warp in
 // flight, instead of ~7,800 blocks that each normalise h before requesting their rows. H200, decode step at 4K:
 // 1305.5 -> 1293.0 us/token with R = 2 (1294.5 with R = 3; R = 4 spills), 16 warps.
+// The streaming kernel for K = 2048 matrices that one wave of one 16-warp block per SM covers with <= R rows
+// per warp (the attention q|k|v, 9,216 rows: 4 or 5 per warp), launched like the persistent kernels: with
+// programmatic dependent launch, so its blocks take the SMs as the previous launch's blocks leave and wait
+// for it at entry, then request their rows as soon as h has arrived (in the norm, as the GDN mixer does).
+// Replaces 288 blocks of 8 warps that each normalised h after a plain launch boundary. Warp g computes the
+// contiguous rows [g * base + min(g, extra), +base + (g < extra)) of the row space.
+template <int R, int NW>
+__global__ void __launch_bounds__(NW * 32, 1) gemv_q4_stream_wave_kernel(MultiArgs a, const float* h, NormIn norm) {
+  constexpr int K = 2048;
+  __shared__ __align__(16) StreamX<K> xs;
+  dep_trigger();
+  dep_wait();
+  HRegs<K, NW * 32> hr;
+  stream_load_h(h, hr);
+  const NormW<K, NW * 32> nw = stream_load_norm_w<K, NW * 32>(norm.w);
+  const int g = blockIdx.x * NW + threadIdx.x / 32, warps = gridDim.x * NW;
+  const int base = a.total / warps, extra = a.total % warps;
+  const int n = base + (g < extra ? 1 : 0), task0 = g * base + min(g, extra);
+  const RowPtrs<K, R> p = multi_row_ptrs<K, R>(a, task0);
+  uint4 wv[R][K / 1024];
+  uint32_t sv[R][K / 1024];
+  stream_stage_loaded_norm(hr, &nw, norm, xs, [&] { stream_load_rows<K, R>(p.w, p.sb, wv, sv, n); });
+  float acc[R];
+  stream_dots<K, R>(xs, wv, sv, acc);
+  store_warp_rows(a, task0, acc, false, n);
+}
+
 template <int R, int NW>
 __global__ void __launch_bounds__(NW * 32, 1) gemv_q4_stream_loop_kernel(MultiArgs a, const float* x, bool accumulate,
                                                                          NormIn norm) {
@@ -209,9 +236,20 @@ void launch_stream(const MultiArgs& a, const XT* x, bool accumulate, const NormI
 // Rows from which a K = 2048 streaming GEMV runs as the looping kernel (lm_head; LILY_GEMV_LOOP=0: never).
 inline constexpr int kLoopMinRows = 65536;
 
+// Rows up to which a K = 2048 GEMV with the fused norm runs as the one-wave kernel (LILY_GEMV_WAVE=0: never).
+inline constexpr int kWaveRows = 5;   // rows per warp
+inline constexpr int kWaveWarps = 16;
+
 template <int NW, typename XT>
 void launch_stream_nw(const MultiArgs& a, const XT* x, bool accumulate, const NormIn& n, cudaStream_t s) {
   if constexpr (sizeof(XT) == 4) {
+    static const bool wave_on = env_int("LILY_GEMV_WAVE", 1) != 0;
+    if (a.cols == 2048 && n.w && !accumulate && !n.pdl && wave_on &&
+        a.total > sm_count() * kWaveWarps * (kWaveRows - 2) && a.total <= sm_count() * kWaveWarps * kWaveRows) {
+      launch_ex(gemv_q4_stream_wave_kernel<kWaveRows, kWaveWarps>, dim3(sm_count()), dim3(kWaveWarps * 32), 0, s,
+                LaunchOpts{true, 1, false}, a, x, n);
+      return;
+    }
     static const bool loop_on = env_int("LILY_GEMV_LOOP", 1) != 0;
     if (a.cols == 2048 && a.total >= kLoopMinRows && loop_on && !n.pdl) {
       launch_kernel(gemv_q4_stream_loop_kernel<2, 16>, sm_count(), 16 * 32, 0, s, a, x, accumulate, n);

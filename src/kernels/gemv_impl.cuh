@@ -44,9 +44,11 @@ __device__ __forceinline__ int find_mat(const MultiArgs& a, int task) {
 }
 
 // After a warp's R row dot products (acc[r]: this lane's part of row task0 + r of the concatenated row space):
-// sums each over the warp and stores row task0 + r from lane r (y = or y +=); rows past a.total are skipped.
+// sums each over the warp and stores row task0 + r from lane r (y = or y +=); rows past a.total or past the
+// warp's first n are skipped.
 template <int R>
-__device__ __forceinline__ void store_warp_rows(const MultiArgs& a, int task0, float (&acc)[R], bool accumulate) {
+__device__ __forceinline__ void store_warp_rows(const MultiArgs& a, int task0, float (&acc)[R], bool accumulate,
+                                                int n = R) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = group_sum<32>(acc[r]);
@@ -54,7 +56,7 @@ __device__ __forceinline__ void store_warp_rows(const MultiArgs& a, int task0, f
 #pragma unroll
   for (int r = 1; r < R; ++r) v = lane == r ? acc[r] : v;
   const int task = task0 + lane;
-  if (lane < R && task < a.total) {
+  if (lane < R && lane < n && task < a.total) {
     const int m = find_mat(a, task);
     float* y = pick(a.y, m) + (task - pick(a.off, m));
     *y = accumulate ? *y + v : v;

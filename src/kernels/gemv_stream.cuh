@@ -214,17 +214,19 @@ __device__ __forceinline__ void stream_stage_input(const XT* x, const NormIn& n,
 // chunk 0 of every row, then chunk 1, ..., the order stream_dots consumes them. An SM receives its data in the
 // order it requested it, so the dots of the first chunks run while the later ones arrive (row-major requests
 // made the first chunk loop wait for the last row: H200 decode step at 4K -2..-3 us).
+// Only the first n rows are requested (the others' registers are left as they are: callers do not store them).
 template <int K, int R>
 __device__ __forceinline__ void stream_load_rows(const uint8_t* const (&wrow)[R], const uint32_t* const (&sbrow)[R],
-                                                 uint4 (&wv)[R][K / 1024], uint32_t (&sv)[R][K / 1024]) {
+                                                 uint4 (&wv)[R][K / 1024], uint32_t (&sv)[R][K / 1024], int n = R) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int c = 0; c < K / 1024; ++c)
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      wv[r][c] = ld_stream(wrow[r] + (lane + 32 * c) * 16);
-      sv[r][c] = ld_stream_u32(sbrow[r] + (lane + 32 * c) / 2);
-    }
+    for (int r = 0; r < R; ++r)
+      if (r < n) {
+        wv[r][c] = ld_stream(wrow[r] + (lane + 32 * c) * 16);
+        sv[r][c] = ld_stream_u32(sbrow[r] + (lane + 32 * c) / 2);
+      }
 }
 // One row.
 template <int K>
@@ -239,19 +241,28 @@ __device__ __forceinline__ void stream_load_row(const uint8_t* wrow, const uint3
 }
 // The R consecutive rows [task0, task0 + R) of a MultiArgs row space (rows past the end repeat the last one).
 template <int K, int R>
-__device__ __forceinline__ void stream_load_multi_rows(const MultiArgs& a, int task0, uint4 (&wv)[R][K / 1024],
-                                                       uint32_t (&sv)[R][K / 1024]) {
+struct RowPtrs {
   const uint8_t* w[R];
   const uint32_t* sb[R];
+};
+template <int K, int R>
+__device__ __forceinline__ RowPtrs<K, R> multi_row_ptrs(const MultiArgs& a, int task0) {
+  RowPtrs<K, R> p;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int task = min(task0 + r, a.total - 1);
     const int m = find_mat(a, task);
     const size_t row = static_cast<size_t>(task - pick(a.off, m));
-    w[r] = pick(a.w, m) + row * (K / 2);
-    sb[r] = pick(a.sb, m) + row * (K / kGroupSize);
+    p.w[r] = pick(a.w, m) + row * (K / 2);
+    p.sb[r] = pick(a.sb, m) + row * (K / kGroupSize);
   }
-  stream_load_rows<K, R>(w, sb, wv, sv);
+  return p;
+}
+template <int K, int R>
+__device__ __forceinline__ void stream_load_multi_rows(const MultiArgs& a, int task0, uint4 (&wv)[R][K / 1024],
+                                                       uint32_t (&sv)[R][K / 1024]) {
+  const RowPtrs<K, R> p = multi_row_ptrs<K, R>(a, task0);
+  stream_load_rows<K, R>(p.w, p.sb, wv, sv);
 }
 
 // One 32-bit word of nibbles (8 weights) against its staged x word xq: the hi and lo integer sums.

@@ -120,6 +120,8 @@ TEST(Gemv, MultiMatrixBatchOneLaunch) {
 TEST(Gemv, FusedRmsNormPrologue) {
   struct C { QFormat fmt; int cols; std::vector<int> rows; };
   const C cases[] = {{QFormat::q4, 2048, {8192, 4096, 32, 31}},
+                     {QFormat::q4, 2048, {8192, 513, 511}},  // one-wave kernel (q|k|v-like, 4-5 rows per warp)
+                     {QFormat::q4, 2048, {6999, 1001, 1}},   // one-wave kernel, uneven rows per warp
                      {QFormat::q4, 4096, {2048}},
                      {QFormat::q4, 2048, {248077}},
                      {QFormat::q8, 2048, {257, 3}},
