@@ -134,10 +134,6 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
   store_warp_rows(a, task0, acc, accumulate);
 }
 
-// The streaming kernel for tall K = 2048 matrices (lm_head: 248,320 rows): one block of NW warps per SM stages x
-// once (with the fused norm) and walks its row batches grid-strided with two batches of R rows per warp in
-// flight, instead of ~7,800 blocks that each normalise h before requesting their rows. H200, decode step at 4K:
-// 1305.5 -> 1293.0 us/token with R = 2 (1294.5 with R = 3; R = 4 spills), 16 warps.
 // The streaming kernel for K = 2048 matrices that one wave of one 16-warp block per SM covers with <= R rows
 // per warp (the attention q|k|v, 9,216 rows: 4 or 5 per warp), launched like the persistent kernels: with
 // programmatic dependent launch, so its blocks take the SMs as the previous launch's blocks leave and wait
@@ -156,7 +152,7 @@ __global__ void __launch_bounds__(NW * 32, 1) gemv_q4_stream_wave_kernel(MultiAr
   const int g = blockIdx.x * NW + threadIdx.x / 32, warps = gridDim.x * NW;
   const int base = a.total / warps, extra = a.total % warps;
   const int n = base + (g < extra ? 1 : 0), task0 = g * base + min(g, extra);
-  const RowPtrs<K, R> p = multi_row_ptrs<K, R>(a, task0);
+  const RowPtrs<R> p = multi_row_ptrs<K, R>(a, task0);
   uint4 wv[R][K / 1024];
   uint32_t sv[R][K / 1024];
   stream_stage_loaded_norm(hr, &nw, norm, xs, [&] { stream_load_rows<K, R>(p.w, p.sb, wv, sv, n); });
@@ -165,6 +161,10 @@ __global__ void __launch_bounds__(NW * 32, 1) gemv_q4_stream_wave_kernel(MultiAr
   store_warp_rows(a, task0, acc, false, n);
 }
 
+// The streaming kernel for tall K = 2048 matrices (lm_head: 248,320 rows): one block of NW warps per SM stages x
+// once (with the fused norm) and walks its row batches grid-strided with two batches of R rows per warp in
+// flight, instead of ~7,800 blocks that each normalise h before requesting their rows. H200, decode step at 4K:
+// 1305.5 -> 1293.0 us/token with R = 2 (1294.5 with R = 3; R = 4 spills), 16 warps.
 template <int R, int NW>
 __global__ void __launch_bounds__(NW * 32, 1) gemv_q4_stream_loop_kernel(MultiArgs a, const float* x, bool accumulate,
                                                                          NormIn norm) {

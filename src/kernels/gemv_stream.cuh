@@ -239,15 +239,16 @@ __device__ __forceinline__ void stream_load_row(const uint8_t* wrow, const uint3
     sv[c] = ld_stream_u32(sbrow + (lane + 32 * c) / 2);
   }
 }
-// The R consecutive rows [task0, task0 + R) of a MultiArgs row space (rows past the end repeat the last one).
-template <int K, int R>
+// The addresses of the R consecutive rows [task0, task0 + R) of a MultiArgs row space (rows past the end repeat
+// the last one), and their requests.
+template <int R>
 struct RowPtrs {
   const uint8_t* w[R];
   const uint32_t* sb[R];
 };
 template <int K, int R>
-__device__ __forceinline__ RowPtrs<K, R> multi_row_ptrs(const MultiArgs& a, int task0) {
-  RowPtrs<K, R> p;
+__device__ __forceinline__ RowPtrs<R> multi_row_ptrs(const MultiArgs& a, int task0) {
+  RowPtrs<R> p;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int task = min(task0 + r, a.total - 1);
@@ -261,7 +262,7 @@ __device__ __forceinline__ RowPtrs<K, R> multi_row_ptrs(const MultiArgs& a, int 
 template <int K, int R>
 __device__ __forceinline__ void stream_load_multi_rows(const MultiArgs& a, int task0, uint4 (&wv)[R][K / 1024],
                                                        uint32_t (&sv)[R][K / 1024]) {
-  const RowPtrs<K, R> p = multi_row_ptrs<K, R>(a, task0);
+  const RowPtrs<R> p = multi_row_ptrs<K, R>(a, task0);
   stream_load_rows<K, R>(p.w, p.sb, wv, sv);
 }
 

@@ -7,9 +7,10 @@
 //   A  every block normalises h; warps compute the router logits (+ shared-gate logit) and the shared expert's
 //      gate/up (unscaled silu(g) * u) — both need only x, and their weights are requested right after h
 //   B  every block turns the logits into the selection (route_topk); warps request the routed experts' gate/up
-//      rows (and, once those have arrived, the down-projection rows of phase C), compute the gate/up into act (scaled by
-//      the routing weight); the 16 warps of block b compute act chunk b (32 consecutive values), which the block
-//      stages in the streaming kernels' 16-bit input format (gemv_stream.cuh StreamX) once for every block
+//      rows (and, once those have arrived, the down-projection rows of phase C), compute the gate/up into act
+//      (scaled by the routing weight); the 16 warps of block b compute act chunk b (32 consecutive values),
+//      which the block stages in the streaming kernels' 16-bit input format (gemv_stream.cuh StreamX) once for
+//      every block
 //      (and the last block stages the shared expert's row, times its sigmoid gate, computed in phase A)
 //   C  every block copies the staged act into shared memory; warp g computes output row g of all 9 down
 //      projections by integer dot products and adds it to h (residual fused). The shared row of act stays

@@ -91,9 +91,9 @@ void print_persistent_trace() {
   for (int kind = 0; kind < 3; ++kind) {
     if (count[kind] == 0) continue;
     const double c = count[kind];
-    std::printf("%s, %d launches (us after the first wait return; earliest/median/latest block):\n  gap from the previous "
-                "persistent launch %.2f, wait spread %.2f;", kind_name[kind], count[kind], gap[kind] / c / 1e3,
-                wait_spread[kind] / c / 1e3);
+    std::printf("%s, %d launches (us after the first wait return; earliest/median/latest block):\n"
+                "  gap from the previous persistent launch %.2f, wait spread %.2f;", kind_name[kind], count[kind],
+                gap[kind] / c / 1e3, wait_spread[kind] / c / 1e3);
     const int k = kernel_of[kind];
     for (int p = 1; p < n_stamps[k]; ++p)
       std::printf(" %s %.2f/%.2f/%.2f;", names[k][p], sum_lo[kind][p] / c / 1e3, sum_med[kind][p] / c / 1e3,
