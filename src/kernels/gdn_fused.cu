@@ -95,7 +95,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   n.w = a.input_norm;
   n.eps = a.eps;
   n.x_out = a.x_out;
-  stream_stage_loaded_norm(hr, &nw, n, xs, [&] { stream_load_rows<kH, kRowsPerWarp>(wrow, sbrow, wv, sv); });
+  // chunk 0 of the rows in the norm, chunk 1 after it: the norm's shared-memory work no longer queues behind all
+  // 24 loads of the warp (H200, 4K: -1.3 us per token)
+  stream_stage_loaded_norm(hr, &nw, n, xs, [&] { stream_load_rows<kH, kRowsPerWarp, 0, 1>(wrow, sbrow, wv, sv); });
+  stream_load_rows<kH, kRowsPerWarp, 1, 2>(wrow, sbrow, wv, sv);
   trace_stamp(a.trace, 1);
   const bool step_block = blockIdx.x < kHv * kTiles && tid < gdn::kThreads;
   const int head = blockIdx.x / kTiles, col0 = (blockIdx.x % kTiles) * gdn::kCols;

@@ -214,13 +214,14 @@ __device__ __forceinline__ void stream_stage_input(const XT* x, const NormIn& n,
 // chunk 0 of every row, then chunk 1, ..., the order stream_dots consumes them. An SM receives its data in the
 // order it requested it, so the dots of the first chunks run while the later ones arrive (row-major requests
 // made the first chunk loop wait for the last row: H200 decode step at 4K -2..-3 us).
-// Only the first n rows are requested (the others' registers are left as they are: callers do not store them).
-template <int K, int R>
+// Only the first n rows are requested (the others' registers are left as they are: callers do not store them),
+// and only chunks [C0, C1) (a caller may request chunk 0 early and the rest later).
+template <int K, int R, int C0 = 0, int C1 = K / 1024>
 __device__ __forceinline__ void stream_load_rows(const uint8_t* const (&wrow)[R], const uint32_t* const (&sbrow)[R],
                                                  uint4 (&wv)[R][K / 1024], uint32_t (&sv)[R][K / 1024], int n = R) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int c = 0; c < K / 1024; ++c)
+  for (int c = C0; c < C1; ++c)
 #pragma unroll
     for (int r = 0; r < R; ++r)
       if (r < n) {
