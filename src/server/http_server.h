@@ -67,6 +67,7 @@ class HttpServer {
   std::unique_ptr<httplib::Server> http_;
   std::thread listen_thread_;
   int port_ = 0;
+  int listen_fd_ = -1;  // the listening socket (recorded when httplib creates it, for its backlog)
   std::unique_ptr<ServedModel> model_;
   std::unique_ptr<Engine> engine_;
   std::atomic<bool> ready_{false};
