@@ -17,8 +17,10 @@ using namespace lily::test;
 namespace {
 
 constexpr int kCtx = 1024;
-// End-of-generation ids of the Qwen3 tokenizer, suppressed where a test needs an exact token count.
-const ojson kNoEos = {{"151643", -100}, {"151645", -100}};
+// The stop ids of the demo model (served_model.cpp: <|endoftext|>, <|im_end|>, <|fim_pad|>, <|repo_name|>,
+// <|file_sep|> of the Qwen3 tokenizer), suppressed where a test needs an exact token count: with only the
+// first two, a sampled 150-token stream ended in "stop" now and then (SigtermDrainsInFlightStreamAndExitsZero).
+const ojson kNoEos = {{"151643", -100}, {"151645", -100}, {"151662", -100}, {"151663", -100}, {"151664", -100}};
 
 class ServerHttp : public ::testing::Test {
  protected:
