@@ -3,9 +3,9 @@
 // for the real model's shapes (H = 2048, Hk = 16, Hv = 32, Dk = Dv = 128, every projection q4). One block per
 // SM, 16 warps each; three phases separated by grid barriers (kernels/grid_barrier.cuh) instead of kernel
 // boundaries:
-//   1  every block normalises h (before any weight request); warp g computes rows [6g, 6g + 6) of in_proj
-//      (qkv | z | b | a, 12352 rows) into the projection scratch; those weights, the recurrent state and the
-//      conv taps / earlier values of phase 2 are requested as soon as x is staged
+//   1  every block normalises h; warp g computes rows [6g, 6g + 6) of in_proj (qkv | z | b | a, 12352 rows) into
+//      the projection scratch, their weights requested once h has arrived (in the norm); the recurrent state and
+//      the conv taps / earlier values of phase 2 are requested as soon as x is staged
 //   2  blocks 0..127 (threads 0..255) run the step of one (value head, 32-column tile) each
 //      (kernels/gdn_core.cuh, state requested in phase 1); its warp 0 writes the tile's Σ o² and o * w * silu(z)
 //      already in the out_proj's input format (gemv_stream.cuh StreamX: a tile is one 32-element chunk)
@@ -58,7 +58,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   __shared__ float head_r[kHv];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = warp * gridDim.x + blockIdx.x;  // this warp's task in phases 1 and 3
-  constexpr int G = kH / kGroupSize;
   trace_stamp(a.trace, 0);
   dep_trigger();  // PDL (grid_barrier.cuh): the next launch's blocks take the SMs as this launch's blocks leave
   dep_wait();     // the previous launch complete, before any load
@@ -79,16 +78,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   const int pos = *a.pos;
   GridSync gs = grid_sync_begin(a.barrier);  // after the first loads (grid_barrier.cuh)
   const int row0 = g * kRowsPerWarp;
-  const uint8_t* wrow[kRowsPerWarp];  // the rows' addresses while h is in flight
-  const uint32_t* sbrow[kRowsPerWarp];
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int task = min(row0 + r, a.in.total - 1);
-    const int m = find_mat(a.in, task);
-    const size_t row = static_cast<size_t>(task - pick(a.in.off, m));
-    wrow[r] = pick(a.in.w, m) + row * (kH / 2);
-    sbrow[r] = pick(a.in.sb, m) + row * G;
-  }
+  const RowPtrs<kRowsPerWarp> rows = multi_row_ptrs<kH, kRowsPerWarp>(a.in, row0);  // while h is in flight
   uint4 wv[kRowsPerWarp][2];
   uint32_t sv[kRowsPerWarp][2];
   NormIn n;
@@ -97,8 +87,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   n.x_out = a.x_out;
   // chunk 0 of the rows in the norm, chunk 1 after it: the norm's shared-memory work no longer queues behind all
   // 24 loads of the warp (H200, 4K: -1.3 us per token)
-  stream_stage_loaded_norm(hr, &nw, n, xs, [&] { stream_load_rows<kH, kRowsPerWarp, 0, 1>(wrow, sbrow, wv, sv); });
-  stream_load_rows<kH, kRowsPerWarp, 1, 2>(wrow, sbrow, wv, sv);
+  stream_stage_loaded_norm(hr, &nw, n, xs, [&] { stream_load_rows<kH, kRowsPerWarp, 0, 1>(rows.w, rows.sb, wv, sv); });
+  stream_load_rows<kH, kRowsPerWarp, 1, 2>(rows.w, rows.sb, wv, sv);
   trace_stamp(a.trace, 1);
   const bool step_block = blockIdx.x < kHv * kTiles && tid < gdn::kThreads;
   const int head = blockIdx.x / kTiles, col0 = (blockIdx.x % kTiles) * gdn::kCols;

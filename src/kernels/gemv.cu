@@ -236,8 +236,10 @@ void launch_stream(const MultiArgs& a, const XT* x, bool accumulate, const NormI
 // Rows from which a K = 2048 streaming GEMV runs as the looping kernel (lm_head; LILY_GEMV_LOOP=0: never).
 inline constexpr int kLoopMinRows = 65536;
 
-// Rows up to which a K = 2048 GEMV with the fused norm runs as the one-wave kernel (LILY_GEMV_WAVE=0: never).
-inline constexpr int kWaveRows = 5;   // rows per warp
+// A K = 2048 GEMV with the fused norm runs as the one-wave kernel when one wave of kWaveWarps warps per SM
+// covers it with more than 3 and at most 5 rows per warp (measured: the attention q|k|v, 9,216 rows, 4-5 per
+// warp; smaller matrices are left to the multi-block kernel, untried; LILY_GEMV_WAVE=0: never).
+inline constexpr int kWaveRows = 5;   // rows per warp at most
 inline constexpr int kWaveWarps = 16;
 
 template <int NW, typename XT>

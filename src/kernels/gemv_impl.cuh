@@ -56,7 +56,7 @@ __device__ __forceinline__ void store_warp_rows(const MultiArgs& a, int task0, f
 #pragma unroll
   for (int r = 1; r < R; ++r) v = lane == r ? acc[r] : v;
   const int task = task0 + lane;
-  if (lane < R && lane < n && task < a.total) {
+  if (lane < n && task < a.total) {  // n <= R
     const int m = find_mat(a, task);
     float* y = pick(a.y, m) + (task - pick(a.off, m));
     *y = accumulate ? *y + v : v;
