@@ -22,6 +22,7 @@ struct BenchArgs {
   int steps = 128;
   bool json = false;
   bool no_breakdown = false;
+  bool no_loops = false;
 };
 
 #ifdef LILY_HAVE_CUDA
@@ -57,6 +58,11 @@ void print_table(const BenchReport& r) {
     for (const BenchFamily& f : p.families)
       std::printf("  %-14s %9.1f us  %5.1f%%\n", f.name.c_str(), f.us_per_token, 100 * f.us_per_token / total);
   }
+  if (!r.loops.empty()) {
+    std::printf("\ngeneration loop (generate() over the Backend, context ~0, sampling included):\n");
+    for (const BenchLoop& l : r.loops)
+      std::printf("  %-82s %8.1f us/token %7.1f tok/s\n", l.name.c_str(), l.us_per_token, 1e6 / l.us_per_token);
+  }
 }
 
 nlohmann::json to_json(const BenchReport& r) {
@@ -73,6 +79,7 @@ nlohmann::json to_json(const BenchReport& r) {
     for (const BenchFamily& f : p.families) q["families_us"][f.name] = f.us_per_token;
     j["points"].push_back(q);
   }
+  for (const BenchLoop& l : r.loops) j["loops_us"][l.name] = l.us_per_token;
   return j;
 }
 #endif
@@ -92,6 +99,7 @@ int run_bench(const BenchArgs& a) {
   o.contexts = parse_contexts(a.contexts);
   o.steps = a.steps;
   o.breakdown = !a.no_breakdown;
+  o.loops = !a.no_loops;
   const BenchReport r = run_decode_bench(o);
   if (a.json)
     std::printf("%s\n", to_json(r).dump(2).c_str());
@@ -115,6 +123,7 @@ const CommandRegistrar reg{Command{
       sub.add_option("--steps", a->steps, "timed decode steps per context (>= 128 recommended)");
       sub.add_flag("--json", a->json, "print JSON instead of a table");
       sub.add_flag("--no-breakdown", a->no_breakdown, "skip the per-kernel-family pass");
+      sub.add_flag("--no-loops", a->no_loops, "skip the generation-loop measurement");
       return [a] { return run_bench(*a); };
     }}};
 

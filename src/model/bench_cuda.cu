@@ -5,6 +5,7 @@
 // order of model.md §8 (active weights + GDN state read/write + conv ring + KV read/append). A per-family
 // breakdown comes from an instrumented pass without the graph (events between kernel families).
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <map>
 
@@ -13,6 +14,7 @@
 #include "model/cuda_engine.h"
 #include "model/forward_cuda.h"
 #include "model/synth.h"
+#include "runtime/generate.h"
 
 namespace lily {
 
@@ -78,6 +80,27 @@ double bytes_per_token(const Config& c, const DeviceWeights& w, int n) {
   return b;
 }
 
+// Decode µs per token of generate() on `be` from a 1-token prompt: host sampling (a logits copy per token, the
+// host Sampler) or device sampling (the sampler inside the decode graph).
+double loop_us(Backend& be, const lily::SamplingParams& sp, bool host_sampling, int steps) {
+  using clock = std::chrono::steady_clock;
+  be.reset();
+  GenerateOptions g;
+  g.max_tokens = steps + 1;
+  g.ignore_eos = true;
+  g.sampling = sp;
+  g.logprobs = host_sampling;
+  clock::time_point first, last;
+  g.on_token = [&](const SampleResult&, int i) {
+    (i == 0 ? first : last) = clock::now();
+    return true;
+  };
+  const std::vector<int32_t> prompt{1000};
+  const GenerateResult r = generate(be, prompt, g);
+  LILY_CHECK(r.tokens.size() == static_cast<size_t>(steps + 1), "lily bench: the loop stopped early");
+  return std::chrono::duration<double, std::micro>(last - first).count() / steps;
+}
+
 }  // namespace
 
 BenchReport run_decode_bench(const BenchOptions& opt) {
@@ -107,6 +130,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
   }
   CUDA_CHECK(cudaStreamDestroy(s));
   rep.weight_bytes = w.bytes;
+  {  // the graph replays (the engine and its weights go away before the loop measurement)
   const int max_ctx = *std::max_element(opt.contexts.begin(), opt.contexts.end()) + opt.steps + opt.warmup + 2;
   const DeviceWeights wcopy = w;  // the engine owns w; keep the shapes for the byte count
   CudaEngine eng(cfg, std::move(w), max_ctx, opt.device);
@@ -118,7 +142,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
   CUDA_CHECK(cudaMalloc(&scratch, sampling_scratch_bytes(cfg.vocab)));
   CUDA_CHECK(cudaMalloc(&rng, sizeof(uint64_t)));
   CUDA_CHECK(cudaMemsetAsync(rng, 0, sizeof(uint64_t), st));
-  SamplingParams sp;
+  cuda::SamplingParams sp;
   sp.temperature = 0.f;
   sp.n_valid = cfg.vocab;
   sp.update_counts = false;
@@ -184,6 +208,30 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
   CUDA_CHECK(cudaGraphExecDestroy(loop));
   CUDA_CHECK(cudaFree(scratch));
   CUDA_CHECK(cudaFree(rng));
+  }
+  if (opt.loops) {
+    cudaStream_t s2;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    DeviceWeights w2 = model ? upload_weights(*model, false, false, s2) : synthetic_weights(cfg, 1234, s2);
+    CUDA_CHECK(cudaStreamSynchronize(s2));
+    CUDA_CHECK(cudaStreamDestroy(s2));
+    std::unique_ptr<Backend> be = make_cuda_backend(cfg, std::move(w2), opt.steps + opt.warmup + 8, opt.device);
+    lily::SamplingParams greedy;
+    greedy.temperature = 0;
+    lily::SamplingParams sampled;  // the server's chat defaults without thinking (server/job_setup.cpp)
+    sampled.temperature = 0.7f;
+    sampled.top_k = 20;
+    sampled.top_p = 0.8f;
+    sampled.presence_penalty = 1.5f;
+    sampled.seed = 1;
+    loop_us(*be, greedy, false, opt.warmup);  // warm-up (captures the decode graph)
+    for (bool host : {true, false}) {
+      const char* where = host ? "host sampling (logits copied)" : "device sampling";
+      rep.loops.push_back({std::string("greedy, ") + where, loop_us(*be, greedy, host, opt.steps)});
+      rep.loops.push_back({std::string("chat defaults (T 0.7, top-k 20, top-p 0.8, presence 1.5), ") + where,
+                           loop_us(*be, sampled, host, opt.steps)});
+    }
+  }
   return rep;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "kernels/qmat.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "runtime/backend.h"
 
 namespace lily::cuda {
 
@@ -45,6 +47,9 @@ DeviceWeights upload_weights(const Model& model, bool quantize_bf16, bool progre
 // Random full-size weights in the MLX 4-bit layout (8-bit router / shared gate) generated on the GPU.
 DeviceWeights synthetic_weights(const Config& c, uint64_t seed, cudaStream_t s);
 void free_weights(DeviceWeights& w);
+
+// The CUDA Backend on weights already on the device (the engine takes them), e.g. synthetic ones (benchmarks).
+std::unique_ptr<Backend> make_cuda_backend(const Config& c, DeviceWeights w, int max_context, int device);
 
 // Fills n bf16 values with random numbers in [-1, 1) (seeded), e.g. a benchmark's KV pages.
 void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, cudaStream_t s);

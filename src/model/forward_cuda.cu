@@ -1,9 +1,11 @@
 // The CUDA backend (batch-1 decode at memory-bandwidth speed): CudaEngine holds the device weights, one
 // sequence's state (GDN conv rings and recurrent states, a paged bf16 KV cache grown on demand) and the
 // decode step captured once as a CUDA graph; CudaBackend adapts it to the Backend interface.
-// The step reads its token and position from device memory (StepDev), so the graph replays unchanged; per
-// token the host only copies {token, position} asynchronously. A prompt runs the same graph token by token
-// (simple and exact up to the full context). Math: shared/spec/model.md §2; kernels: kernels/gdn_fused.h (a GDN
+// The step reads its token and position from device memory (StepDev), so the graph replays unchanged. A prompt
+// runs the same graph token by token (simple and exact up to the full context). Generation with device sampling
+// (Backend::begin_device_sampling) replays a second graph, the step followed by the sampler, which writes the
+// id into the StepDev of the next step, advances the position and copies the id to pinned host memory: per
+// token the host launches it and reads 4 bytes (no logits copy, no host sampler). Math: shared/spec/model.md §2; kernels: kernels/gdn_fused.h (a GDN
 // layer's mixer in one persistent launch), kernels/qmat.h (GEMV, the MoE block in one persistent launch,
 // embedding) and kernels/mixers.h (attention, norms, RoPE, the standalone GDN step). For the real model the step
 // is 112 launches: embed, per GDN layer 2 (mixer, MoE), per attention layer 5 (q/k/v with the input norm,
@@ -16,6 +18,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/gdn_fused.h"
+#include "kernels/sampling.h"
 #include "model/cuda_engine.h"
 #include "model/forward_cuda.h"
 
@@ -300,16 +303,20 @@ namespace {
 class CudaBackend : public Backend {
  public:
   CudaBackend(const Model& model, const CudaOptions& opt)
-      : cfg_(model.config),
-        engine_(model.config, upload(model, opt),
-                opt.max_context > 0 ? opt.max_context : model.config.max_position_embeddings, opt.device) {
+      : CudaBackend(model.config, upload(model, opt),
+                    opt.max_context > 0 ? opt.max_context : model.config.max_position_embeddings, opt.device) {}
+  CudaBackend(const Config& c, DeviceWeights w, int max_context, int device)
+      : cfg_(c), engine_(c, std::move(w), max_context, device) {
     CUDA_CHECK(cudaMallocHost(&staging_, sizeof(StepDev) * kStaging));
+    CUDA_CHECK(cudaMallocHost(&host_token_, sizeof(int)));
     d_steps_ = device_alloc<StepDev>(kStaging);
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(engine_.stream());
+    if (sample_graph_) cudaGraphExecDestroy(sample_graph_);
+    for (void* p : {(void*)d_steps_, (void*)counts_, (void*)rng_, sample_scratch_, (void*)d_prompt_}) cudaFree(p);
     cudaFreeHost(staging_);
-    cudaFree(d_steps_);
+    cudaFreeHost(host_token_);
   }
 
   const Config& config() const override { return cfg_; }
@@ -348,6 +355,80 @@ class CudaBackend : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
+  // ---- sampling on the device (kernels/sampling.h) ----
+  bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt) override {
+    const bool rep = p.repetition_penalty != 1.0f, pf = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+    // one count buffer on the device: prompt + generated (repetition) or generated only (presence/frequency)
+    if (!p.logit_bias.empty() || p.top_logprobs > 0 || (rep && pf)) return false;
+    const int V = cfg_.vocab;
+    SamplingParams d;
+    d.temperature = p.temperature;
+    d.top_k = p.top_k;
+    d.top_p = p.top_p;
+    d.min_p = p.min_p;
+    d.presence = p.presence_penalty;
+    d.frequency = p.frequency_penalty;
+    d.repetition = p.repetition_penalty;
+    d.seed = p.seed;
+    d.n_valid = p.n_valid > 0 && p.n_valid < V ? p.n_valid : 0;
+    d.update_counts = rep || pf;
+    cudaStream_t s = engine_.stream();
+    if (!sample_scratch_) {
+      sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(V));
+      counts_ = device_alloc<int>(V);
+      rng_ = device_alloc<uint64_t>(1);
+    }
+    CUDA_CHECK(cudaMemsetAsync(rng_, 0, sizeof(uint64_t), s));
+    if (d.update_counts) {
+      CUDA_CHECK(cudaMemsetAsync(counts_, 0, (size_t)V * sizeof(int), s));
+      if (rep && !prompt.empty()) {
+        for (int32_t t : prompt) LILY_CHECK(t >= 0 && t < V, "CUDA backend: token id ", t, " outside [0, ", V, ")");
+        if ((int)prompt.size() > prompt_cap_) {
+          cudaStreamSynchronize(s);
+          cudaFree(d_prompt_);
+          prompt_cap_ = (int)prompt.size();
+          d_prompt_ = device_alloc<int32_t>(prompt_cap_);
+        }
+        CUDA_CHECK(cudaMemcpyAsync(d_prompt_, prompt.data(), prompt.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+        count_tokens(counts_, V, d_prompt_, (int)prompt.size(), s);
+        CUDA_CHECK(cudaStreamSynchronize(s));  // the host prompt may go away
+      }
+    }
+    // the decode graph (step + this sampler + position advance + the id to the host), captured once per
+    // distinct parameter set
+    auto same = [](const SamplingParams& a, const SamplingParams& b) {
+      return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
+             a.presence == b.presence && a.frequency == b.frequency && a.repetition == b.repetition &&
+             a.seed == b.seed && a.n_valid == b.n_valid && a.update_counts == b.update_counts;
+    };
+    if (!sample_graph_ || !same(d, sample_params_)) {
+      if (sample_graph_) CUDA_CHECK(cudaGraphExecDestroy(sample_graph_));
+      sample_graph_ = nullptr;
+      sample_params_ = d;
+      sample_graph_ = engine_.capture([&] { sample_tail(); });
+    }
+    sampling_ = true;
+    return true;
+  }
+
+  int32_t sample_device() override {
+    LILY_CHECK(sampling_, "CUDA backend: sample_device without begin_device_sampling");
+    sample_tail();  // from the logits of position pos_ - 1: the step on the device is {its id, pos_ - 1}
+    CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
+    return *host_token_;
+  }
+
+  int32_t decode_sample_device() override {
+    LILY_CHECK(sampling_, "CUDA backend: decode_sample_device without begin_device_sampling");
+    LILY_CHECK(pos_ + 1 <= engine_.max_context(), "CUDA backend: ", pos_ + 1, " tokens exceed the context of ",
+               engine_.max_context());
+    engine_.ensure_kv(pos_ + 1);
+    CUDA_CHECK(cudaGraphLaunch(sample_graph_, engine_.stream()));  // consumes {pending id, pos_}
+    CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
+    ++pos_;
+    return *host_token_;
+  }
+
   StateSnapshot save_state() const override {
     StateSnapshot snap;
     snap.position = pos_;
@@ -381,11 +462,32 @@ class CudaBackend : public Backend {
     return w;
   }
 
+  // The sampler on the logits, the id into the step's input (read by the next step's embedding), the position
+  // advanced, the id copied to the host (pinned): one launch sequence, plain or inside the decode graph.
+  void sample_tail() {
+    cudaStream_t s = engine_.stream();
+    const SamplingParams& d = sample_params_;
+    sample(engine_.logits(), cfg_.vocab, d, d.update_counts ? counts_ : nullptr, rng_, &engine_.step()->token,
+           sample_scratch_, s);
+    launch_advance_pos(engine_.step(), s);
+    CUDA_CHECK(cudaMemcpyAsync(host_token_, &engine_.step()->token, sizeof(int), cudaMemcpyDeviceToHost, s));
+  }
+
   Config cfg_;
   CudaEngine engine_;
   int pos_ = 0;
   StepDev* staging_ = nullptr;  // pinned [kStaging]
   StepDev* d_steps_ = nullptr;  // device [kStaging]
+  // device sampling
+  bool sampling_ = false;                 // begin_device_sampling succeeded (until the backend goes away)
+  SamplingParams sample_params_{};        // those of sample_graph_
+  cudaGraphExec_t sample_graph_ = nullptr;
+  void* sample_scratch_ = nullptr;        // sampling_scratch_bytes(vocab)
+  int* counts_ = nullptr;                 // [vocab] penalty counts
+  uint64_t* rng_ = nullptr;               // [1] RNG counter
+  int32_t* d_prompt_ = nullptr;           // [prompt_cap_] prompt ids for count_tokens
+  int prompt_cap_ = 0;
+  int* host_token_ = nullptr;             // pinned [1]: the last sampled id
 };
 
 }  // namespace
@@ -407,6 +509,12 @@ std::string cuda_device_description(int device) {
                 p.totalGlobalMem / (1024.0 * 1024 * 1024));
   return buf;
 }
+
+namespace cuda {
+std::unique_ptr<Backend> make_cuda_backend(const Config& c, DeviceWeights w, int max_context, int device) {
+  return std::make_unique<CudaBackend>(c, std::move(w), max_context, device);
+}
+}  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions& opt) {
   const Config& c = model.config;

@@ -36,6 +36,7 @@ struct BenchOptions {
   int warmup = 8;
   int device = 0;
   bool breakdown = true;           // per-kernel-family times (instrumented non-graph pass)
+  bool loops = true;               // the generation loop through the Backend (host vs device sampling)
 };
 
 struct BenchFamily {
@@ -54,12 +55,20 @@ struct BenchPoint {
   std::vector<BenchFamily> families;  // instrumented pass (sums a little above us_per_token: no graph)
 };
 
+// The generation loop as `lily serve` / `lily generate` run it (runtime/generate.cpp over the Backend, context
+// ~0, 1-token prompt): decode time per token seen by the host, sampling included.
+struct BenchLoop {
+  std::string name;                // e.g. "greedy, device sampling"
+  double us_per_token = 0;         // (last token time - first token time) / (tokens - 1)
+};
+
 struct BenchReport {
   std::string device;
   std::string weights;             // "synthetic full (MLX 4-bit layout)" or the model dir
   double copy_gb_per_s = 0;        // measured device-to-device copy (read + write bytes)
   double weight_bytes = 0;         // bytes of weights resident on the GPU
   std::vector<BenchPoint> points;
+  std::vector<BenchLoop> loops;
 };
 
 BenchReport run_decode_bench(const BenchOptions& opt);

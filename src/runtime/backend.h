@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "runtime/sampler.h"
 
 namespace lily {
 
@@ -30,6 +31,21 @@ class Backend {
   // Consume `tokens` at positions position()..position()+n-1. Writes float32 logits [n, vocab] to
   // `logits` when all_logits, else only the last position's [vocab]; `logits` may be null (no head).
   virtual void forward(std::span<const int32_t> tokens, float* logits, bool all_logits) = 0;
+
+  // Sampling where the logits are (optional; the CUDA backend): no vocab-sized copy to the host and no host
+  // sampler per token, the sampled id written straight into the next step's input. begin_device_sampling()
+  // returns false when this backend or these parameters cannot be sampled there with the host Sampler's exact
+  // semantics (logit_bias, top_logprobs, or repetition together with presence/frequency penalties); the caller
+  // then samples on the host from forward()'s logits. Otherwise it starts one generation: RNG counter 0, the
+  // penalty counts from `prompt` (repetition penalty) and nothing generated. No log-probabilities are computed.
+  virtual bool begin_device_sampling(const SamplingParams& /*params*/, std::span<const int32_t> /*prompt*/) {
+    return false;
+  }
+  // The next id from the logits of the last consumed position (consume the prompt with forward(..., nullptr,
+  // false): the logits stay on the device). It becomes the pending id; position() is unchanged.
+  virtual int32_t sample_device() { return -1; }
+  // Consumes the pending id (position() + 1) and samples the next one from its logits, which becomes pending.
+  virtual int32_t decode_sample_device() { return -1; }
 
   // Prefix cache support: snapshot the recurrent state now; restore it and keep the first
   // snapshot.position KV entries (the tokens must be the same ones that produced the snapshot).

@@ -2,6 +2,7 @@
 #include "runtime/generate.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "util/check.h"
 
@@ -24,13 +25,21 @@ GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const
   std::vector<int32_t> stop_ids = opt.extra_stop_ids;
   if (!opt.ignore_eos) stop_ids.insert(stop_ids.end(), cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
 
-  Sampler sampler(opt.sampling, cfg.vocab);
+  Sampler sampler(opt.sampling, cfg.vocab);  // also validates the parameters on the device path
   sampler.add_prompt(prompt);
-  std::vector<float> logits(cfg.vocab);
-  backend.forward(prompt, logits.data(), false);
+  const bool dev = !opt.logprobs && backend.begin_device_sampling(opt.sampling, prompt);
+  std::vector<float> logits(dev ? 0 : cfg.vocab);
+  backend.forward(prompt, dev ? nullptr : logits.data(), false);
+  int32_t pending = dev ? backend.sample_device() : -1;  // device path: the id sampled, not yet consumed
   res.finish = FinishReason::length;
   for (int i = 0; i < opt.max_tokens; ++i) {
-    SampleResult s = sampler.sample(logits.data());
+    SampleResult s;
+    if (dev) {
+      s.token = pending;
+      s.logprob = std::numeric_limits<float>::quiet_NaN();
+    } else {
+      s = sampler.sample(logits.data());
+    }
     res.tokens.push_back(s.token);
     res.samples.push_back(s);
     const bool keep_going = !opt.on_token || opt.on_token(s, i);
@@ -44,7 +53,10 @@ GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const
     }
     if (i + 1 == opt.max_tokens) break;
     if (backend.position() >= backend.max_context()) break;  // no room to decode another token
-    backend.forward(std::span<const int32_t>(&s.token, 1), logits.data(), false);
+    if (dev)
+      pending = backend.decode_sample_device();
+    else
+      backend.forward(std::span<const int32_t>(&s.token, 1), logits.data(), false);
   }
   return res;
 }

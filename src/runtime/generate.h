@@ -21,6 +21,10 @@ struct GenerateOptions {
   bool ignore_eos = false;
   std::vector<int32_t> extra_stop_ids;  // stop ids on top of the config's eos ids
   SamplingParams sampling;
+  // Fill SampleResult::logprob / top (host sampling from a logits copy per token). Without, a backend that
+  // samples on the device does so (Backend::begin_device_sampling) and the results carry only the ids
+  // (logprob NaN).
+  bool logprobs = false;
   // Called for every generated id (the stop id too) in order; return false to cancel after this token.
   std::function<bool(const SampleResult& token, int index)> on_token;
 };

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <span>
 
 #include "server/api_error.h"
@@ -160,8 +161,9 @@ int Engine::prepare_prefix(GenJob& job) {
   return 0;
 }
 
-// Prefill prompt[from, n) in chunks that end at checkpoint positions; leaves the last position's logits.
-bool Engine::prefill(GenJob& job, int from, std::vector<float>& logits) {
+// Prefill prompt[from, n) in chunks that end at checkpoint positions; leaves the last position's logits in
+// `logits` (null: on the backend, for device sampling).
+bool Engine::prefill(GenJob& job, int from, float* logits) {
   const auto& p = job.prompt;
   const int n = static_cast<int>(p.size());
   std::vector<int> cuts;
@@ -180,7 +182,7 @@ bool Engine::prefill(GenJob& job, int from, std::vector<float>& logits) {
     bool at_cut = next_cut < cuts.size() && cuts[next_cut] <= end;
     if (at_cut) end = cuts[next_cut++];
     std::span<const int32_t> chunk(p.data() + pos, static_cast<size_t>(end - pos));
-    backend_.forward(chunk, end == n ? logits.data() : nullptr, false);
+    backend_.forward(chunk, end == n ? logits : nullptr, false);
     resident_.insert(resident_.end(), chunk.begin(), chunk.end());
     pos = end;
     if (at_cut && opt_.prefix_cache) cache_.insert(std::span(p.data(), static_cast<size_t>(pos)), backend_.save_state());
@@ -196,9 +198,13 @@ void Engine::run(GenJob& job) {
   const int n = static_cast<int>(job.prompt.size());
   LILY_CHECK(n >= 1 && n < max_context_, "prompt of ", n, " tokens does not fit the context of ", max_context_);
 
-  std::vector<float> logits(static_cast<size_t>(vocab_));
+  Sampler sampler(job.sampling, vocab_);  // also validates the parameters on the device path
+  sampler.add_prompt(job.prompt);
+  // sampling next to the logits where the backend can (no logits copy per token); host sampling otherwise
+  const bool dev = !job.logprobs && backend_.begin_device_sampling(job.sampling, job.prompt);
+  std::vector<float> logits(dev ? 0 : static_cast<size_t>(vocab_));
   job.n_cached = prepare_prefix(job);
-  if (!prefill(job, job.n_cached, logits)) {
+  if (!prefill(job, job.n_cached, dev ? nullptr : logits.data())) {
     // Interrupted prefill: the resident tokens are exactly what was consumed, so they stay reusable.
     return finish(job, job.cancel.load() ? FinishReason::cancelled : FinishReason::length);
   }
@@ -206,8 +212,7 @@ void Engine::run(GenJob& job) {
   if (n > job.n_cached && job.prompt_ms > 0)
     metrics_.observe_prefill_rate(double(n - job.n_cached) / (job.prompt_ms / 1000.0));
 
-  Sampler sampler(job.sampling, vocab_);
-  sampler.add_prompt(job.prompt);
+  int32_t pending = dev ? backend_.sample_device() : -1;  // device path: sampled, not yet consumed
   const auto gen_start = Clock::now();
   auto last = gen_start;
   FinishReason reason = FinishReason::length;
@@ -218,7 +223,13 @@ void Engine::run(GenJob& job) {
       reason = FinishReason::length;
       break;
     }
-    TokenEvent ev = sampler.sample(logits.data());
+    TokenEvent ev;
+    if (dev) {
+      ev.token = pending;
+      ev.logprob = std::numeric_limits<float>::quiet_NaN();
+    } else {
+      ev = sampler.sample(logits.data());
+    }
     const auto now = Clock::now();
     if (job.n_generated == 0) metrics_.observe_ttft(std::chrono::duration<double>(now - job.arrival).count());
     else metrics_.observe_inter_token(std::chrono::duration<double>(now - last).count());
@@ -244,7 +255,10 @@ void Engine::run(GenJob& job) {
       break;
     }
     const int32_t t = ev.token;
-    backend_.forward(std::span(&t, 1), logits.data(), false);
+    if (dev)
+      pending = backend_.decode_sample_device();  // consumes t
+    else
+      backend_.forward(std::span(&t, 1), logits.data(), false);
     resident_.push_back(t);
   }
   job.gen_ms = ms_since(gen_start);

@@ -36,6 +36,7 @@ struct GenJob {
   // ---- input, set before submit ----
   std::vector<int32_t> prompt;          // [n_prompt] tokens
   SamplingParams sampling;              // resolved (defaults applied, n_valid and top_logprobs set)
+  bool logprobs = false;                // the response reports log-probabilities: sample on the host
   int max_tokens = 1;                   // already clamped to the context
   std::vector<int> checkpoints;         // prompt positions after which to snapshot the state
   std::vector<int32_t> stop_ids;        // end-of-generation tokens (not emitted)
@@ -90,7 +91,7 @@ class Engine {
   void loop();
   void run(GenJob& job);
   int prepare_prefix(GenJob& job);
-  bool prefill(GenJob& job, int from, std::vector<float>& logits);
+  bool prefill(GenJob& job, int from, float* logits);
   void finish(GenJob& job, FinishReason reason);
   void update_gauges();
 

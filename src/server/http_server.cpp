@@ -351,6 +351,7 @@ void HttpServer::handle_chat(const httplib::Request& req, httplib::Response& res
                                                                          : SamplingMode::non_thinking);
   job.max_tokens = resolve_max_tokens(cr.max_tokens, m, static_cast<int>(job.prompt.size()), opt_.max_tokens_cap);
   if (cr.logprobs) job.sampling.top_logprobs = cr.top_logprobs;
+  job.logprobs = cr.logprobs;
   job.stop_ids = m.stop_ids;
   job.turn_tail = m.turn_tail;
   job.checkpoints = turn_checkpoints(job.prompt, m);
@@ -385,6 +386,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
   job.sampling = resolve_sampling(cr.sampling, m, SamplingMode::raw);
   job.max_tokens = resolve_max_tokens(cr.max_tokens, m, static_cast<int>(job.prompt.size()), opt_.max_tokens_cap);
   if (cr.logprobs > 0) job.sampling.top_logprobs = cr.logprobs;
+  job.logprobs = cr.logprobs >= 0;
   job.stop_ids = m.stop_ids;
   g->info.chat = false;
   g->info.stream = cr.stream;
