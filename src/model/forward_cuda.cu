@@ -361,6 +361,11 @@ class CudaBackend : public Backend {
     // one count buffer on the device: prompt + generated (repetition) or generated only (presence/frequency)
     if (!p.logit_bias.empty() || p.top_logprobs > 0 || (rep && pf)) return false;
     const int V = cfg_.vocab;
+    cudaStream_t s = engine_.stream();
+    if (in_flight_) {  // a launch an earlier generation left (its caller threw before waiting)
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      in_flight_ = false;
+    }
     SamplingParams d;
     d.temperature = p.temperature;
     d.top_k = p.top_k;
@@ -372,7 +377,6 @@ class CudaBackend : public Backend {
     d.seed = p.seed;
     d.n_valid = p.n_valid > 0 && p.n_valid < V ? p.n_valid : 0;
     d.update_counts = rep || pf;
-    cudaStream_t s = engine_.stream();
     if (!sample_scratch_) {
       sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(V));
       counts_ = device_alloc<int>(V);
@@ -418,14 +422,20 @@ class CudaBackend : public Backend {
     return *host_token_;
   }
 
-  int32_t decode_sample_device() override {
-    LILY_CHECK(sampling_, "CUDA backend: decode_sample_device without begin_device_sampling");
+  void decode_device_launch() override {
+    LILY_CHECK(sampling_ && !in_flight_, "CUDA backend: decode_device_launch without begin_device_sampling, or twice");
     LILY_CHECK(pos_ + 1 <= engine_.max_context(), "CUDA backend: ", pos_ + 1, " tokens exceed the context of ",
                engine_.max_context());
     engine_.ensure_kv(pos_ + 1);
     CUDA_CHECK(cudaGraphLaunch(sample_graph_, engine_.stream()));  // consumes {pending id, pos_}
-    CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
     ++pos_;
+    in_flight_ = true;
+  }
+
+  int32_t decode_device_wait() override {
+    LILY_CHECK(in_flight_, "CUDA backend: decode_device_wait without decode_device_launch");
+    CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
+    in_flight_ = false;
     return *host_token_;
   }
 
@@ -480,6 +490,7 @@ class CudaBackend : public Backend {
   StepDev* d_steps_ = nullptr;  // device [kStaging]
   // device sampling
   bool sampling_ = false;                 // begin_device_sampling succeeded (until the backend goes away)
+  bool in_flight_ = false;                // a decode_device_launch not yet waited for
   SamplingParams sample_params_{};        // those of sample_graph_
   cudaGraphExec_t sample_graph_ = nullptr;
   void* sample_scratch_ = nullptr;        // sampling_scratch_bytes(vocab)

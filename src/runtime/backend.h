@@ -45,7 +45,14 @@ class Backend {
   // false): the logits stay on the device). It becomes the pending id; position() is unchanged.
   virtual int32_t sample_device() { return -1; }
   // Consumes the pending id (position() + 1) and samples the next one from its logits, which becomes pending.
-  virtual int32_t decode_sample_device() { return -1; }
+  // decode_device_launch() starts that and returns at once (the host may stream the id meanwhile);
+  // decode_device_wait() then returns the new pending id. decode_sample_device() does both.
+  virtual void decode_device_launch() {}
+  virtual int32_t decode_device_wait() { return -1; }
+  int32_t decode_sample_device() {
+    decode_device_launch();
+    return decode_device_wait();
+  }
 
   // Prefix cache support: snapshot the recurrent state now; restore it and keep the first
   // snapshot.position KV entries (the tokens must be the same ones that produced the snapshot).

@@ -42,8 +42,14 @@ GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const
     }
     res.tokens.push_back(s.token);
     res.samples.push_back(s);
+    const bool stop = std::find(stop_ids.begin(), stop_ids.end(), s.token) != stop_ids.end();
+    // no room to decode another token, or no need
+    const bool last = stop || i + 1 == opt.max_tokens || backend.position() >= backend.max_context();
+    // device path: the next step runs while on_token handles this id (it is consumed even if on_token cancels)
+    if (dev && !last) backend.decode_device_launch();
     const bool keep_going = !opt.on_token || opt.on_token(s, i);
-    if (std::find(stop_ids.begin(), stop_ids.end(), s.token) != stop_ids.end()) {
+    if (dev && !last) pending = backend.decode_device_wait();
+    if (stop) {
       res.finish = FinishReason::stop;
       break;
     }
@@ -51,12 +57,8 @@ GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const
       res.finish = FinishReason::cancelled;
       break;
     }
-    if (i + 1 == opt.max_tokens) break;
-    if (backend.position() >= backend.max_context()) break;  // no room to decode another token
-    if (dev)
-      pending = backend.decode_sample_device();
-    else
-      backend.forward(std::span<const int32_t>(&s.token, 1), logits.data(), false);
+    if (last) break;
+    if (!dev) backend.forward(std::span<const int32_t>(&s.token, 1), logits.data(), false);
   }
   return res;
 }

@@ -37,7 +37,8 @@ struct GenerateResult {
 };
 
 // Consumes `prompt` (non-empty) starting at the backend's current position, then generates. Afterwards the
-// backend has consumed the prompt and every generated id except the last (which was never fed back).
+// backend has consumed the prompt and every generated id except the last (which was never fed back), except
+// when on_token cancels with device sampling: the step of the last id ran while on_token handled it.
 GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const GenerateOptions& opt);
 
 }  // namespace lily

@@ -249,17 +249,22 @@ void Engine::run(GenJob& job) {
       return;
     }
     job.n_generated++;
-    if (job.on_token && !job.on_token(ev)) { reason = FinishReason::stop; break; }
-    if (job.n_generated >= job.max_tokens || backend_.position() + 1 >= max_context_) {
-      reason = FinishReason::length;
-      break;
-    }
     const int32_t t = ev.token;
-    if (dev)
-      pending = backend_.decode_sample_device();  // consumes t
-    else
+    const bool last = job.n_generated >= job.max_tokens || backend_.position() + 1 >= max_context_;
+    // device path: t's step and the next sample run while on_token streams t (t is then consumed even when
+    // on_token ends the generation; resident_ says so)
+    if (dev && !last) {
+      backend_.decode_device_launch();
+      resident_.push_back(t);
+    }
+    const bool keep = !job.on_token || job.on_token(ev);
+    if (dev && !last) pending = backend_.decode_device_wait();
+    if (!keep) { reason = FinishReason::stop; break; }
+    if (last) { reason = FinishReason::length; break; }
+    if (!dev) {
       backend_.forward(std::span(&t, 1), logits.data(), false);
-    resident_.push_back(t);
+      resident_.push_back(t);
+    }
   }
   job.gen_ms = ms_since(gen_start);
   finish(job, reason);

@@ -2,6 +2,7 @@
 // greedy continuations of the CPU backend against transformers' (golden fixture).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +41,37 @@ class CountingBackend : public Backend {
   Config cfg_;
   int max_ctx_;
   int pos_ = 0;
+};
+
+// The same script with the sampler "on the device" (Backend::begin_device_sampling): greedy only. Counts its
+// launches and checks the launch / wait pairing.
+class DeviceCountingBackend : public CountingBackend {
+ public:
+  using CountingBackend::CountingBackend;
+  bool begin_device_sampling(const SamplingParams& p, std::span<const int32_t> prompt) override {
+    if (p.temperature > 0) return false;
+    begun++;
+    last_prompt_.assign(prompt.begin(), prompt.end());
+    return true;
+  }
+  int32_t sample_device() override { return pending_ = (fed.back() + 1) % config().vocab; }
+  void decode_device_launch() override {
+    EXPECT_FALSE(in_flight_);
+    in_flight_ = true;
+    forward(std::span<const int32_t>(&pending_, 1), nullptr, false);
+    launches++;
+  }
+  int32_t decode_device_wait() override {
+    EXPECT_TRUE(in_flight_);
+    in_flight_ = false;
+    return pending_ = (fed.back() + 1) % config().vocab;
+  }
+  int begun = 0, launches = 0;
+
+ private:
+  std::vector<int32_t> last_prompt_;
+  int32_t pending_ = -1;
+  bool in_flight_ = false;
 };
 
 GenerateOptions greedy(int max_tokens) {
@@ -118,4 +150,39 @@ TEST(Generate, CpuGreedyMatchesTransformers) {
     be.reset();
     EXPECT_EQ(generate(be, prompt, o).tokens, expect) << "prompt of " << prompt.size();
   }
+}
+
+// The device-sampling path of generate() against the host path on the same script: the same ids, finish
+// reasons and consumed ids (the stop id and the last id are never fed), except that a cancelling on_token
+// runs while the last id's step is in flight (so that id is consumed too). Logprobs force host sampling.
+TEST(Generate, DeviceSamplingPathMatchesHostPath) {
+  for (int max_ctx : {100, 4}) {
+    for (bool ignore_eos : {false, true}) {
+      CountingBackend host(max_ctx);
+      DeviceCountingBackend dev(max_ctx);
+      const int32_t prompt[] = {2, 3};
+      GenerateOptions o = greedy(9);
+      o.ignore_eos = ignore_eos;
+      const GenerateResult a = generate(host, prompt, o), b = generate(dev, prompt, o);
+      EXPECT_EQ(b.tokens, a.tokens) << max_ctx << " " << ignore_eos;
+      EXPECT_EQ(b.finish, a.finish);
+      EXPECT_EQ(dev.fed, host.fed);
+      EXPECT_EQ(dev.begun, 1);
+      EXPECT_EQ(dev.launches, static_cast<int>(a.tokens.size()) - 1);
+      EXPECT_TRUE(std::isnan(b.samples[0].logprob));
+    }
+  }
+  DeviceCountingBackend dev(100);
+  const int32_t prompt[] = {0};
+  GenerateOptions o = greedy(10);
+  o.on_token = [](const SampleResult& s, int) { return s.token != 3; };
+  const GenerateResult r = generate(dev, prompt, o);
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r.finish, FinishReason::cancelled);
+  EXPECT_EQ(dev.fed, (std::vector<int32_t>{0, 1, 2, 3}));  // 3's step ran while on_token handled it
+  DeviceCountingBackend dev2(100);
+  o.on_token = nullptr;
+  o.logprobs = true;
+  EXPECT_EQ(generate(dev2, prompt, o).tokens.size(), 9u);  // 1 .. 9 (an eos id)
+  EXPECT_EQ(dev2.begun, 0);
 }

@@ -7,9 +7,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 
 #include "server/api_error.h"
+#include "server/engine.h"
 #include "server/metrics.h"
 #include "server/prefix_cache.h"
 #include "server/request.h"
@@ -317,4 +319,94 @@ TEST(ServerModelLookup, FindsTheNewestCachedSnapshotOfAKnownRepo) {
   if (old_home) setenv("HF_HOME", saved.c_str(), 1);
   else unsetenv("HF_HOME");
   fs::remove_all(hf);
+}
+
+namespace {
+// Logits put all mass on (last id + 1) % 16; optionally "samples on the device" (greedy only) the same script.
+class ScriptBackend : public Backend {
+ public:
+  explicit ScriptBackend(bool device) : device_(device) { cfg_.vocab = 16; }
+  const Config& config() const override { return cfg_; }
+  std::string name() const override { return "script"; }
+  int max_context() const override { return 64; }
+  int position() const override { return static_cast<int>(fed.size()); }
+  void reset() override { fed.clear(); }
+  void forward(std::span<const int32_t> tokens, float* logits, bool) override {
+    fed.insert(fed.end(), tokens.begin(), tokens.end());
+    if (!logits) return;
+    std::fill(logits, logits + cfg_.vocab, 0.0f);
+    logits[(tokens.back() + 1) % cfg_.vocab] = 10.0f;
+  }
+  StateSnapshot save_state() const override { return {position(), {}}; }
+  void restore_state(const StateSnapshot& s) override { fed.resize(s.position); }
+  bool begin_device_sampling(const SamplingParams& p, std::span<const int32_t>) override {
+    return device_ && p.temperature <= 0 && ++begun > 0;
+  }
+  int32_t sample_device() override { return pending_ = (fed.back() + 1) % cfg_.vocab; }
+  void decode_device_launch() override { forward(std::span<const int32_t>(&pending_, 1), nullptr, false); }
+  int32_t decode_device_wait() override { return sample_device(); }
+  std::vector<int32_t> fed;
+  int begun = 0;
+
+ private:
+  Config cfg_;
+  bool device_;
+  int32_t pending_ = -1;
+};
+
+struct EngineRun {
+  std::vector<int32_t> tokens, fed;
+  FinishReason finish = FinishReason::none;
+  int begun = 0;
+};
+
+// One job on a fresh engine: prompt {2, 3}, greedy, stop id 9, on_token ending the generation at `cut`.
+EngineRun run_engine(bool device, bool logprobs, int max_tokens, int32_t cut) {
+  ScriptBackend be(device);
+  Metrics metrics;
+  EngineOptions eo;
+  eo.prefix_cache = false;
+  EngineRun out;
+  {
+    Engine engine(be, metrics, eo);
+    auto job = std::make_shared<GenJob>();
+    job->prompt = {2, 3};
+    job->sampling.temperature = 0;
+    job->logprobs = logprobs;
+    job->max_tokens = max_tokens;
+    job->stop_ids = {9};
+    std::promise<void> done;
+    job->on_token = [&](const TokenEvent& ev) {
+      out.tokens.push_back(ev.token);
+      return ev.token != cut;
+    };
+    job->on_done = [&] { done.set_value(); };
+    engine.submit(job);
+    done.get_future().wait();
+    out.finish = job->finish;
+    engine.shutdown(Clock::now());
+  }
+  out.fed = be.fed;
+  out.begun = be.begun;
+  return out;
+}
+}  // namespace
+
+// The engine's device-sampling path against its host path on the same script: the same ids and finish
+// reasons; the stop id and the last id are not consumed, except an id after which on_token ends the
+// generation (its step ran while on_token handled it). Logprobs keep the host path.
+TEST(ServerEngine, DeviceSamplingPathMatchesHostPath) {
+  for (int max_tokens : {3, 20}) {
+    const EngineRun h = run_engine(false, false, max_tokens, -1), d = run_engine(true, false, max_tokens, -1);
+    EXPECT_EQ(d.tokens, h.tokens);
+    EXPECT_EQ(d.finish, h.finish);
+    EXPECT_EQ(d.fed, h.fed);
+    EXPECT_EQ(d.begun, 1);
+  }
+  EXPECT_EQ(run_engine(false, false, 20, -1).tokens, (std::vector<int32_t>{4, 5, 6, 7, 8}));  // 9 is the stop id
+  const EngineRun h = run_engine(false, false, 20, 6), d = run_engine(true, false, 20, 6);
+  EXPECT_EQ(d.tokens, h.tokens);
+  EXPECT_EQ(h.fed, (std::vector<int32_t>{2, 3, 4, 5}));
+  EXPECT_EQ(d.fed, (std::vector<int32_t>{2, 3, 4, 5, 6}));
+  EXPECT_EQ(run_engine(true, true, 20, -1).begun, 0);
 }
