@@ -55,8 +55,8 @@ __device__ __forceinline__ float process_logit(const float* logits, const int* c
   if (p.n_valid > 0 && i >= p.n_valid) return -INFINITY;
   float z = logits[i];
   if (counts) {
-    const int c = counts[i];
-    if (c > 0 && p.repetition != 1.0f) z = z > 0.f ? __fdiv_rn(z, p.repetition) : __fmul_rn(z, p.repetition);
+    const int raw = counts[i], c = raw & kSampleCountMask;  // generated count; raw != 0: in the context
+    if (raw != 0 && p.repetition != 1.0f) z = z > 0.f ? __fdiv_rn(z, p.repetition) : __fmul_rn(z, p.repetition);
     const float pen = __fadd_rn(__fmul_rn(p.frequency, static_cast<float>(c)), c > 0 ? p.presence : 0.f);
     z = __fsub_rn(z, pen);
   }
@@ -631,6 +631,13 @@ __global__ void count_tokens_kernel(int* counts, int vocab, const int* tokens, i
   }
 }
 
+__global__ void mark_context_kernel(int* counts, int vocab, const int* tokens, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int t = tokens[i];
+    if (t >= 0 && t < vocab) atomicOr(counts + t, kSampleInContext);
+  }
+}
+
 }  // namespace detail
 
 size_t sampling_scratch_bytes(int vocab) { return detail::layout(vocab).total; }
@@ -678,6 +685,12 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream) {
   if (n <= 0) return;
   detail::count_tokens_kernel<<<(n + 255) / 256, 256, 0, stream>>>(counts, vocab, tokens, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void mark_context(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream) {
+  if (n <= 0) return;
+  detail::mark_context_kernel<<<(n + 255) / 256, 256, 0, stream>>>(counts, vocab, tokens, n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -4,8 +4,10 @@
 //
 // Exact semantics (the tests' CPU reference implements the same):
 //   z_i = logits_i for i < n_valid, -inf for i >= n_valid (padding mask)
-//   if counts[i] > 0 and repetition != 1:  z_i = z_i > 0 ? z_i / repetition : z_i * repetition
-//   z_i -= frequency * counts[i] + presence * (counts[i] > 0)
+//   c_i = counts[i] & kSampleCountMask (generated count); counts[i] != 0: id i is in the context (generated, or
+//   marked by mark_context: the prompt)
+//   if counts[i] != 0 and repetition != 1:  z_i = z_i > 0 ? z_i / repetition : z_i * repetition
+//   z_i -= frequency * c_i + presence * (c_i > 0)
 //   temperature <= 0  -> greedy: the largest z_i (ties: lowest id)
 //   else z_i /= temperature, and the kept set is the longest prefix of the order (z desc, id asc) such that
 //     - its length <= top_k                        (top_k <= 0: no limit)
@@ -25,6 +27,8 @@
 namespace lily::cuda {
 
 inline constexpr int kSampleFastTopK = 64;
+inline constexpr int kSampleInContext = 1 << 30;               // counts[i] flag: id i is in the prompt
+inline constexpr int kSampleCountMask = kSampleInContext - 1;  // counts[i] bits: times id i was generated
 
 struct SamplingParams {
   float temperature = 1.0f;   // <= 0: greedy
@@ -49,6 +53,9 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
 
 // counts[tokens[i]] += 1 for i < n (device tokens), e.g. the prompt before the first sampled token.
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream);
+// counts[tokens[i]] |= kSampleInContext: the repetition penalty applies to those ids, presence and frequency
+// (generated ids only, as the host Sampler) do not.
+void mark_context(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream);
 
 // The uniform number in [0,1) the sampler draws for (seed, counter); host and device give the same value.
 float sample_uniform(uint64_t seed, uint64_t counter);

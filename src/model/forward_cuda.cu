@@ -5,12 +5,13 @@
 // runs the same graph token by token (simple and exact up to the full context). Generation with device sampling
 // (Backend::begin_device_sampling) replays a second graph, the step followed by the sampler, which writes the
 // id into the StepDev of the next step, advances the position and copies the id to pinned host memory: per
-// token the host launches it and reads 4 bytes (no logits copy, no host sampler). Math: shared/spec/model.md §2; kernels: kernels/gdn_fused.h (a GDN
-// layer's mixer in one persistent launch), kernels/qmat.h (GEMV, the MoE block in one persistent launch,
-// embedding) and kernels/mixers.h (attention, norms, RoPE, the standalone GDN step). For the real model the step
-// is 112 launches: embed, per GDN layer 2 (mixer, MoE), per attention layer 5 (q/k/v with the input norm,
-// q/k norm + RoPE + KV append, attention split, combine, o_proj + MoE), lm_head with the final norm. (The
-// instrumented pass of `lily bench` therefore counts the o_proj in "moe".)
+// token the host launches it and reads 4 bytes (no logits copy, no host sampler). Math: shared/spec/model.md
+// §2; kernels: kernels/gdn_fused.h (a GDN layer's mixer in one persistent launch), kernels/qmat.h (GEMV, the MoE
+// block in one persistent launch, embedding) and kernels/mixers.h (attention, norms, RoPE, the standalone GDN
+// step), kernels/sampling.h. For the real model the step is 112 launches: embed, per GDN layer 2 (mixer, MoE),
+// per attention layer 5 (q/k/v with the input norm, q/k norm + RoPE + KV append, attention split, combine,
+// o_proj + MoE), lm_head with the final norm. (The instrumented pass of `lily bench` therefore counts the
+// o_proj in "moe".)
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -358,8 +359,7 @@ class CudaBackend : public Backend {
   // ---- sampling on the device (kernels/sampling.h) ----
   bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt) override {
     const bool rep = p.repetition_penalty != 1.0f, pf = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-    // one count buffer on the device: prompt + generated (repetition) or generated only (presence/frequency)
-    if (!p.logit_bias.empty() || p.top_logprobs > 0 || (rep && pf)) return false;
+    if (!p.logit_bias.empty() || p.top_logprobs > 0) return false;
     const int V = cfg_.vocab;
     cudaStream_t s = engine_.stream();
     if (in_flight_) {  // a launch an earlier generation left (its caller threw before waiting)
@@ -394,7 +394,7 @@ class CudaBackend : public Backend {
           d_prompt_ = device_alloc<int32_t>(prompt_cap_);
         }
         CUDA_CHECK(cudaMemcpyAsync(d_prompt_, prompt.data(), prompt.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-        count_tokens(counts_, V, d_prompt_, (int)prompt.size(), s);
+        mark_context(counts_, V, d_prompt_, (int)prompt.size(), s);  // repetition only, not presence/frequency
         CUDA_CHECK(cudaStreamSynchronize(s));  // the host prompt may go away
       }
     }

@@ -211,7 +211,7 @@ TEST(CudaBackend, DeviceSamplingMatchesHostSampling) {
   const std::vector<int32_t> prompt = random_tokens(12, V, 5);
   auto host = make_cuda_backend(model, small_opts());
   auto dev = make_cuda_backend(model, small_opts());
-  std::vector<lily::SamplingParams> cases(6);
+  std::vector<lily::SamplingParams> cases(7);
   cases[0].temperature = 0;
   cases[1].temperature = 0.8f, cases[1].top_k = 20, cases[1].top_p = 0.9f, cases[1].seed = 7;
   cases[2].temperature = 0.9f, cases[2].repetition_penalty = 1.3f, cases[2].seed = 3;
@@ -219,6 +219,9 @@ TEST(CudaBackend, DeviceSamplingMatchesHostSampling) {
   cases[3].frequency_penalty = 0.3f, cases[3].seed = 11;
   cases[4].temperature = 1.2f, cases[4].min_p = 0.05f, cases[4].seed = 5;
   cases[5].temperature = 0, cases[5].repetition_penalty = 1.5f, cases[5].n_valid = V - 7;
+  // repetition over prompt + generated ids together with presence / frequency over generated ids only
+  cases[6].temperature = 0.9f, cases[6].repetition_penalty = 1.2f, cases[6].presence_penalty = 0.6f,
+  cases[6].frequency_penalty = 0.4f, cases[6].top_k = 30, cases[6].seed = 13;
   for (size_t c = 0; c < cases.size(); ++c) {
     GenerateOptions g;
     g.max_tokens = 40;
@@ -244,9 +247,6 @@ TEST(CudaBackend, DeviceSamplingMatchesHostSampling) {
   lily::SamplingParams bias;
   bias.logit_bias[3] = 2.f;
   EXPECT_FALSE(dev->begin_device_sampling(bias, prompt));
-  lily::SamplingParams both;
-  both.repetition_penalty = 1.1f, both.presence_penalty = 0.5f;
-  EXPECT_FALSE(dev->begin_device_sampling(both, prompt));
   lily::SamplingParams top;
   top.top_logprobs = 3;
   EXPECT_FALSE(dev->begin_device_sampling(top, prompt));
