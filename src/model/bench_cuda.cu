@@ -215,7 +215,8 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     DeviceWeights w2 = model ? upload_weights(*model, false, false, s2) : synthetic_weights(cfg, 1234, s2);
     CUDA_CHECK(cudaStreamSynchronize(s2));
     CUDA_CHECK(cudaStreamDestroy(s2));
-    std::unique_ptr<Backend> be = make_cuda_backend(cfg, std::move(w2), opt.steps + opt.warmup + 8, opt.device);
+    std::unique_ptr<Backend> be =
+        make_cuda_backend(cfg, std::move(w2), std::max(opt.steps + opt.warmup + 8, 520), opt.device);
     lily::SamplingParams greedy;
     greedy.temperature = 0;
     lily::SamplingParams sampled;  // the server's chat defaults without thinking (server/job_setup.cpp)
@@ -225,6 +226,18 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     sampled.presence_penalty = 1.5f;
     sampled.seed = 1;
     loop_us(*be, greedy, false, opt.warmup);  // warm-up (captures the decode graph)
+    {  // a prompt through forward() (token by token; only the last token's lm_head)
+      const int n = 512;
+      std::vector<int32_t> prompt(n);
+      for (int i = 0; i < n; ++i) prompt[i] = (i * 7919) % cfg.vocab;
+      be->reset();
+      be->forward(std::span<const int32_t>(prompt.data(), 8), nullptr, false);  // warm-up
+      be->reset();
+      const auto t0 = std::chrono::steady_clock::now();
+      be->forward(prompt, nullptr, false);
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      rep.loops.push_back({"prompt of 512 tokens through forward(), per token", us / n});
+    }
     for (bool host : {true, false}) {
       const char* where = host ? "host sampling (logits copied)" : "device sampling";
       rep.loops.push_back({std::string("greedy, ") + where, loop_us(*be, greedy, host, opt.steps)});

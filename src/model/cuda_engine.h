@@ -90,11 +90,12 @@ class CudaEngine {
   void reset_state();
   // Records one decode step (embedding -> 40 layers -> final norm -> lm_head) into the stream; reads the
   // token and position from step(). With `mark`, calls it before each kernel family.
-  void record_step(const FamilyMark* mark = nullptr);
-  // Launches the captured graph of record_step().
-  void launch_step();
+  // head = false: without the final norm and lm_head (a prompt token whose logits nobody reads).
+  void record_step(const FamilyMark* mark = nullptr, bool head = true);
+  // Launches the captured graph of record_step() (head = false: the one without the lm_head).
+  void launch_step(bool head = true);
   // The captured graph of record_step() followed by `tail` (e.g. greedy sampling + position advance).
-  cudaGraphExec_t capture(const std::function<void()>& tail);
+  cudaGraphExec_t capture(const std::function<void()>& tail, bool head = true);
 
   // GDN conv rings + recurrent states of all linear-attention layers, one contiguous device buffer.
   void* gdn_state() const { return gdn_state_; }
@@ -119,6 +120,7 @@ class CudaEngine {
   int max_context_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t graph_ = nullptr;
+  cudaGraphExec_t graph_nohead_ = nullptr;  // the step without lm_head (prompt tokens before the last)
   StepDev* step_ = nullptr;      // device [1]
   float* h_ = nullptr;           // [H] residual stream
   float* x_ = nullptr;           // [H] normed input of a block

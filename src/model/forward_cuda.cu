@@ -96,11 +96,13 @@ CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int de
   ensure_kv(1);
   // Capture the plain decode step once.
   graph_ = capture({});
+  graph_nohead_ = capture({}, false);
 }
 
 CudaEngine::~CudaEngine() {
   cudaStreamSynchronize(stream_);
   if (graph_) cudaGraphExecDestroy(graph_);
+  if (graph_nohead_) cudaGraphExecDestroy(graph_nohead_);
   for (void* p : {(void*)step_, (void*)h_, (void*)x_, (void*)proj_, (void*)mix_, (void*)q_, (void*)logits_,
                   gdn_state_, (void*)attn_.partial, (void*)gdn_scratch_, (void*)gdn_barrier_})
     if (p) cudaFree(p);
@@ -152,7 +154,7 @@ bool CudaEngine::family(const char* name) {
   return skip_.empty() || ("," + skip_ + ",").find("," + std::string(name) + ",") == std::string::npos;
 }
 
-void CudaEngine::record_step(const FamilyMark* mark) {
+void CudaEngine::record_step(const FamilyMark* mark, bool head) {
   mark_ = mark;
   persistent_trace_begin();
   const Config& c = cfg_;
@@ -176,11 +178,11 @@ void CudaEngine::record_step(const FamilyMark* mark) {
       gemv(pre->W, pre->x, h_, true, stream_);
     }
   }
-  GemvBatch head;
-  head.n = 1;
-  head.W[0] = w_.lm_head;
-  head.y[0] = logits_;
-  if (family("lm_head")) gemv_multi_rmsnorm(head, h_, w_.norm, c.eps, x_, stream_);
+  GemvBatch lm;
+  lm.n = 1;
+  lm.W[0] = w_.lm_head;
+  lm.y[0] = logits_;
+  if (head && family("lm_head")) gemv_multi_rmsnorm(lm, h_, w_.norm, c.eps, x_, stream_);
   family("end");
   mark_ = nullptr;
 }
@@ -272,11 +274,11 @@ void CudaEngine::attention(int layer, const float* norm_w, ResidualProj& o_proj)
   o_proj.x = mix_;
 }
 
-cudaGraphExec_t CudaEngine::capture(const std::function<void()>& tail) {
+cudaGraphExec_t CudaEngine::capture(const std::function<void()>& tail, bool head) {
   cudaGraph_t graph = nullptr;
   CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
-    record_step();
+    record_step(nullptr, head);
     if (tail) tail();
   } catch (...) {  // a launcher rejected a shape: end the capture so this thread can use CUDA again
     cudaStreamEndCapture(stream_, &graph);
@@ -291,7 +293,7 @@ cudaGraphExec_t CudaEngine::capture(const std::function<void()>& tail) {
   return exec;
 }
 
-void CudaEngine::launch_step() { CUDA_CHECK(cudaGraphLaunch(graph_, stream_)); }
+void CudaEngine::launch_step(bool head) { CUDA_CHECK(cudaGraphLaunch(head ? graph_ : graph_nohead_, stream_)); }
 
 void launch_advance_pos(StepDev* step, cudaStream_t s) {
   advance_pos_kernel<<<1, 1, 0, s>>>(step);
@@ -344,8 +346,10 @@ class CudaBackend : public Backend {
       CUDA_CHECK(cudaMemcpyAsync(d_steps_, staging_, m * sizeof(StepDev), cudaMemcpyHostToDevice, s));
       for (int i = 0; i < m; ++i) {
         CUDA_CHECK(cudaMemcpyAsync(engine_.step(), d_steps_ + i, sizeof(StepDev), cudaMemcpyDeviceToDevice, s));
-        engine_.launch_step();
         const bool last = i0 + i == n - 1;
+        // the last token's logits stay on the device (device sampling reads them); earlier ones are computed
+        // only when asked for (the lm_head is ~5 % of a step)
+        engine_.launch_step(last || (logits && all_logits));
         if (logits && (all_logits || last)) {
           float* dst = logits + (all_logits ? (size_t)(i0 + i) * V : 0);
           CUDA_CHECK(cudaMemcpyAsync(dst, engine_.logits(), (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s));

@@ -56,7 +56,7 @@ struct BenchPoint {
 };
 
 // The generation loop as `lily serve` / `lily generate` run it (runtime/generate.cpp over the Backend, context
-// ~0, 1-token prompt): decode time per token seen by the host, sampling included.
+// ~0, 1-token prompt): decode time per token seen by the host, sampling included; and a prompt's time per token.
 struct BenchLoop {
   std::string name;                // e.g. "greedy, device sampling"
   double us_per_token = 0;         // (last token time - first token time) / (tokens - 1)

@@ -29,7 +29,8 @@ class Backend {
   virtual void reset() = 0;                 // empty sequence at position 0
 
   // Consume `tokens` at positions position()..position()+n-1. Writes float32 logits [n, vocab] to
-  // `logits` when all_logits, else only the last position's [vocab]; `logits` may be null (no head).
+  // `logits` when all_logits, else only the last position's [vocab]; `logits` may be null (a device-sampling
+  // backend still computes the last position's logits on the device).
   virtual void forward(std::span<const int32_t> tokens, float* logits, bool all_logits) = 0;
 
   // Sampling where the logits are (optional; the CUDA backend): no vocab-sized copy to the host and no host
