@@ -17,6 +17,13 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
+SampleResult device_sampled(int32_t token) {
+  SampleResult s;
+  s.token = token;
+  s.logprob = std::numeric_limits<float>::quiet_NaN();
+  return s;
+}
+
 GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const GenerateOptions& opt) {
   LILY_CHECK(!prompt.empty(), "generate: the prompt is empty");
   const Config& cfg = backend.config();
@@ -33,13 +40,7 @@ GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const
   int32_t pending = dev ? backend.sample_device() : -1;  // device path: the id sampled, not yet consumed
   res.finish = FinishReason::length;
   for (int i = 0; i < opt.max_tokens; ++i) {
-    SampleResult s;
-    if (dev) {
-      s.token = pending;
-      s.logprob = std::numeric_limits<float>::quiet_NaN();
-    } else {
-      s = sampler.sample(logits.data());
-    }
+    const SampleResult s = dev ? device_sampled(pending) : sampler.sample(logits.data());
     res.tokens.push_back(s.token);
     res.samples.push_back(s);
     const bool stop = std::find(stop_ids.begin(), stop_ids.end(), s.token) != stop_ids.end();

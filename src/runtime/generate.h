@@ -36,6 +36,9 @@ struct GenerateResult {
   int prompt_tokens = 0;
 };
 
+// The result for an id sampled on the device (Backend::begin_device_sampling): no log-probabilities (NaN).
+SampleResult device_sampled(int32_t token);
+
 // Consumes `prompt` (non-empty) starting at the backend's current position, then generates. Afterwards the
 // backend has consumed the prompt and every generated id except the last (which was never fed back), except
 // when on_token cancels with device sampling: the step of the last id ran while on_token handled it.

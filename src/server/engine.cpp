@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <span>
 
+#include "runtime/generate.h"
 #include "server/api_error.h"
 #include "util/check.h"
 #include "util/log.h"
@@ -223,13 +223,7 @@ void Engine::run(GenJob& job) {
       reason = FinishReason::length;
       break;
     }
-    TokenEvent ev;
-    if (dev) {
-      ev.token = pending;
-      ev.logprob = std::numeric_limits<float>::quiet_NaN();
-    } else {
-      ev = sampler.sample(logits.data());
-    }
+    const TokenEvent ev = dev ? device_sampled(pending) : sampler.sample(logits.data());
     const auto now = Clock::now();
     if (job.n_generated == 0) metrics_.observe_ttft(std::chrono::duration<double>(now - job.arrival).count());
     else metrics_.observe_inter_token(std::chrono::duration<double>(now - last).count());
