@@ -226,6 +226,14 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     sampled.presence_penalty = 1.5f;
     sampled.seed = 1;
     loop_us(*be, greedy, false, opt.warmup);  // warm-up (captures the decode graph)
+    {  // what a request with new sampling parameters (a new seed) costs before its first token
+      lily::SamplingParams fresh = greedy;
+      fresh.seed = 987654321;
+      const std::vector<int32_t> one{1000};
+      const auto t0 = std::chrono::steady_clock::now();
+      LILY_CHECK(be->begin_device_sampling(fresh, one), "lily bench: device sampling refused");
+      rep.sampler_setup_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    }
     {  // a prompt through forward() (token by token; only the last token's lm_head)
       const int n = 512;
       std::vector<int32_t> prompt(n);

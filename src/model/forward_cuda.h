@@ -69,6 +69,7 @@ struct BenchReport {
   double weight_bytes = 0;         // bytes of weights resident on the GPU
   std::vector<BenchPoint> points;
   std::vector<BenchLoop> loops;
+  double sampler_setup_us = 0;     // begin_device_sampling with new parameters (the decode graph captured)
 };
 
 BenchReport run_decode_bench(const BenchOptions& opt);
