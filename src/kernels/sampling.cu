@@ -287,6 +287,7 @@ struct FinishArgs {
   const float* z;
   const Stats* stats;
   int* counts; uint64_t* rng_counter; int* out_token;
+  float* out_logprob;  // null: not wanted
 };
 
 // Stage: global max and total mass from the per-block stats.
@@ -300,8 +301,10 @@ __device__ void global_stats(const FinishArgs& a, float& zmax, float& total) {
   total = block_reduce<kFinishThreads>(s, false);
 }
 
-__device__ void emit(const FinishArgs& a, int token) {
+// logprob: z[token] - log(sum exp z) (the host Sampler's, before top-k / top-p / min-p), stored if wanted.
+__device__ void emit(const FinishArgs& a, int token, float logprob) {
   *a.out_token = token;
+  if (a.out_logprob) *a.out_logprob = logprob;
   if (a.p.update_counts && a.counts && token >= 0 && token < a.vocab) a.counts[token] += 1;
   *a.rng_counter += 1;
 }
@@ -352,6 +355,8 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
     sid[r] = lid[threadIdx.x];
   }
   __syncthreads();
+  float zmax = 0.f, total_all = 1.f;  // over the whole vocabulary, for the log-probability
+  if (a.out_logprob) global_stats(a, zmax, total_all);
   if (threadIdx.x != 0) return;
   const float z0 = z_of(sk[0]);
   float zk = 0.f;
@@ -374,17 +379,18 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
   for (int j = 0; j < keep; ++j) total += expf(z_of(sk[j]) - z0);
   const float u = uniform_from(a.p.seed, *a.rng_counter) * total;
   int prev = -1, token = sid[0];
-  float cum = 0.f;
+  float cum = 0.f, zt = z0;
   for (int step = 0; step < keep; ++step) {
     int nxt = 0x7fffffff, nj = 0;
     for (int j = 0; j < keep; ++j)
       if (sid[j] > prev && sid[j] < nxt) { nxt = sid[j]; nj = j; }
     cum += expf(z_of(sk[nj]) - z0);
     token = nxt;
+    zt = z_of(sk[nj]);
     prev = nxt;
     if (cum > u) break;
   }
-  emit(a, token);
+  emit(a, token, zt - zmax - logf(total_all));
 }
 
 // Shared-memory lists of the candidate paths of finish_full_kernel (at most kFinishThreads entries each).
@@ -549,7 +555,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
   if (in_cand) {
     const int token = draw_from_candidates(a, best, zmax, lists);
     if (token >= 0) {
-      if (threadIdx.x == 0) emit(a, token);
+      if (threadIdx.x == 0) emit(a, token, a.z[token] - zmax - logf(total));
       return;
     }
   }
@@ -605,7 +611,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
     token = i;
     if (cum > s_u) break;
   }
-  emit(a, token);
+  emit(a, token, token >= 0 ? a.z[token] - zmax - logf(total) : NAN);
 }
 
 struct ScratchLayout {
@@ -643,7 +649,7 @@ __global__ void mark_context_kernel(int* counts, int vocab, const int* tokens, i
 size_t sampling_scratch_bytes(int vocab) { return detail::layout(vocab).total; }
 
 void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng_counter,
-            int* out_token, void* scratch, cudaStream_t stream) {
+            int* out_token, void* scratch, cudaStream_t stream, float* out_logprob) {
   LILY_CHECK(vocab > 0 && logits && rng_counter && out_token && scratch, "sample: missing buffer");
   const bool penalties = p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
   LILY_CHECK(counts || !penalties, "sample: presence/frequency/repetition penalties need a counts buffer");
@@ -677,6 +683,7 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   fa.counts = counts;
   fa.rng_counter = rng_counter;
   fa.out_token = out_token;
+  fa.out_logprob = out_logprob;
   if (fast) detail::finish_fast_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
   else detail::finish_full_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
   CUDA_CHECK_LAUNCH();

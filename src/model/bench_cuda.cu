@@ -82,14 +82,15 @@ double bytes_per_token(const Config& c, const DeviceWeights& w, int n) {
 
 // Decode µs per token of generate() on `be` from a 1-token prompt: host sampling (a logits copy per token, the
 // host Sampler) or device sampling (the sampler inside the decode graph).
-double loop_us(Backend& be, const lily::SamplingParams& sp, bool host_sampling, int steps) {
+double loop_us(Backend& be, const lily::SamplingParams& sp, bool host_sampling, int steps, bool logprobs = false) {
   using clock = std::chrono::steady_clock;
   be.reset();
   GenerateOptions g;
   g.max_tokens = steps + 1;
   g.ignore_eos = true;
   g.sampling = sp;
-  g.logprobs = host_sampling;
+  g.host_sampling = host_sampling;
+  g.logprobs = logprobs;
   clock::time_point first, last;
   g.on_token = [&](const SampleResult&, int i) {
     (i == 0 ? first : last) = clock::now();
@@ -156,7 +157,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     pt.context = ctx;
     eng.reset_state();
     eng.fill_kv_random(ctx + opt.steps + opt.warmup + 1, 77 + ctx);
-    const StepDev start{1000, ctx};
+    const StepDev start{1000, ctx, 0.f};
     CUDA_CHECK(cudaMemcpyAsync(eng.step(), &start, sizeof start, cudaMemcpyHostToDevice, st));
     for (int i = 0; i < opt.warmup; ++i) CUDA_CHECK(cudaGraphLaunch(loop, st));
     std::vector<Event> ev(opt.steps + 1);
@@ -231,7 +232,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
       fresh.seed = 987654321;
       const std::vector<int32_t> one{1000};
       const auto t0 = std::chrono::steady_clock::now();
-      LILY_CHECK(be->begin_device_sampling(fresh, one), "lily bench: device sampling refused");
+      LILY_CHECK(be->begin_device_sampling(fresh, one, false), "lily bench: device sampling refused");
       rep.sampler_setup_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     }
     {  // a prompt through forward() (token by token; only the last token's lm_head)
@@ -252,6 +253,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
       rep.loops.push_back({std::string("chat defaults (T 0.7, top-k 20, top-p 0.8, presence 1.5), ") + where,
                            loop_us(*be, sampled, host, opt.steps)});
     }
+    rep.loops.push_back({"chat defaults with logprobs, device sampling", loop_us(*be, sampled, false, opt.steps, true)});
   }
   return rep;
 }

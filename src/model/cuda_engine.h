@@ -58,6 +58,7 @@ void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, cudaStream_t s);
 struct StepDev {
   int token;                    // the token being consumed
   int pos;                      // its position (0-based)
+  float logprob;                // device sampling with log-probabilities: that of the sampled token
 };
 
 // Optional per-kernel-family timing hook for an instrumented (non-graph) step: called before each family

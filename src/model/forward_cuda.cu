@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "kernels/common.cuh"
@@ -311,7 +312,7 @@ class CudaBackend : public Backend {
   CudaBackend(const Config& c, DeviceWeights w, int max_context, int device)
       : cfg_(c), engine_(c, std::move(w), max_context, device) {
     CUDA_CHECK(cudaMallocHost(&staging_, sizeof(StepDev) * kStaging));
-    CUDA_CHECK(cudaMallocHost(&host_token_, sizeof(int)));
+    CUDA_CHECK(cudaMallocHost(&host_step_, sizeof(StepDev)));
     d_steps_ = device_alloc<StepDev>(kStaging);
   }
   ~CudaBackend() override {
@@ -319,7 +320,7 @@ class CudaBackend : public Backend {
     if (sample_graph_) cudaGraphExecDestroy(sample_graph_);
     for (void* p : {(void*)d_steps_, (void*)counts_, (void*)rng_, sample_scratch_, (void*)d_prompt_}) cudaFree(p);
     cudaFreeHost(staging_);
-    cudaFreeHost(host_token_);
+    cudaFreeHost(host_step_);
   }
 
   const Config& config() const override { return cfg_; }
@@ -342,7 +343,7 @@ class CudaBackend : public Backend {
       const int m = std::min(kStaging, n - i0);
       engine_.ensure_kv(pos_ + m);
       CUDA_CHECK(cudaStreamSynchronize(s));  // the pinned staging is free again
-      for (int i = 0; i < m; ++i) staging_[i] = StepDev{tokens[i0 + i], pos_ + i};
+      for (int i = 0; i < m; ++i) staging_[i] = StepDev{tokens[i0 + i], pos_ + i, 0.f};
       CUDA_CHECK(cudaMemcpyAsync(d_steps_, staging_, m * sizeof(StepDev), cudaMemcpyHostToDevice, s));
       for (int i = 0; i < m; ++i) {
         CUDA_CHECK(cudaMemcpyAsync(engine_.step(), d_steps_ + i, sizeof(StepDev), cudaMemcpyDeviceToDevice, s));
@@ -361,7 +362,7 @@ class CudaBackend : public Backend {
   }
 
   // ---- sampling on the device (kernels/sampling.h) ----
-  bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt) override {
+  bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs) override {
     const bool rep = p.repetition_penalty != 1.0f, pf = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
     if (!p.logit_bias.empty() || p.top_logprobs > 0) return false;
     const int V = cfg_.vocab;
@@ -409,21 +410,22 @@ class CudaBackend : public Backend {
              a.presence == b.presence && a.frequency == b.frequency && a.repetition == b.repetition &&
              a.seed == b.seed && a.n_valid == b.n_valid && a.update_counts == b.update_counts;
     };
-    if (!sample_graph_ || !same(d, sample_params_)) {
+    if (!sample_graph_ || !same(d, sample_params_) || logprobs != sample_logprobs_) {
       if (sample_graph_) CUDA_CHECK(cudaGraphExecDestroy(sample_graph_));
       sample_graph_ = nullptr;
       sample_params_ = d;
+      sample_logprobs_ = logprobs;
       sample_graph_ = engine_.capture([&] { sample_tail(); });
     }
     sampling_ = true;
     return true;
   }
 
-  int32_t sample_device() override {
+  lily::SampleResult sample_device() override {
     LILY_CHECK(sampling_, "CUDA backend: sample_device without begin_device_sampling");
     sample_tail();  // from the logits of position pos_ - 1: the step on the device is {its id, pos_ - 1}
     CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
-    return *host_token_;
+    return sampled();
   }
 
   void decode_device_launch() override {
@@ -436,11 +438,11 @@ class CudaBackend : public Backend {
     in_flight_ = true;
   }
 
-  int32_t decode_device_wait() override {
+  lily::SampleResult decode_device_wait() override {
     LILY_CHECK(in_flight_, "CUDA backend: decode_device_wait without decode_device_launch");
     CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
     in_flight_ = false;
-    return *host_token_;
+    return sampled();
   }
 
   StateSnapshot save_state() const override {
@@ -476,15 +478,23 @@ class CudaBackend : public Backend {
     return w;
   }
 
-  // The sampler on the logits, the id into the step's input (read by the next step's embedding), the position
-  // advanced, the id copied to the host (pinned): one launch sequence, plain or inside the decode graph.
+  // The sampler on the logits, the id (and its log-probability) into the step's input (read by the next step's
+  // embedding), the position advanced, the step copied to the host (pinned): one launch sequence, plain or
+  // inside the decode graph.
   void sample_tail() {
     cudaStream_t s = engine_.stream();
     const SamplingParams& d = sample_params_;
-    sample(engine_.logits(), cfg_.vocab, d, d.update_counts ? counts_ : nullptr, rng_, &engine_.step()->token,
-           sample_scratch_, s);
-    launch_advance_pos(engine_.step(), s);
-    CUDA_CHECK(cudaMemcpyAsync(host_token_, &engine_.step()->token, sizeof(int), cudaMemcpyDeviceToHost, s));
+    StepDev* step = engine_.step();
+    sample(engine_.logits(), cfg_.vocab, d, d.update_counts ? counts_ : nullptr, rng_, &step->token,
+           sample_scratch_, s, sample_logprobs_ ? &step->logprob : nullptr);
+    launch_advance_pos(step, s);
+    CUDA_CHECK(cudaMemcpyAsync(host_step_, step, sizeof(StepDev), cudaMemcpyDeviceToHost, s));
+  }
+  lily::SampleResult sampled() const {
+    lily::SampleResult r;
+    r.token = host_step_->token;
+    r.logprob = sample_logprobs_ ? host_step_->logprob : std::numeric_limits<float>::quiet_NaN();
+    return r;
   }
 
   Config cfg_;
@@ -496,13 +506,14 @@ class CudaBackend : public Backend {
   bool sampling_ = false;                 // begin_device_sampling succeeded (until the backend goes away)
   bool in_flight_ = false;                // a decode_device_launch not yet waited for
   SamplingParams sample_params_{};        // those of sample_graph_
+  bool sample_logprobs_ = false;          // sample_graph_ computes the log-probability
   cudaGraphExec_t sample_graph_ = nullptr;
   void* sample_scratch_ = nullptr;        // sampling_scratch_bytes(vocab)
   int* counts_ = nullptr;                 // [vocab] penalty counts
   uint64_t* rng_ = nullptr;               // [1] RNG counter
   int32_t* d_prompt_ = nullptr;           // [prompt_cap_] prompt ids for count_tokens
   int prompt_cap_ = 0;
-  int* host_token_ = nullptr;             // pinned [1]: the last sampled id
+  StepDev* host_step_ = nullptr;          // pinned [1]: the step after the last sample (its id, logprob)
 };
 
 }  // namespace

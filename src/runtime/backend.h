@@ -36,20 +36,22 @@ class Backend {
   // Sampling where the logits are (optional; the CUDA backend): no vocab-sized copy to the host and no host
   // sampler per token, the sampled id written straight into the next step's input. begin_device_sampling()
   // returns false when this backend or these parameters cannot be sampled there with the host Sampler's exact
-  // semantics (logit_bias, top_logprobs); the caller then samples on the host from forward()'s logits. Otherwise it starts one generation: RNG counter 0, the
-  // penalty counts from `prompt` (repetition penalty) and nothing generated. No log-probabilities are computed.
-  virtual bool begin_device_sampling(const SamplingParams& /*params*/, std::span<const int32_t> /*prompt*/) {
+  // semantics (logit_bias, top_logprobs > 0); the caller then samples on the host from forward()'s logits.
+  // Otherwise it starts one generation: RNG counter 0, the penalty counts from `prompt` (repetition penalty)
+  // and nothing generated; with `logprobs` each result carries the id's log-probability (else NaN).
+  virtual bool begin_device_sampling(const SamplingParams& /*params*/, std::span<const int32_t> /*prompt*/,
+                                     bool /*logprobs*/) {
     return false;
   }
   // The next id from the logits of the last consumed position (consume the prompt with forward(..., nullptr,
   // false): the logits stay on the device). It becomes the pending id; position() is unchanged.
-  virtual int32_t sample_device() { return -1; }
+  virtual SampleResult sample_device() { return {}; }
   // Consumes the pending id (position() + 1) and samples the next one from its logits, which becomes pending.
   // decode_device_launch() starts that and returns at once (the host may stream the id meanwhile);
   // decode_device_wait() then returns the new pending id. decode_sample_device() does both.
   virtual void decode_device_launch() {}
-  virtual int32_t decode_device_wait() { return -1; }
-  int32_t decode_sample_device() {
+  virtual SampleResult decode_device_wait() { return {}; }
+  SampleResult decode_sample_device() {
     decode_device_launch();
     return decode_device_wait();
   }

@@ -2,7 +2,6 @@
 #include "runtime/generate.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "util/check.h"
 
@@ -17,13 +16,6 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
-SampleResult device_sampled(int32_t token) {
-  SampleResult s;
-  s.token = token;
-  s.logprob = std::numeric_limits<float>::quiet_NaN();
-  return s;
-}
-
 GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const GenerateOptions& opt) {
   LILY_CHECK(!prompt.empty(), "generate: the prompt is empty");
   const Config& cfg = backend.config();
@@ -34,13 +26,13 @@ GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const
 
   Sampler sampler(opt.sampling, cfg.vocab);  // also validates the parameters on the device path
   sampler.add_prompt(prompt);
-  const bool dev = !opt.logprobs && backend.begin_device_sampling(opt.sampling, prompt);
+  const bool dev = !opt.host_sampling && backend.begin_device_sampling(opt.sampling, prompt, opt.logprobs);
   std::vector<float> logits(dev ? 0 : cfg.vocab);
   backend.forward(prompt, dev ? nullptr : logits.data(), false);
-  int32_t pending = dev ? backend.sample_device() : -1;  // device path: the id sampled, not yet consumed
+  SampleResult pending = dev ? backend.sample_device() : SampleResult{};  // device path: sampled, not consumed
   res.finish = FinishReason::length;
   for (int i = 0; i < opt.max_tokens; ++i) {
-    const SampleResult s = dev ? device_sampled(pending) : sampler.sample(logits.data());
+    const SampleResult s = dev ? pending : sampler.sample(logits.data());
     res.tokens.push_back(s.token);
     res.samples.push_back(s);
     const bool stop = std::find(stop_ids.begin(), stop_ids.end(), s.token) != stop_ids.end();

@@ -21,10 +21,11 @@ struct GenerateOptions {
   bool ignore_eos = false;
   std::vector<int32_t> extra_stop_ids;  // stop ids on top of the config's eos ids
   SamplingParams sampling;
-  // Fill SampleResult::logprob / top (host sampling from a logits copy per token). Without, a backend that
-  // samples on the device does so (Backend::begin_device_sampling) and the results carry only the ids
-  // (logprob NaN).
+  // A backend that samples on the device does so (Backend::begin_device_sampling) unless host_sampling; its
+  // results carry SampleResult::logprob only with `logprobs` (else NaN) and never `top` (sampling.top_logprobs
+  // > 0 samples on the host). Host sampling fills both.
   bool logprobs = false;
+  bool host_sampling = false;
   // Called for every generated id (the stop id too) in order; return false to cancel after this token.
   std::function<bool(const SampleResult& token, int index)> on_token;
 };
@@ -35,9 +36,6 @@ struct GenerateResult {
   FinishReason finish = FinishReason::length;
   int prompt_tokens = 0;
 };
-
-// The result for an id sampled on the device (Backend::begin_device_sampling): no log-probabilities (NaN).
-SampleResult device_sampled(int32_t token);
 
 // Consumes `prompt` (non-empty) starting at the backend's current position, then generates. Afterwards the
 // backend has consumed the prompt and every generated id except the last (which was never fed back), except

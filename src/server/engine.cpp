@@ -5,7 +5,6 @@
 #include <cmath>
 #include <span>
 
-#include "runtime/generate.h"
 #include "server/api_error.h"
 #include "util/check.h"
 #include "util/log.h"
@@ -201,7 +200,7 @@ void Engine::run(GenJob& job) {
   Sampler sampler(job.sampling, vocab_);  // also validates the parameters on the device path
   sampler.add_prompt(job.prompt);
   // sampling next to the logits where the backend can (no logits copy per token); host sampling otherwise
-  const bool dev = !job.logprobs && backend_.begin_device_sampling(job.sampling, job.prompt);
+  const bool dev = backend_.begin_device_sampling(job.sampling, job.prompt, job.logprobs);
   std::vector<float> logits(dev ? 0 : static_cast<size_t>(vocab_));
   job.n_cached = prepare_prefix(job);
   if (!prefill(job, job.n_cached, dev ? nullptr : logits.data())) {
@@ -212,7 +211,7 @@ void Engine::run(GenJob& job) {
   if (n > job.n_cached && job.prompt_ms > 0)
     metrics_.observe_prefill_rate(double(n - job.n_cached) / (job.prompt_ms / 1000.0));
 
-  int32_t pending = dev ? backend_.sample_device() : -1;  // device path: sampled, not yet consumed
+  TokenEvent pending = dev ? backend_.sample_device() : TokenEvent{};  // device path: sampled, not consumed
   const auto gen_start = Clock::now();
   auto last = gen_start;
   FinishReason reason = FinishReason::length;
@@ -223,7 +222,7 @@ void Engine::run(GenJob& job) {
       reason = FinishReason::length;
       break;
     }
-    const TokenEvent ev = dev ? device_sampled(pending) : sampler.sample(logits.data());
+    const TokenEvent ev = dev ? pending : sampler.sample(logits.data());
     const auto now = Clock::now();
     if (job.n_generated == 0) metrics_.observe_ttft(std::chrono::duration<double>(now - job.arrival).count());
     else metrics_.observe_inter_token(std::chrono::duration<double>(now - last).count());

@@ -36,7 +36,7 @@ struct GenJob {
   // ---- input, set before submit ----
   std::vector<int32_t> prompt;          // [n_prompt] tokens
   SamplingParams sampling;              // resolved (defaults applied, n_valid and top_logprobs set)
-  bool logprobs = false;                // the response reports log-probabilities: sample on the host
+  bool logprobs = false;                // the response reports log-probabilities
   int max_tokens = 1;                   // already clamped to the context
   std::vector<int> checkpoints;         // prompt positions after which to snapshot the state
   std::vector<int32_t> stop_ids;        // end-of-generation tokens (not emitted)

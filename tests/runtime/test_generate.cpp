@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -48,30 +49,32 @@ class CountingBackend : public Backend {
 class DeviceCountingBackend : public CountingBackend {
  public:
   using CountingBackend::CountingBackend;
-  bool begin_device_sampling(const SamplingParams& p, std::span<const int32_t> prompt) override {
+  bool begin_device_sampling(const SamplingParams& p, std::span<const int32_t>, bool logprobs) override {
     if (p.temperature > 0) return false;
     begun++;
-    last_prompt_.assign(prompt.begin(), prompt.end());
+    logprobs_ = logprobs;
     return true;
   }
-  int32_t sample_device() override { return pending_ = (fed.back() + 1) % config().vocab; }
+  SampleResult sample_device() override {
+    pending_ = (fed.back() + 1) % config().vocab;
+    return {pending_, logprobs_ ? -0.25f : std::numeric_limits<float>::quiet_NaN(), {}};
+  }
   void decode_device_launch() override {
     EXPECT_FALSE(in_flight_);
     in_flight_ = true;
     forward(std::span<const int32_t>(&pending_, 1), nullptr, false);
     launches++;
   }
-  int32_t decode_device_wait() override {
+  SampleResult decode_device_wait() override {
     EXPECT_TRUE(in_flight_);
     in_flight_ = false;
-    return pending_ = (fed.back() + 1) % config().vocab;
+    return sample_device();
   }
   int begun = 0, launches = 0;
 
  private:
-  std::vector<int32_t> last_prompt_;
   int32_t pending_ = -1;
-  bool in_flight_ = false;
+  bool in_flight_ = false, logprobs_ = false;
 };
 
 GenerateOptions greedy(int max_tokens) {
@@ -154,7 +157,7 @@ TEST(Generate, CpuGreedyMatchesTransformers) {
 
 // The device-sampling path of generate() against the host path on the same script: the same ids, finish
 // reasons and consumed ids (the stop id and the last id are never fed), except that a cancelling on_token
-// runs while the last id's step is in flight (so that id is consumed too). Logprobs force host sampling.
+// runs while the last id's step is in flight (so that id is consumed too). host_sampling keeps the host path.
 TEST(Generate, DeviceSamplingPathMatchesHostPath) {
   for (int max_ctx : {100, 4}) {
     for (bool ignore_eos : {false, true}) {
@@ -182,7 +185,13 @@ TEST(Generate, DeviceSamplingPathMatchesHostPath) {
   EXPECT_EQ(dev.fed, (std::vector<int32_t>{0, 1, 2, 3}));  // 3's step ran while on_token handled it
   DeviceCountingBackend dev2(100);
   o.on_token = nullptr;
-  o.logprobs = true;
-  EXPECT_EQ(generate(dev2, prompt, o).tokens.size(), 9u);  // 1 .. 9 (an eos id)
-  EXPECT_EQ(dev2.begun, 0);
+  o.logprobs = true;  // passed on: the device path reports them
+  const GenerateResult r2 = generate(dev2, prompt, o);
+  EXPECT_EQ(r2.tokens.size(), 9u);  // 1 .. 9 (an eos id)
+  EXPECT_EQ(r2.samples[3].logprob, -0.25f);
+  EXPECT_EQ(dev2.begun, 1);
+  DeviceCountingBackend dev3(100);
+  o.host_sampling = true;
+  EXPECT_EQ(generate(dev3, prompt, o).tokens.size(), 9u);
+  EXPECT_EQ(dev3.begun, 0);
 }

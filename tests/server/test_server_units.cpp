@@ -339,12 +339,15 @@ class ScriptBackend : public Backend {
   }
   StateSnapshot save_state() const override { return {position(), {}}; }
   void restore_state(const StateSnapshot& s) override { fed.resize(s.position); }
-  bool begin_device_sampling(const SamplingParams& p, std::span<const int32_t>) override {
+  bool begin_device_sampling(const SamplingParams& p, std::span<const int32_t>, bool) override {
     return device_ && p.temperature <= 0 && ++begun > 0;
   }
-  int32_t sample_device() override { return pending_ = (fed.back() + 1) % cfg_.vocab; }
+  SampleResult sample_device() override {
+    pending_ = (fed.back() + 1) % cfg_.vocab;
+    return {pending_, 0.f, {}};
+  }
   void decode_device_launch() override { forward(std::span<const int32_t>(&pending_, 1), nullptr, false); }
-  int32_t decode_device_wait() override { return sample_device(); }
+  SampleResult decode_device_wait() override { return sample_device(); }
   std::vector<int32_t> fed;
   int begun = 0;
 
@@ -394,7 +397,7 @@ EngineRun run_engine(bool device, bool logprobs, int max_tokens, int32_t cut) {
 
 // The engine's device-sampling path against its host path on the same script: the same ids and finish
 // reasons; the stop id and the last id are not consumed, except an id after which on_token ends the
-// generation (its step ran while on_token handled it). Logprobs keep the host path.
+// generation (its step ran while on_token handled it).
 TEST(ServerEngine, DeviceSamplingPathMatchesHostPath) {
   for (int max_tokens : {3, 20}) {
     const EngineRun h = run_engine(false, false, max_tokens, -1), d = run_engine(true, false, max_tokens, -1);
@@ -408,5 +411,5 @@ TEST(ServerEngine, DeviceSamplingPathMatchesHostPath) {
   EXPECT_EQ(d.tokens, h.tokens);
   EXPECT_EQ(h.fed, (std::vector<int32_t>{2, 3, 4, 5}));
   EXPECT_EQ(d.fed, (std::vector<int32_t>{2, 3, 4, 5, 6}));
-  EXPECT_EQ(run_engine(true, true, 20, -1).begun, 0);
+  EXPECT_EQ(run_engine(true, true, 20, -1).begun, 1);  // logprobs: the device path reports them
 }
