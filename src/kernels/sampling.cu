@@ -288,6 +288,7 @@ struct FinishArgs {
   const Stats* stats;
   int* counts; uint64_t* rng_counter; int* out_token;
   float* out_logprob;  // null: not wanted
+  int* advance;        // null, or += 1 after the token is written (the decode step's position)
 };
 
 // Stage: global max and total mass from the per-block stats.
@@ -305,6 +306,7 @@ __device__ void global_stats(const FinishArgs& a, float& zmax, float& total) {
 __device__ void emit(const FinishArgs& a, int token, float logprob) {
   *a.out_token = token;
   if (a.out_logprob) *a.out_logprob = logprob;
+  if (a.advance) *a.advance += 1;
   if (a.p.update_counts && a.counts && token >= 0 && token < a.vocab) a.counts[token] += 1;
   *a.rng_counter += 1;
 }
@@ -649,7 +651,7 @@ __global__ void mark_context_kernel(int* counts, int vocab, const int* tokens, i
 size_t sampling_scratch_bytes(int vocab) { return detail::layout(vocab).total; }
 
 void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng_counter,
-            int* out_token, void* scratch, cudaStream_t stream, float* out_logprob) {
+            int* out_token, void* scratch, cudaStream_t stream, float* out_logprob, int* advance) {
   LILY_CHECK(vocab > 0 && logits && rng_counter && out_token && scratch, "sample: missing buffer");
   const bool penalties = p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
   LILY_CHECK(counts || !penalties, "sample: presence/frequency/repetition penalties need a counts buffer");
@@ -684,6 +686,7 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   fa.rng_counter = rng_counter;
   fa.out_token = out_token;
   fa.out_logprob = out_logprob;
+  fa.advance = advance;
   if (fast) detail::finish_fast_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
   else detail::finish_full_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
   CUDA_CHECK_LAUNCH();

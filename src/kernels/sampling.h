@@ -49,9 +49,11 @@ size_t sampling_scratch_bytes(int vocab);
 // logits [vocab] fp32 (not modified); counts [vocab] int32 (may be null when no penalty is set; then
 // update_counts is ignored); rng_counter [1] device uint64; out_token [1] device int32.
 // out_logprob (device, may be null): the token's log-probability under the processed distribution before the
-// truncations, z_token - log(sum_i exp z_i) (the host Sampler's SampleResult::logprob).
+// truncations, z_token - log(sum_i exp z_i) (the host Sampler's SampleResult::logprob). advance (device, may be
+// null): incremented once the token is written (a decode loop's position, without a kernel of its own).
 void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng_counter,
-            int* out_token, void* scratch, cudaStream_t stream, float* out_logprob = nullptr);
+            int* out_token, void* scratch, cudaStream_t stream, float* out_logprob = nullptr,
+            int* advance = nullptr);
 
 // counts[tokens[i]] += 1 for i < n (device tokens), e.g. the prompt before the first sampled token.
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream);

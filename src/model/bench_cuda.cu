@@ -148,8 +148,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
   sp.n_valid = cfg.vocab;
   sp.update_counts = false;
   cudaGraphExec_t loop = eng.capture([&] {
-    sample(eng.logits(), cfg.vocab, sp, nullptr, rng, &eng.step()->token, scratch, st);
-    launch_advance_pos(eng.step(), st);
+    sample(eng.logits(), cfg.vocab, sp, nullptr, rng, &eng.step()->token, scratch, st, nullptr, &eng.step()->pos);
   });
 
   for (int ctx : opt.contexts) {

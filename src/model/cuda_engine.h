@@ -65,9 +65,6 @@ struct StepDev {
 // with its name; the last call is mark("end").
 using FamilyMark = std::function<void(const char* family)>;
 
-// step->pos += 1 (a graph tail for decode loops that feed back the sampled token).
-void launch_advance_pos(StepDev* step, cudaStream_t s);
-
 class CudaEngine {
  public:
   // fused = false: the multi-launch GDN mixer and MoE paths even where the persistent kernels apply (tests).

@@ -30,8 +30,6 @@ namespace {
 
 constexpr int kPageTokens = 1024;   // KV tokens per page (2 MiB per attention layer for the real model)
 
-__global__ void advance_pos_kernel(StepDev* step) { step->pos += 1; }
-
 template <typename T>
 T* device_alloc(size_t n) {
   T* p = nullptr;
@@ -296,11 +294,6 @@ cudaGraphExec_t CudaEngine::capture(const std::function<void()>& tail, bool head
 
 void CudaEngine::launch_step(bool head) { CUDA_CHECK(cudaGraphLaunch(head ? graph_ : graph_nohead_, stream_)); }
 
-void launch_advance_pos(StepDev* step, cudaStream_t s) {
-  advance_pos_kernel<<<1, 1, 0, s>>>(step);
-  CUDA_CHECK_LAUNCH();
-}
-
 // ---- Backend adapter ----
 namespace {
 
@@ -486,8 +479,7 @@ class CudaBackend : public Backend {
     const SamplingParams& d = sample_params_;
     StepDev* step = engine_.step();
     sample(engine_.logits(), cfg_.vocab, d, d.update_counts ? counts_ : nullptr, rng_, &step->token,
-           sample_scratch_, s, sample_logprobs_ ? &step->logprob : nullptr);
-    launch_advance_pos(step, s);
+           sample_scratch_, s, sample_logprobs_ ? &step->logprob : nullptr, &step->pos);
     CUDA_CHECK(cudaMemcpyAsync(host_step_, step, sizeof(StepDev), cudaMemcpyDeviceToHost, s));
   }
   lily::SampleResult sampled() const {
