@@ -639,6 +639,13 @@ __global__ void count_tokens_kernel(int* counts, int vocab, const int* tokens, i
   }
 }
 
+__global__ void add_logit_bias_kernel(float* logits, int vocab, const int* ids, const float* bias, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int t = ids[i];
+    if (t >= 0 && t < vocab) logits[t] += bias[i];
+  }
+}
+
 __global__ void mark_context_kernel(int* counts, int vocab, const int* tokens, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const int t = tokens[i];
@@ -695,6 +702,12 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream) {
   if (n <= 0) return;
   detail::count_tokens_kernel<<<(n + 255) / 256, 256, 0, stream>>>(counts, vocab, tokens, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void add_logit_bias(float* logits, int vocab, const int* ids, const float* bias, int n, cudaStream_t stream) {
+  if (n <= 0) return;
+  detail::add_logit_bias_kernel<<<(n + 255) / 256, 256, 0, stream>>>(logits, vocab, ids, bias, n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -57,6 +57,9 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
 
 // counts[tokens[i]] += 1 for i < n (device tokens), e.g. the prompt before the first sampled token.
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream);
+// logits[ids[i]] += bias[i] for i < n (device arrays; distinct ids, those outside [0, vocab) skipped): OpenAI's
+// logit_bias, applied in place before sample() (the host Sampler adds it first too).
+void add_logit_bias(float* logits, int vocab, const int* ids, const float* bias, int n, cudaStream_t stream);
 // counts[tokens[i]] |= kSampleInContext: the repetition penalty applies to those ids, presence and frequency
 // (generated ids only, as the host Sampler) do not.
 void mark_context(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream);

@@ -77,6 +77,7 @@ class CudaEngine {
   int max_context() const { return max_context_; }
   cudaStream_t stream() const { return stream_; }
   const float* logits() const { return logits_; }       // [vocab] fp32, device
+  float* logits() { return logits_; }                   // (device sampling adds the logit_bias in place)
   StepDev* step() const { return step_; }               // device
   const DeviceWeights& weights() const { return w_; }
 

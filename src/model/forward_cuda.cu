@@ -311,7 +311,9 @@ class CudaBackend : public Backend {
   ~CudaBackend() override {
     cudaStreamSynchronize(engine_.stream());
     if (sample_graph_) cudaGraphExecDestroy(sample_graph_);
-    for (void* p : {(void*)d_steps_, (void*)counts_, (void*)rng_, sample_scratch_, (void*)d_prompt_}) cudaFree(p);
+    for (void* p : {(void*)d_steps_, (void*)counts_, (void*)rng_, sample_scratch_, (void*)d_prompt_, (void*)bias_ids_,
+                    (void*)bias_vals_})
+      cudaFree(p);
     cudaFreeHost(staging_);
     cudaFreeHost(host_step_);
   }
@@ -357,7 +359,7 @@ class CudaBackend : public Backend {
   // ---- sampling on the device (kernels/sampling.h) ----
   bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs) override {
     const bool rep = p.repetition_penalty != 1.0f, pf = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-    if (!p.logit_bias.empty() || p.top_logprobs > 0) return false;
+    if (p.top_logprobs > 0) return false;
     const int V = cfg_.vocab;
     cudaStream_t s = engine_.stream();
     if (in_flight_) {  // a launch an earlier generation left (its caller threw before waiting)
@@ -396,18 +398,39 @@ class CudaBackend : public Backend {
         CUDA_CHECK(cudaStreamSynchronize(s));  // the host prompt may go away
       }
     }
-    // the decode graph (step + this sampler + position advance + the id to the host), captured once per
-    // distinct parameter set
+    // logit_bias: (id, bias) pairs on the device, added to the logits before the sampler
+    const int n_bias = static_cast<int>(p.logit_bias.size());
+    bool realloc = false;
+    if (n_bias > bias_cap_) {
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      cudaFree(bias_ids_);
+      cudaFree(bias_vals_);
+      bias_cap_ = n_bias;
+      bias_ids_ = device_alloc<int>(bias_cap_);
+      bias_vals_ = device_alloc<float>(bias_cap_);
+      realloc = true;
+    }
+    if (n_bias > 0) {
+      std::vector<int> ids;
+      std::vector<float> vals;
+      for (const auto& [id, b] : p.logit_bias) ids.push_back(id), vals.push_back(b);
+      CUDA_CHECK(cudaMemcpyAsync(bias_ids_, ids.data(), n_bias * sizeof(int), cudaMemcpyHostToDevice, s));
+      CUDA_CHECK(cudaMemcpyAsync(bias_vals_, vals.data(), n_bias * sizeof(float), cudaMemcpyHostToDevice, s));
+      CUDA_CHECK(cudaStreamSynchronize(s));  // the host vectors go away
+    }
+    // the decode graph (step + bias + this sampler + the id to the host), captured once per distinct parameter
+    // set
     auto same = [](const SamplingParams& a, const SamplingParams& b) {
       return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
              a.presence == b.presence && a.frequency == b.frequency && a.repetition == b.repetition &&
              a.seed == b.seed && a.n_valid == b.n_valid && a.update_counts == b.update_counts;
     };
-    if (!sample_graph_ || !same(d, sample_params_) || logprobs != sample_logprobs_) {
+    if (!sample_graph_ || !same(d, sample_params_) || logprobs != sample_logprobs_ || n_bias != n_bias_ || realloc) {
       if (sample_graph_) CUDA_CHECK(cudaGraphExecDestroy(sample_graph_));
       sample_graph_ = nullptr;
       sample_params_ = d;
       sample_logprobs_ = logprobs;
+      n_bias_ = n_bias;
       sample_graph_ = engine_.capture([&] { sample_tail(); });
     }
     sampling_ = true;
@@ -478,6 +501,7 @@ class CudaBackend : public Backend {
     cudaStream_t s = engine_.stream();
     const SamplingParams& d = sample_params_;
     StepDev* step = engine_.step();
+    add_logit_bias(engine_.logits(), cfg_.vocab, bias_ids_, bias_vals_, n_bias_, s);
     sample(engine_.logits(), cfg_.vocab, d, d.update_counts ? counts_ : nullptr, rng_, &step->token,
            sample_scratch_, s, sample_logprobs_ ? &step->logprob : nullptr, &step->pos);
     CUDA_CHECK(cudaMemcpyAsync(host_step_, step, sizeof(StepDev), cudaMemcpyDeviceToHost, s));
@@ -499,6 +523,9 @@ class CudaBackend : public Backend {
   bool in_flight_ = false;                // a decode_device_launch not yet waited for
   SamplingParams sample_params_{};        // those of sample_graph_
   bool sample_logprobs_ = false;          // sample_graph_ computes the log-probability
+  int n_bias_ = 0, bias_cap_ = 0;         // logit_bias pairs in sample_graph_, capacity of the buffers
+  int* bias_ids_ = nullptr;               // [bias_cap_]
+  float* bias_vals_ = nullptr;            // [bias_cap_]
   cudaGraphExec_t sample_graph_ = nullptr;
   void* sample_scratch_ = nullptr;        // sampling_scratch_bytes(vocab)
   int* counts_ = nullptr;                 // [vocab] penalty counts
