@@ -292,44 +292,37 @@ struct FinishArgs {
 };
 
 // Stage: global max and total mass from the per-block stats.
-__device__ void global_stats(const FinishArgs& a, float& zmax, float& total) {
+__device__ void global_stats(const Stats* stats, int n_blocks, float& zmax, float& total) {
   float m = -INFINITY;
-  for (int b = threadIdx.x; b < a.n_blocks; b += kFinishThreads) m = fmaxf(m, a.stats[b].max);
+  for (int b = threadIdx.x; b < n_blocks; b += kFinishThreads) m = fmaxf(m, stats[b].max);
   zmax = block_reduce<kFinishThreads>(m, true);
   float s = 0.f;
-  for (int b = threadIdx.x; b < a.n_blocks; b += kFinishThreads)
-    if (a.stats[b].sum > 0.f) s += a.stats[b].sum * expf(a.stats[b].max - zmax);
+  for (int b = threadIdx.x; b < n_blocks; b += kFinishThreads)
+    if (stats[b].sum > 0.f) s += stats[b].sum * expf(stats[b].max - zmax);
   total = block_reduce<kFinishThreads>(s, false);
 }
-
-// logprob: z[token] - log(sum exp z) (the host Sampler's, before top-k / top-p / min-p), stored if wanted.
-__device__ void emit(const FinishArgs& a, int token, float logprob) {
-  *a.out_token = token;
-  if (a.out_logprob) *a.out_logprob = logprob;
-  if (a.advance) *a.advance += 1;
-  if (a.p.update_counts && a.counts && token >= 0 && token < a.vocab) a.counts[token] += 1;
-  *a.rng_counter += 1;
+__device__ void global_stats(const FinishArgs& a, float& zmax, float& total) {
+  global_stats(a.stats, a.n_blocks, zmax, total);
 }
 
-// Fast path: top_k candidates -> sorted list -> top-p / min-p -> draw (walk in ascending id order).
-__global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs a) {
-  __shared__ uint32_t lk[kSampleFastTopK];
-  __shared__ int lid[kSampleFastTopK];
-  __shared__ uint32_t sk[kSampleFastTopK];
-  __shared__ int sid[kSampleFastTopK];
+// The k best of nc candidates (key desc, id asc; ties at the cut to the lowest ids), sorted into sk / sid
+// (shared, >= k entries); returns how many (< k only when nc < k). Every thread calls; ends with a barrier.
+template <int KMAX>
+__device__ int sorted_best_candidates(const uint32_t* cand_key, const int* cand_id, int nc, int k, uint32_t* sk,
+                                      int* sid) {
+  __shared__ uint32_t lk[KMAX];
+  __shared__ int lid[KMAX];
   __shared__ int n_list;
-  const int nc = a.n_blocks * a.cand;
-  const int k = a.p.temperature <= 0.f ? 1 : a.p.top_k;
   __shared__ SelectSmem<kFinishThreads> ssm;
   const Cut c =
-      block_select<kFinishThreads>(ssm, [&](int i) { return a.cand_key[i]; }, nc, false, static_cast<float>(k), 0.f);
+      block_select<kFinishThreads>(ssm, [&](int i) { return cand_key[i]; }, nc, false, static_cast<float>(k), 0.f);
   if (threadIdx.x == 0) n_list = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < nc; i += kFinishThreads)
-    if (a.cand_key[i] > c.key) {
+    if (cand_key[i] > c.key) {
       const int s = atomicAdd(&n_list, 1);
-      lk[s] = a.cand_key[i];
-      lid[s] = a.cand_id[i];
+      lk[s] = cand_key[i];
+      lid[s] = cand_id[i];
     }
   __syncthreads();
   // ties at the cut: repeatedly take the lowest remaining id (rare; at most k rounds)
@@ -339,7 +332,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
     __syncthreads();
     int best = 0x7fffffff;
     for (int i = threadIdx.x; i < nc; i += kFinishThreads)
-      if (a.cand_key[i] == c.key && a.cand_id[i] > last_id) best = min(best, a.cand_id[i]);
+      if (cand_key[i] == c.key && cand_id[i] > last_id) best = min(best, cand_id[i]);
     best = static_cast<int>(-block_reduce<kFinishThreads>(-static_cast<float>(best), true));
     if (threadIdx.x == 0) {
       lk[n_list] = c.key;
@@ -357,6 +350,24 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
     sid[r] = lid[threadIdx.x];
   }
   __syncthreads();
+  return n;
+}
+
+// logprob: z[token] - log(sum exp z) (the host Sampler's, before top-k / top-p / min-p), stored if wanted.
+__device__ void emit(const FinishArgs& a, int token, float logprob) {
+  *a.out_token = token;
+  if (a.out_logprob) *a.out_logprob = logprob;
+  if (a.advance) *a.advance += 1;
+  if (a.p.update_counts && a.counts && token >= 0 && token < a.vocab) a.counts[token] += 1;
+  *a.rng_counter += 1;
+}
+
+// Fast path: top_k candidates -> sorted list -> top-p / min-p -> draw (walk in ascending id order).
+__global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs a) {
+  __shared__ uint32_t sk[kSampleFastTopK];
+  __shared__ int sid[kSampleFastTopK];
+  const int k = a.p.temperature <= 0.f ? 1 : a.p.top_k;
+  const int n = sorted_best_candidates<kSampleFastTopK>(a.cand_key, a.cand_id, a.n_blocks * a.cand, k, sk, sid);
   float zmax = 0.f, total_all = 1.f;  // over the whole vocabulary, for the log-probability
   if (a.out_logprob) global_stats(a, zmax, total_all);
   if (threadIdx.x != 0) return;
@@ -616,6 +627,27 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
   emit(a, token, token >= 0 ? a.z[token] - zmax - logf(total) : NAN);
 }
 
+struct TopArgs {
+  int n_blocks, cand, n_out;
+  const uint32_t* cand_key; const int* cand_id;
+  const Stats* stats;
+  int* out_ids; float* out_logprobs;
+};
+
+// The n_out best of the prep blocks' candidates (each block's `cand` best) with their log-probabilities.
+__global__ void __launch_bounds__(kFinishThreads) top_logprobs_kernel(TopArgs a) {
+  __shared__ uint32_t sk[kMaxTopLogprobs];
+  __shared__ int sid[kMaxTopLogprobs];
+  const int n = sorted_best_candidates<kMaxTopLogprobs>(a.cand_key, a.cand_id, a.n_blocks * a.cand, a.n_out, sk, sid);
+  float zmax, total;
+  global_stats(a.stats, a.n_blocks, zmax, total);
+  if (static_cast<int>(threadIdx.x) < a.n_out) {
+    const bool ok = static_cast<int>(threadIdx.x) < n;
+    a.out_ids[threadIdx.x] = ok ? sid[threadIdx.x] : -1;
+    a.out_logprobs[threadIdx.x] = ok ? z_of(sk[threadIdx.x]) - zmax - logf(total) : -INFINITY;
+  }
+}
+
 struct ScratchLayout {
   int n_blocks;
   size_t stats, cand_key, cand_id, z, total;
@@ -702,6 +734,44 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream) {
   if (n <= 0) return;
   detail::count_tokens_kernel<<<(n + 255) / 256, 256, 0, stream>>>(counts, vocab, tokens, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+size_t top_logprobs_scratch_bytes(int vocab) {
+  const int nb = detail::layout(vocab).n_blocks;
+  return (sizeof(detail::Stats) + (sizeof(uint32_t) + sizeof(int)) * kMaxTopLogprobs) * nb + 512;
+}
+
+void top_logprobs(const float* logits, int vocab, const SamplingParams& p, const int* counts, int n, int* out_ids,
+                  float* out_logprobs, void* scratch, cudaStream_t stream) {
+  LILY_CHECK(n >= 1 && n <= kMaxTopLogprobs && logits && out_ids && out_logprobs && scratch,
+             "top_logprobs: n must be in [1, ", kMaxTopLogprobs, "] and every buffer given");
+  const bool penalties = p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
+  LILY_CHECK(counts || !penalties, "top_logprobs: penalties need a counts buffer");
+  const int nb = detail::layout(vocab).n_blocks;
+  char* s = static_cast<char*>(scratch);
+  auto al = [](size_t x) { return (x + 255) & ~size_t{255}; };
+  detail::PrepArgs pa{};
+  pa.logits = logits;
+  pa.counts = penalties ? counts : nullptr;
+  pa.vocab = vocab;
+  pa.p = p;
+  pa.cand = n;
+  pa.stats = reinterpret_cast<detail::Stats*>(s);
+  pa.cand_key = reinterpret_cast<uint32_t*>(s + al(sizeof(detail::Stats) * nb));
+  pa.cand_id = reinterpret_cast<int*>(reinterpret_cast<char*>(pa.cand_key) + sizeof(uint32_t) * nb * n);
+  detail::prep_kernel<<<nb, detail::kPrepThreads, 0, stream>>>(pa);
+  CUDA_CHECK_LAUNCH();
+  detail::TopArgs ta{};
+  ta.n_blocks = nb;
+  ta.cand = n;
+  ta.n_out = std::min(n, p.n_valid > 0 ? p.n_valid : vocab);
+  ta.cand_key = pa.cand_key;
+  ta.cand_id = pa.cand_id;
+  ta.stats = pa.stats;
+  ta.out_ids = out_ids;
+  ta.out_logprobs = out_logprobs;
+  detail::top_logprobs_kernel<<<1, detail::kFinishThreads, 0, stream>>>(ta);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -27,6 +27,7 @@
 namespace lily::cuda {
 
 inline constexpr int kSampleFastTopK = 64;
+inline constexpr int kMaxTopLogprobs = 20;  // OpenAI's top_logprobs limit
 inline constexpr int kSampleInContext = 1 << 30;               // counts[i] flag: id i is in the prompt
 inline constexpr int kSampleCountMask = kSampleInContext - 1;  // counts[i] bits: times id i was generated
 
@@ -57,6 +58,13 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
 
 // counts[tokens[i]] += 1 for i < n (device tokens), e.g. the prompt before the first sampled token.
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream);
+// The n (1..kMaxTopLogprobs, at most n_valid) most likely ids under the distribution sample() draws from before
+// its truncations (penalties from counts, mask, temperature), descending (ties: lower id first), and their
+// log-probabilities, into out_ids / out_logprobs (device, [n]): the host Sampler's SampleResult::top. Launch it
+// before a sample() that updates the counts. scratch: top_logprobs_scratch_bytes(vocab) bytes.
+size_t top_logprobs_scratch_bytes(int vocab);
+void top_logprobs(const float* logits, int vocab, const SamplingParams& p, const int* counts, int n, int* out_ids,
+                  float* out_logprobs, void* scratch, cudaStream_t stream);
 // logits[ids[i]] += bias[i] for i < n (device arrays; distinct ids, those outside [0, vocab) skipped): OpenAI's
 // logit_bias, applied in place before sample() (the host Sampler adds it first too).
 void add_logit_bias(float* logits, int vocab, const int* ids, const float* bias, int n, cudaStream_t stream);

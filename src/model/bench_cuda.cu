@@ -252,7 +252,10 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
       rep.loops.push_back({std::string("chat defaults (T 0.7, top-k 20, top-p 0.8, presence 1.5), ") + where,
                            loop_us(*be, sampled, host, opt.steps)});
     }
-    rep.loops.push_back({"chat defaults with logprobs, device sampling", loop_us(*be, sampled, false, opt.steps, true)});
+    lily::SamplingParams with_top = sampled;
+    with_top.top_logprobs = 5;
+    rep.loops.push_back({"chat defaults with logprobs and top_logprobs 5, device sampling",
+                         loop_us(*be, with_top, false, opt.steps, true)});
   }
   return rep;
 }

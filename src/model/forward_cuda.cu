@@ -312,8 +312,9 @@ class CudaBackend : public Backend {
     cudaStreamSynchronize(engine_.stream());
     if (sample_graph_) cudaGraphExecDestroy(sample_graph_);
     for (void* p : {(void*)d_steps_, (void*)counts_, (void*)rng_, sample_scratch_, (void*)d_prompt_, (void*)bias_ids_,
-                    (void*)bias_vals_})
+                    (void*)bias_vals_, top_scratch_, (void*)top_dev_})
       cudaFree(p);
+    if (top_host_) cudaFreeHost(top_host_);
     cudaFreeHost(staging_);
     cudaFreeHost(host_step_);
   }
@@ -359,7 +360,7 @@ class CudaBackend : public Backend {
   // ---- sampling on the device (kernels/sampling.h) ----
   bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs) override {
     const bool rep = p.repetition_penalty != 1.0f, pf = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-    if (p.top_logprobs > 0) return false;
+    if (p.top_logprobs > kMaxTopLogprobs) return false;
     const int V = cfg_.vocab;
     cudaStream_t s = engine_.stream();
     if (in_flight_) {  // a launch an earlier generation left (its caller threw before waiting)
@@ -425,12 +426,19 @@ class CudaBackend : public Backend {
              a.presence == b.presence && a.frequency == b.frequency && a.repetition == b.repetition &&
              a.seed == b.seed && a.n_valid == b.n_valid && a.update_counts == b.update_counts;
     };
-    if (!sample_graph_ || !same(d, sample_params_) || logprobs != sample_logprobs_ || n_bias != n_bias_ || realloc) {
+    if (p.top_logprobs > 0 && !top_scratch_) {
+      top_scratch_ = device_alloc<uint8_t>(top_logprobs_scratch_bytes(V));
+      top_dev_ = device_alloc<TopDev>(1);
+      CUDA_CHECK(cudaMallocHost(&top_host_, sizeof(TopDev)));
+    }
+    if (!sample_graph_ || !same(d, sample_params_) || logprobs != sample_logprobs_ || n_bias != n_bias_ || realloc ||
+        p.top_logprobs != top_n_) {
       if (sample_graph_) CUDA_CHECK(cudaGraphExecDestroy(sample_graph_));
       sample_graph_ = nullptr;
       sample_params_ = d;
       sample_logprobs_ = logprobs;
       n_bias_ = n_bias;
+      top_n_ = p.top_logprobs;
       sample_graph_ = engine_.capture([&] { sample_tail(); });
     }
     sampling_ = true;
@@ -502,14 +510,20 @@ class CudaBackend : public Backend {
     const SamplingParams& d = sample_params_;
     StepDev* step = engine_.step();
     add_logit_bias(engine_.logits(), cfg_.vocab, bias_ids_, bias_vals_, n_bias_, s);
+    if (top_n_ > 0)  // before sample(): it updates the counts
+      top_logprobs(engine_.logits(), cfg_.vocab, d, d.update_counts ? counts_ : nullptr, top_n_, top_dev_->ids,
+                   top_dev_->logprobs, top_scratch_, s);
     sample(engine_.logits(), cfg_.vocab, d, d.update_counts ? counts_ : nullptr, rng_, &step->token,
            sample_scratch_, s, sample_logprobs_ ? &step->logprob : nullptr, &step->pos);
     CUDA_CHECK(cudaMemcpyAsync(host_step_, step, sizeof(StepDev), cudaMemcpyDeviceToHost, s));
+    if (top_n_ > 0) CUDA_CHECK(cudaMemcpyAsync(top_host_, top_dev_, sizeof(TopDev), cudaMemcpyDeviceToHost, s));
   }
   lily::SampleResult sampled() const {
     lily::SampleResult r;
     r.token = host_step_->token;
     r.logprob = sample_logprobs_ ? host_step_->logprob : std::numeric_limits<float>::quiet_NaN();
+    for (int j = 0; j < top_n_; ++j)
+      if (top_host_->ids[j] >= 0) r.top.push_back({top_host_->ids[j], top_host_->logprobs[j]});
     return r;
   }
 
@@ -525,6 +539,14 @@ class CudaBackend : public Backend {
   bool sample_logprobs_ = false;          // sample_graph_ computes the log-probability
   int n_bias_ = 0, bias_cap_ = 0;         // logit_bias pairs in sample_graph_, capacity of the buffers
   int* bias_ids_ = nullptr;               // [bias_cap_]
+  struct TopDev {                         // top_logprobs' output
+    int ids[kMaxTopLogprobs];
+    float logprobs[kMaxTopLogprobs];
+  };
+  int top_n_ = 0;                         // top_logprobs in sample_graph_
+  void* top_scratch_ = nullptr;           // top_logprobs_scratch_bytes(vocab)
+  TopDev* top_dev_ = nullptr;             // device [1]
+  TopDev* top_host_ = nullptr;            // pinned [1]
   float* bias_vals_ = nullptr;            // [bias_cap_]
   cudaGraphExec_t sample_graph_ = nullptr;
   void* sample_scratch_ = nullptr;        // sampling_scratch_bytes(vocab)

@@ -35,10 +35,11 @@ class Backend {
 
   // Sampling where the logits are (optional; the CUDA backend): no vocab-sized copy to the host and no host
   // sampler per token, the sampled id written straight into the next step's input. begin_device_sampling()
-  // returns false when this backend or these parameters cannot be sampled there with the host Sampler's exact
-  // semantics (top_logprobs > 0); the caller then samples on the host from forward()'s logits.
-  // Otherwise it starts one generation: RNG counter 0, the penalty counts from `prompt` (repetition penalty)
-  // and nothing generated; with `logprobs` each result carries the id's log-probability (else NaN).
+  // returns false when this backend or these parameters cannot be sampled there with the host Sampler's
+  // semantics; the caller then samples on the host from forward()'s logits. Otherwise it starts one
+  // generation: RNG counter 0, the penalty counts from `prompt` (repetition penalty) and nothing generated;
+  // with `logprobs` each result carries the id's log-probability (else NaN), with params.top_logprobs > 0 the
+  // most likely ids (SampleResult::top).
   virtual bool begin_device_sampling(const SamplingParams& /*params*/, std::span<const int32_t> /*prompt*/,
                                      bool /*logprobs*/) {
     return false;

@@ -22,8 +22,8 @@ struct GenerateOptions {
   std::vector<int32_t> extra_stop_ids;  // stop ids on top of the config's eos ids
   SamplingParams sampling;
   // A backend that samples on the device does so (Backend::begin_device_sampling) unless host_sampling; its
-  // results carry SampleResult::logprob only with `logprobs` (else NaN) and never `top` (sampling.top_logprobs
-  // > 0 samples on the host). Host sampling fills both.
+  // results carry SampleResult::logprob only with `logprobs` (else NaN), `top` with sampling.top_logprobs > 0.
+  // Host sampling fills both always.
   bool logprobs = false;
   bool host_sampling = false;
   // Called for every generated id (the stop id too) in order; return false to cancel after this token.

@@ -225,6 +225,7 @@ TEST(CudaBackend, DeviceSamplingMatchesHostSampling) {
   // logit_bias (an id out of range is ignored by both), with a penalty that sees the biased logits
   cases[7].temperature = 0.8f, cases[7].top_p = 0.9f, cases[7].repetition_penalty = 1.3f, cases[7].seed = 17;
   cases[7].logit_bias = {{prompt[0], 3.f}, {5, -100.f}, {7, 2.5f}, {V + 3, 1.f}};
+  cases[1].top_logprobs = 5, cases[6].top_logprobs = 20, cases[0].top_logprobs = 1;  // the most likely ids too
   for (size_t c = 0; c < cases.size(); ++c) {
     GenerateOptions g;
     g.max_tokens = 40;
@@ -251,6 +252,19 @@ TEST(CudaBackend, DeviceSamplingMatchesHostSampling) {
       std::printf("case %zu: max |device - host| logprob = %.3g\n", c, lp_err);
       EXPECT_LT(lp_err, 1e-4) << "case " << c;
     }
+    double top_err = 0;
+    for (size_t i = 0; i < std::min(a.samples.size(), b.samples.size()); ++i) {
+      const auto &ta = a.samples[i].top, &tb = b.samples[i].top;
+      ASSERT_EQ(tb.size(), ta.size()) << "case " << c << ", token " << i;
+      for (size_t j = 0; j < ta.size(); ++j) {
+        EXPECT_EQ(tb[j].token, ta[j].token) << "case " << c << ", token " << i << ", rank " << j;
+        top_err = std::max(top_err, std::fabs(static_cast<double>(tb[j].logprob) - ta[j].logprob));
+      }
+    }
+    if (cases[c].top_logprobs > 0) {
+      std::printf("case %zu: top %d, max |device - host| logprob = %.3g\n", c, cases[c].top_logprobs, top_err);
+      EXPECT_LT(top_err, 1e-4) << "case " << c;
+    }
     EXPECT_EQ(host->position(), static_cast<int>(prompt.size() + a.tokens.size() - 1)) << "case " << c;
     EXPECT_EQ(dev->position(), host->position()) << "case " << c;
     std::vector<float> la(V), lb(V);
@@ -261,6 +275,6 @@ TEST(CudaBackend, DeviceSamplingMatchesHostSampling) {
   }
   // settings the device sampler cannot reproduce: the caller samples on the host
   lily::SamplingParams top;
-  top.top_logprobs = 3;
+  top.top_logprobs = 21;  // beyond OpenAI's 20
   EXPECT_FALSE(dev->begin_device_sampling(top, prompt, true));
 }
