@@ -49,6 +49,10 @@ __device__ __forceinline__ float z_of(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+__host__ __device__ inline bool has_penalties(const SamplingParams& p) {
+  return p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
+}
+
 // Stage: penalties, mask, temperature for one logit.
 __device__ __forceinline__ float process_logit(const float* logits, const int* counts, const SamplingParams& p,
                                                int i) {
@@ -664,10 +668,13 @@ ScratchLayout layout(int vocab) {
   return l;
 }
 
-__global__ void count_tokens_kernel(int* counts, int vocab, const int* tokens, int n) {
+// counts[tokens[i]] += 1 (count) or |= kSampleInContext (flag) for the ids in [0, vocab).
+__global__ void count_tokens_kernel(int* counts, int vocab, const int* tokens, int n, bool flag) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const int t = tokens[i];
-    if (t >= 0 && t < vocab) atomicAdd(counts + t, 1);
+    if (t < 0 || t >= vocab) continue;
+    if (flag) atomicOr(counts + t, kSampleInContext);
+    else atomicAdd(counts + t, 1);
   }
 }
 
@@ -678,13 +685,6 @@ __global__ void add_logit_bias_kernel(float* logits, int vocab, const int* ids, 
   }
 }
 
-__global__ void mark_context_kernel(int* counts, int vocab, const int* tokens, int n) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const int t = tokens[i];
-    if (t >= 0 && t < vocab) atomicOr(counts + t, kSampleInContext);
-  }
-}
-
 }  // namespace detail
 
 size_t sampling_scratch_bytes(int vocab) { return detail::layout(vocab).total; }
@@ -692,7 +692,7 @@ size_t sampling_scratch_bytes(int vocab) { return detail::layout(vocab).total; }
 void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng_counter,
             int* out_token, void* scratch, cudaStream_t stream, float* out_logprob, int* advance) {
   LILY_CHECK(vocab > 0 && logits && rng_counter && out_token && scratch, "sample: missing buffer");
-  const bool penalties = p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
+  const bool penalties = detail::has_penalties(p);
   LILY_CHECK(counts || !penalties, "sample: presence/frequency/repetition penalties need a counts buffer");
   const detail::ScratchLayout l = detail::layout(vocab);
   char* s = static_cast<char*>(scratch);
@@ -733,33 +733,29 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
 
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream) {
   if (n <= 0) return;
-  detail::count_tokens_kernel<<<(n + 255) / 256, 256, 0, stream>>>(counts, vocab, tokens, n);
+  detail::count_tokens_kernel<<<(n + 255) / 256, 256, 0, stream>>>(counts, vocab, tokens, n, false);
   CUDA_CHECK_LAUNCH();
-}
-
-size_t top_logprobs_scratch_bytes(int vocab) {
-  const int nb = detail::layout(vocab).n_blocks;
-  return (sizeof(detail::Stats) + (sizeof(uint32_t) + sizeof(int)) * kMaxTopLogprobs) * nb + 512;
 }
 
 void top_logprobs(const float* logits, int vocab, const SamplingParams& p, const int* counts, int n, int* out_ids,
                   float* out_logprobs, void* scratch, cudaStream_t stream) {
   LILY_CHECK(n >= 1 && n <= kMaxTopLogprobs && logits && out_ids && out_logprobs && scratch,
              "top_logprobs: n must be in [1, ", kMaxTopLogprobs, "] and every buffer given");
-  const bool penalties = p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
+  const bool penalties = detail::has_penalties(p);
   LILY_CHECK(counts || !penalties, "top_logprobs: penalties need a counts buffer");
-  const int nb = detail::layout(vocab).n_blocks;
+  static_assert(kMaxTopLogprobs <= kSampleFastTopK, "the candidates of top_logprobs fit sample()'s scratch");
+  const detail::ScratchLayout l = detail::layout(vocab);  // sample()'s: its stats and candidates
+  const int nb = l.n_blocks;
   char* s = static_cast<char*>(scratch);
-  auto al = [](size_t x) { return (x + 255) & ~size_t{255}; };
   detail::PrepArgs pa{};
   pa.logits = logits;
   pa.counts = penalties ? counts : nullptr;
   pa.vocab = vocab;
   pa.p = p;
   pa.cand = n;
-  pa.stats = reinterpret_cast<detail::Stats*>(s);
-  pa.cand_key = reinterpret_cast<uint32_t*>(s + al(sizeof(detail::Stats) * nb));
-  pa.cand_id = reinterpret_cast<int*>(reinterpret_cast<char*>(pa.cand_key) + sizeof(uint32_t) * nb * n);
+  pa.stats = reinterpret_cast<detail::Stats*>(s + l.stats);
+  pa.cand_key = reinterpret_cast<uint32_t*>(s + l.cand_key);
+  pa.cand_id = reinterpret_cast<int*>(s + l.cand_id);
   detail::prep_kernel<<<nb, detail::kPrepThreads, 0, stream>>>(pa);
   CUDA_CHECK_LAUNCH();
   detail::TopArgs ta{};
@@ -783,7 +779,7 @@ void add_logit_bias(float* logits, int vocab, const int* ids, const float* bias,
 
 void mark_context(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream) {
   if (n <= 0) return;
-  detail::mark_context_kernel<<<(n + 255) / 256, 256, 0, stream>>>(counts, vocab, tokens, n);
+  detail::count_tokens_kernel<<<(n + 255) / 256, 256, 0, stream>>>(counts, vocab, tokens, n, true);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -61,8 +61,8 @@ void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t
 // The n (1..kMaxTopLogprobs, at most n_valid) most likely ids under the distribution sample() draws from before
 // its truncations (penalties from counts, mask, temperature), descending (ties: lower id first), and their
 // log-probabilities, into out_ids / out_logprobs (device, [n]): the host Sampler's SampleResult::top. Launch it
-// before a sample() that updates the counts. scratch: top_logprobs_scratch_bytes(vocab) bytes.
-size_t top_logprobs_scratch_bytes(int vocab);
+// before a sample() that updates the counts. scratch: a sample() scratch (sampling_scratch_bytes), reusable by
+// the sample() launched after it on the same stream.
 void top_logprobs(const float* logits, int vocab, const SamplingParams& p, const int* counts, int n, int* out_ids,
                   float* out_logprobs, void* scratch, cudaStream_t stream);
 // logits[ids[i]] += bias[i] for i < n (device arrays; distinct ids, those outside [0, vocab) skipped): OpenAI's

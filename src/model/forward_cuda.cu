@@ -312,7 +312,7 @@ class CudaBackend : public Backend {
     cudaStreamSynchronize(engine_.stream());
     if (sample_graph_) cudaGraphExecDestroy(sample_graph_);
     for (void* p : {(void*)d_steps_, (void*)counts_, (void*)rng_, sample_scratch_, (void*)d_prompt_, (void*)bias_ids_,
-                    (void*)bias_vals_, top_scratch_, (void*)top_dev_})
+                    (void*)bias_vals_, (void*)top_dev_})
       cudaFree(p);
     if (top_host_) cudaFreeHost(top_host_);
     cudaFreeHost(staging_);
@@ -359,15 +359,20 @@ class CudaBackend : public Backend {
 
   // ---- sampling on the device (kernels/sampling.h) ----
   bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs) override {
-    const bool rep = p.repetition_penalty != 1.0f, pf = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
     if (p.top_logprobs > kMaxTopLogprobs) return false;
     const int V = cfg_.vocab;
     cudaStream_t s = engine_.stream();
-    if (in_flight_) {  // a launch an earlier generation left (its caller threw before waiting)
-      CUDA_CHECK(cudaStreamSynchronize(s));
-      in_flight_ = false;
+    if (!sample_scratch_) {
+      sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(V));
+      counts_ = device_alloc<int>(V);
+      rng_ = device_alloc<uint64_t>(1);
+      CUDA_CHECK(cudaMallocHost(&top_host_, sizeof(TopDev)));
+      top_dev_ = device_alloc<TopDev>(1);
     }
-    SamplingParams d;
+    CUDA_CHECK(cudaStreamSynchronize(s));  // a launch an earlier generation left (its caller threw before waiting)
+    in_flight_ = false;
+    SampleConfig c;
+    SamplingParams& d = c.params;
     d.temperature = p.temperature;
     d.top_k = p.top_k;
     d.top_p = p.top_p;
@@ -377,68 +382,41 @@ class CudaBackend : public Backend {
     d.repetition = p.repetition_penalty;
     d.seed = p.seed;
     d.n_valid = p.n_valid > 0 && p.n_valid < V ? p.n_valid : 0;
-    d.update_counts = rep || pf;
-    if (!sample_scratch_) {
-      sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(V));
-      counts_ = device_alloc<int>(V);
-      rng_ = device_alloc<uint64_t>(1);
-    }
+    d.update_counts = d.repetition != 1.0f || d.presence != 0.0f || d.frequency != 0.0f;
+    c.logprobs = logprobs;
+    c.top_n = p.top_logprobs;
     CUDA_CHECK(cudaMemsetAsync(rng_, 0, sizeof(uint64_t), s));
-    if (d.update_counts) {
-      CUDA_CHECK(cudaMemsetAsync(counts_, 0, (size_t)V * sizeof(int), s));
-      if (rep && !prompt.empty()) {
-        for (int32_t t : prompt) LILY_CHECK(t >= 0 && t < V, "CUDA backend: token id ", t, " outside [0, ", V, ")");
-        if ((int)prompt.size() > prompt_cap_) {
-          cudaStreamSynchronize(s);
-          cudaFree(d_prompt_);
-          prompt_cap_ = (int)prompt.size();
-          d_prompt_ = device_alloc<int32_t>(prompt_cap_);
-        }
-        CUDA_CHECK(cudaMemcpyAsync(d_prompt_, prompt.data(), prompt.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-        mark_context(counts_, V, d_prompt_, (int)prompt.size(), s);  // repetition only, not presence/frequency
-        CUDA_CHECK(cudaStreamSynchronize(s));  // the host prompt may go away
+    if (d.update_counts) CUDA_CHECK(cudaMemsetAsync(counts_, 0, (size_t)V * sizeof(int), s));
+    if (d.repetition != 1.0f && !prompt.empty()) {  // the prompt counts for the repetition penalty only
+      for (int32_t t : prompt) LILY_CHECK(t >= 0 && t < V, "CUDA backend: token id ", t, " outside [0, ", V, ")");
+      if ((int)prompt.size() > prompt_cap_) {
+        cudaFree(d_prompt_);
+        prompt_cap_ = (int)prompt.size();
+        d_prompt_ = device_alloc<int32_t>(prompt_cap_);
       }
+      CUDA_CHECK(cudaMemcpyAsync(d_prompt_, prompt.data(), prompt.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+      mark_context(counts_, V, d_prompt_, (int)prompt.size(), s);
     }
-    // logit_bias: (id, bias) pairs on the device, added to the logits before the sampler
-    const int n_bias = static_cast<int>(p.logit_bias.size());
-    bool realloc = false;
-    if (n_bias > bias_cap_) {
-      CUDA_CHECK(cudaStreamSynchronize(s));
-      cudaFree(bias_ids_);
-      cudaFree(bias_vals_);
-      bias_cap_ = n_bias;
-      bias_ids_ = device_alloc<int>(bias_cap_);
-      bias_vals_ = device_alloc<float>(bias_cap_);
-      realloc = true;
+    // logit_bias: its (id, bias) pairs with an id in [0, V) (the host Sampler ignores the others), at most V
+    std::vector<int> bias_ids;
+    std::vector<float> bias_vals;
+    for (const auto& [id, b] : p.logit_bias)
+      if (id >= 0 && id < V) bias_ids.push_back(id), bias_vals.push_back(b);
+    c.n_bias = (int)bias_ids.size();
+    if (c.n_bias > 0) {
+      if (!bias_ids_) {
+        bias_ids_ = device_alloc<int>(V);
+        bias_vals_ = device_alloc<float>(V);
+      }
+      CUDA_CHECK(cudaMemcpyAsync(bias_ids_, bias_ids.data(), c.n_bias * sizeof(int), cudaMemcpyHostToDevice, s));
+      CUDA_CHECK(cudaMemcpyAsync(bias_vals_, bias_vals.data(), c.n_bias * sizeof(float), cudaMemcpyHostToDevice, s));
     }
-    if (n_bias > 0) {
-      std::vector<int> ids;
-      std::vector<float> vals;
-      for (const auto& [id, b] : p.logit_bias) ids.push_back(id), vals.push_back(b);
-      CUDA_CHECK(cudaMemcpyAsync(bias_ids_, ids.data(), n_bias * sizeof(int), cudaMemcpyHostToDevice, s));
-      CUDA_CHECK(cudaMemcpyAsync(bias_vals_, vals.data(), n_bias * sizeof(float), cudaMemcpyHostToDevice, s));
-      CUDA_CHECK(cudaStreamSynchronize(s));  // the host vectors go away
-    }
-    // the decode graph (step + bias + this sampler + the id to the host), captured once per distinct parameter
-    // set
-    auto same = [](const SamplingParams& a, const SamplingParams& b) {
-      return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
-             a.presence == b.presence && a.frequency == b.frequency && a.repetition == b.repetition &&
-             a.seed == b.seed && a.n_valid == b.n_valid && a.update_counts == b.update_counts;
-    };
-    if (p.top_logprobs > 0 && !top_scratch_) {
-      top_scratch_ = device_alloc<uint8_t>(top_logprobs_scratch_bytes(V));
-      top_dev_ = device_alloc<TopDev>(1);
-      CUDA_CHECK(cudaMallocHost(&top_host_, sizeof(TopDev)));
-    }
-    if (!sample_graph_ || !same(d, sample_params_) || logprobs != sample_logprobs_ || n_bias != n_bias_ || realloc ||
-        p.top_logprobs != top_n_) {
+    CUDA_CHECK(cudaStreamSynchronize(s));  // the host copies' sources go away
+    // the decode graph (step + bias + this sampler + the id to the host), captured once per configuration
+    if (!sample_graph_ || !(c == sample_config_)) {
       if (sample_graph_) CUDA_CHECK(cudaGraphExecDestroy(sample_graph_));
       sample_graph_ = nullptr;
-      sample_params_ = d;
-      sample_logprobs_ = logprobs;
-      n_bias_ = n_bias;
-      top_n_ = p.top_logprobs;
+      sample_config_ = c;
       sample_graph_ = engine_.capture([&] { sample_tail(); });
     }
     sampling_ = true;
@@ -507,22 +485,25 @@ class CudaBackend : public Backend {
   // inside the decode graph.
   void sample_tail() {
     cudaStream_t s = engine_.stream();
-    const SamplingParams& d = sample_params_;
+    const SampleConfig& c = sample_config_;
+    const SamplingParams& d = c.params;
+    int* counts = d.update_counts ? counts_ : nullptr;
     StepDev* step = engine_.step();
-    add_logit_bias(engine_.logits(), cfg_.vocab, bias_ids_, bias_vals_, n_bias_, s);
-    if (top_n_ > 0)  // before sample(): it updates the counts
-      top_logprobs(engine_.logits(), cfg_.vocab, d, d.update_counts ? counts_ : nullptr, top_n_, top_dev_->ids,
-                   top_dev_->logprobs, top_scratch_, s);
-    sample(engine_.logits(), cfg_.vocab, d, d.update_counts ? counts_ : nullptr, rng_, &step->token,
-           sample_scratch_, s, sample_logprobs_ ? &step->logprob : nullptr, &step->pos);
+    add_logit_bias(engine_.logits(), cfg_.vocab, bias_ids_, bias_vals_, c.n_bias, s);
+    if (c.top_n > 0)  // before sample(): it updates the counts (and it reuses its scratch)
+      top_logprobs(engine_.logits(), cfg_.vocab, d, counts, c.top_n, top_dev_->ids, top_dev_->logprobs,
+                   sample_scratch_, s);
+    sample(engine_.logits(), cfg_.vocab, d, counts, rng_, &step->token, sample_scratch_, s,
+           c.logprobs ? &step->logprob : nullptr, &step->pos);
     CUDA_CHECK(cudaMemcpyAsync(host_step_, step, sizeof(StepDev), cudaMemcpyDeviceToHost, s));
-    if (top_n_ > 0) CUDA_CHECK(cudaMemcpyAsync(top_host_, top_dev_, sizeof(TopDev), cudaMemcpyDeviceToHost, s));
+    if (c.top_n > 0) CUDA_CHECK(cudaMemcpyAsync(top_host_, top_dev_, sizeof(TopDev), cudaMemcpyDeviceToHost, s));
   }
   lily::SampleResult sampled() const {
+    const SampleConfig& c = sample_config_;
     lily::SampleResult r;
     r.token = host_step_->token;
-    r.logprob = sample_logprobs_ ? host_step_->logprob : std::numeric_limits<float>::quiet_NaN();
-    for (int j = 0; j < top_n_; ++j)
+    r.logprob = c.logprobs ? host_step_->logprob : std::numeric_limits<float>::quiet_NaN();
+    for (int j = 0; j < c.top_n; ++j)
       if (top_host_->ids[j] >= 0) r.top.push_back({top_host_->ids[j], top_host_->logprobs[j]});
     return r;
   }
@@ -533,27 +514,36 @@ class CudaBackend : public Backend {
   StepDev* staging_ = nullptr;  // pinned [kStaging]
   StepDev* d_steps_ = nullptr;  // device [kStaging]
   // device sampling
-  bool sampling_ = false;                 // begin_device_sampling succeeded (until the backend goes away)
-  bool in_flight_ = false;                // a decode_device_launch not yet waited for
-  SamplingParams sample_params_{};        // those of sample_graph_
-  bool sample_logprobs_ = false;          // sample_graph_ computes the log-probability
-  int n_bias_ = 0, bias_cap_ = 0;         // logit_bias pairs in sample_graph_, capacity of the buffers
-  int* bias_ids_ = nullptr;               // [bias_cap_]
+  struct SampleConfig {                   // what a decode graph bakes in
+    SamplingParams params{};
+    bool logprobs = false;                // the sampled id's log-probability
+    int top_n = 0;                        // top_logprobs
+    int n_bias = 0;                       // logit_bias pairs
+    bool operator==(const SampleConfig& o) const {
+      const SamplingParams &a = params, &b = o.params;
+      return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
+             a.presence == b.presence && a.frequency == b.frequency && a.repetition == b.repetition &&
+             a.seed == b.seed && a.n_valid == b.n_valid && a.update_counts == b.update_counts &&
+             logprobs == o.logprobs && top_n == o.top_n && n_bias == o.n_bias;
+    }
+  };
   struct TopDev {                         // top_logprobs' output
     int ids[kMaxTopLogprobs];
     float logprobs[kMaxTopLogprobs];
   };
-  int top_n_ = 0;                         // top_logprobs in sample_graph_
-  void* top_scratch_ = nullptr;           // top_logprobs_scratch_bytes(vocab)
-  TopDev* top_dev_ = nullptr;             // device [1]
-  TopDev* top_host_ = nullptr;            // pinned [1]
-  float* bias_vals_ = nullptr;            // [bias_cap_]
+  bool sampling_ = false;                 // begin_device_sampling succeeded (until the backend goes away)
+  bool in_flight_ = false;                // a decode_device_launch not yet waited for
+  SampleConfig sample_config_;            // that of sample_graph_
   cudaGraphExec_t sample_graph_ = nullptr;
-  void* sample_scratch_ = nullptr;        // sampling_scratch_bytes(vocab)
+  void* sample_scratch_ = nullptr;        // sampling_scratch_bytes(vocab), also top_logprobs'
   int* counts_ = nullptr;                 // [vocab] penalty counts
   uint64_t* rng_ = nullptr;               // [1] RNG counter
-  int32_t* d_prompt_ = nullptr;           // [prompt_cap_] prompt ids for count_tokens
+  int32_t* d_prompt_ = nullptr;           // [prompt_cap_] prompt ids for mark_context
   int prompt_cap_ = 0;
+  int* bias_ids_ = nullptr;               // [vocab] logit_bias ids (allocated at the first request with one)
+  float* bias_vals_ = nullptr;            // [vocab] their biases
+  TopDev* top_dev_ = nullptr;             // device [1]
+  TopDev* top_host_ = nullptr;            // pinned [1]
   StepDev* host_step_ = nullptr;          // pinned [1]: the step after the last sample (its id, logprob)
 };
 
