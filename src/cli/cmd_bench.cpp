@@ -43,8 +43,12 @@ std::vector<int> parse_contexts(const std::string& s) {
 }
 
 void print_table(const BenchReport& r) {
-  std::printf("device  : %s\nweights : %s (%.2f GB resident)\ncopy bw : %.0f GB/s (device-to-device, read+write)\n\n",
+  std::printf("device  : %s\nweights : %s (%.2f GB resident)\ncopy bw : %.0f GB/s (device-to-device, read+write)\n",
               r.device.c_str(), r.weights.c_str(), r.weight_bytes / 1e9, r.copy_gb_per_s);
+  if (r.load_s > 0)
+    std::printf("load    : %.2f s (checkpoint opened and %.2f GB of matrices uploaded + repacked: %.2f GB/s)\n",
+                r.load_s, r.file_bytes / 1e9, r.file_bytes / 1e9 / r.load_s);
+  std::printf("\n");
   std::printf("%9s %10s %9s %12s %9s %10s %8s\n", "context", "us/token", "tok/s", "bytes/token", "GB/s", "floor us",
               "% floor");
   for (const BenchPoint& p : r.points)
@@ -72,6 +76,10 @@ nlohmann::json to_json(const BenchReport& r) {
   j["weights"] = r.weights;
   j["weight_bytes"] = r.weight_bytes;
   j["copy_gb_per_s"] = r.copy_gb_per_s;
+  if (r.load_s > 0) {
+    j["load_s"] = r.load_s;
+    j["file_bytes"] = r.file_bytes;
+  }
   for (const BenchPoint& p : r.points) {
     nlohmann::json q = {{"context", p.context},           {"us_per_token", p.us_per_token},
                         {"tok_per_s", p.tok_per_s},       {"bytes_per_token", p.bytes_per_token},

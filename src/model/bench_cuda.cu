@@ -124,9 +124,12 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     w = synthetic_weights(cfg, 1234, s);
     rep.weights = "synthetic full-size (MLX 4-bit layout, 8-bit router/shared gate), generated on the GPU";
   } else {
+    const auto t0 = std::chrono::steady_clock::now();
     model = std::make_unique<Model>(load_model(opt.model_dir));
     cfg = model->config;
-    w = upload_weights(*model, false, true, s);
+    w = upload_weights(*model, false, true, s);  // returns after the stream's last copy / repack
+    rep.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rep.file_bytes = (double)checkpoint_matrix_bytes(*model);
     rep.weights = opt.model_dir;
   }
   CUDA_CHECK(cudaStreamDestroy(s));

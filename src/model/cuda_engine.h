@@ -44,6 +44,8 @@ struct DeviceWeights {
 
 // Uploads and repacks a loaded checkpoint (MLX affine words, or HF bf16 kept as bf16 / quantized to 4-bit).
 DeviceWeights upload_weights(const Model& model, bool quantize_bf16, bool progress, cudaStream_t s);
+// Bytes of the checkpoint's matrices (what upload_weights reads from the files; the progress bar's total).
+uint64_t checkpoint_matrix_bytes(const Model& model);
 // Random full-size weights in the MLX 4-bit layout (8-bit router / shared gate) generated on the GPU.
 DeviceWeights synthetic_weights(const Config& c, uint64_t seed, cudaStream_t s);
 void free_weights(DeviceWeights& w);

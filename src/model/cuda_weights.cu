@@ -257,6 +257,8 @@ DeviceWeights upload_weights(const Model& model, bool quantize_bf16, bool progre
   return w;
 }
 
+uint64_t checkpoint_matrix_bytes(const Model& model) { return matrix_bytes(model.weights); }
+
 DeviceWeights synthetic_weights(const Config& c, uint64_t seed, cudaStream_t s) {
   DeviceWeights w;
   Synth g{w, seed, s};

@@ -67,6 +67,8 @@ struct BenchReport {
   std::string weights;             // "synthetic full (MLX 4-bit layout)" or the model dir
   double copy_gb_per_s = 0;        // measured device-to-device copy (read + write bytes)
   double weight_bytes = 0;         // bytes of weights resident on the GPU
+  double load_s = 0;               // --model: opening the checkpoint + uploading it to the GPU (0 for synthetic)
+  double file_bytes = 0;           // --model: matrix bytes read from the checkpoint files
   std::vector<BenchPoint> points;
   std::vector<BenchLoop> loops;
   double sampler_setup_us = 0;     // begin_device_sampling with new parameters (the decode graph captured)
