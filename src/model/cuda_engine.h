@@ -51,7 +51,8 @@ DeviceWeights synthetic_weights(const Config& c, uint64_t seed, cudaStream_t s);
 void free_weights(DeviceWeights& w);
 
 // The CUDA Backend on weights already on the device (the engine takes them), e.g. synthetic ones (benchmarks).
-std::unique_ptr<Backend> make_cuda_backend(const Config& c, DeviceWeights w, int max_context, int device);
+std::unique_ptr<Backend> make_cuda_backend(const Config& c, DeviceWeights w, int max_context, int device,
+                                           long long snapshot_device_bytes = -1);
 
 // Fills n bf16 values with random numbers in [-1, 1) (seeded), e.g. a benchmark's KV pages.
 void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, cudaStream_t s);

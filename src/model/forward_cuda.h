@@ -17,6 +17,9 @@ struct CudaOptions {
   int max_context = 0;       // <= 0: config.max_position_embeddings (KV pages are allocated on demand)
   bool progress = true;      // progress bar on stderr while uploading weights
   bool quantize_bf16 = false;  // HF bf16 checkpoints: false = run bf16 GEMV (exact), true = MLX 4-bit on the GPU
+  // Prefix-cache snapshots (save_state) kept in device memory up to this many bytes, beyond it in host memory.
+  // -1: what is free once the weights, the engine and the full context's KV cache are counted, less 2 GiB.
+  long long snapshot_device_bytes = -1;
 };
 
 // True when a CUDA device is present and usable.

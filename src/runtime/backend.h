@@ -13,10 +13,14 @@
 namespace lily {
 
 // A copy of one sequence's recurrent state (GDN conv + recurrent states of every linear-attention layer)
-// at a given position, in host memory; used by the prefix cache. KV is not included: it can be cut.
+// at a given position; used by the prefix cache. KV is not included: it can be cut. In host memory, or (CUDA
+// backend, within its device budget) in device memory owned by the backend's allocator.
 struct StateSnapshot {
   int position = 0;                   // tokens consumed when taken
-  std::vector<uint8_t> bytes;         // backend-defined layout
+  std::vector<uint8_t> bytes;         // host copy, backend-defined layout (empty when `device` holds the state)
+  std::shared_ptr<void> device;       // device copy; the last reference returns it to the backend's pool
+  size_t device_bytes = 0;            // bytes behind `device`
+  size_t size() const { return bytes.size() + device_bytes; }
 };
 
 class Backend {

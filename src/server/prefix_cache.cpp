@@ -21,7 +21,7 @@ void PrefixCache::insert(std::span<const int32_t> tokens, StateSnapshot snap) {
   e.tokens.assign(tokens.begin(), tokens.end());
   e.hash = 0xcbf29ce484222325ULL;
   for (int32_t t : tokens) e.hash = hash_step(e.hash, t);
-  e.bytes = snap.bytes.size() + tokens.size() * sizeof(int32_t) + sizeof(Entry);
+  e.bytes = snap.size() + tokens.size() * sizeof(int32_t) + sizeof(Entry);
   e.snap = std::move(snap);
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->hash == e.hash && it->tokens == e.tokens) {

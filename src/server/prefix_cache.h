@@ -1,8 +1,9 @@
 // Prefix cache for the hybrid model (api.md §11): snapshots of the recurrent state (GDN S + conv state,
-// Backend::save_state) keyed by the exact token prefix that produced them, in a byte-capped LRU in host
-// memory. Matching is on token ids only. The KV part of a prefix is not stored here: the engine keeps the
-// resident sequence's KV and only uses a snapshot whose position lies within the prefix it shares with the
-// resident tokens (see Engine::prepare_prefix). Owned and used by the engine thread only.
+// Backend::save_state) keyed by the exact token prefix that produced them, in a byte-capped LRU (host memory,
+// or device memory where the backend keeps them: StateSnapshot). Matching is on token ids only. The KV part
+// of a prefix is not stored here: the engine keeps the resident sequence's KV and only uses a snapshot whose
+// position lies within the prefix it shares with the resident tokens (see Engine::prepare_prefix). Owned and
+// used by the engine thread only.
 #pragma once
 #include <cstddef>
 #include <cstdint>

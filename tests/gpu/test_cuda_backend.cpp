@@ -181,21 +181,34 @@ TEST(CudaBackend, PrefillEqualsDecodeAndSaveRestore) {
     const Worst w = compare(one, std::vector<float>(all.begin() + (size_t)t * V, all.begin() + (size_t)(t + 1) * V));
     ASSERT_LE(w.rel, 1e-5) << "token " << t;
   }
-  // save at 20, run on, restore, the continuation repeats exactly
-  a->reset();
-  a->forward(std::span<const int32_t>(tokens.data(), 20), nullptr, false);
-  const StateSnapshot snap = a->save_state();
-  EXPECT_EQ(snap.position, 20);
-  std::vector<float> l1((size_t)(T - 20) * V), l2((size_t)(T - 20) * V);
-  a->forward(std::span<const int32_t>(tokens.data() + 20, T - 20), l1.data(), true);
-  a->restore_state(snap);
-  EXPECT_EQ(a->position(), 20);
-  a->forward(std::span<const int32_t>(tokens.data() + 20, T - 20), l2.data(), true);
-  EXPECT_LE(compare(l2, l1).rel, 1e-5);
-  EXPECT_LE(compare(l1, std::vector<float>(all.begin() + (size_t)20 * V, all.end())).rel, 1e-5);
-  StateSnapshot bad = snap;
-  bad.bytes.pop_back();
-  EXPECT_THROW(a->restore_state(bad), Error);
+  // save at 20, run on, restore, the continuation repeats exactly: with the snapshot in device memory (the
+  // default budget) and in host memory (budget 0)
+  for (const long long budget : {-1LL, 0LL}) {
+    SCOPED_TRACE(budget);
+    CudaOptions o = small_opts();
+    o.snapshot_device_bytes = budget;
+    auto c = make_cuda_backend(model, o);
+    c->forward(std::span<const int32_t>(tokens.data(), 20), nullptr, false);
+    { const StateSnapshot dropped = c->save_state(); }  // a device block back in the pool, reused just below
+    const StateSnapshot snap = c->save_state();
+    EXPECT_EQ(snap.position, 20);
+    EXPECT_EQ(snap.device != nullptr, budget != 0);
+    EXPECT_EQ(snap.size(), snap.device ? snap.device_bytes : snap.bytes.size());
+    std::vector<float> l1((size_t)(T - 20) * V), l2((size_t)(T - 20) * V);
+    c->forward(std::span<const int32_t>(tokens.data() + 20, T - 20), l1.data(), true);
+    const StateSnapshot later = c->save_state();  // a second block while the first is held
+    c->restore_state(snap);
+    EXPECT_EQ(c->position(), 20);
+    c->forward(std::span<const int32_t>(tokens.data() + 20, T - 20), l2.data(), true);
+    EXPECT_LE(compare(l2, l1).rel, 1e-5);
+    EXPECT_LE(compare(l1, std::vector<float>(all.begin() + (size_t)20 * V, all.end())).rel, 1e-5);
+    c->restore_state(later);  // forward again: a snapshot taken later than the one restored before
+    EXPECT_EQ(c->position(), T);
+    StateSnapshot bad = snap;
+    if (bad.device) bad.device_bytes -= 4;
+    else bad.bytes.pop_back();
+    EXPECT_THROW(c->restore_state(bad), Error);
+  }
   const int32_t bad_token = V;
   EXPECT_THROW(a->forward(std::span<const int32_t>(&bad_token, 1), nullptr, false), Error);
 }

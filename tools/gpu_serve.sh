@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# `lily serve` on the GPU machine with a full-size random-weight checkpoint: `lily synth` writes the MLX 4-bit
+# layout (~19.5 GB), the Qwen3 tokenizer and the Qwen3.6 chat template staged by tools/gpu_stage.sh are copied
+# next to it, the server starts on the CUDA backend, and tools/gpu_serve_client.py drives the HTTP API.
+# Usage (after tools/gpu_stage.sh): bash tools/gpu_serve.sh .device/stage [OUTDIR]
+set -euo pipefail
+BIN=$(cd "$1" && pwd)
+OUT=${2:-${OUT:-/tmp}}
+export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
+DIR=${LILY_SYNTH_DIR:-/tmp/lily-synth}/serve
+[ -f "$BIN/tokenizer.json" ] || { echo "no tokenizer in $BIN (tools/gpu_stage.sh copies it after scripts/setup.sh)"; exit 1; }
+if [ ! -f "$DIR/.synth-done" ]; then
+  "$BIN/lily" synth --out "$DIR" --preset full --layout mlx-4bit --seed 11
+  touch "$DIR/.synth-done"
+fi
+cp "$BIN/tokenizer.json" "$BIN/tokenizer_config.json" "$BIN/chat_template.jinja" "$DIR/"
+PORT=18080
+"$BIN/lily" serve --model "$DIR" --device cuda --port $PORT --ctx 16384 > "$OUT/serve.log" 2>&1 &
+PID=$!
+trap 'kill $PID 2>/dev/null || true' EXIT
+python3 "$(dirname "$0")/gpu_serve_client.py" "http://127.0.0.1:$PORT" 2>&1 | tee "$OUT/serve_client.txt"
+kill -TERM $PID
+wait $PID || echo "lily serve exited with $?"
+tr '\r' '\n' < "$OUT/serve.log" | grep -v "^loading weights" | tail -30
