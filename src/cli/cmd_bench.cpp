@@ -66,7 +66,7 @@ void print_table(const BenchReport& r) {
     std::printf("\ngeneration loop (generate() over the Backend, context ~0, sampling included):\n");
     for (const BenchLoop& l : r.loops)
       std::printf("  %-82s %8.1f us/token %7.1f tok/s\n", l.name.c_str(), l.us_per_token, 1e6 / l.us_per_token);
-    std::printf("  device sampler set up for new parameters (decode graph captured): %.0f us\n", r.sampler_setup_us);
+    std::printf("  device sampler set up for new parameters (sampled, a new seed: its two decode graphs captured): %.0f us\n", r.sampler_setup_us);
   }
 }
 

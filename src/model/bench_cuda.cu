@@ -230,7 +230,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     sampled.seed = 1;
     loop_us(*be, greedy, false, opt.warmup);  // warm-up (captures the decode graph)
     {  // what a request with new sampling parameters (a new seed) costs before its first token
-      lily::SamplingParams fresh = greedy;
+      lily::SamplingParams fresh = sampled;  // a new seed (greedy requests share one graph: no seed)
       fresh.seed = 987654321;
       const std::vector<int32_t> one{1000};
       const auto t0 = std::chrono::steady_clock::now();

@@ -351,7 +351,8 @@ class CudaBackend : public Backend {
   CudaBackend(const Config& c, DeviceWeights w, int max_context, int device, long long snapshot_device_bytes)
       : cfg_(c), engine_(c, std::move(w), max_context, device) {
     CUDA_CHECK(cudaMallocHost(&staging_, sizeof(StepDev) * kStaging));
-    CUDA_CHECK(cudaMallocHost(&host_step_, sizeof(StepDev)));
+    CUDA_CHECK(cudaMallocHost(&host_step_, 2 * sizeof(StepDev)));
+    for (cudaEvent_t& e : done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     d_steps_ = device_alloc<StepDev>(kStaging);
     size_t budget = snapshot_device_bytes >= 0 ? static_cast<size_t>(snapshot_device_bytes) : 0;
     if (snapshot_device_bytes < 0) {  // free memory less the KV pages still to come and a margin
@@ -368,7 +369,9 @@ class CudaBackend : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(engine_.stream());
-    if (sample_graph_) cudaGraphExecDestroy(sample_graph_);
+    for (cudaGraphExec_t g : sample_graph_)
+      if (g) cudaGraphExecDestroy(g);
+    for (cudaEvent_t e : done_) cudaEventDestroy(e);
     for (void* p : {(void*)d_steps_, (void*)counts_, (void*)rng_, sample_scratch_, (void*)d_prompt_, (void*)bias_ids_,
                     (void*)bias_vals_, (void*)top_dev_})
       cudaFree(p);
@@ -382,6 +385,10 @@ class CudaBackend : public Backend {
   int max_context() const override { return engine_.max_context(); }
   int position() const override { return pos_; }
   void reset() override {
+    if (queued_ > 0) {  // steps a failed generation left queued: finished and forgotten
+      CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
+      queued_ = 0;
+    }
     engine_.reset_state();
     pos_ = 0;
   }
@@ -424,11 +431,11 @@ class CudaBackend : public Backend {
       sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(V));
       counts_ = device_alloc<int>(V);
       rng_ = device_alloc<uint64_t>(1);
-      CUDA_CHECK(cudaMallocHost(&top_host_, sizeof(TopDev)));
+      CUDA_CHECK(cudaMallocHost(&top_host_, 2 * sizeof(TopDev)));
       top_dev_ = device_alloc<TopDev>(1);
     }
-    CUDA_CHECK(cudaStreamSynchronize(s));  // a launch an earlier generation left (its caller threw before waiting)
-    in_flight_ = false;
+    CUDA_CHECK(cudaStreamSynchronize(s));  // launches an earlier generation left (its caller threw before waiting)
+    queued_ = 0;
     SampleConfig c;
     SamplingParams& d = c.params;
     d.temperature = p.temperature;
@@ -438,7 +445,7 @@ class CudaBackend : public Backend {
     d.presence = p.presence_penalty;
     d.frequency = p.frequency_penalty;
     d.repetition = p.repetition_penalty;
-    d.seed = p.seed;
+    d.seed = p.temperature > 0 ? p.seed : 0;  // greedy draws nothing: one decode graph for every greedy request
     d.n_valid = p.n_valid > 0 && p.n_valid < V ? p.n_valid : 0;
     d.update_counts = d.repetition != 1.0f || d.presence != 0.0f || d.frequency != 0.0f;
     c.logprobs = logprobs;
@@ -470,39 +477,45 @@ class CudaBackend : public Backend {
       CUDA_CHECK(cudaMemcpyAsync(bias_vals_, bias_vals.data(), c.n_bias * sizeof(float), cudaMemcpyHostToDevice, s));
     }
     CUDA_CHECK(cudaStreamSynchronize(s));  // the host copies' sources go away
-    // the decode graph (step + bias + this sampler + the id to the host), captured once per configuration
-    if (!sample_graph_ || !(c == sample_config_)) {
-      if (sample_graph_) CUDA_CHECK(cudaGraphExecDestroy(sample_graph_));
-      sample_graph_ = nullptr;
+    // the decode graphs (step + bias + this sampler + the id to host slot 0 or 1), captured once per configuration
+    if (!sample_graph_[0] || !(c == sample_config_)) {
+      for (cudaGraphExec_t& g : sample_graph_) {
+        if (g) CUDA_CHECK(cudaGraphExecDestroy(g));
+        g = nullptr;
+      }
       sample_config_ = c;
-      sample_graph_ = engine_.capture([&] { sample_tail(); });
+      for (int k = 0; k < 2; ++k) sample_graph_[k] = engine_.capture([&] { sample_tail(k); });
     }
+    slot_ = 0;
     sampling_ = true;
     return true;
   }
 
   lily::SampleResult sample_device() override {
-    LILY_CHECK(sampling_, "CUDA backend: sample_device without begin_device_sampling");
-    sample_tail();  // from the logits of position pos_ - 1: the step on the device is {its id, pos_ - 1}
+    LILY_CHECK(sampling_ && queued_ == 0, "CUDA backend: sample_device without begin_device_sampling, or with steps queued");
+    sample_tail(0);  // from the logits of position pos_ - 1: the step on the device is {its id, pos_ - 1}
     CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
-    return sampled();
+    return sampled(0);
   }
 
   void decode_device_launch() override {
-    LILY_CHECK(sampling_ && !in_flight_, "CUDA backend: decode_device_launch without begin_device_sampling, or twice");
+    LILY_CHECK(sampling_ && queued_ < 2, "CUDA backend: decode_device_launch without begin_device_sampling, or a third");
     LILY_CHECK(pos_ + 1 <= engine_.max_context(), "CUDA backend: ", pos_ + 1, " tokens exceed the context of ",
                engine_.max_context());
     engine_.ensure_kv(pos_ + 1);
-    CUDA_CHECK(cudaGraphLaunch(sample_graph_, engine_.stream()));  // consumes {pending id, pos_}
+    CUDA_CHECK(cudaGraphLaunch(sample_graph_[slot_], engine_.stream()));  // consumes {pending id, pos_}
+    CUDA_CHECK(cudaEventRecord(done_[slot_], engine_.stream()));
+    slot_ ^= 1;
     ++pos_;
-    in_flight_ = true;
+    ++queued_;
   }
 
   lily::SampleResult decode_device_wait() override {
-    LILY_CHECK(in_flight_, "CUDA backend: decode_device_wait without decode_device_launch");
-    CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
-    in_flight_ = false;
-    return sampled();
+    LILY_CHECK(queued_ > 0, "CUDA backend: decode_device_wait without decode_device_launch");
+    const int k = queued_ == 2 ? slot_ : slot_ ^ 1;  // the older launch's slot
+    CUDA_CHECK(cudaEventSynchronize(done_[k]));
+    --queued_;
+    return sampled(k);
   }
 
   StateSnapshot save_state() const override {
@@ -552,7 +565,7 @@ class CudaBackend : public Backend {
   // The sampler on the logits, the id (and its log-probability) into the step's input (read by the next step's
   // embedding), the position advanced, the step copied to the host (pinned): one launch sequence, plain or
   // inside the decode graph.
-  void sample_tail() {
+  void sample_tail(int slot) {
     cudaStream_t s = engine_.stream();
     const SampleConfig& c = sample_config_;
     const SamplingParams& d = c.params;
@@ -564,16 +577,18 @@ class CudaBackend : public Backend {
                    sample_scratch_, s);
     sample(engine_.logits(), cfg_.vocab, d, counts, rng_, &step->token, sample_scratch_, s,
            c.logprobs ? &step->logprob : nullptr, &step->pos);
-    CUDA_CHECK(cudaMemcpyAsync(host_step_, step, sizeof(StepDev), cudaMemcpyDeviceToHost, s));
-    if (c.top_n > 0) CUDA_CHECK(cudaMemcpyAsync(top_host_, top_dev_, sizeof(TopDev), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(host_step_ + slot, step, sizeof(StepDev), cudaMemcpyDeviceToHost, s));
+    if (c.top_n > 0)
+      CUDA_CHECK(cudaMemcpyAsync(top_host_ + slot, top_dev_, sizeof(TopDev), cudaMemcpyDeviceToHost, s));
   }
-  lily::SampleResult sampled() const {
+  lily::SampleResult sampled(int slot) const {
     const SampleConfig& c = sample_config_;
+    const StepDev& st = host_step_[slot];
     lily::SampleResult r;
-    r.token = host_step_->token;
-    r.logprob = c.logprobs ? host_step_->logprob : std::numeric_limits<float>::quiet_NaN();
+    r.token = st.token;
+    r.logprob = c.logprobs ? st.logprob : std::numeric_limits<float>::quiet_NaN();
     for (int j = 0; j < c.top_n; ++j)
-      if (top_host_->ids[j] >= 0) r.top.push_back({top_host_->ids[j], top_host_->logprobs[j]});
+      if (top_host_[slot].ids[j] >= 0) r.top.push_back({top_host_[slot].ids[j], top_host_[slot].logprobs[j]});
     return r;
   }
 
@@ -601,9 +616,11 @@ class CudaBackend : public Backend {
     float logprobs[kMaxTopLogprobs];
   };
   bool sampling_ = false;                 // begin_device_sampling succeeded (until the backend goes away)
-  bool in_flight_ = false;                // a decode_device_launch not yet waited for
+  int queued_ = 0;                        // decode_device_launch calls not yet waited for (<= 2)
+  int slot_ = 0;                          // host slot of the next launch (launches alternate 0, 1)
+  cudaEvent_t done_[2] = {};              // recorded after the launch writing slot k
   SampleConfig sample_config_;            // that of sample_graph_
-  cudaGraphExec_t sample_graph_ = nullptr;
+  cudaGraphExec_t sample_graph_[2] = {};  // the decode graph copying the id to host slot k
   void* sample_scratch_ = nullptr;        // sampling_scratch_bytes(vocab), also top_logprobs'
   int* counts_ = nullptr;                 // [vocab] penalty counts
   uint64_t* rng_ = nullptr;               // [1] RNG counter
@@ -612,8 +629,8 @@ class CudaBackend : public Backend {
   int* bias_ids_ = nullptr;               // [vocab] logit_bias ids (allocated at the first request with one)
   float* bias_vals_ = nullptr;            // [vocab] their biases
   TopDev* top_dev_ = nullptr;             // device [1]
-  TopDev* top_host_ = nullptr;            // pinned [1]
-  StepDev* host_step_ = nullptr;          // pinned [1]: the step after the last sample (its id, logprob)
+  TopDev* top_host_ = nullptr;            // pinned [2]
+  StepDev* host_step_ = nullptr;          // pinned [2]: per slot, the step after a sample (its id, logprob)
   std::shared_ptr<SnapshotPool> pool_;    // device memory of save_state
 };
 

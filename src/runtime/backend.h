@@ -53,7 +53,9 @@ class Backend {
   virtual SampleResult sample_device() { return {}; }
   // Consumes the pending id (position() + 1) and samples the next one from its logits, which becomes pending.
   // decode_device_launch() starts that and returns at once (the host may stream the id meanwhile);
-  // decode_device_wait() then returns the new pending id. decode_sample_device() does both.
+  // decode_device_wait() then returns the new pending id. decode_sample_device() does both. Two launches may
+  // be queued (the second consumes the id the first samples, before the host has seen it); waits return their
+  // ids in launch order.
   virtual void decode_device_launch() {}
   virtual SampleResult decode_device_wait() { return {}; }
   SampleResult decode_sample_device() {

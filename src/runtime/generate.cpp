@@ -30,28 +30,32 @@ GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const
   std::vector<float> logits(dev ? 0 : cfg.vocab);
   backend.forward(prompt, dev ? nullptr : logits.data(), false);
   SampleResult pending = dev ? backend.sample_device() : SampleResult{};  // device path: sampled, not consumed
+  // Device path: the step of id i + 1 is queued behind the step of id i as soon as on_token has taken id i, before
+  // the host has seen id i + 1, so the device never waits for the host's turnaround. The step of a stop id has then
+  // run too (it is consumed), as has that of an id on_token cancels at.
+  const auto room = [&] { return backend.position() < backend.max_context(); };
+  bool queued = dev && opt.max_tokens > 1 && room();  // the step of id i is queued (i = 0 here)
+  if (queued) backend.decode_device_launch();
   res.finish = FinishReason::length;
   for (int i = 0; i < opt.max_tokens; ++i) {
     const SampleResult s = dev ? pending : sampler.sample(logits.data());
     res.tokens.push_back(s.token);
     res.samples.push_back(s);
     const bool stop = std::find(stop_ids.begin(), stop_ids.end(), s.token) != stop_ids.end();
-    // no room to decode another token, or no need
-    const bool last = stop || i + 1 == opt.max_tokens || backend.position() >= backend.max_context();
-    // device path: the next step runs while on_token handles this id (it is consumed even if on_token cancels)
-    if (dev && !last) backend.decode_device_launch();
     const bool keep_going = !opt.on_token || opt.on_token(s, i);
-    if (dev && !last) pending = backend.decode_device_wait();
-    if (stop) {
-      res.finish = FinishReason::stop;
-      break;
+    if (stop) res.finish = FinishReason::stop;
+    else if (!keep_going) res.finish = FinishReason::cancelled;
+    if (dev) {
+      const bool stepped = queued;  // id i's step ran: there is an id i + 1
+      queued = stepped && !stop && keep_going && i + 2 < opt.max_tokens && room();
+      if (queued) backend.decode_device_launch();  // id i + 1's step
+      if (stepped) pending = backend.decode_device_wait();
+      if (stop || !keep_going || !stepped) break;
+      continue;
     }
-    if (!keep_going) {
-      res.finish = FinishReason::cancelled;
-      break;
-    }
-    if (last) break;
-    if (!dev) backend.forward(std::span<const int32_t>(&s.token, 1), logits.data(), false);
+    // host path: no room to decode another token, or no need
+    if (stop || !keep_going || i + 1 == opt.max_tokens || backend.position() >= backend.max_context()) break;
+    backend.forward(std::span<const int32_t>(&s.token, 1), logits.data(), false);
   }
   return res;
 }

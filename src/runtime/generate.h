@@ -39,7 +39,8 @@ struct GenerateResult {
 
 // Consumes `prompt` (non-empty) starting at the backend's current position, then generates. Afterwards the
 // backend has consumed the prompt and every generated id except the last (which was never fed back), except
-// when on_token cancels with device sampling: the step of the last id ran while on_token handled it.
+// with device sampling when the last id is a stop id or on_token cancels at it: its step ran ahead (queued
+// before the host saw the id).
 GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const GenerateOptions& opt);
 
 }  // namespace lily

@@ -215,11 +215,24 @@ void Engine::run(GenJob& job) {
   const auto gen_start = Clock::now();
   auto last = gen_start;
   FinishReason reason = FinishReason::length;
+  // Device path: the step of id i + 1 is queued behind the step of id i once on_token has taken id i, before
+  // this thread has seen id i + 1, so the device never waits for its turnaround. The step of a stop id (or of
+  // the id a request ends at) has then run too: resident_ records every id a step consumed.
+  const auto room = [&] { return backend_.position() + 1 < max_context_; };
+  bool queued = dev && job.max_tokens > 1 && room();  // the step of the pending id is queued
+  if (queued) backend_.decode_device_launch();
+  const auto drain = [&](int32_t t) {  // the queued step consumed t; its sample is not used
+    if (!queued) return;
+    backend_.decode_device_wait();
+    resident_.push_back(t);
+    queued = false;
+  };
   for (;;) {
-    if (job.cancel.load()) { reason = FinishReason::cancelled; break; }
+    if (job.cancel.load()) { reason = FinishReason::cancelled; drain(pending.token); break; }
     if (Clock::now() > job.deadline) {
       log::warn("engine: request hit its time limit after ", job.n_generated, " tokens");
       reason = FinishReason::length;
+      drain(pending.token);
       break;
     }
     const TokenEvent ev = dev ? pending : sampler.sample(logits.data());
@@ -230,34 +243,41 @@ void Engine::run(GenJob& job) {
     if (std::find(job.stop_ids.begin(), job.stop_ids.end(), ev.token) != job.stop_ids.end()) {
       reason = FinishReason::stop;
       job.stopped_by_id = true;
+      const bool consumed = queued;  // the stop id's step ran ahead
+      drain(ev.token);
       job.gen_ms = ms_since(gen_start);
       finish(job, reason);
       // Put the state where the next turn of this conversation starts, then remember it.
       if (opt_.prefix_cache && !job.turn_tail.empty() && ev.token == job.turn_tail.front() &&
           backend_.position() + static_cast<int>(job.turn_tail.size()) < max_context_) {
-        backend_.forward(job.turn_tail, nullptr, false);
-        resident_.insert(resident_.end(), job.turn_tail.begin(), job.turn_tail.end());
+        const std::span<const int32_t> tail(job.turn_tail.data() + (consumed ? 1 : 0),
+                                            job.turn_tail.size() - (consumed ? 1 : 0));
+        if (!tail.empty()) backend_.forward(tail, nullptr, false);
+        resident_.insert(resident_.end(), tail.begin(), tail.end());
         cache_.insert(resident_, backend_.save_state());
       }
       return;
     }
     job.n_generated++;
     const int32_t t = ev.token;
-    const bool last = job.n_generated >= job.max_tokens || backend_.position() + 1 >= max_context_;
-    // device path: t's step and the next sample run while on_token streams t (t is then consumed even when
-    // on_token ends the generation; resident_ says so)
-    if (dev && !last) {
-      backend_.decode_device_launch();
-      resident_.push_back(t);
-    }
     const bool keep = !job.on_token || job.on_token(ev);
-    if (dev && !last) pending = backend_.decode_device_wait();
-    if (!keep) { reason = FinishReason::stop; break; }
-    if (last) { reason = FinishReason::length; break; }
-    if (!dev) {
-      backend_.forward(std::span(&t, 1), logits.data(), false);
-      resident_.push_back(t);
+    if (dev) {
+      const bool stepped = queued;  // t's step ran: there is a next id
+      queued = stepped && keep && job.n_generated + 1 < job.max_tokens && room();
+      if (queued) backend_.decode_device_launch();  // the next id's step
+      if (stepped) {
+        pending = backend_.decode_device_wait();
+        resident_.push_back(t);
+      }
+      if (!keep) { reason = FinishReason::stop; break; }
+      if (!stepped) { reason = FinishReason::length; break; }
+      continue;
     }
+    const bool at_end = job.n_generated >= job.max_tokens || backend_.position() + 1 >= max_context_;
+    if (!keep) { reason = FinishReason::stop; break; }
+    if (at_end) { reason = FinishReason::length; break; }
+    backend_.forward(std::span(&t, 1), logits.data(), false);
+    resident_.push_back(t);
   }
   job.gen_ms = ms_since(gen_start);
   finish(job, reason);

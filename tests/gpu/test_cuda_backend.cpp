@@ -286,6 +286,29 @@ TEST(CudaBackend, DeviceSamplingMatchesHostSampling) {
     dev->forward(std::span<const int32_t>(&t, 1), lb.data(), false);
     EXPECT_LE(compare(lb, la).rel, 1e-6) << "case " << c << ": the states differ after generation";
   }
+  {  // a stop id: the device path has queued its step before seeing it (consumed, unlike the host path)
+    GenerateOptions g;
+    g.max_tokens = 40;
+    g.ignore_eos = true;
+    g.sampling = cases[0];
+    host->reset();
+    g.host_sampling = true;
+    const GenerateResult full = generate(*host, prompt, g);
+    g.extra_stop_ids = {full.tokens[6]};
+    host->reset();
+    dev->reset();
+    const GenerateResult a = generate(*host, prompt, g);
+    g.host_sampling = false;
+    const GenerateResult b = generate(*dev, prompt, g);
+    EXPECT_EQ(a.tokens, b.tokens);
+    ASSERT_EQ(b.finish, FinishReason::stop);
+    EXPECT_EQ(dev->position(), host->position() + 1);
+    const int32_t seq[2] = {a.tokens.back(), prompt[1]};
+    std::vector<float> la(V), lb(V);
+    host->forward(std::span<const int32_t>(seq, 2), la.data(), false);
+    dev->forward(std::span<const int32_t>(seq + 1, 1), lb.data(), false);
+    EXPECT_LE(compare(lb, la).rel, 1e-6) << "the states differ after a stop";
+  }
   // settings the device sampler cannot reproduce: the caller samples on the host
   lily::SamplingParams top;
   top.top_logprobs = 21;  // beyond OpenAI's 20

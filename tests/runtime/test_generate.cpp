@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <deque>
 #include <fstream>
 #include <limits>
 
@@ -56,25 +57,32 @@ class DeviceCountingBackend : public CountingBackend {
     return true;
   }
   SampleResult sample_device() override {
-    pending_ = (fed.back() + 1) % config().vocab;
-    return {pending_, logprobs_ ? -0.25f : std::numeric_limits<float>::quiet_NaN(), {}};
+    EXPECT_TRUE(queue_.empty());
+    next_ = (fed.back() + 1) % config().vocab;
+    return result(next_);
   }
+  // a launch consumes the id the previous sample produced (known on the "device" before the host waits)
   void decode_device_launch() override {
-    EXPECT_FALSE(in_flight_);
-    in_flight_ = true;
-    forward(std::span<const int32_t>(&pending_, 1), nullptr, false);
+    EXPECT_LT(queue_.size(), 2u);
+    forward(std::span<const int32_t>(&next_, 1), nullptr, false);
+    next_ = (next_ + 1) % config().vocab;
+    queue_.push_back(next_);
     launches++;
+    max_queued = std::max(max_queued, static_cast<int>(queue_.size()));
   }
   SampleResult decode_device_wait() override {
-    EXPECT_TRUE(in_flight_);
-    in_flight_ = false;
-    return sample_device();
+    EXPECT_FALSE(queue_.empty());
+    const int32_t t = queue_.front();
+    queue_.pop_front();
+    return result(t);
   }
-  int begun = 0, launches = 0;
+  int begun = 0, launches = 0, max_queued = 0;
 
  private:
-  int32_t pending_ = -1;
-  bool in_flight_ = false, logprobs_ = false;
+  SampleResult result(int32_t t) const { return {t, logprobs_ ? -0.25f : std::numeric_limits<float>::quiet_NaN(), {}}; }
+  int32_t next_ = -1;
+  std::deque<int32_t> queue_;
+  bool logprobs_ = false;
 };
 
 GenerateOptions greedy(int max_tokens) {
@@ -155,9 +163,10 @@ TEST(Generate, CpuGreedyMatchesTransformers) {
   }
 }
 
-// The device-sampling path of generate() against the host path on the same script: the same ids, finish
-// reasons and consumed ids (the stop id and the last id are never fed), except that a cancelling on_token
-// runs while the last id's step is in flight (so that id is consumed too). host_sampling keeps the host path.
+// The device-sampling path of generate() against the host path on the same script: the same ids and finish
+// reasons; the same consumed ids (the last id is never fed) except that the device path queues the step of the
+// next id before the host has seen it, so a stop id, or the id a cancelling on_token returns at, is consumed
+// too. Two steps are queued at a time. host_sampling keeps the host path.
 TEST(Generate, DeviceSamplingPathMatchesHostPath) {
   for (int max_ctx : {100, 4}) {
     for (bool ignore_eos : {false, true}) {
@@ -169,9 +178,12 @@ TEST(Generate, DeviceSamplingPathMatchesHostPath) {
       const GenerateResult a = generate(host, prompt, o), b = generate(dev, prompt, o);
       EXPECT_EQ(b.tokens, a.tokens) << max_ctx << " " << ignore_eos;
       EXPECT_EQ(b.finish, a.finish);
-      EXPECT_EQ(dev.fed, host.fed);
+      std::vector<int32_t> fed = host.fed;
+      if (a.finish == FinishReason::stop) fed.push_back(a.tokens.back());  // the stop id's step ran ahead
+      EXPECT_EQ(dev.fed, fed);
       EXPECT_EQ(dev.begun, 1);
-      EXPECT_EQ(dev.launches, static_cast<int>(a.tokens.size()) - 1);
+      EXPECT_EQ(dev.launches, static_cast<int>(dev.fed.size() - host.fed.size()) + static_cast<int>(a.tokens.size()) - 1);
+      if (a.tokens.size() > 2) EXPECT_EQ(dev.max_queued, 2);
       EXPECT_TRUE(std::isnan(b.samples[0].logprob));
     }
   }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -343,24 +344,37 @@ class ScriptBackend : public Backend {
     return device_ && p.temperature <= 0 && ++begun > 0;
   }
   SampleResult sample_device() override {
-    pending_ = (fed.back() + 1) % cfg_.vocab;
-    return {pending_, 0.f, {}};
+    next_ = (fed.back() + 1) % cfg_.vocab;
+    return {next_, 0.f, {}};
   }
-  void decode_device_launch() override { forward(std::span<const int32_t>(&pending_, 1), nullptr, false); }
-  SampleResult decode_device_wait() override { return sample_device(); }
+  // a launch consumes the id the previous sample produced, up to two queued
+  void decode_device_launch() override {
+    EXPECT_LT(queue_.size(), 2u);
+    forward(std::span<const int32_t>(&next_, 1), nullptr, false);
+    next_ = (next_ + 1) % cfg_.vocab;
+    queue_.push_back(next_);
+    max_queued = std::max(max_queued, static_cast<int>(queue_.size()));
+  }
+  SampleResult decode_device_wait() override {
+    EXPECT_FALSE(queue_.empty());
+    const int32_t t = queue_.front();
+    queue_.pop_front();
+    return {t, 0.f, {}};
+  }
   std::vector<int32_t> fed;
-  int begun = 0;
+  int begun = 0, max_queued = 0;
 
  private:
   Config cfg_;
   bool device_;
-  int32_t pending_ = -1;
+  int32_t next_ = -1;
+  std::deque<int32_t> queue_;
 };
 
 struct EngineRun {
   std::vector<int32_t> tokens, fed;
   FinishReason finish = FinishReason::none;
-  int begun = 0;
+  int begun = 0, max_queued = 0;
 };
 
 // One job on a fresh engine: prompt {2, 3}, greedy, stop id 9, on_token ending the generation at `cut`.
@@ -391,22 +405,28 @@ EngineRun run_engine(bool device, bool logprobs, int max_tokens, int32_t cut) {
   }
   out.fed = be.fed;
   out.begun = be.begun;
+  out.max_queued = be.max_queued;
   return out;
 }
 }  // namespace
 
 // The engine's device-sampling path against its host path on the same script: the same ids and finish
-// reasons; the stop id and the last id are not consumed, except an id after which on_token ends the
+// reasons; the last id is not consumed, except that the device path queues the next id's step before the engine
+// has seen the id (two steps queued), so a stop id is consumed, as is an id after which on_token ends the
 // generation (its step ran while on_token handled it).
 TEST(ServerEngine, DeviceSamplingPathMatchesHostPath) {
   for (int max_tokens : {3, 20}) {
     const EngineRun h = run_engine(false, false, max_tokens, -1), d = run_engine(true, false, max_tokens, -1);
     EXPECT_EQ(d.tokens, h.tokens);
     EXPECT_EQ(d.finish, h.finish);
-    EXPECT_EQ(d.fed, h.fed);
+    std::vector<int32_t> fed = h.fed;
+    if (h.finish == FinishReason::stop) fed.push_back(9);  // the stop id's step ran ahead
+    EXPECT_EQ(d.fed, fed);
     EXPECT_EQ(d.begun, 1);
+    EXPECT_EQ(d.max_queued, 2);
   }
   EXPECT_EQ(run_engine(false, false, 20, -1).tokens, (std::vector<int32_t>{4, 5, 6, 7, 8}));  // 9 is the stop id
+  EXPECT_EQ(run_engine(false, false, 20, -1).finish, FinishReason::stop);
   const EngineRun h = run_engine(false, false, 20, 6), d = run_engine(true, false, 20, 6);
   EXPECT_EQ(d.tokens, h.tokens);
   EXPECT_EQ(h.fed, (std::vector<int32_t>{2, 3, 4, 5}));
