@@ -290,7 +290,7 @@ struct FinishArgs {
   const uint32_t* cand_key; const int* cand_id;
   const float* z;
   const Stats* stats;
-  int* counts; uint64_t* rng_counter; int* out_token;
+  int* counts; uint64_t* rng; int* out_token;  // rng [2]: draw counter, seed
   float* out_logprob;  // null: not wanted
   int* advance;        // null, or += 1 after the token is written (the decode step's position)
 };
@@ -363,7 +363,7 @@ __device__ void emit(const FinishArgs& a, int token, float logprob) {
   if (a.out_logprob) *a.out_logprob = logprob;
   if (a.advance) *a.advance += 1;
   if (a.p.update_counts && a.counts && token >= 0 && token < a.vocab) a.counts[token] += 1;
-  *a.rng_counter += 1;
+  a.rng[0] += 1;
 }
 
 // Fast path: top_k candidates -> sorted list -> top-p / min-p -> draw (walk in ascending id order).
@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
   // draw: kept entries in ascending id order
   float total = 0.f;
   for (int j = 0; j < keep; ++j) total += expf(z_of(sk[j]) - z0);
-  const float u = uniform_from(a.p.seed, *a.rng_counter) * total;
+  const float u = uniform_from(a.rng[1], a.rng[0]) * total;
   int prev = -1, token = sid[0];
   float cum = 0.f, zt = z0;
   for (int step = 0; step < keep; ++step) {
@@ -524,7 +524,7 @@ __device__ int draw_from_candidates(const FinishArgs& a, const Cut& best, float 
   if (threadIdx.x == 0) {
     float tot = 0.f;
     for (int i = 0; i < nk; ++i) tot += L.c_m[i];
-    const float u = uniform_from(a.p.seed, *a.rng_counter) * tot;
+    const float u = uniform_from(a.rng[1], a.rng[0]) * tot;
     float cum = 0.f;
     int token = L.c_id[nk - 1];
     for (int i = 0; i < nk; ++i) {
@@ -604,7 +604,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
   if (threadIdx.x == 0) {
     float tot = 0.f;
     for (int t = 0; t < kFinishThreads; ++t) tot += s_mass[t];
-    const float u = uniform_from(a.p.seed, *a.rng_counter) * tot;
+    const float u = uniform_from(a.rng[1], a.rng[0]) * tot;
     float acc = 0.f;
     int owner = -1;
     for (int t = 0; t < kFinishThreads; ++t) {
@@ -689,9 +689,9 @@ __global__ void add_logit_bias_kernel(float* logits, int vocab, const int* ids, 
 
 size_t sampling_scratch_bytes(int vocab) { return detail::layout(vocab).total; }
 
-void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng_counter,
+void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng,
             int* out_token, void* scratch, cudaStream_t stream, float* out_logprob, int* advance) {
-  LILY_CHECK(vocab > 0 && logits && rng_counter && out_token && scratch, "sample: missing buffer");
+  LILY_CHECK(vocab > 0 && logits && rng && out_token && scratch, "sample: missing buffer");
   const bool penalties = detail::has_penalties(p);
   LILY_CHECK(counts || !penalties, "sample: presence/frequency/repetition penalties need a counts buffer");
   const detail::ScratchLayout l = detail::layout(vocab);
@@ -722,7 +722,7 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   fa.z = pa.z;
   fa.stats = pa.stats;
   fa.counts = counts;
-  fa.rng_counter = rng_counter;
+  fa.rng = rng;
   fa.out_token = out_token;
   fa.out_logprob = out_logprob;
   fa.advance = advance;

@@ -13,8 +13,8 @@
 //     - its length <= top_k                        (top_k <= 0: no limit)
 //     - it is the shortest prefix whose softmax mass (renormalised over the top_k prefix) >= top_p
 //     - every member has z >= z_max + log(min_p)   (min_p <= 0: no limit)
-//   then u = uniform [0,1) from (seed, *rng_counter) and the token is the first id, walking the kept set in
-//   ascending id order, whose running sum of exp(z - z_max) exceeds u * total. *rng_counter is incremented.
+//   then u = uniform [0,1) from (seed, counter) = (rng[1], rng[0]) and the token is the first id, walking the
+//   kept set in ascending id order, whose running sum of exp(z - z_max) exceeds u * total. rng[0] is incremented.
 //   With update_counts, counts[token] += 1 afterwards.
 // top_k in 1..kSampleFastTopK uses a one-pass candidate path; other values an exact full-vocabulary path, where
 // top-p without top-k first looks for its cut among 32 candidates per 1,024 logits (kept when provably exact).
@@ -39,7 +39,6 @@ struct SamplingParams {
   float presence = 0.0f;      // OpenAI presence_penalty
   float frequency = 0.0f;     // OpenAI frequency_penalty
   float repetition = 1.0f;    // HF repetition_penalty (1: off)
-  uint64_t seed = 0;
   int n_valid = 0;            // ids >= n_valid are masked (kVocabReal for the real model); 0: no mask
   bool update_counts = true;  // counts[token] += 1 after sampling
 };
@@ -48,11 +47,12 @@ struct SamplingParams {
 size_t sampling_scratch_bytes(int vocab);
 
 // logits [vocab] fp32 (not modified); counts [vocab] int32 (may be null when no penalty is set; then
-// update_counts is ignored); rng_counter [1] device uint64; out_token [1] device int32.
+// update_counts is ignored); rng [2] device uint64 {draw counter, seed} (the seed in device memory: one captured
+// graph serves every seed); out_token [1] device int32.
 // out_logprob (device, may be null): the token's log-probability under the processed distribution before the
 // truncations, z_token - log(sum_i exp z_i) (the host Sampler's SampleResult::logprob). advance (device, may be
 // null): incremented once the token is written (a decode loop's position, without a kernel of its own).
-void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng_counter,
+void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng,
             int* out_token, void* scratch, cudaStream_t stream, float* out_logprob = nullptr,
             int* advance = nullptr);
 

@@ -144,8 +144,8 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
   void* scratch = nullptr;
   uint64_t* rng = nullptr;
   CUDA_CHECK(cudaMalloc(&scratch, sampling_scratch_bytes(cfg.vocab)));
-  CUDA_CHECK(cudaMalloc(&rng, sizeof(uint64_t)));
-  CUDA_CHECK(cudaMemsetAsync(rng, 0, sizeof(uint64_t), st));
+  CUDA_CHECK(cudaMalloc(&rng, 2 * sizeof(uint64_t)));  // draw counter, seed
+  CUDA_CHECK(cudaMemsetAsync(rng, 0, 2 * sizeof(uint64_t), st));
   cuda::SamplingParams sp;
   sp.temperature = 0.f;
   sp.n_valid = cfg.vocab;
@@ -230,7 +230,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     sampled.seed = 1;
     loop_us(*be, greedy, false, opt.warmup);  // warm-up (captures the decode graph)
     {  // what a request with new sampling parameters (a new seed) costs before its first token
-      lily::SamplingParams fresh = sampled;  // a new seed (greedy requests share one graph: no seed)
+      lily::SamplingParams fresh = sampled;  // a new seed: no capture (the seed is in device memory)
       fresh.seed = 987654321;
       const std::vector<int32_t> one{1000};
       const auto t0 = std::chrono::steady_clock::now();

@@ -430,7 +430,7 @@ class CudaBackend : public Backend {
     if (!sample_scratch_) {
       sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(V));
       counts_ = device_alloc<int>(V);
-      rng_ = device_alloc<uint64_t>(1);
+      rng_ = device_alloc<uint64_t>(2);
       CUDA_CHECK(cudaMallocHost(&top_host_, 2 * sizeof(TopDev)));
       top_dev_ = device_alloc<TopDev>(1);
     }
@@ -445,12 +445,12 @@ class CudaBackend : public Backend {
     d.presence = p.presence_penalty;
     d.frequency = p.frequency_penalty;
     d.repetition = p.repetition_penalty;
-    d.seed = p.temperature > 0 ? p.seed : 0;  // greedy draws nothing: one decode graph for every greedy request
     d.n_valid = p.n_valid > 0 && p.n_valid < V ? p.n_valid : 0;
     d.update_counts = d.repetition != 1.0f || d.presence != 0.0f || d.frequency != 0.0f;
     c.logprobs = logprobs;
     c.top_n = p.top_logprobs;
-    CUDA_CHECK(cudaMemsetAsync(rng_, 0, sizeof(uint64_t), s));
+    const uint64_t rng[2] = {0, p.seed};  // draw counter, seed: in device memory, so the graph serves every seed
+    CUDA_CHECK(cudaMemcpyAsync(rng_, rng, sizeof rng, cudaMemcpyHostToDevice, s));
     if (d.update_counts) CUDA_CHECK(cudaMemsetAsync(counts_, 0, (size_t)V * sizeof(int), s));
     if (d.repetition != 1.0f && !prompt.empty()) {  // the prompt counts for the repetition penalty only
       for (int32_t t : prompt) LILY_CHECK(t >= 0 && t < V, "CUDA backend: token id ", t, " outside [0, ", V, ")");
@@ -607,7 +607,7 @@ class CudaBackend : public Backend {
       const SamplingParams &a = params, &b = o.params;
       return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
              a.presence == b.presence && a.frequency == b.frequency && a.repetition == b.repetition &&
-             a.seed == b.seed && a.n_valid == b.n_valid && a.update_counts == b.update_counts &&
+             a.n_valid == b.n_valid && a.update_counts == b.update_counts &&
              logprobs == o.logprobs && top_n == o.top_n && n_bias == o.n_bias;
     }
   };
@@ -623,7 +623,7 @@ class CudaBackend : public Backend {
   cudaGraphExec_t sample_graph_[2] = {};  // the decode graph copying the id to host slot k
   void* sample_scratch_ = nullptr;        // sampling_scratch_bytes(vocab), also top_logprobs'
   int* counts_ = nullptr;                 // [vocab] penalty counts
-  uint64_t* rng_ = nullptr;               // [1] RNG counter
+  uint64_t* rng_ = nullptr;               // [2] RNG draw counter, seed
   int32_t* d_prompt_ = nullptr;           // [prompt_cap_] prompt ids for mark_context
   int prompt_cap_ = 0;
   int* bias_ids_ = nullptr;               // [vocab] logit_bias ids (allocated at the first request with one)

@@ -17,7 +17,7 @@ namespace {
 
 // Returns the token, or -1 when the draw is too close to a boundary to compare.
 int sample_ref(const std::vector<float>& logits, const std::vector<int>& counts, const SamplingParams& p,
-               uint64_t counter) {
+               uint64_t counter, uint64_t seed = 0) {
   const int V = static_cast<int>(logits.size());
   std::vector<float> z(V);
   for (int i = 0; i < V; ++i) {
@@ -61,7 +61,7 @@ int sample_ref(const std::vector<float>& logits, const std::vector<int>& counts,
   double total = 0;
   for (int j = 0; j < keep; ++j) total += e(j);
   std::sort(kept.begin(), kept.end());
-  const double u = static_cast<double>(sample_uniform(p.seed, counter)) * total;
+  const double u = static_cast<double>(sample_uniform(seed, counter)) * total;
   double cum = 0;
   for (int id : kept) {
     cum += std::exp(static_cast<double>(z[id]) - z0);
@@ -73,7 +73,8 @@ int sample_ref(const std::vector<float>& logits, const std::vector<int>& counts,
 
 // Full-path check: is `token` the draw of the reference for some kept set between the shortest and longest
 // prefixes allowed by the tolerance, with the uniform's position within the tolerance?
-bool acceptable_full(const std::vector<float>& logits, const SamplingParams& p, uint64_t counter, int token) {
+bool acceptable_full(const std::vector<float>& logits, const SamplingParams& p, uint64_t counter, uint64_t seed,
+                     int token) {
   const double tol = 2e-5;
   const int V = static_cast<int>(logits.size());
   std::vector<float> z(V);
@@ -108,7 +109,7 @@ bool acceptable_full(const std::vector<float>& logits, const SamplingParams& p, 
     lo = std::min(lo, a);
     hi = std::min(hi, b);
   }
-  const double un = sample_uniform(p.seed, counter);
+  const double un = sample_uniform(seed, counter);
   std::vector<int> keeps;
   for (int t = 0; t <= 8; ++t) keeps.push_back(lo + (hi - lo) * t / 8);
   keeps.erase(std::unique(keeps.begin(), keeps.end()), keeps.end());
@@ -134,13 +135,15 @@ struct Sampler {
   DevBuf<int> counts, token;
   DevBuf<uint64_t> rng;
   DevBuf<char> scratch;
-  explicit Sampler(int v) : V(v), logits(v), counts(v), token(1), rng(1), scratch(sampling_scratch_bytes(v)) {
-    CUDA_CHECK(cudaMemset(rng.p, 0, sizeof(uint64_t)));
+  explicit Sampler(int v) : V(v), logits(v), counts(v), token(1), rng(2), scratch(sampling_scratch_bytes(v)) {
+    CUDA_CHECK(cudaMemset(rng.p, 0, 2 * sizeof(uint64_t)));
   }
-  int run(const std::vector<float>& l, const std::vector<int>& c, const SamplingParams& p, uint64_t counter) {
+  int run(const std::vector<float>& l, const std::vector<int>& c, const SamplingParams& p, uint64_t counter,
+          uint64_t seed = 0) {
     logits.upload(l);
     if (!c.empty()) counts.upload(c);
-    CUDA_CHECK(cudaMemcpy(rng.p, &counter, sizeof(counter), cudaMemcpyHostToDevice));
+    const uint64_t r[2] = {counter, seed};  // the seed from device memory, as the decode graph has it
+    CUDA_CHECK(cudaMemcpy(rng.p, r, sizeof r, cudaMemcpyHostToDevice));
     token.poison();
     sample(logits.p, V, p, c.empty() ? nullptr : counts.p, rng.p, token.p, scratch.p, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -208,18 +211,18 @@ void check_draws(int V, SamplingParams p, int n_draws, uint64_t seed, bool penal
       c.assign(V, 0);
       for (int i = 0; i < V / 50; ++i) c[rng() % V] += 1;
     }
-    p.seed = seed * 1000 + t;
+    const uint64_t draw_seed = seed * 1000 + t;
     const uint64_t counter = rng() % 100000;
-    const int got = s.run(l, c, p, counter);
+    const int got = s.run(l, c, p, counter, draw_seed);
     const bool fast = p.temperature <= 0.f || (p.top_k >= 1 && p.top_k <= kSampleFastTopK);
     if (!fast) {
       ++compared;
-      EXPECT_TRUE(acceptable_full(l, p, counter, got)) << "draw " << t << " V " << V << " top_k " << p.top_k
+      EXPECT_TRUE(acceptable_full(l, p, counter, draw_seed, got)) << "draw " << t << " V " << V << " top_k " << p.top_k
                                                         << " top_p " << p.top_p << " min_p " << p.min_p << " token " << got;
       seen.push_back(got);
       continue;
     }
-    const int ref = sample_ref(l, c, p, counter);
+    const int ref = sample_ref(l, c, p, counter, draw_seed);
     if (ref < 0) { ++skipped; continue; }
     ++compared;
     EXPECT_EQ(got, ref) << "draw " << t << " V " << V << " top_k " << p.top_k << " top_p " << p.top_p << " min_p "
