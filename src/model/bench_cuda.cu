@@ -229,13 +229,18 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     sampled.presence_penalty = 1.5f;
     sampled.seed = 1;
     loop_us(*be, greedy, false, opt.warmup);  // warm-up (captures the decode graph)
-    {  // what a request with new sampling parameters (a new seed) costs before its first token
-      lily::SamplingParams fresh = sampled;  // a new seed: no capture (the seed is in device memory)
-      fresh.seed = 987654321;
+    {  // what a request costs before its first token: with another sampling configuration (the decode graphs
+       // captured), and with only another seed (no capture: the seed is in device memory)
       const std::vector<int32_t> one{1000};
-      const auto t0 = std::chrono::steady_clock::now();
-      LILY_CHECK(be->begin_device_sampling(fresh, one, false), "lily bench: device sampling refused");
-      rep.sampler_setup_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      const auto setup_us = [&](lily::SamplingParams p) {
+        const auto t0 = std::chrono::steady_clock::now();
+        LILY_CHECK(be->begin_device_sampling(p, one, false), "lily bench: device sampling refused");
+        return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      };
+      rep.sampler_setup_us = setup_us(sampled);  // after the greedy warm-up: another configuration
+      lily::SamplingParams reseeded = sampled;
+      reseeded.seed = 987654321;
+      rep.seed_setup_us = setup_us(reseeded);
     }
     {  // a prompt through forward() (token by token; only the last token's lm_head)
       const int n = 512;

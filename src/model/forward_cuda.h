@@ -74,7 +74,8 @@ struct BenchReport {
   double file_bytes = 0;           // --model: matrix bytes read from the checkpoint files
   std::vector<BenchPoint> points;
   std::vector<BenchLoop> loops;
-  double sampler_setup_us = 0;     // begin_device_sampling with new parameters (the decode graph captured)
+  double sampler_setup_us = 0;     // begin_device_sampling with another configuration (decode graphs captured)
+  double seed_setup_us = 0;        // begin_device_sampling with only another seed (no capture)
 };
 
 BenchReport run_decode_bench(const BenchOptions& opt);
