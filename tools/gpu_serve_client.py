@@ -84,6 +84,87 @@ def stream(content, **kw):
     return t0, times, usage
 
 
+def check(ok, what):
+    print("%s %s" % ("ok  " if ok else "FAIL", what))
+    if not ok:
+        global failures
+        failures += 1
+
+
+failures = 0
+# no reasoning block, and earlier turns rendered as generated: the next turn's prompt then starts with the
+# tokens the server holds after a stop id (prompt, reply, <|im_end|>, newline)
+NO_THINK = {"chat_template_kwargs": {"enable_thinking": False, "preserve_thinking": True}}
+
+
+def text(r):
+    m = r["choices"][0]["message"]
+    return (m.get("reasoning_content") or "") + (m.get("content") or "")
+
+
+def robustness():
+    """Paths the queued decode steps and the device-resident prefix cache change: seeded determinism, a stop id
+    (its step ran ahead), a stop string and a dropped stream (the host ends the generation), tiny max_tokens, and
+    the next turn after a stop id resuming from the snapshot taken after the turn tail."""
+    for kw in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95, "seed": 42}):
+        a, b = chat("Determinism check", max_tokens=96, **kw), chat("Determinism check", max_tokens=96, **kw)
+        check(text(a) == text(b) and a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"],
+              "same output twice for %s" % json.dumps(kw))
+    for n in (1, 2, 3):
+        r = chat("Tiny", max_tokens=n, temperature=0)
+        check(r["usage"]["completion_tokens"] == n and r["choices"][0]["finish_reason"] == "length",
+              "max_tokens %d -> %d tokens, %s" % (n, r["usage"]["completion_tokens"], r["choices"][0]["finish_reason"]))
+    # a stop id, then the next turn: greedy with logit_bias making the reply "Hello" then <|im_end|> (the weights
+    # are random: only forced tokens give a reply whose text re-encodes to the same ids); the repetition penalty
+    # halves both (<|im_end|> is in the prompt), so "Hello" (60 vs 80 / 2) comes first and once (30 vs 40)
+    tok = lambda text: post("/tokenize", {"content": text})["tokens"]
+    im_end, hello = tok("<|im_end|>")[-1], tok("Hello")[-1]
+    q1 = "First question?"
+    r1 = chat(q1, max_tokens=50, temperature=0, repetition_penalty=2.0,
+              logit_bias={str(hello): 60.0, str(im_end): 80.0}, **NO_THINK)
+    fin, reply = r1["choices"][0]["finish_reason"], r1["choices"][0]["message"].get("content") or ""
+    check(fin == "stop" and reply == "Hello", "stop id sampled: finish %s, reply %r" % (fin, reply))
+    first = post("/apply-template", dict({"messages": [{"role": "user", "content": q1}], "add_generation_prompt": True},
+                                         **NO_THINK))["prompt"]
+    held = len(tok(first)) + 3  # + Hello, <|im_end|> (consumed by its queued step), newline (the turn tail)
+    r2 = post("/v1/chat/completions", dict(
+        {"messages": [{"role": "user", "content": q1}, {"role": "assistant", "content": reply},
+                      {"role": "user", "content": "Second question?"}], "max_tokens": 32, "temperature": 0},
+        **NO_THINK))
+    c2, p2 = r2["usage"]["prompt_tokens_details"]["cached_tokens"], r2["usage"]["prompt_tokens"]
+    check(c2 == held, "the next turn resumes after the turn tail: %d of %d prompt tokens cached (expected %d), "
+          "prefill %.1f ms" % (c2, p2, held, r2["timings"]["prompt_ms"]))
+    # the same request from scratch (an unrelated request in between replaces the resident KV, so no snapshot
+    # applies) gives the same greedy reply only if the resumed state was right (the stop id consumed once)
+    chat("Something unrelated", max_tokens=8, temperature=0)
+    r3 = post("/v1/chat/completions", dict(
+        {"messages": [{"role": "user", "content": q1}, {"role": "assistant", "content": reply},
+                      {"role": "user", "content": "Second question?"}], "max_tokens": 32, "temperature": 0},
+        **NO_THINK))
+    check(text(r3) == text(r2), "the resumed turn equals the same request from scratch (cached %d)" %
+          r3["usage"]["prompt_tokens_details"]["cached_tokens"])
+    # a stop string: the host ends the generation (its queued step is drained)
+    r = chat("Stop string", max_tokens=300, temperature=0.9, seed=3, stop=["e"], **NO_THINK)
+    check(r["choices"][0]["finish_reason"] == "stop" and "e" not in (r["choices"][0]["message"]["content"] or ""),
+          "stop string: finish %s after %d tokens" % (r["choices"][0]["finish_reason"],
+                                                     r["usage"]["completion_tokens"]))
+    # a stream dropped after a few chunks: the server cancels it; the next request is served normally
+    body = {"messages": [{"role": "user", "content": "Long story"}], "max_tokens": 2000, "stream": True,
+            "temperature": 0}
+    req = urllib.request.Request(BASE + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    resp = urllib.request.urlopen(req, timeout=60)
+    for _ in range(5):
+        resp.readline()
+    resp.close()
+    t0 = time.time()
+    r = chat("After a dropped stream", max_tokens=32, temperature=0)
+    check(r["usage"]["completion_tokens"] == 32, "served after a dropped stream (%.0f ms)" % ((time.time() - t0) * 1e3))
+    a = chat("Determinism check", max_tokens=96, temperature=0)
+    b = chat("Determinism check", max_tokens=96, temperature=0)
+    check(text(a) == text(b), "greedy still deterministic after all that")
+
+
 def main():
     print("ready after %.1f s (load + warm-up)" % wait_ready())
     model = json.loads(get("/v1/models"))["data"][0]
@@ -123,8 +204,10 @@ def main():
         t.join()
     print("4 concurrent requests: all completed in %.2f s, completion tokens %s" %
           (time.time() - t0, [r["usage"]["completion_tokens"] for r in results]))
+    robustness()
     r = post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 64, "temperature": 0})
     print("/v1/completions: %d tokens, finish %s" % (r["usage"]["completion_tokens"], r["choices"][0]["finish_reason"]))
+    print("robustness checks failed: %d" % failures)
     for line in get("/metrics").splitlines():
         if line.startswith("lily_") and ("_sum " in line or "_count " in line or "requests_total" in line):
             print(line)
