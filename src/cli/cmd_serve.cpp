@@ -176,7 +176,8 @@ CommandRegistrar reg({"serve", "Serve the model over an OpenAI-compatible HTTP A
                                        "max_tokens when a request sets none")->capture_default_str()
                             ->check(CLI::Range(1, 1 << 30));
                         sub.add_option("--alias", a->alias, "Model id shown to clients");
-                        sub.add_option("--cache-mib", a->cache_mib, "Prefix-cache memory cap (MiB; snapshots in GPU memory on the CUDA backend while it has room)")
+                        sub.add_option("--cache-mib", a->cache_mib,
+                                       "Prefix-cache memory cap (MiB; on the CUDA backend in GPU memory while it has room)")
                             ->capture_default_str();
                         sub.add_flag("--no-prefix-cache", a->no_prefix_cache, "Always prefill the whole prompt");
                         sub.add_flag("--no-thinking", a->no_thinking, "enable_thinking=false unless a request says otherwise");

@@ -492,14 +492,16 @@ class CudaBackend : public Backend {
   }
 
   lily::SampleResult sample_device() override {
-    LILY_CHECK(sampling_ && queued_ == 0, "CUDA backend: sample_device without begin_device_sampling, or with steps queued");
+    LILY_CHECK(sampling_ && queued_ == 0,
+               "CUDA backend: sample_device without begin_device_sampling, or with steps queued");
     sample_tail(0);  // from the logits of position pos_ - 1: the step on the device is {its id, pos_ - 1}
     CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
     return sampled(0);
   }
 
   void decode_device_launch() override {
-    LILY_CHECK(sampling_ && queued_ < 2, "CUDA backend: decode_device_launch without begin_device_sampling, or a third");
+    LILY_CHECK(sampling_ && queued_ < 2,
+               "CUDA backend: decode_device_launch without begin_device_sampling, or a third");
     LILY_CHECK(pos_ + 1 <= engine_.max_context(), "CUDA backend: ", pos_ + 1, " tokens exceed the context of ",
                engine_.max_context());
     engine_.ensure_kv(pos_ + 1);
