@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """HTTP client of tools/gpu_serve.sh: drives a running `lily serve` (a full-size random-weight checkpoint on the
 GPU) through the OpenAI-compatible API and prints what a client sees: decode speed from the server's `timings`
-and from the stream's arrival times, prompt processing speed, logprobs, concurrency. A smoke test and a
-measurement, not a correctness oracle (the weights are random: the text is noise). Standard library only.
+and from the stream's arrival times, prompt processing speed, logprobs, concurrency; then checks the paths a
+request can end by (robustness(); exit status 1 when one fails). A smoke test and a measurement, not an oracle of
+the model's output (the weights are random: the text is noise). Standard library only.
 
 usage: gpu_serve_client.py BASE_URL
 """
@@ -215,3 +216,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    sys.exit(1 if failures else 0)
