@@ -78,9 +78,9 @@ size_t attn_scratch_floats(int n_kv, int max_splits, int group, int head_dim);
 // 64 each, at least 32 once the context passes 64, so short contexts use few of them), then one combine kernel
 // merges the partials per head.
 inline constexpr int kAttnMaxSplits = 128;  // split blocks per KV head at most
-// The q/k norm + RoPE + append and the split kernels are launched with programmatic dependent launch (each can
-// start while the kernel before it finishes; the split kernel copies the K/V rows of earlier tokens before it
-// waits), unless LILY_ATTN_PDL=0.
+// The q/k norm + RoPE + append, split and combine kernels are launched with programmatic dependent launch (each
+// can start while the kernel before it finishes; the split kernel copies the K/V rows of earlier tokens before it
+// waits, and lets the combine in only when it ends), unless LILY_ATTN_PDL=0.
 bool attention_pdl();
 void launch_attention_decode(const float* q, const float* qg, KvPages kv, const int* pos, float* out,
                              AttnScratch scratch, int splits, int n_heads, cudaStream_t s);
