@@ -72,6 +72,12 @@ void add_logit_bias(float* logits, int vocab, const int* ids, const float* bias,
 // (generated ids only, as the host Sampler) do not.
 void mark_context(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream);
 
+// step_io.cu: copies words_a 32-bit words from src_a and words_b (may be 0) from src_b (device) to dst_a / dst_b,
+// pinned host memory mapped into the device (their device pointers), with one small kernel: the decode graph's
+// sampled step and top log-probabilities to the host without a copy-engine transfer.
+void copy_to_mapped(uint32_t* dst_a, const uint32_t* src_a, int words_a, uint32_t* dst_b, const uint32_t* src_b,
+                    int words_b, cudaStream_t stream);
+
 // The uniform number in [0,1) the sampler draws for (seed, counter); host and device give the same value.
 float sample_uniform(uint64_t seed, uint64_t counter);
 

@@ -351,7 +351,8 @@ class CudaBackend : public Backend {
   CudaBackend(const Config& c, DeviceWeights w, int max_context, int device, long long snapshot_device_bytes)
       : cfg_(c), engine_(c, std::move(w), max_context, device) {
     CUDA_CHECK(cudaMallocHost(&staging_, sizeof(StepDev) * kStaging));
-    CUDA_CHECK(cudaMallocHost(&host_step_, 2 * sizeof(StepDev)));
+    CUDA_CHECK(cudaHostAlloc(&host_step_, 2 * sizeof(StepDev), cudaHostAllocMapped));
+    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_step_dev_), host_step_, 0));
     for (cudaEvent_t& e : done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     d_steps_ = device_alloc<StepDev>(kStaging);
     size_t budget = snapshot_device_bytes >= 0 ? static_cast<size_t>(snapshot_device_bytes) : 0;
@@ -431,7 +432,8 @@ class CudaBackend : public Backend {
       sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(V));
       counts_ = device_alloc<int>(V);
       rng_ = device_alloc<uint64_t>(2);
-      CUDA_CHECK(cudaMallocHost(&top_host_, 2 * sizeof(TopDev)));
+      CUDA_CHECK(cudaHostAlloc(&top_host_, 2 * sizeof(TopDev), cudaHostAllocMapped));
+      CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&top_host_dev_), top_host_, 0));
       top_dev_ = device_alloc<TopDev>(1);
     }
     CUDA_CHECK(cudaStreamSynchronize(s));  // launches an earlier generation left (its caller threw before waiting)
@@ -565,8 +567,8 @@ class CudaBackend : public Backend {
   }
 
   // The sampler on the logits, the id (and its log-probability) into the step's input (read by the next step's
-  // embedding), the position advanced, the step copied to the host (pinned): one launch sequence, plain or
-  // inside the decode graph.
+  // embedding), the position advanced, the step copied to mapped pinned host memory: one launch sequence, plain
+  // or inside the decode graph.
   void sample_tail(int slot) {
     cudaStream_t s = engine_.stream();
     const SampleConfig& c = sample_config_;
@@ -579,9 +581,11 @@ class CudaBackend : public Backend {
                    sample_scratch_, s);
     sample(engine_.logits(), cfg_.vocab, d, counts, rng_, &step->token, sample_scratch_, s,
            c.logprobs ? &step->logprob : nullptr, &step->pos);
-    CUDA_CHECK(cudaMemcpyAsync(host_step_ + slot, step, sizeof(StepDev), cudaMemcpyDeviceToHost, s));
-    if (c.top_n > 0)
-      CUDA_CHECK(cudaMemcpyAsync(top_host_ + slot, top_dev_, sizeof(TopDev), cudaMemcpyDeviceToHost, s));
+    static_assert(sizeof(StepDev) % 4 == 0 && sizeof(TopDev) % 4 == 0, "copied as 32-bit words");
+    auto words = [](auto* p) { return reinterpret_cast<uint32_t*>(p); };
+    copy_to_mapped(words(host_step_dev_ + slot), words(step), sizeof(StepDev) / 4,
+                   c.top_n > 0 ? words(top_host_dev_ + slot) : nullptr, words(top_dev_),
+                   c.top_n > 0 ? sizeof(TopDev) / 4 : 0, s);
   }
   lily::SampleResult sampled(int slot) const {
     const SampleConfig& c = sample_config_;
@@ -631,8 +635,10 @@ class CudaBackend : public Backend {
   int* bias_ids_ = nullptr;               // [vocab] logit_bias ids (allocated at the first request with one)
   float* bias_vals_ = nullptr;            // [vocab] their biases
   TopDev* top_dev_ = nullptr;             // device [1]
-  TopDev* top_host_ = nullptr;            // pinned [2]
-  StepDev* host_step_ = nullptr;          // pinned [2]: per slot, the step after a sample (its id, logprob)
+  TopDev* top_host_ = nullptr;            // pinned, mapped [2]
+  TopDev* top_host_dev_ = nullptr;        // its device pointer (written by copy_to_mapped)
+  StepDev* host_step_ = nullptr;          // pinned, mapped [2]: per slot, the step after a sample (id, logprob)
+  StepDev* host_step_dev_ = nullptr;      // its device pointer
   std::shared_ptr<SnapshotPool> pool_;    // device memory of save_state
 };
 
