@@ -86,6 +86,8 @@ class CudaEngine {
 
   // Makes KV pages exist for tokens [0, n_tokens).
   void ensure_kv(int n_tokens);
+  // Device bytes of the KV pages not allocated yet, up to max_context() (what ensure_kv may still take).
+  size_t kv_bytes_to_come() const;
   // Fills the KV pages for tokens [0, n_tokens) with random bf16 (benchmarks).
   void fill_kv_random(int n_tokens, uint64_t seed);
   // Zeroes the recurrent states (a new sequence).

@@ -3,9 +3,10 @@
 // decode step captured once as a CUDA graph; CudaBackend adapts it to the Backend interface.
 // The step reads its token and position from device memory (StepDev), so the graph replays unchanged. A prompt
 // runs the same graph token by token (simple and exact up to the full context). Generation with device sampling
-// (Backend::begin_device_sampling) replays a second graph, the step followed by the sampler, which writes the
-// id into the StepDev of the next step, advances the position and copies the id to pinned host memory: per
-// token the host launches it and reads 4 bytes (no logits copy, no host sampler). Math: shared/spec/model.md
+// (Backend::begin_device_sampling) replays a decode graph, the step followed by the sampler, which writes the
+// id into the StepDev of the next step, advances the position and copies {id, position, log-probability} to
+// mapped pinned host memory: per token the host launches a graph (two are queued) and reads 12 bytes (no
+// logits copy, no host sampler). Math: shared/spec/model.md
 // §2; kernels: kernels/gdn_fused.h (a GDN layer's mixer in one persistent launch), kernels/qmat.h (GEMV, the MoE
 // block in one persistent launch, embedding) and kernels/mixers.h (attention, norms, RoPE, the standalone GDN
 // step), kernels/sampling.h. For the real model the step is 112 launches: embed, per GDN layer 2 (mixer, MoE),
@@ -137,6 +138,12 @@ void CudaEngine::ensure_kv(int n_tokens) {
              max_context_);
   const int need = (n_tokens + page_tokens_ - 1) / page_tokens_;
   while (pages_ < need) add_page(pages_++);
+}
+
+size_t CudaEngine::kv_bytes_to_come() const {
+  const int max_pages = (max_context_ + page_tokens_ - 1) / page_tokens_;
+  return static_cast<size_t>(max_pages - pages_) * kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim) *
+         page_table_.size() * sizeof(uint16_t);
 }
 
 void CudaEngine::fill_kv_random(int n_tokens, uint64_t seed) {
@@ -359,11 +366,7 @@ class CudaBackend : public Backend {
     if (snapshot_device_bytes < 0) {  // free memory less the KV pages still to come and a margin
       size_t free_b = 0, total_b = 0;
       CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-      int n_attn = 0;
-      for (int i = 0; i < c.n_layers; ++i) n_attn += c.is_attention(i);
-      const size_t kv = static_cast<size_t>(n_attn) * (static_cast<size_t>(max_context) + kPageTokens) * 2 *
-                        c.n_kv_heads * c.head_dim * sizeof(uint16_t);
-      const size_t reserve = kv + (size_t{2} << 30);
+      const size_t reserve = engine_.kv_bytes_to_come() + (size_t{2} << 30);
       budget = free_b > reserve ? free_b - reserve : 0;
     }
     pool_ = std::make_shared<SnapshotPool>(engine_.gdn_state_bytes(), budget, device);

@@ -54,7 +54,7 @@ GenerateResult generate(Backend& backend, std::span<const int32_t> prompt, const
       continue;
     }
     // host path: no room to decode another token, or no need
-    if (stop || !keep_going || i + 1 == opt.max_tokens || backend.position() >= backend.max_context()) break;
+    if (stop || !keep_going || i + 1 == opt.max_tokens || !room()) break;
     backend.forward(std::span<const int32_t>(&s.token, 1), logits.data(), false);
   }
   return res;

@@ -277,7 +277,7 @@ void Engine::run(GenJob& job) {
       if (!stepped) { reason = FinishReason::length; break; }
       continue;
     }
-    const bool at_end = job.n_generated >= job.max_tokens || backend_.position() + 1 >= max_context_;
+    const bool at_end = job.n_generated >= job.max_tokens || !room();
     if (!keep) { reason = FinishReason::stop; break; }
     if (at_end) { reason = FinishReason::length; break; }
     backend_.forward(std::span(&t, 1), logits.data(), false);
