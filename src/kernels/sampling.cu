@@ -9,6 +9,7 @@
 // Keys: order-preserving uint32 of the float z; among equal keys the lower id comes first.
 // Tested by tests/gpu/test_sampling.cu.
 #include "kernels/common.cuh"
+#include "kernels/sample_select.cuh"
 #include "kernels/sampling.h"
 
 #include <cmath>
@@ -37,18 +38,6 @@ inline constexpr int kFinishThreads = 1024;
 inline constexpr int kNucleusCand = 32;  // candidates per prep block for top-p without top-k (<= kSampleFastTopK)
 inline constexpr int kNucleusList = 256;  // the best candidates sorted to find the top-p cut among them
 
-__device__ __forceinline__ uint32_t key_of(float z) {
-  const uint32_t u = __float_as_uint(z);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-// The selection order: larger key first, among equal keys the lower id.
-__device__ __forceinline__ bool ranks_before(uint32_t k2, int i2, uint32_t k, int i) {
-  return k2 > k || (k2 == k && i2 < i);
-}
-__device__ __forceinline__ float z_of(uint32_t k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-
 __host__ __device__ inline bool has_penalties(const SamplingParams& p) {
   return p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
 }
@@ -69,133 +58,6 @@ __device__ __forceinline__ float process_logit(const float* logits, const int* c
 }
 
 struct Stats { float max, sum; };  // per prep block: max z and sum exp(z - max)
-
-template <int NT>
-__device__ float block_reduce(float v, bool is_max) {
-  __shared__ float s[NT / 32];
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = is_max ? fmaxf(v, w) : v + w;
-  }
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) s[threadIdx.x / 32] = v;
-  __syncthreads();
-  float t = s[0];
-  for (int i = 1; i < NT / 32; ++i) t = is_max ? fmaxf(t, s[i]) : t + s[i];
-  return t;
-}
-
-// Result of a prefix cut in the order (key desc, id asc): all keys > key, plus the first n_tie ids with
-// key == key (n_tie == INT_MAX: all of them).
-struct Cut {
-  uint32_t key;
-  int n_tie;
-  int count_above;    // elements with key > cut key
-  float mass_above;   // their sum exp(z - zmax) (mass mode only)
-  int n_at;           // elements with key == cut key
-};
-
-// Block-wide radix select over n elements given by key(i): the shortest prefix with count >= target (by
-// count) or mass sum exp(z - zmax) >= target (by mass). Every thread of the block gets the result.
-// The mass histogram has one copy per group of 4 warps (summed in a fixed order after each pass): float
-// atomics of a whole block on the few bins of a pass's leading digits serialised (2.4 ms over a 248K vocabulary).
-// sm: one per kernel, shared by its calls (each instantiation's own static arrays did not fit); a call ends with
-// a block barrier after its last read of sm.
-template <int NT>
-struct SelectSmem {
-  static constexpr int kCopies = NT / 128;
-  float hist_c[256], hist_m[256], hist_mw[kCopies][256];
-  uint32_t prefix;
-  int count_above, at;
-  float mass_above;
-};
-template <int NT, typename KeyFn>
-__device__ Cut block_select(SelectSmem<NT>& sm, KeyFn key, int n, bool by_mass, float target, float zmax) {
-  constexpr int kCopies = SelectSmem<NT>::kCopies;
-  float (&hist_c)[256] = sm.hist_c;
-  float (&hist_m)[256] = sm.hist_m;
-  float (&hist_mw)[kCopies][256] = sm.hist_mw;
-  uint32_t& s_prefix = sm.prefix;
-  int &s_count_above = sm.count_above, &s_at = sm.at;
-  float& s_mass_above = sm.mass_above;
-  if (threadIdx.x == 0) { s_prefix = 0; s_count_above = 0; s_mass_above = 0.f; s_at = 0; }
-  float* my_m = hist_mw[threadIdx.x / 128];
-  for (int pass = 0; pass < 4; ++pass) {
-    const int shift = 24 - 8 * pass;
-    const uint32_t hi_mask = pass == 0 ? 0u : (0xffffffffu << (32 - 8 * pass));
-    for (int d = threadIdx.x; d < 256; d += NT) hist_c[d] = hist_m[d] = 0.f;
-    if (by_mass)
-      for (int d = threadIdx.x; d < kCopies * 256; d += NT) hist_mw[d / 256][d % 256] = 0.f;
-    __syncthreads();
-    const uint32_t prefix = s_prefix;
-    for (int i0 = 0; i0 < n; i0 += NT) {  // warp-uniform trip count (for __match_any_sync)
-      const int i = i0 + threadIdx.x;
-      const uint32_t k = i < n ? key(i) : 0u;
-      const int d = (i < n && (k & hi_mask) == prefix) ? static_cast<int>((k >> shift) & 255) : -1;
-      const unsigned same = __match_any_sync(0xffffffffu, d);  // lanes with the same digit add once
-      if (d >= 0) {
-        if ((threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist_c[d], static_cast<float>(__popc(same)));
-        if (by_mass && k != 0u) atomicAdd(&my_m[d], expf(z_of(k) - zmax));  // key 0: padding (prep)
-      }
-    }
-    __syncthreads();
-    if (by_mass) {  // block-uniform
-      for (int d = threadIdx.x; d < 256; d += NT) {
-        float m = 0.f;
-#pragma unroll
-        for (int c = 0; c < kCopies; ++c) m += hist_mw[c][d];
-        hist_m[d] = m;
-      }
-      __syncthreads();
-    }
-    if (threadIdx.x < 32) {
-      const int l = threadIdx.x;
-      float sc = 0.f, sm = 0.f;
-      for (int q = 0; q < 8; ++q) { sc += hist_c[255 - 8 * l - q]; sm += hist_m[255 - 8 * l - q]; }
-      float pc = sc, pm = sm;  // inclusive prefix over lanes (top digits first)
-      for (int o = 1; o < 32; o *= 2) {
-        const float c2 = __shfl_up_sync(0xffffffffu, pc, o), m2 = __shfl_up_sync(0xffffffffu, pm, o);
-        if (l >= o) { pc += c2; pm += m2; }
-      }
-      const float need = by_mass ? target - s_mass_above : target - static_cast<float>(s_count_above);
-      const unsigned hit = __ballot_sync(0xffffffffu, (by_mass ? pm : pc) >= need);
-      const int owner = hit ? __ffs(hit) - 1 : 31;
-      if (l == owner) {
-        float cc = pc - sc, cm = pm - sm;  // sums of the digits above this lane's first one
-        int digit = 255 - 8 * l - 7;
-        for (int q = 0; q < 8; ++q) {
-          const int d = 255 - 8 * l - q;
-          const float vc = hist_c[d], vm = hist_m[d];
-          if ((by_mass ? cm + vm : cc + vc) >= need || q == 7) { digit = d; break; }
-          cc += vc;
-          cm += vm;
-        }
-        s_prefix = prefix | (static_cast<uint32_t>(digit) << shift);
-        s_count_above += static_cast<int>(cc);
-        s_mass_above += cm;
-        s_at = static_cast<int>(hist_c[digit]);
-      }
-    }
-    __syncthreads();
-  }
-  Cut c;
-  c.key = s_prefix;
-  c.count_above = s_count_above;
-  c.mass_above = s_mass_above;
-  c.n_at = s_at;
-  if (by_mass) {
-    const float e = expf(z_of(c.key) - zmax);
-    const float rem = target - c.mass_above;
-    int t = e > 0.f ? static_cast<int>(ceilf(rem / e)) : c.n_at;
-    c.n_tie = t < 1 ? 1 : (t > c.n_at ? c.n_at : t);
-  } else {
-    const int t = static_cast<int>(target) - c.count_above;
-    c.n_tie = t < 1 ? 1 : (t > c.n_at ? c.n_at : t);
-  }
-  __syncthreads();
-  return c;
-}
 
 struct PrepArgs {
   const float* logits; const int* counts; int vocab; SamplingParams p;
@@ -225,10 +87,18 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(PrepArgs a) {
   if (a.cand == 0) return;
   uint32_t* ck = a.cand_key + static_cast<size_t>(blockIdx.x) * a.cand;
   int* ci = a.cand_id + static_cast<size_t>(blockIdx.x) * a.cand;
-  if (n <= a.cand) {  // the whole block is a candidate (pad with empty keys)
+  // the block's candidates sorted (key desc, id asc): finish reads each block's best at its entry 0
+  if (n <= a.cand) {  // the whole block is a candidate (padded with empty keys: id INT_MAX)
     for (int j = threadIdx.x; j < a.cand; j += kPrepThreads) {
-      ck[j] = j < n ? keys[j] : 0u;
-      ci[j] = j < n ? base + j : 0x7fffffff;
+      if (j >= n) {
+        ck[j] = 0u;
+        ci[j] = INT_MAX;
+        continue;
+      }
+      int r = 0;
+      for (int u = 0; u < n; ++u) r += ranks_before(keys[u], base + u, keys[j], base + j);
+      ck[r] = keys[j];
+      ci[r] = base + j;
     }
     return;
   }
@@ -255,33 +125,10 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(PrepArgs a) {
     }
     return;
   }
-  __shared__ SelectSmem<kPrepThreads> ssm;
-  const Cut c =
-      block_select<kPrepThreads>(ssm, [&](int i) { return keys[i]; }, n, false, static_cast<float>(a.cand), 0.f);
-  __shared__ int slot;
-  if (threadIdx.x == 0) slot = 0;
-  __syncthreads();
-  for (int j = threadIdx.x; j < n; j += kPrepThreads)
-    if (keys[j] > c.key) {
-      const int s2 = atomicAdd(&slot, 1);
-      ck[s2] = keys[j];
-      ci[s2] = base + j;
-    }
-  __syncthreads();
-  if (threadIdx.x < 32) {  // ties at the cut, lowest ids first, in id order
-    int taken = 0;
-    for (int j0 = 0; j0 < n && taken < c.n_tie; j0 += 32) {
-      const int j = j0 + threadIdx.x;
-      const bool tie = j < n && keys[j] == c.key;
-      const unsigned b = __ballot_sync(0xffffffffu, tie);
-      const int r = taken + __popc(b & ((1u << threadIdx.x) - 1u));
-      if (tie && r < c.n_tie) {
-        ck[slot + r] = c.key;
-        ci[slot + r] = base + j;
-      }
-      taken += __popc(b);
-    }
-  }
+  constexpr int kOwned = kPrepPerBlock / kPrepThreads;  // 4 logits per thread
+  static_assert(kSampleFastTopK * kOwned <= kPrepThreads, "the survivors of owned_best_sorted");
+  __shared__ BestSmem<kPrepThreads, kPrepThreads> bsm;
+  owned_best_sorted<kPrepThreads, kOwned>(bsm, keys, base, n, a.cand, ck, ci);
 }
 
 struct FinishArgs {
@@ -312,8 +159,14 @@ __device__ void global_stats(const FinishArgs& a, float& zmax, float& total) {
 // The k best of nc candidates (key desc, id asc; ties at the cut to the lowest ids), sorted into sk / sid
 // (shared, >= k entries); returns how many (< k only when nc < k). Every thread calls; ends with a barrier.
 template <int KMAX>
-__device__ int sorted_best_candidates(const uint32_t* cand_key, const int* cand_id, int nc, int k, uint32_t* sk,
-                                      int* sid) {
+__device__ int sorted_best_candidates(const uint32_t* cand_key, const int* cand_id, int n_blocks, int cand, int k,
+                                      uint32_t* sk, int* sid) {
+  {  // each prep block's candidates are sorted: the bound from the blocks' bests (sample_select.cuh)
+    __shared__ BestSmem<kFinishThreads, kFinishThreads> bsm;
+    const int n = group_best_sorted<kFinishThreads>(bsm, cand_key, cand_id, n_blocks, cand, k, sk, sid);
+    if (n >= 0) return n;
+  }
+  const int nc = n_blocks * cand;
   __shared__ uint32_t lk[KMAX];
   __shared__ int lid[KMAX];
   __shared__ int n_list;
@@ -370,41 +223,58 @@ __device__ void emit(const FinishArgs& a, int token, float logprob) {
 __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs a) {
   __shared__ uint32_t sk[kSampleFastTopK];
   __shared__ int sid[kSampleFastTopK];
+  __shared__ float se[kSampleFastTopK];                // exp(z - z0) of the sorted candidates
+  __shared__ int oid[kSampleFastTopK];                 // the kept ones in ascending id order: id, exp, z
+  __shared__ float oe[kSampleFastTopK], oz[kSampleFastTopK];
+  __shared__ int s_keep;
+  __shared__ float s_u;
   const int k = a.p.temperature <= 0.f ? 1 : a.p.top_k;
-  const int n = sorted_best_candidates<kSampleFastTopK>(a.cand_key, a.cand_id, a.n_blocks * a.cand, k, sk, sid);
+  const int n = sorted_best_candidates<kSampleFastTopK>(a.cand_key, a.cand_id, a.n_blocks, a.cand, k, sk, sid);
   float zmax = 0.f, total_all = 1.f;  // over the whole vocabulary, for the log-probability
   if (a.out_logprob) global_stats(a, zmax, total_all);
-  if (threadIdx.x != 0) return;
   const float z0 = z_of(sk[0]);
-  float zk = 0.f;
-  for (int j = 0; j < n; ++j) zk += expf(z_of(sk[j]) - z0);
-  int keep = n;
-  if (a.p.top_p < 1.f) {
-    float cum = 0.f;
-    for (int j = 0; j < n; ++j) {
-      cum += expf(z_of(sk[j]) - z0);
-      if (cum >= a.p.top_p * zk) { keep = j + 1; break; }
+  if (threadIdx.x < n) se[threadIdx.x] = expf(z_of(sk[threadIdx.x]) - z0);  // the values the sums below add
+  __syncthreads();
+  if (threadIdx.x == 0) {  // the cuts: sums in rank order, one thread (the host Sampler's order)
+    float zk = 0.f;
+    for (int j = 0; j < n; ++j) zk += se[j];
+    int keep = n;
+    if (a.p.top_p < 1.f) {
+      float cum = 0.f;
+      for (int j = 0; j < n; ++j) {
+        cum += se[j];
+        if (cum >= a.p.top_p * zk) { keep = j + 1; break; }
+      }
     }
+    if (a.p.min_p > 0.f) {
+      int j = 1;
+      while (j < keep && se[j] >= a.p.min_p) ++j;
+      keep = j;
+    }
+    float total = 0.f;
+    for (int j = 0; j < keep; ++j) total += se[j];
+    s_keep = keep;
+    s_u = uniform_from(a.rng[1], a.rng[0]) * total;
   }
-  if (a.p.min_p > 0.f) {
-    int j = 1;
-    while (j < keep && expf(z_of(sk[j]) - z0) >= a.p.min_p) ++j;
-    keep = j;
+  __syncthreads();
+  const int keep = s_keep;
+  if (threadIdx.x < keep) {  // the kept candidates sorted by id (distinct)
+    int r = 0;
+    for (int i = 0; i < keep; ++i) r += sid[i] < sid[threadIdx.x];
+    oid[r] = sid[threadIdx.x];
+    oe[r] = se[threadIdx.x];
+    oz[r] = z_of(sk[threadIdx.x]);
   }
-  // draw: kept entries in ascending id order
-  float total = 0.f;
-  for (int j = 0; j < keep; ++j) total += expf(z_of(sk[j]) - z0);
-  const float u = uniform_from(a.rng[1], a.rng[0]) * total;
-  int prev = -1, token = sid[0];
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  // draw: the kept entries in ascending id order, the first whose running sum exceeds u
+  const float u = s_u;
+  int token = sid[0];
   float cum = 0.f, zt = z0;
-  for (int step = 0; step < keep; ++step) {
-    int nxt = 0x7fffffff, nj = 0;
-    for (int j = 0; j < keep; ++j)
-      if (sid[j] > prev && sid[j] < nxt) { nxt = sid[j]; nj = j; }
-    cum += expf(z_of(sk[nj]) - z0);
-    token = nxt;
-    zt = z_of(sk[nj]);
-    prev = nxt;
+  for (int j = 0; j < keep; ++j) {
+    cum += oe[j];
+    token = oid[j];
+    zt = oz[j];
     if (cum > u) break;
   }
   emit(a, token, zt - zmax - logf(total_all));
@@ -642,7 +512,7 @@ struct TopArgs {
 __global__ void __launch_bounds__(kFinishThreads) top_logprobs_kernel(TopArgs a) {
   __shared__ uint32_t sk[kMaxTopLogprobs];
   __shared__ int sid[kMaxTopLogprobs];
-  const int n = sorted_best_candidates<kMaxTopLogprobs>(a.cand_key, a.cand_id, a.n_blocks * a.cand, a.n_out, sk, sid);
+  const int n = sorted_best_candidates<kMaxTopLogprobs>(a.cand_key, a.cand_id, a.n_blocks, a.cand, a.n_out, sk, sid);
   float zmax, total;
   global_stats(a.stats, a.n_blocks, zmax, total);
   if (static_cast<int>(threadIdx.x) < a.n_out) {
