@@ -174,15 +174,48 @@ __device__ __forceinline__ void rank_survivors(const uint32_t* sk, const int* si
 
 template <int NT, int MAXS>
 struct BestSmem {
-  uint32_t bk[NT];  // the owners' bests (sentinel key 0, id INT_MAX: ranks after every element)
+  uint32_t bk[NT];  // contenders: owners' bests in the top k of their warp
   int bi[NT];
   uint32_t sk[MAXS];  // survivors
   int si[MAXS];
   int grp[NT];        // group_best_sorted: the owner of rank r < k
-  int ns;
+  int nc, ns;
   uint32_t tk;        // the bound T
   int ti;
 };
+
+// Every thread holds one element (key, id; id INT_MAX: none, ranking after every element); returns its rank
+// among the block's elements where that is < k, else k (k <= NT). An element ranked k or later within its
+// warp (by shuffles) cannot be in the top k; the others (at most min(k, 32) per warp) are ranked against each
+// other in shared memory, and no other element ranks before one of the top k. sm.nc must be 0 (after a
+// barrier); ends with a barrier-free read of the list, so callers barrier before reusing it.
+template <int NT, int MAXS>
+__device__ int block_rank_top(BestSmem<NT, MAXS>& sm, uint32_t key, int id, int k) {
+  const int lane = threadIdx.x & 31;
+  int rw = 0;
+#pragma unroll
+  for (int d = 1; d < 32; ++d) {
+    const int src = (lane + d) & 31;
+    rw += ranks_before(__shfl_sync(0xffffffffu, key, src), __shfl_sync(0xffffffffu, id, src), key, id);
+  }
+  const bool cont = id != INT_MAX && rw < k;
+  const unsigned b = __ballot_sync(0xffffffffu, cont);
+  int base = 0;
+  if (lane == 0 && b) base = atomicAdd(&sm.nc, __popc(b));
+  base = __shfl_sync(0xffffffffu, base, 0);
+  if (cont) {
+    const int slot = base + __popc(b & ((1u << lane) - 1u));
+    sm.bk[slot] = key;
+    sm.bi[slot] = id;
+  }
+  __syncthreads();
+  if (!cont) return k;
+  const int m = sm.nc;
+  int r = 0;
+#pragma unroll 4
+  for (int u = 0; u < m; ++u) r += ranks_before(sm.bk[u], sm.bi[u], key, id);
+  return r < k ? r : k;
+}
 
 // The k best of n elements keys[j] (shared memory; ids base + j), thread t owning j = t, t + NT, ...
 // (E = ceil(n / NT) <= EMAX), sorted into out_key / out_id. Needs n > k, k <= NT and k * EMAX <= MAXS (the
@@ -198,18 +231,14 @@ __device__ void owned_best_sorted(BestSmem<NT, MAXS>& sm, const uint32_t* keys, 
     const int j = t + e * NT;
     if (j < n && ranks_before(keys[j], base + j, bk, bi)) bk = keys[j], bi = base + j;
   }
-  sm.bk[t] = bk;
-  sm.bi[t] = bi;
-  if (t == 0) sm.ns = 0;
+  if (t == 0) sm.nc = 0, sm.ns = 0;
   __syncthreads();
-  int r = 0;  // bests ranking before this one (min(n, NT) > k owners hold elements)
-#pragma unroll 8
-  for (int u = 0; u < NT; ++u) r += ranks_before(sm.bk[u], sm.bi[u], bk, bi);
-  if (bi != INT_MAX && r == k - 1) sm.tk = bk, sm.ti = bi;
+  const int r = block_rank_top(sm, bk, bi, k);  // min(n, NT) > k owners hold elements
+  if (r == k - 1) sm.tk = bk, sm.ti = bi;
   __syncthreads();
   const uint32_t tk = sm.tk;
   const int ti = sm.ti;
-  if (bi != INT_MAX && r < k) {
+  if (r < k) {
 #pragma unroll
     for (int e = 0; e < EMAX; ++e) {
       const int j = t + e * NT;
@@ -239,9 +268,7 @@ __device__ int group_best_sorted(BestSmem<NT, MAXS>& sm, const uint32_t* ck, con
   int bi = INT_MAX;
   if (t < n_groups) bk = ck[static_cast<size_t>(t) * G], bi = ci[static_cast<size_t>(t) * G];
   if (bi == INT_MAX) bk = 0u;  // padding
-  sm.bk[t] = bk;
-  sm.bi[t] = bi;
-  if (t == 0) sm.ns = 0;
+  if (t == 0) sm.nc = 0, sm.ns = 0;
   if (__syncthreads_count(bi != INT_MAX) < k) return -1;
   if (k == 1) {  // greedy: the best head, by a block reduction
     uint32_t wk = bk;
@@ -263,10 +290,8 @@ __device__ int group_best_sorted(BestSmem<NT, MAXS>& sm, const uint32_t* ck, con
     __syncthreads();
     return 1;
   }
-  int r = 0;
-#pragma unroll 8
-  for (int u = 0; u < n_groups; ++u) r += ranks_before(sm.bk[u], sm.bi[u], bk, bi);
-  if (bi != INT_MAX && r < k) {
+  const int r = block_rank_top(sm, bk, bi, k);
+  if (r < k) {
     sm.grp[r] = t;
     if (r == k - 1) sm.tk = bk, sm.ti = bi;
   }
