@@ -12,6 +12,7 @@
 #include "kernels/sample_select.cuh"
 #include "kernels/sampling.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace lily::cuda {
@@ -139,6 +140,9 @@ struct FinishArgs {
   const Stats* stats;
   int* counts; uint64_t* rng; int* out_token;  // rng [2]: draw counter, seed
   float* out_logprob;  // null: not wanted
+  int top_n;           // > 0: the top_n best (fast path) into top_ids / top_lps (top_logprobs_kernel's output)
+  int top_valid;       // how many of them exist (min(top_n, n_valid or vocab))
+  int* top_ids; float* top_lps;
   int* advance;        // null, or += 1 after the token is written (the decode step's position)
 };
 
@@ -229,9 +233,17 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
   __shared__ int s_keep;
   __shared__ float s_u;
   const int k = a.p.temperature <= 0.f ? 1 : a.p.top_k;
-  const int n = sorted_best_candidates<kSampleFastTopK>(a.cand_key, a.cand_id, a.n_blocks, a.cand, k, sk, sid);
-  float zmax = 0.f, total_all = 1.f;  // over the whole vocabulary, for the log-probability
-  if (a.out_logprob) global_stats(a, zmax, total_all);
+  // the sampler's k best, and the top_valid best for the top log-probabilities: a prefix of the same order
+  const int nb = sorted_best_candidates<kSampleFastTopK>(a.cand_key, a.cand_id, a.n_blocks, a.cand,
+                                                         max(k, a.top_valid), sk, sid);
+  const int n = min(nb, k);
+  float zmax = 0.f, total_all = 1.f;  // over the whole vocabulary, for the log-probabilities
+  if (a.out_logprob || a.top_n > 0) global_stats(a, zmax, total_all);
+  if (static_cast<int>(threadIdx.x) < a.top_n) {  // as top_logprobs_kernel writes them
+    const bool ok = static_cast<int>(threadIdx.x) < min(nb, a.top_valid);
+    a.top_ids[threadIdx.x] = ok ? sid[threadIdx.x] : -1;
+    a.top_lps[threadIdx.x] = ok ? z_of(sk[threadIdx.x]) - zmax - logf(total_all) : -INFINITY;
+  }
   const float z0 = z_of(sk[0]);
   if (threadIdx.x < n) se[threadIdx.x] = expf(z_of(sk[threadIdx.x]) - z0);  // the values the sums below add
   __syncthreads();
@@ -560,7 +572,8 @@ __global__ void add_logit_bias_kernel(float* logits, int vocab, const int* ids, 
 size_t sampling_scratch_bytes(int vocab) { return detail::layout(vocab).total; }
 
 void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng,
-            int* out_token, void* scratch, cudaStream_t stream, float* out_logprob, int* advance) {
+            int* out_token, void* scratch, cudaStream_t stream, float* out_logprob, int* advance, int top_n,
+            int* top_ids, float* top_lps) {
   LILY_CHECK(vocab > 0 && logits && rng && out_token && scratch, "sample: missing buffer");
   const bool penalties = detail::has_penalties(p);
   LILY_CHECK(counts || !penalties, "sample: presence/frequency/repetition penalties need a counts buffer");
@@ -570,12 +583,19 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   const bool fast = greedy || (p.top_k >= 1 && p.top_k <= kSampleFastTopK);
   // top-p over the whole vocabulary: the prep blocks also keep their kNucleusCand largest keys
   const bool nucleus = !fast && p.top_p < 1.f && (p.top_k <= 0 || p.top_k >= vocab);
+  LILY_CHECK(top_n <= 0 || (top_n <= kMaxTopLogprobs && top_ids && top_lps), "sample: top_n > ", kMaxTopLogprobs,
+             " or its buffers missing");
+  static_assert(kMaxTopLogprobs <= kSampleFastTopK, "the top log-probabilities fit the fast path's candidates");
+  // the other paths keep no candidates: their top log-probabilities by top_logprobs() first (before the counts
+  // update), which shares the scratch
+  if (top_n > 0 && !fast) top_logprobs(logits, vocab, p, counts, top_n, top_ids, top_lps, scratch, stream);
+  const int top_fast = fast ? std::max(top_n, 0) : 0;
   detail::PrepArgs pa{};
   pa.logits = logits;
   pa.counts = penalties ? counts : nullptr;
   pa.vocab = vocab;
   pa.p = p;
-  pa.cand = fast ? (greedy ? 1 : p.top_k) : nucleus ? detail::kNucleusCand : 0;
+  pa.cand = fast ? std::max(greedy ? 1 : p.top_k, top_fast) : nucleus ? detail::kNucleusCand : 0;
   pa.cand_key = reinterpret_cast<uint32_t*>(s + l.cand_key);
   pa.cand_id = reinterpret_cast<int*>(s + l.cand_id);
   pa.z = fast ? nullptr : reinterpret_cast<float*>(s + l.z);
@@ -596,6 +616,10 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   fa.out_token = out_token;
   fa.out_logprob = out_logprob;
   fa.advance = advance;
+  fa.top_n = top_fast;
+  fa.top_valid = std::min(top_fast, p.n_valid > 0 ? p.n_valid : vocab);
+  fa.top_ids = top_ids;
+  fa.top_lps = top_lps;
   if (fast) detail::finish_fast_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
   else detail::finish_full_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
   CUDA_CHECK_LAUNCH();

@@ -52,9 +52,11 @@ size_t sampling_scratch_bytes(int vocab);
 // out_logprob (device, may be null): the token's log-probability under the processed distribution before the
 // truncations, z_token - log(sum_i exp z_i) (the host Sampler's SampleResult::logprob). advance (device, may be
 // null): incremented once the token is written (a decode loop's position, without a kernel of its own).
+// top_n > 0: also top_logprobs()'s output into top_ids / top_logprobs (device, [top_n]), from the sampler's own
+// candidates where its path keeps them (top_k in 1..kSampleFastTopK or greedy), else by top_logprobs() first.
 void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng,
             int* out_token, void* scratch, cudaStream_t stream, float* out_logprob = nullptr,
-            int* advance = nullptr);
+            int* advance = nullptr, int top_n = 0, int* top_ids = nullptr, float* top_logprobs = nullptr);
 
 // counts[tokens[i]] += 1 for i < n (device tokens), e.g. the prompt before the first sampled token.
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream);

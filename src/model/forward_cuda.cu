@@ -579,11 +579,9 @@ class CudaBackend : public Backend {
     int* counts = d.update_counts ? counts_ : nullptr;
     StepDev* step = engine_.step();
     add_logit_bias(engine_.logits(), cfg_.vocab, bias_ids_, bias_vals_, c.n_bias, s);
-    if (c.top_n > 0)  // before sample(): it updates the counts (and it reuses its scratch)
-      top_logprobs(engine_.logits(), cfg_.vocab, d, counts, c.top_n, top_dev_->ids, top_dev_->logprobs,
-                   sample_scratch_, s);
     sample(engine_.logits(), cfg_.vocab, d, counts, rng_, &step->token, sample_scratch_, s,
-           c.logprobs ? &step->logprob : nullptr, &step->pos);
+           c.logprobs ? &step->logprob : nullptr, &step->pos, c.top_n, top_dev_ ? top_dev_->ids : nullptr,
+           top_dev_ ? top_dev_->logprobs : nullptr);
     static_assert(sizeof(StepDev) % 4 == 0 && sizeof(TopDev) % 4 == 0, "copied as 32-bit words");
     auto words = [](auto* p) { return reinterpret_cast<uint32_t*>(p); };
     copy_to_mapped(words(host_step_dev_ + slot), words(step), sizeof(StepDev) / 4,
