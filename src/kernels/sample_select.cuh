@@ -192,11 +192,14 @@ struct BestSmem {
 template <int NT, int MAXS>
 __device__ int block_rank_top(BestSmem<NT, MAXS>& sm, uint32_t key, int id, int k) {
   const int lane = threadIdx.x & 31;
-  int rw = 0;
+  int rw = k;
+  if (__any_sync(0xffffffffu, id != INT_MAX)) {  // (the finish block: 8 of its 32 warps hold the 243 heads)
+    rw = 0;
 #pragma unroll
-  for (int d = 1; d < 32; ++d) {
-    const int src = (lane + d) & 31;
-    rw += ranks_before(__shfl_sync(0xffffffffu, key, src), __shfl_sync(0xffffffffu, id, src), key, id);
+    for (int d = 1; d < 32; ++d) {
+      const int src = (lane + d) & 31;
+      rw += ranks_before(__shfl_sync(0xffffffffu, key, src), __shfl_sync(0xffffffffu, id, src), key, id);
+    }
   }
   const bool cont = id != INT_MAX && rw < k;
   const unsigned b = __ballot_sync(0xffffffffu, cont);
