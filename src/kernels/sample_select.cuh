@@ -7,8 +7,9 @@
 //                       owners' bests is a bound T: k owners hold an element at or before T, so the top k all rank
 //                       at or before T, and only the owners whose best ranks among the first k hold any of them.
 //                       Those owners' elements at or before T (at most k * E) are ranked against each other by
-//                       counting. Two or three barriers; the radix select took 4 passes of ~4 barriers each (the
-//                       single finish block: 8.9 us for greedy over 243 candidates, H200).
+//                       counting; T itself comes from ranking the owners' bests that are among the k best of
+//                       their warp (block_rank_top). A few barriers; the radix select took 4 passes of ~4
+//                       barriers each (the single finish block: 8.9 us for greedy over 243 candidates, H200).
 #pragma once
 #include <climits>
 #include <cstdint>
@@ -26,7 +27,6 @@ __device__ __forceinline__ bool ranks_before(uint32_t k2, int i2, uint32_t k, in
 __device__ __forceinline__ float z_of(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
-
 
 template <int NT>
 __device__ float block_reduce(float v, bool is_max) {

@@ -1,11 +1,14 @@
 // Token sampling on the GPU; the semantics are written out in kernels/sampling.h. Two launches:
 //   prep   (one block per 1024 logits): penalties, padding mask, temperature -> z; per-block max and
-//          sum exp(z - max); on the fast path (top_k <= kSampleFastTopK, greedy = top_k 1) the block's top_k
-//          candidates (radix select in shared memory); on the full path z is written to scratch.
-//   finish (one block): global top_k from the candidates (fast) or exact top-k / top-p / min-p cuts over the
-//          whole vocabulary by radix select on the order-preserving keys of z (full), then the draw. Top-p
-//          without top-k takes its cut from 32 candidates per prep block when that is provably the exact one
-//          (a peaked distribution: ~50 us on the H200), else selects over all of z (~0.9 ms).
+//          sum exp(z - max); on the fast path (top_k <= kSampleFastTopK, greedy = top_k 1; with top_logprobs
+//          max(top_k, n)) the block's best candidates, sorted (owned_best_sorted, kernels/sample_select.cuh);
+//          on the full path z is written to scratch.
+//   finish (one block): global top_k from the sorted candidates (group_best_sorted: bounded by the blocks'
+//          bests; the radix select as the fallback) and the top log-probabilities from the same list (fast),
+//          or exact top-k / top-p / min-p cuts over the whole vocabulary by radix select on the
+//          order-preserving keys of z (full), then the draw. Top-p without top-k takes its cut from 32
+//          candidates per prep block when that is provably the exact one (a peaked distribution: ~45 us on the
+//          H200), else selects over all of z (~0.9 ms).
 // Keys: order-preserving uint32 of the float z; among equal keys the lower id comes first.
 // Tested by tests/gpu/test_sampling.cu.
 #include "kernels/common.cuh"
