@@ -42,10 +42,6 @@ inline constexpr int kFinishThreads = 1024;
 inline constexpr int kNucleusCand = 32;  // candidates per prep block for top-p without top-k (<= kSampleFastTopK)
 inline constexpr int kNucleusList = 256;  // the best candidates sorted to find the top-p cut among them
 
-__host__ __device__ inline bool has_penalties(const SamplingParams& p) {
-  return p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
-}
-
 // Stage: penalties, mask, temperature for one logit.
 __device__ __forceinline__ float process_logit(const float* logits, const int* counts, const SamplingParams& p,
                                                int i) {
@@ -163,8 +159,9 @@ __device__ void global_stats(const FinishArgs& a, float& zmax, float& total) {
   global_stats(a.stats, a.n_blocks, zmax, total);
 }
 
-// The k best of nc candidates (key desc, id asc; ties at the cut to the lowest ids), sorted into sk / sid
-// (shared, >= k entries); returns how many (< k only when nc < k). Every thread calls; ends with a barrier.
+// The k best of the prep blocks' candidates (n_blocks groups of `cand`, each sorted; key desc, id asc; ties at
+// the cut to the lowest ids), sorted into sk / sid (shared, >= k entries); returns how many (< k only when the
+// candidates are fewer). Every thread calls; ends with a barrier.
 template <int KMAX>
 __device__ int sorted_best_candidates(const uint32_t* cand_key, const int* cand_id, int n_blocks, int cand, int k,
                                       uint32_t* sk, int* sid) {
@@ -173,7 +170,7 @@ __device__ int sorted_best_candidates(const uint32_t* cand_key, const int* cand_
     const int n = group_best_sorted<kFinishThreads>(bsm, cand_key, cand_id, n_blocks, cand, k, sk, sid);
     if (n >= 0) return n;
   }
-  const int nc = n_blocks * cand;
+  const int nc = n_blocks * cand;  // the fallback: a radix select over all of them
   __shared__ uint32_t lk[KMAX];
   __shared__ int lid[KMAX];
   __shared__ int n_list;
@@ -217,6 +214,16 @@ __device__ int sorted_best_candidates(const uint32_t* cand_key, const int* cand_
   return n;
 }
 
+// The top log-probabilities from a sorted list of n: entries [0, n_out), those past n as id -1 / -inf (the host
+// Sampler's SampleResult::top after its filter).
+__device__ void write_top(const uint32_t* sk, const int* sid, int n, int n_out, float zmax, float total, int* ids,
+                          float* lps) {
+  const int t = static_cast<int>(threadIdx.x);
+  if (t >= n_out) return;
+  ids[t] = t < n ? sid[t] : -1;
+  lps[t] = t < n ? z_of(sk[t]) - zmax - logf(total) : -INFINITY;
+}
+
 // logprob: z[token] - log(sum exp z) (the host Sampler's, before top-k / top-p / min-p), stored if wanted.
 __device__ void emit(const FinishArgs& a, int token, float logprob) {
   *a.out_token = token;
@@ -242,11 +249,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
   const int n = min(nb, k);
   float zmax = 0.f, total_all = 1.f;  // over the whole vocabulary, for the log-probabilities
   if (a.out_logprob || a.top_n > 0) global_stats(a, zmax, total_all);
-  if (static_cast<int>(threadIdx.x) < a.top_n) {  // as top_logprobs_kernel writes them
-    const bool ok = static_cast<int>(threadIdx.x) < min(nb, a.top_valid);
-    a.top_ids[threadIdx.x] = ok ? sid[threadIdx.x] : -1;
-    a.top_lps[threadIdx.x] = ok ? z_of(sk[threadIdx.x]) - zmax - logf(total_all) : -INFINITY;
-  }
+  write_top(sk, sid, min(nb, a.top_valid), a.top_n, zmax, total_all, a.top_ids, a.top_lps);
   const float z0 = z_of(sk[0]);
   if (threadIdx.x < n) se[threadIdx.x] = expf(z_of(sk[threadIdx.x]) - z0);  // the values the sums below add
   __syncthreads();
@@ -530,11 +533,7 @@ __global__ void __launch_bounds__(kFinishThreads) top_logprobs_kernel(TopArgs a)
   const int n = sorted_best_candidates<kMaxTopLogprobs>(a.cand_key, a.cand_id, a.n_blocks, a.cand, a.n_out, sk, sid);
   float zmax, total;
   global_stats(a.stats, a.n_blocks, zmax, total);
-  if (static_cast<int>(threadIdx.x) < a.n_out) {
-    const bool ok = static_cast<int>(threadIdx.x) < n;
-    a.out_ids[threadIdx.x] = ok ? sid[threadIdx.x] : -1;
-    a.out_logprobs[threadIdx.x] = ok ? z_of(sk[threadIdx.x]) - zmax - logf(total) : -INFINITY;
-  }
+  write_top(sk, sid, n, a.n_out, zmax, total, a.out_ids, a.out_logprobs);
 }
 
 struct ScratchLayout {
@@ -574,14 +573,33 @@ __global__ void add_logit_bias_kernel(float* logits, int vocab, const int* ids, 
 
 size_t sampling_scratch_bytes(int vocab) { return detail::layout(vocab).total; }
 
+namespace detail {
+// The prep launch's arguments over the scratch layout l (shared by sample() and top_logprobs()): counts only
+// where a penalty reads them, z kept only for the full path.
+PrepArgs prep_args(const float* logits, int vocab, const SamplingParams& p, const int* counts, char* scratch,
+                   const ScratchLayout& l, int cand, bool keep_z) {
+  LILY_CHECK(counts || !has_penalties(p), "sampling: presence/frequency/repetition penalties need a counts buffer");
+  PrepArgs pa{};
+  pa.logits = logits;
+  pa.counts = has_penalties(p) ? counts : nullptr;
+  pa.vocab = vocab;
+  pa.p = p;
+  pa.cand = cand;
+  pa.cand_key = reinterpret_cast<uint32_t*>(scratch + l.cand_key);
+  pa.cand_id = reinterpret_cast<int*>(scratch + l.cand_id);
+  pa.z = keep_z ? reinterpret_cast<float*>(scratch + l.z) : nullptr;
+  pa.stats = reinterpret_cast<Stats*>(scratch + l.stats);
+  return pa;
+}
+// How many of n top log-probabilities exist (the mask leaves n_valid ids).
+int top_valid(int n, const SamplingParams& p, int vocab) { return std::min(n, p.n_valid > 0 ? p.n_valid : vocab); }
+}  // namespace detail
+
 void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng,
             int* out_token, void* scratch, cudaStream_t stream, float* out_logprob, int* advance, int top_n,
             int* top_ids, float* top_lps) {
   LILY_CHECK(vocab > 0 && logits && rng && out_token && scratch, "sample: missing buffer");
-  const bool penalties = detail::has_penalties(p);
-  LILY_CHECK(counts || !penalties, "sample: presence/frequency/repetition penalties need a counts buffer");
   const detail::ScratchLayout l = detail::layout(vocab);
-  char* s = static_cast<char*>(scratch);
   const bool greedy = p.temperature <= 0.f;
   const bool fast = greedy || (p.top_k >= 1 && p.top_k <= kSampleFastTopK);
   // top-p over the whole vocabulary: the prep blocks also keep their kNucleusCand largest keys
@@ -593,16 +611,8 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   // update), which shares the scratch
   if (top_n > 0 && !fast) top_logprobs(logits, vocab, p, counts, top_n, top_ids, top_lps, scratch, stream);
   const int top_fast = fast ? std::max(top_n, 0) : 0;
-  detail::PrepArgs pa{};
-  pa.logits = logits;
-  pa.counts = penalties ? counts : nullptr;
-  pa.vocab = vocab;
-  pa.p = p;
-  pa.cand = fast ? std::max(greedy ? 1 : p.top_k, top_fast) : nucleus ? detail::kNucleusCand : 0;
-  pa.cand_key = reinterpret_cast<uint32_t*>(s + l.cand_key);
-  pa.cand_id = reinterpret_cast<int*>(s + l.cand_id);
-  pa.z = fast ? nullptr : reinterpret_cast<float*>(s + l.z);
-  pa.stats = reinterpret_cast<detail::Stats*>(s + l.stats);
+  const int cand = fast ? std::max(greedy ? 1 : p.top_k, top_fast) : nucleus ? detail::kNucleusCand : 0;
+  const detail::PrepArgs pa = detail::prep_args(logits, vocab, p, counts, static_cast<char*>(scratch), l, cand, !fast);
   detail::prep_kernel<<<l.n_blocks, detail::kPrepThreads, 0, stream>>>(pa);
   CUDA_CHECK_LAUNCH();
   detail::FinishArgs fa{};
@@ -620,7 +630,7 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   fa.out_logprob = out_logprob;
   fa.advance = advance;
   fa.top_n = top_fast;
-  fa.top_valid = std::min(top_fast, p.n_valid > 0 ? p.n_valid : vocab);
+  fa.top_valid = detail::top_valid(top_fast, p, vocab);
   fa.top_ids = top_ids;
   fa.top_lps = top_lps;
   if (fast) detail::finish_fast_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
@@ -638,27 +648,16 @@ void top_logprobs(const float* logits, int vocab, const SamplingParams& p, const
                   float* out_logprobs, void* scratch, cudaStream_t stream) {
   LILY_CHECK(n >= 1 && n <= kMaxTopLogprobs && logits && out_ids && out_logprobs && scratch,
              "top_logprobs: n must be in [1, ", kMaxTopLogprobs, "] and every buffer given");
-  const bool penalties = detail::has_penalties(p);
-  LILY_CHECK(counts || !penalties, "top_logprobs: penalties need a counts buffer");
   static_assert(kMaxTopLogprobs <= kSampleFastTopK, "the candidates of top_logprobs fit sample()'s scratch");
   const detail::ScratchLayout l = detail::layout(vocab);  // sample()'s: its stats and candidates
   const int nb = l.n_blocks;
-  char* s = static_cast<char*>(scratch);
-  detail::PrepArgs pa{};
-  pa.logits = logits;
-  pa.counts = penalties ? counts : nullptr;
-  pa.vocab = vocab;
-  pa.p = p;
-  pa.cand = n;
-  pa.stats = reinterpret_cast<detail::Stats*>(s + l.stats);
-  pa.cand_key = reinterpret_cast<uint32_t*>(s + l.cand_key);
-  pa.cand_id = reinterpret_cast<int*>(s + l.cand_id);
+  const detail::PrepArgs pa = detail::prep_args(logits, vocab, p, counts, static_cast<char*>(scratch), l, n, false);
   detail::prep_kernel<<<nb, detail::kPrepThreads, 0, stream>>>(pa);
   CUDA_CHECK_LAUNCH();
   detail::TopArgs ta{};
   ta.n_blocks = nb;
   ta.cand = n;
-  ta.n_out = std::min(n, p.n_valid > 0 ? p.n_valid : vocab);
+  ta.n_out = detail::top_valid(n, p, vocab);
   ta.cand_key = pa.cand_key;
   ta.cand_id = pa.cand_id;
   ta.stats = pa.stats;

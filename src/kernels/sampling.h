@@ -41,7 +41,12 @@ struct SamplingParams {
   float repetition = 1.0f;    // HF repetition_penalty (1: off)
   int n_valid = 0;            // ids >= n_valid are masked (kVocabReal for the real model); 0: no mask
   bool update_counts = true;  // counts[token] += 1 after sampling
+  bool operator==(const SamplingParams&) const = default;
 };
+// A presence, frequency or repetition penalty is set (sample() then needs the counts).
+__host__ __device__ inline bool has_penalties(const SamplingParams& p) {
+  return p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
+}
 
 // Device scratch for a vocabulary of V; sampling_scratch_bytes(V) bytes, any alignment >= 256.
 size_t sampling_scratch_bytes(int vocab);

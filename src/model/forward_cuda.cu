@@ -451,7 +451,7 @@ class CudaBackend : public Backend {
     d.frequency = p.frequency_penalty;
     d.repetition = p.repetition_penalty;
     d.n_valid = p.n_valid > 0 && p.n_valid < V ? p.n_valid : 0;
-    d.update_counts = d.repetition != 1.0f || d.presence != 0.0f || d.frequency != 0.0f;
+    d.update_counts = has_penalties(d);
     c.logprobs = logprobs;
     c.top_n = p.top_logprobs;
     const uint64_t rng[2] = {0, p.seed};  // draw counter, seed: in device memory, so the graph serves every seed
@@ -610,13 +610,7 @@ class CudaBackend : public Backend {
     bool logprobs = false;                // the sampled id's log-probability
     int top_n = 0;                        // top_logprobs
     int n_bias = 0;                       // logit_bias pairs
-    bool operator==(const SampleConfig& o) const {
-      const SamplingParams &a = params, &b = o.params;
-      return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
-             a.presence == b.presence && a.frequency == b.frequency && a.repetition == b.repetition &&
-             a.n_valid == b.n_valid && a.update_counts == b.update_counts &&
-             logprobs == o.logprobs && top_n == o.top_n && n_bias == o.n_bias;
-    }
+    bool operator==(const SampleConfig&) const = default;
   };
   struct TopDev {                         // top_logprobs' output
     int ids[kMaxTopLogprobs];
