@@ -623,9 +623,13 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
   const int len = *pos_ptr + 1;
   const int n_active = active_splits((len + kStep - 1) / kStep, splits);
   const int stride = D + 2;
+  // Every load of the kernel is issued here, in one L2 round trip: the gate (written two launches earlier), this
+  // block's partial values and warp 0's split maxima and sums (each read once; a second pass over them and the
+  // gate read at the end cost two more round trips).
   // note: __ldcg reads through L2 only (the partials were written by the previous kernel on other SMs)
+  const float gate = warp == 0 && dim < D ? __ldcg(qg + (size_t)h * 2 * D + D + dim) : 0.f;
   const float* base = scratch.partial + ((size_t)g * scratch.max_splits * group + hh) * stride;
-  constexpr int kPer = kMaxSplits / kCombWarps;
+  constexpr int kPer = kMaxSplits / kCombWarps, kPerLane = kMaxSplits / 32;
   float v[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
@@ -633,15 +637,27 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
     v[i] = sp < n_active && dim < D ? __ldcg(base + (size_t)sp * group * stride + dim) : 0.f;
   }
   if (warp == 0) {
+    float m[kPerLane], l[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int sp = lane + 32 * j;
+      const float* p = base + (size_t)sp * group * stride;
+      m[j] = sp < n_active ? __ldcg(p + D) : -FLT_MAX;
+      l[j] = sp < n_active ? __ldcg(p + D + 1) : 0.f;
+    }
     float mx = -FLT_MAX;
-    for (int sp = lane; sp < n_active; sp += 32) mx = fmaxf(mx, __ldcg(base + (size_t)sp * group * stride + D));
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) mx = fmaxf(mx, m[j]);
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float den = 0.f;
-    for (int sp = lane; sp < n_active; sp += 32) {
-      const float* p = base + (size_t)sp * group * stride;
-      const float wt = exp2f(__ldcg(p + D) - mx);
-      w_sh[sp] = wt;
-      den = fmaf(wt, __ldcg(p + D + 1), den);
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int sp = lane + 32 * j;
+      if (sp < n_active) {
+        const float wt = exp2f(m[j] - mx);
+        w_sh[sp] = wt;
+        den = fmaf(wt, l[j], den);
+      }
     }
     for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
     if (lane == 0) inv_den = 1.f / den;
@@ -659,7 +675,6 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
     float total = 0.f;
 #pragma unroll
     for (int w = 0; w < kCombWarps; ++w) total += num_sh[w][lane];
-    const float gate = qg[(size_t)h * 2 * D + D + dim];
     out[(size_t)h * D + dim] = total * inv_den / (1.f + __expf(-gate));
   }
 }

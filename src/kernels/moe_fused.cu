@@ -105,10 +105,19 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
     __shared__ __align__(16) StreamX<kP> xp;
     uint4 pv[1][kP / 1024];
     uint32_t psv[1][kP / 1024];
+    // px before the weight row: an SM receives its data in the order it requested it, so px requested behind the
+    // rows (36 KB per SM) arrived only after them (bench_stream's phase probes: a read behind an SM's own 108 KB
+    // took 2.6 us, one from an SM without loads 0.7)
+    constexpr int J = kP / 4 / kThreads;
+    float4 pxr[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) pxr[j] = x4_at(a.px, threadIdx.x + j * kThreads);
     if (g < kH)
       stream_load_row<kP>(a.pw + static_cast<size_t>(g) * (kP / 2), a.psb + static_cast<size_t>(g) * (kP / kGroupSize),
                           pv[0], psv[0]);
-    stream_stage_x<kP, kThreads>(a.px, xp);
+#pragma unroll
+    for (int j = 0; j < J; ++j) stream_put_x4(xp, threadIdx.x + j * kThreads, pxr[j]);
+    __syncthreads();
     gs = grid_sync_begin(a.barrier);
     if (g < kH) {
       float acc[1];

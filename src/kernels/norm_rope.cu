@@ -43,9 +43,19 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ h, const float* __restric
   for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = h[i] * r * w[i];
 }
 
+// The rotation frequency of element i < rope_dim: inv_freq = theta^(-2f/rope_dim), f = i % (rope_dim / 2),
+// computed in double and rounded to fp32 (the angles are fp32). Independent of the step's data: the kernel
+// computes it before waiting for the previous launch (a double pow is a long dependent chain).
+__device__ float rope_inv_freq(int i, int rope_dim, float theta) {
+  if (i >= rope_dim) return 0.f;
+  const int f = i % (rope_dim / 2);
+  return (float)pow((double)theta, -2.0 * f / rope_dim);
+}
+
 // x [d] in registers of one block (one element per thread, d = blockDim.x): RMSNorm with weight w, then
-// rotate-half RoPE on the first rope_dim elements. Returns this thread's element.
-__device__ float norm_rope(float x, const float* __restrict__ w, int pos, int rope_dim, float theta, float eps,
+// rotate-half RoPE on the first rope_dim elements (inv_freq: rope_inv_freq of this thread's element). Returns
+// this thread's element.
+__device__ float norm_rope(float x, const float* __restrict__ w, int pos, int rope_dim, float inv_freq, float eps,
                            float* red, float* buf) {
   const int i = threadIdx.x, d = blockDim.x;
   const float r = rsqrtf(block_sum(x * x, red) / d + eps);
@@ -55,8 +65,6 @@ __device__ float norm_rope(float x, const float* __restrict__ w, int pos, int ro
   if (i >= rope_dim) return y;
   const int half = rope_dim / 2;
   const int f = i % half;
-  // note: fp32 angles; inv_freq = theta^(-2f/rope_dim) computed in double once per element.
-  const float inv_freq = (float)pow((double)theta, -2.0 * f / rope_dim);
   float sn, cs;
   sincosf((float)pos * inv_freq, &sn, &cs);
   const float x1 = buf[f], x2 = buf[f + half];
@@ -72,17 +80,18 @@ __global__ void qk_norm_rope_append_kernel(const float* __restrict__ qg, const f
   extern __shared__ float buf[];  // [head_dim]
   __shared__ float red[32];
   const int d = blockDim.x, i = threadIdx.x;
+  const float inv_freq = rope_inv_freq(i, rope_dim, theta);
   dep_trigger();
   dep_wait();
   const int pos = *pos_ptr;
   if ((int)blockIdx.x < n_heads) {
     const int h = blockIdx.x;
-    const float y = norm_rope(qg[(size_t)h * 2 * d + i], q_norm, pos, rope_dim, theta, eps, red, buf);
+    const float y = norm_rope(qg[(size_t)h * 2 * d + i], q_norm, pos, rope_dim, inv_freq, eps, red, buf);
     q_out[(size_t)h * d + i] = y;
     return;
   }
   const int g = blockIdx.x - n_heads;
-  const float y = norm_rope(k[(size_t)g * d + i], k_norm, pos, rope_dim, theta, eps, red, buf);
+  const float y = norm_rope(k[(size_t)g * d + i], k_norm, pos, rope_dim, inv_freq, eps, red, buf);
   uint16_t* page = kv.pages[pos / kv.page_tokens];
   const int t = pos % kv.page_tokens;
   const size_t k_off = ((size_t)g * kv.page_tokens + t) * d + i;
