@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <functional>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "graph_time.cuh"
@@ -211,6 +212,249 @@ void slab_cases(cudaStream_t s, int sms, const uint8_t* buf, float* out) {
   report("bulk copy x4", time_graph(s, [&](int i) { slab_bulk<S, 4><<<sms, kThreads, smem, s>>>(buf + i * per, out); }));
 }
 
+
+// Phase probes with in-kernel stamps (%globaltimer): one launch at a time after a synchronisation, so the HBM
+// is idle at the start, as after a grid barrier. Every block stamps its entry and its end; a launch's time is
+// the latest end after the earliest entry. The critical read (modes 6, 7): thread 0 reads one word of a buffer
+// a previous kernel wrote (an L2 hit, like h after the previous launch) and stamps when it has arrived.
+//   0 slab: 108,288 B per SM, each block its own contiguous slab (slab_regs)
+//   1 in_proj rows (12,352 rows of K = 2048, warp g = warp * grid + block owns rows [6g, 6g + 6)), loads only
+//   2 as 1 without the scale|bias words
+//   3 as 1 with x staged after the loads are issued and the integer dot products (gdn_fused.cu's phase 1)
+//   4 as 3 with the rows block-contiguous (warp g = block * 16 + warp)
+//   5 as 3 with x staged before the loads are issued
+//   6 as 3, thread 0's critical read issued right after its loads
+//   7 even blocks stream their slab (half the bytes in all), odd blocks only make the critical read ~300 ns
+//     after their entry
+//   8 as 3 with chunk 0 of the rows requested, x staged, then chunk 1 (gdn_fused.cu's order)
+constexpr int kProbeRows = 12352, kProbeR = 6, kProbeK = 2048, kProbeSlab = 108288;
+template <int MODE>
+__global__ void __launch_bounds__(kThreads, 1) phase_probe(const uint8_t* w, const uint32_t* sb, const float* x,
+                                                           float* y, const unsigned* crit,
+                                                           unsigned long long* st, int d_ns) {
+  constexpr int K = kProbeK, R = kProbeR;
+  __shared__ __align__(16) StreamX<K> xs;
+  auto now = [] {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  };
+  const unsigned long long t0 = now();
+  unsigned long long tc0 = 0, tc1 = 0;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  uint32_t t = 0;
+  if constexpr (MODE == 0 || MODE == 7) {
+    constexpr int kPer = (kProbeSlab / 16 + kThreads - 1) / kThreads;
+    if (MODE == 0 || blockIdx.x % 2 == 0) {
+      const uint8_t* p = w + static_cast<size_t>(blockIdx.x) * kProbeSlab;
+      uint4 v[kPer];
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        const int c = threadIdx.x + u * kThreads;
+        v[u] = c < kProbeSlab / 16 ? ld_stream(p + 16 * c) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) t ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    } else if (threadIdx.x == 0) {
+      while (now() - t0 < 300) {
+      }
+      tc0 = now();
+      const unsigned c = __ldcg(crit + blockIdx.x);
+      if (c == 0xdeadbeefu) y[1] = 0.f;  // the stamp below waits for c
+      tc1 = now();
+      t ^= c;
+    }
+  } else {
+    const int g = MODE == 4 ? blockIdx.x * (kThreads / 32) + warp : warp * gridDim.x + blockIdx.x;
+    const uint8_t* wr[R];
+    const uint32_t* sr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int row = min(g * R + r, kProbeRows - 1);
+      wr[r] = w + static_cast<size_t>(row) * (K / 2);
+      sr[r] = sb + static_cast<size_t>(row) * (K / 64);
+    }
+    uint4 wv[R][K / 1024];
+    uint32_t sv[R][K / 1024];
+    if constexpr (MODE == 2) {
+#pragma unroll
+      for (int c = 0; c < K / 1024; ++c)
+#pragma unroll
+        for (int r = 0; r < R; ++r) wv[r][c] = ld_stream(wr[r] + (lane + 32 * c) * 16), sv[r][c] = 0;
+    } else if constexpr (MODE == 5) {
+      stream_stage_x<K, kThreads>(x, xs);
+      stream_load_rows<K, R>(wr, sr, wv, sv);
+    } else if constexpr (MODE == 9) {
+      stream_load_rows<K, R, 0, 1>(wr, sr, wv, sv);
+      while (now() - t0 < static_cast<unsigned long long>(d_ns)) {
+      }
+      stream_load_rows<K, R, 1, 2>(wr, sr, wv, sv);
+    } else if constexpr (MODE == 10) {  // two rows at a time, two pairs in flight
+      stream_stage_x<K, kThreads>(x, xs);
+      uint4 pw[3][2][K / 1024];
+      uint32_t ps[3][2][K / 1024];
+      auto issue = [&](int p) {
+        const uint8_t* w2[2] = {wr[2 * p], wr[2 * p + 1]};
+        const uint32_t* s2[2] = {sr[2 * p], sr[2 * p + 1]};
+        stream_load_rows<K, 2>(w2, s2, pw[p], ps[p]);
+      };
+      issue(0);
+      issue(1);
+#pragma unroll
+      for (int p = 0; p < 3; ++p) {
+        if (p + 2 < 3) issue(p + 2);
+        float acc[2];
+        stream_dots<K, 2>(xs, pw[p], ps[p], acc);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float v = group_sum<32>(acc[r]);
+          if (lane == 0 && g * R + 2 * p + r < kProbeRows) y[g * R + 2 * p + r] = v;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[r][0] = wv[r][1] = make_uint4(0, 0, 0, 0), sv[r][0] = sv[r][1] = 0;
+    } else if constexpr (MODE == 8) {
+      stream_load_rows<K, R, 0, 1>(wr, sr, wv, sv);
+      stream_stage_x<K, kThreads>(x, xs);
+      stream_load_rows<K, R, 1, 2>(wr, sr, wv, sv);
+    } else {
+      stream_load_rows<K, R>(wr, sr, wv, sv);
+    }
+    if (MODE == 6 && threadIdx.x == 0) {
+      tc0 = now();
+      const unsigned c = __ldcg(crit + blockIdx.x);
+      if (c == 0xdeadbeefu) y[1] = 0.f;  // the stamp below waits for c
+      tc1 = now();
+      t ^= c;
+    }
+    if constexpr (MODE == 1 || MODE == 2 || MODE == 9) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) t ^= wv[r][0].x ^ wv[r][0].w ^ wv[r][1].y ^ wv[r][1].z ^ sv[r][0] ^ sv[r][1];
+    } else if constexpr (MODE != 10) {
+      if constexpr (MODE != 5 && MODE != 8) stream_stage_x<K, kThreads>(x, xs);
+      float acc[R];
+      stream_dots<K, R>(xs, wv, sv, acc);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float v = group_sum<32>(acc[r]);
+        if (lane == 0 && g * R + r < kProbeRows) y[g * R + r] = v;
+      }
+    }
+  }
+  if (t == 0x12345678u) y[0] = 1.f;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long* s = st + blockIdx.x * 4;
+    s[0] = t0, s[1] = now(), s[2] = tc0, s[3] = tc1;
+  }
+}
+
+__global__ void write_words(unsigned* p, int n, unsigned v) {
+  for (int i = threadIdx.x + blockIdx.x * blockDim.x; i < n; i += blockDim.x * gridDim.x) p[i] = v + i;
+}
+
+void phase_probes(cudaStream_t s, int sms, const uint8_t* buf, size_t buf_bytes, const uint8_t* far,
+                  size_t far_bytes) {
+  const size_t wb = static_cast<size_t>(kProbeRows) * (kProbeK / 2), per = wb + kProbeRows * (kProbeK / 64) * 4;
+  float *x, *y;
+  unsigned* crit;
+  unsigned long long* st;
+  CUDA_CHECK(cudaMalloc(&x, kProbeK * 4));
+  CUDA_CHECK(cudaMalloc(&y, kProbeRows * 4));
+  CUDA_CHECK(cudaMalloc(&crit, 4096 * 4));
+  CUDA_CHECK(cudaMalloc(&st, static_cast<size_t>(sms) * 4 * 8));
+  std::vector<float> hx(kProbeK);
+  for (int i = 0; i < kProbeK; ++i) hx[i] = 0.01f * static_cast<float>((i * 37) % 101 - 50);
+  CUDA_CHECK(cudaMemcpy(x, hx.data(), kProbeK * 4, cudaMemcpyHostToDevice));
+  const char* names[] = {"slab (contiguous per SM)", "rows, loads only", "rows, loads only, no scales",
+                         "rows + dots", "rows block-contiguous + dots", "rows + dots, x staged first",
+                         "rows + dots + critical read", "half slab + others' critical read",
+                         "rows + dots, chunk 0 / x / chunk 1", "rows, chunk 0, spin, chunk 1",
+                         "rows + dots, 2 rows at a time"};
+  int d_ns = 0;
+  auto launch = [&](int mode, const uint8_t* base) {
+    const uint32_t* sbp = reinterpret_cast<const uint32_t*>(base + wb);
+#define PROBE(M) phase_probe<M><<<sms, kThreads, 0, s>>>(base, sbp, x, y, crit, st, d_ns)
+    switch (mode) {
+      case 9: PROBE(9); break;
+      case 10: PROBE(10); break;
+      case 0: PROBE(0); break;
+      case 1: PROBE(1); break;
+      case 2: PROBE(2); break;
+      case 3: PROBE(3); break;
+      case 4: PROBE(4); break;
+      case 5: PROBE(5); break;
+      case 6: PROBE(6); break;
+      case 7: PROBE(7); break;
+      default: PROBE(8); break;
+    }
+#undef PROBE
+    CUDA_CHECK(cudaGetLastError());
+  };
+  const int reps = 31;
+  const size_t slots = buf_bytes / per;
+  std::vector<unsigned long long> h(static_cast<size_t>(sms) * 4);
+  std::printf("  phase probes (one launch at a time, HBM idle at entry; us after the earliest block's entry, "
+              "medians of %d launches):\n", reps);
+  // runs: every mode over the 1.7 GB buffer; then modes 0, 3, 8 at random places of a 24 GB one (TLB reach);
+  // then mode 9 with spins of 250 .. 1500 ns
+  struct Run {
+    int mode, d;
+    bool far;
+  };
+  std::vector<Run> runs;
+  for (int m = 0; m <= 10; ++m) runs.push_back({m, 0, false});
+  for (int m : {0, 3, 8}) runs.push_back({m, 0, true});
+  for (int d : {250, 500, 1000, 1500}) runs.push_back({9, d, false});
+  unsigned rng = 12345;
+  for (const Run& run : runs) {
+    const int mode = run.mode;
+    d_ns = run.d;
+    std::vector<double> span, med_end, first_end, crit_lat;
+    for (int r = 0; r < reps + 2; ++r) {
+      write_words<<<4, 256, 0, s>>>(crit, 4096, r);
+      rng = rng * 1664525u + 1013904223u;
+      const uint8_t* base = run.far ? far + (static_cast<size_t>(rng >> 8) % (far_bytes / per - 1)) * per
+                                    : buf + (static_cast<size_t>(r + mode * reps) % slots) * per;
+      launch(mode, base);
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      CUDA_CHECK(cudaMemcpy(h.data(), st, h.size() * 8, cudaMemcpyDeviceToHost));
+      if (r < 2) continue;  // warm-up
+      unsigned long long e0 = ~0ull;
+      std::vector<double> ends, lat;
+      for (int b = 0; b < sms; ++b) e0 = std::min(e0, h[b * 4]);
+      for (int b = 0; b < sms; ++b) {
+        ends.push_back(static_cast<double>(h[b * 4 + 1] - e0) / 1e3);
+        if (h[b * 4 + 3] > h[b * 4 + 2]) lat.push_back(static_cast<double>(h[b * 4 + 3] - h[b * 4 + 2]) / 1e3);
+      }
+      std::sort(ends.begin(), ends.end());
+      span.push_back(ends.back());
+      med_end.push_back(ends[ends.size() / 2]);
+      first_end.push_back(ends.front());
+      if (!lat.empty()) {
+        std::sort(lat.begin(), lat.end());
+        crit_lat.push_back(lat[lat.size() / 2]);
+      }
+    }
+    auto med = [](std::vector<double> v) {
+      if (v.empty()) return 0.0;
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double bytes = mode == 0 ? static_cast<double>(kProbeSlab) * sms
+                         : mode == 7 ? static_cast<double>(kProbeSlab) * ((sms + 1) / 2)
+                         : mode == 2 ? static_cast<double>(wb) : static_cast<double>(per);
+    (void)0;
+    std::printf("    %-36s%s%5d ns end first/median/last %5.2f / %5.2f / %5.2f us  %5.0f GB/s", names[mode], run.far ? " far" : "    ", run.d, med(first_end),
+                med(med_end), med(span), bytes / med(span) / 1e3);
+    if (!crit_lat.empty()) std::printf("  critical read %.2f us", med(crit_lat));
+    std::printf("\n");
+  }
+  CUDA_CHECK(cudaFree(x));
+  CUDA_CHECK(cudaFree(y));
+  CUDA_CHECK(cudaFree(crit));
+  CUDA_CHECK(cudaFree(st));
+}
 }  // namespace
 
 int main() {
@@ -227,6 +471,15 @@ int main() {
   CUDA_CHECK(cudaMalloc(&buf, buf_bytes));
   CUDA_CHECK(cudaMemset(buf, 0x5a, buf_bytes));
   std::printf("%d SMs, %d threads per block, graph of %d launches\n", sms, kThreads, kLaunches);
+  {
+    const size_t far_bytes = 24ull << 30;
+    uint8_t* far = nullptr;
+    CUDA_CHECK(cudaMalloc(&far, far_bytes));
+    CUDA_CHECK(cudaMemset(far, 0x5a, far_bytes));
+    phase_probes(s, sms, buf, buf_bytes, far, far_bytes);
+    CUDA_CHECK(cudaFree(far));
+  }
+  if (std::getenv("PROBES_ONLY")) return 0;
   auto coop = [&](int barriers) {
     return time_graph(s, [&](int) {
       launch_ex(empty_kernel, dim3(sms), dim3(kThreads), 0, s, LaunchOpts{false, 1, true}, bar, barriers, out);
