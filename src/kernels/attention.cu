@@ -47,15 +47,13 @@ constexpr int kCombWarps = kCombThreads / 32;
 constexpr int kCombDims = 32;     // output dims per combine block (one per lane)
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Steps of the token range and how many split blocks get some: ceil(n_steps / kWarps) splits, so each gets up
-// to kWarps steps (64 tokens) and at least half that once n_steps >= kWarps: a short context uses few splits
-// and the combine reads little. Beyond that, half the splits (one block per two SMs) until each would get 64
-// steps (512 tokens): fewer, longer splits measured faster up to ~32K tokens (H200, the whole step at 4K: 66
-// splits 1260.9 us per token, 48 1259.4, 32 1256.7, 24 1266.1; 16K: 66 1322.7, 32 1319.1), while the 128K
-// stream needs every SM (66 splits 1846.2, 32 1910.7).
+// Steps of the token range and how many split blocks get some: ceil(n_steps / kWarps), so each gets up to kWarps
+// steps (64 tokens) and at least half that once n_steps >= kWarps: a short context uses few splits and the combine
+// reads little; from ~4K tokens on every split block. (Half of them until each would get 512 tokens measured
+// faster while the combine made three L2 round trips: H200, 4K 1262.4 -> 1257.7 us per token; with one round trip
+// it is even at 4K and slower at 16K: 64 splits 1305.9, 33 splits 1312.4.)
 __device__ __forceinline__ int active_splits(int n_steps, int splits) {
-  const int wide = max(splits / 2, (n_steps + 8 * kWarps - 1) / (8 * kWarps));
-  return min(min(splits, (n_steps + kWarps - 1) / kWarps), max(wide, 1));
+  return max(1, min(splits, (n_steps + kWarps - 1) / kWarps));
 }
 
 // EPL consecutive bf16 values kept packed in registers (half the registers of fp32), unpacked on use.
