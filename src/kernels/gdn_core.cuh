@@ -24,7 +24,7 @@ struct Shared {
   float qn[kMaxDk];
   float kn[kMaxDk];
   float v[kCols];
-  float red[kThreads / 32 * 8 * 9];  // column_sums: per warp and column quad, up to 9 partial sums
+  float red[(kThreads / 32 + 1) * 8 * 9];  // column_sums: per warp and column quad up to 9 partial sums, the totals
   float o[kCols];
   float warp_ss[kThreads / 32];
   float head_ss;                    // this tile's share of Σ o²
@@ -97,25 +97,33 @@ __device__ __forceinline__ void prefetch_inputs(const StepArgs& a, const float* 
 }
 
 // Sum over the 4 row groups of a warp that share a column quad (lanes c4, c4+8, c4+16, c4+24), then over the
-// 8 warps through shared memory, of N values per thread; every thread of quad c4 gets the N totals.
+// 8 warps through shared memory, of N values per thread; every thread of quad c4 gets the N totals. The warps'
+// partials are summed once per (quad, value) by threads < 8 N, in warp order, and every thread then reads its
+// quad's N totals (every thread summing all 8 N partials itself took 8 times the shared-memory reads).
 template <int N, typename Sync>
 __device__ __forceinline__ void column_sums(float (&p)[N], float* red, int tid, Sync sync) {
+  static_assert(8 * N <= kThreads, "one thread per (quad, value)");
 #pragma unroll
   for (int o = 8; o <= 16; o <<= 1)
 #pragma unroll
     for (int n = 0; n < N; ++n) p[n] += __shfl_xor_sync(0xffffffffu, p[n], o);
   const int lane = tid % 32, warp = tid / 32, c4 = tid % 8;
+  float* tot = red + (kThreads / 32) * 8 * N;  // [8][N] after the partials [warp][8][N]
   sync();  // red may still be read by a previous call (the step makes one; kept for reuse)
   if (lane < 8)
 #pragma unroll
     for (int n = 0; n < N; ++n) red[(warp * 8 + c4) * N + n] = p[n];
   sync();
+  if (tid < 8 * N) {
+    const int q = tid / N, n = tid % N;
+    float t = 0.f;
 #pragma unroll
-  for (int n = 0; n < N; ++n) p[n] = 0.f;
+    for (int w = 0; w < kThreads / 32; ++w) t += red[(w * 8 + q) * N + n];
+    tot[q * N + n] = t;
+  }
+  sync();
 #pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w)
-#pragma unroll
-    for (int n = 0; n < N; ++n) p[n] += red[(w * 8 + c4) * N + n];
+  for (int n = 0; n < N; ++n) p[n] = tot[c4 * N + n];
 }
 
 // This thread's 4 rows x 4 columns of the state of head h (no earlier kernel of the step writes it, so callers
