@@ -55,7 +55,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   __shared__ __align__(16) StreamX<kH> xs;
   __shared__ __align__(16) StreamX<kV> xo;
   __shared__ gdn::Shared gsh;
-  __shared__ float head_r[kHv];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = warp * gridDim.x + blockIdx.x;  // this warp's task in phases 1 and 3
   trace_stamp(a.trace, 0);
@@ -144,18 +143,18 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   static_assert(4 * StreamX<kV>::nch == kThreads && StreamX<kV>::nch == kHv * kTiles, "one word per thread");
   const StreamX<kV>& st = *a.o_staged;
   const uint4 q = __ldcg(&st.xq[tid]);  // every load of the phase first: one L2 round trip
-  float sx = 0.f, xsum = 0.f;
-  if (tid < StreamX<kV>::nch) sx = __ldcg(&st.sx[tid]), xsum = __ldcg(&st.xsum[tid]);
-  if (tid < kHv) {
-    float t = 0.f;
+  float sx = 0.f, xsum = 0.f, ss[kTiles] = {};
+  if (tid < StreamX<kV>::nch) {  // chunk tid = tile tid: its unit and sum, and its head's 4 tile sums of squares
+    sx = __ldcg(&st.sx[tid]), xsum = __ldcg(&st.xsum[tid]);
 #pragma unroll
-    for (int k = 0; k < kTiles; ++k) t += __ldcg(a.tile_ss + tid * kTiles + k);
-    head_r[tid] = rsqrtf(t / kD + a.eps);
+    for (int k = 0; k < kTiles; ++k) ss[k] = __ldcg(a.tile_ss + (tid / kTiles) * kTiles + k);
   }
   xo.xq[tid] = q;
-  __syncthreads();
   if (tid < StreamX<kV>::nch) {
-    const float r = head_r[tid / kTiles];
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < kTiles; ++k) t += ss[k];
+    const float r = rsqrtf(t / kD + a.eps);
     xo.sx[tid] = sx * r;
     xo.xsum[tid] = xsum * r;
   }
