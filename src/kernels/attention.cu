@@ -235,11 +235,15 @@ __device__ __forceinline__ void split_refetch_first(const SplitPlan& p, const Kv
       const uint16_t* page = kv.pages[t / kv.page_tokens];
       const size_t row = (size_t)g * kv.page_tokens + t % kv.page_tokens;
 #pragma unroll
-      for (int which = 0; which < 2; ++which)
+      for (int which = 0; which < 2; ++which) {
+        const uint16_t* src = page + (row + (size_t)which * kv.n_kv * kv.page_tokens) * D + lane * EPL;
+        if constexpr (EPL == 8) {  // one 16-byte load per lane (ring_dim keeps 16-byte alignment)
+          *reinterpret_cast<uint4*>(dst + which * kStep * D) = __ldcg(reinterpret_cast<const uint4*>(src));
+        } else {
 #pragma unroll
-        for (int e = 0; e < EPL; ++e)
-          dst[which * kStep * D + e] =
-              __ldcg(page + (row + (size_t)which * kv.n_kv * kv.page_tokens) * D + lane * EPL + e);
+          for (int e = 0; e < EPL; ++e) dst[which * kStep * D + e] = __ldcg(src + e);
+        }
+      }
       __syncwarp();
     }
   }
@@ -452,7 +456,7 @@ __device__ __forceinline__ void mma_k8(float (&c)[4], uint32_t a0, uint32_t a1, 
 
 __device__ __forceinline__ void split_run_mma(const SplitPlan& p, const float* q, const KvPages& kv, int g,
                                               int split, int group, const AttnScratch& scratch, uint16_t* ring_all,
-                                              SplitShared& sh) {
+                                              SplitShared& sh, int refetch_t) {
   constexpr int EPL = 8, D = 256, kRow = D * 2;  // bytes per K/V row in the ring
   constexpr int kStageElems = 2 * kStep * D;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -474,6 +478,8 @@ __device__ __forceinline__ void split_run_mma(const SplitPlan& p, const float* q
       const float4 a = __ldcg(src), b = __ldcg(src + 1);
       v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
     }
+    // the token's own K/V row again (split_refetch_first) once q is requested: both reads in one L2 round trip
+    if (refetch_t >= 0) split_refetch_first<EPL>(p, kv, g, refetch_t, ring_all);
     uint32_t hi[4], lo[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -569,14 +575,18 @@ __device__ __forceinline__ void split_run_mma(const SplitPlan& p, const float* q
   write_partial<D>(sh, ring_all, g, split, group, scratch);
 }
 
+// refetch_t >= 0: token refetch_t's row is read again first (split_refetch_first; the tensor-core path does it
+// once q is requested).
 template <int EPL>
 __device__ __forceinline__ void split_run(const SplitPlan& p, const float* q, const KvPages& kv, int g, int split,
                                           int group, const AttnScratch& scratch, uint16_t* ring_all,
-                                          SplitShared& sh) {
-  if constexpr (EPL == 8)
-    split_run_mma(p, q, kv, g, split, group, scratch, ring_all, sh);
-  else
+                                          SplitShared& sh, int refetch_t) {
+  if constexpr (EPL == 8) {
+    split_run_mma(p, q, kv, g, split, group, scratch, ring_all, sh, refetch_t);
+  } else {
+    if (refetch_t >= 0) split_refetch_first<EPL>(p, kv, g, refetch_t, ring_all);
     split_run_scalar<EPL>(p, q, kv, g, split, group, scratch, ring_all, sh);
+  }
 }
 
 template <int EPL>
@@ -596,11 +606,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
   const SplitPlan p = split_plan(pos + 1, split, gridDim.x);
   if (!p.active) return;
   split_issue_first<EPL>(p, kv, g, ring_all);  // the first loads before anything else
-  if (pdl) {
-    dep_wait();
-    split_refetch_first<EPL>(p, kv, g, pos, ring_all);
-  }
-  split_run<EPL>(p, q, kv, g, split, group, scratch, ring_all, sh);
+  if (pdl) dep_wait();
+  split_run<EPL>(p, q, kv, g, split, group, scratch, ring_all, sh, pdl ? pos : -1);
   dep_trigger();  // (a block without work exits above, which counts as its trigger)
 }
 
