@@ -59,6 +59,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   const int g = warp * gridDim.x + blockIdx.x;  // this warp's task in phases 1 and 3
   trace_stamp(a.trace, 0);
   dep_trigger();  // PDL (grid_barrier.cuh): the next launch's blocks take the SMs as this launch's blocks leave
+  const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.input_norm);  // constant: before the wait
   dep_wait();     // the previous launch complete, before any load
   trace_stamp(a.trace, 15);
 
@@ -73,7 +74,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   stream_load_h(a.h, hr);
   float hg = 0.f;  // h[g], the row this warp adds to in phase 3: its residual add is then a store, not a round trip
   if (lane == 0 && g < kH) hg = __ldcg(a.h + g);
-  const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.input_norm);
   const int pos = *a.pos;
   GridSync gs = grid_sync_begin(a.barrier);  // after the first loads (grid_barrier.cuh)
   const int row0 = g * kRowsPerWarp;

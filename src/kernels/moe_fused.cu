@@ -92,6 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   constexpr int G2 = kH / kGroupSize;
   stamp(a, 0);
   dep_trigger();  // PDL (grid_barrier.cuh): the next launch's blocks take the SMs as this launch's blocks leave
+  const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.norm_w);  // constant: before the wait
   dep_wait();     // the previous launch complete, before any load
   trace_stamp(a.trace, 15);
   GridSync gs{};  // the barrier base is read after the first loads (grid_barrier.cuh grid_sync_begin)
@@ -135,8 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   const int n_router = a.router.total;            // E + 1
   const bool router_task = g < n_router;
   const bool shared_task = !router_task && g < n_router + kF;
-  const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.norm_w);
-  HRegs<kH, kThreads> hr;  // h before the weights: its L2 reads must not queue behind the weight loads
+  HRegs<kH, kThreads> hr;  // h before everything else: its L2 reads must not queue behind other loads
   stream_load_h(a.h, hr);
   if (!a.pw) gs = grid_sync_begin(a.barrier);
   RowBatch<QFormat::q8, kH, 1> rb;
