@@ -14,8 +14,11 @@
 //              read (a) by 16-byte register loads all issued up front (how gemv_stream.cuh streams) and
 //              (b) by one bulk copy into shared memory completing on an mbarrier (bulk_copy.cuh),
 //              (c) as (b) in 4 copies on 4 mbarriers, consumed as they land
-// Each case: a graph of 64 launches over buffers larger than the L2, median of 15 replays / 64.
-// Usage: bench_stream
+//   phase      (first) the GDN in_proj phase's loads, dot products and request orders, one launch at a time
+//              with in-kernel stamps, and the latency of a critical L2 read behind an SM's own loads
+//              (phase_probes below)
+// Each case but phase: a graph of 64 launches over buffers larger than the L2, median of 15 replays / 64.
+// Usage: bench_stream (PROBES_ONLY=1: the phase probes only)
 #include <algorithm>
 #include <functional>
 #include <cstdio>

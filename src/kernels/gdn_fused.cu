@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   trace_stamp(a.trace, 0);
   dep_trigger();  // PDL (grid_barrier.cuh): the next launch's blocks take the SMs as this launch's blocks leave
   const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.input_norm);  // constant: before the wait
-  dep_wait();     // the previous launch complete, before any load
+  dep_wait();     // the previous launch complete, before any other load
   trace_stamp(a.trace, 15);
 
   // ---- phase 1: x = RMSNorm(h) with the requests of the in_proj rows issued once h has arrived (in the

@@ -10,8 +10,10 @@
 // separate fence (a __threadfence before the add cost ~18 us per token, measured 2026-11-30).
 // The persistent kernels are launched with programmatic dependent launch (LILY_PERSIST_PDL=0: without): a launch
 // triggers its dependents at entry, so the next launch's blocks take the SMs as this launch's blocks leave, and
-// each waits (griddepcontrol.wait) at entry, before any load and before reading the barrier counter. Requesting
-// the weights before the wait measured ~31 us per token slower on the H200 (h's reads then queue behind them).
+// each waits (griddepcontrol.wait) at entry, before reading the barrier counter or anything an earlier launch
+// wrote. Only the input-norm weights (8 KB, constant, from DRAM) are requested before the wait (H200, 4K: -6 us
+// per token); requesting the weight rows there measured ~31 us per token slower (h's reads then queue behind
+// them: an SM receives its data in the order it requested it).
 // Host helpers (launch switches, LILY_TRACE stamps) are defined in persistent.cu.
 #pragma once
 #include <cuda_runtime.h>

@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   stamp(a, 0);
   dep_trigger();  // PDL (grid_barrier.cuh): the next launch's blocks take the SMs as this launch's blocks leave
   const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.norm_w);  // constant: before the wait
-  dep_wait();     // the previous launch complete, before any load
+  dep_wait();     // the previous launch complete, before any other load
   trace_stamp(a.trace, 15);
   GridSync gs{};  // the barrier base is read after the first loads (grid_barrier.cuh grid_sync_begin)
   // h[g], the row this warp adds to in phases 0 and C, in a register from the start: the residual adds are then
