@@ -21,6 +21,7 @@
 // Usage: bench_stream (PROBES_ONLY=1: the phase probes only)
 #include <algorithm>
 #include <functional>
+#include <iterator>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -353,6 +354,12 @@ __global__ void write_words(unsigned* p, int n, unsigned v) {
   for (int i = threadIdx.x + blockIdx.x * blockDim.x; i < n; i += blockDim.x * gridDim.x) p[i] = v + i;
 }
 
+using ProbeKernel = void (*)(const uint8_t*, const uint32_t*, const float*, float*, const unsigned*,
+                            unsigned long long*, int);
+constexpr ProbeKernel kProbes[] = {phase_probe<0>, phase_probe<1>, phase_probe<2>, phase_probe<3>,
+                                   phase_probe<4>, phase_probe<5>, phase_probe<6>, phase_probe<7>,
+                                   phase_probe<8>, phase_probe<9>, phase_probe<10>};
+
 void phase_probes(cudaStream_t s, int sms, const uint8_t* buf, size_t buf_bytes, const uint8_t* far,
                   size_t far_bytes) {
   const size_t wb = static_cast<size_t>(kProbeRows) * (kProbeK / 2), per = wb + kProbeRows * (kProbeK / 64) * 4;
@@ -374,21 +381,7 @@ void phase_probes(cudaStream_t s, int sms, const uint8_t* buf, size_t buf_bytes,
   int d_ns = 0;
   auto launch = [&](int mode, const uint8_t* base) {
     const uint32_t* sbp = reinterpret_cast<const uint32_t*>(base + wb);
-#define PROBE(M) phase_probe<M><<<sms, kThreads, 0, s>>>(base, sbp, x, y, crit, st, d_ns)
-    switch (mode) {
-      case 9: PROBE(9); break;
-      case 10: PROBE(10); break;
-      case 0: PROBE(0); break;
-      case 1: PROBE(1); break;
-      case 2: PROBE(2); break;
-      case 3: PROBE(3); break;
-      case 4: PROBE(4); break;
-      case 5: PROBE(5); break;
-      case 6: PROBE(6); break;
-      case 7: PROBE(7); break;
-      default: PROBE(8); break;
-    }
-#undef PROBE
+    kProbes[mode]<<<sms, kThreads, 0, s>>>(base, sbp, x, y, crit, st, d_ns);
     CUDA_CHECK(cudaGetLastError());
   };
   const int reps = 31;
@@ -403,7 +396,8 @@ void phase_probes(cudaStream_t s, int sms, const uint8_t* buf, size_t buf_bytes,
     bool far;
   };
   std::vector<Run> runs;
-  for (int m = 0; m <= 10; ++m) runs.push_back({m, 0, false});
+  static_assert(std::size(names) == std::size(kProbes), "a name per probe");
+  for (int m = 0; m < static_cast<int>(std::size(kProbes)); ++m) runs.push_back({m, 0, false});
   for (int m : {0, 3, 8}) runs.push_back({m, 0, true});
   for (int d : {250, 500, 1000, 1500}) runs.push_back({9, d, false});
   unsigned rng = 12345;
@@ -444,7 +438,6 @@ void phase_probes(cudaStream_t s, int sms, const uint8_t* buf, size_t buf_bytes,
     const double bytes = mode == 0 ? static_cast<double>(kProbeSlab) * sms
                          : mode == 7 ? static_cast<double>(kProbeSlab) * ((sms + 1) / 2)
                          : mode == 2 ? static_cast<double>(wb) : static_cast<double>(per);
-    (void)0;
     std::printf("    %-36s%s%5d ns end first/median/last %5.2f / %5.2f / %5.2f us  %5.0f GB/s", names[mode], run.far ? " far" : "    ", run.d, med(first_end),
                 med(med_end), med(span), bytes / med(span) / 1e3);
     if (!crit_lat.empty()) std::printf("  critical read %.2f us", med(crit_lat));

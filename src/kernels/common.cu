@@ -17,6 +17,11 @@ bool env_flag(const char* name, bool dflt) {
   return dflt;
 }
 
+int env_int(const char* name, int dflt) {
+  const char* e = std::getenv(name);
+  return e && e[0] ? std::atoi(e) : dflt;
+}
+
 bool debug_sync_enabled() {
   static const bool on = env_flag("LILY_CUDA_SYNC", false);
   return on;

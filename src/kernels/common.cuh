@@ -19,6 +19,8 @@ bool debug_sync_enabled();  // reads LILY_CUDA_SYNC once
 // An on/off environment switch (LILY_*, benchmarks and diagnostics): "0" turns a default-on switch off, "1" a
 // default-off one on; unset or anything else leaves the default. Callers read it once (static).
 bool env_flag(const char* name, bool dflt);
+// An integer environment switch (LILY_*, benchmarks): its value, or dflt when unset or empty.
+int env_int(const char* name, int dflt);
 int sm_count();             // multiprocessors of the current device (read once)
 
 }  // namespace lily::cuda

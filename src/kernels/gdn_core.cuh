@@ -102,7 +102,7 @@ __device__ __forceinline__ void prefetch_inputs(const StepArgs& a, const float* 
 // quad's N totals (every thread summing all 8 N partials itself took 8 times the shared-memory reads).
 template <int N, typename Sync>
 __device__ __forceinline__ void column_sums(float (&p)[N], float* red, int tid, Sync sync) {
-  static_assert(8 * N <= kThreads, "one thread per (quad, value)");
+  static_assert(8 * N <= kThreads && N <= 9, "one thread per (quad, value); Shared::red holds 9 sums per quad");
 #pragma unroll
   for (int o = 8; o <= 16; o <<= 1)
 #pragma unroll

@@ -197,10 +197,6 @@ __global__ void __launch_bounds__(NW * 32, 1) gemv_q4_stream_loop_kernel(MultiAr
 
 // Environment (for benchmarks): LILY_GEMV_STREAM=0 turns the streaming kernel off (the older kernels);
 // LILY_GEMV_NW = warps per block (4 or 8); LILY_GEMV_BPS = target blocks per SM of the rows-per-warp choice.
-int env_int(const char* name, int dflt) {
-  const char* e = std::getenv(name);
-  return e && e[0] ? std::atoi(e) : dflt;
-}
 bool stream_on() {
   static const bool on = env_int("LILY_GEMV_STREAM", 1) != 0;
   return on;

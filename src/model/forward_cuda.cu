@@ -93,8 +93,7 @@ CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int de
     attn_.partial = device_alloc<float>(attn_scratch_floats(c.n_kv_heads, kAttnMaxSplits, c.n_heads / c.n_kv_heads, d));
     // one split block per SM (the split kernel holds a whole SM: 192 KB of K/V rings, ~200 registers)
     // (LILY_ATTN_SPLITS=n: n split blocks per KV head at most instead, for benchmarks)
-    const char* ns = std::getenv("LILY_ATTN_SPLITS");
-    attn_splits_ = std::clamp(ns && ns[0] ? std::atoi(ns) : sm_count() / c.n_kv_heads, 1, kAttnMaxSplits);
+    attn_splits_ = std::clamp(env_int("LILY_ATTN_SPLITS", sm_count() / c.n_kv_heads), 1, kAttnMaxSplits);
   }
   reset_state();
   ensure_kv(1);
