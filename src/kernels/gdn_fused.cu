@@ -10,7 +10,9 @@
 //      (kernels/gdn_core.cuh, state requested in phase 1); its warp 0 writes the tile's Σ o² and o * w * silu(z)
 //      already in the out_proj's input format (gemv_stream.cuh StreamX: a tile is one 32-element chunk)
 //   3  every block copies the staged chunks, scaling each chunk's unit and sum by its head's 1 / rms (Σ o² of
-//      its 4 tiles), and warp g computes out_proj row g (weights requested at the end of phase 1), h[g] += it
+//      its 4 tiles), and warp w of block b < 128 computes out_proj row 16 b + w (weights requested at the end of
+//      phase 1), h[row] += it; then, when the next MoE block runs fused, the block adds its 16 new rows' part of
+//      that block's router sums (kernels/router_partial.cuh)
 // Replaces gemv_multi_rmsnorm + launch_gdn_step + gemv (the standalone kernels stay for other shapes and GPUs
 // with fewer than 129 SMs). Tested by tests/gpu/test_gdn_fused.cu against the three-launch path.
 #include "kernels/gdn_fused.h"
@@ -20,6 +22,7 @@
 #include "kernels/gemv_impl.cuh"
 #include "kernels/gemv_stream.cuh"
 #include "kernels/grid_barrier.cuh"
+#include "kernels/router_partial.cuh"
 
 namespace lily::cuda {
 namespace detail {
@@ -49,14 +52,16 @@ struct Args {
   const int* pos;
   unsigned* barrier;       // [kGridBarrierWords] (grid_barrier.cuh)
   unsigned long long* trace;  // LILY_TRACE=1: this launch's slot of phase times (grid_barrier.cuh), else null
+  RouterPartialDev rs;        // the next MoE block's router sums (router_partial.cuh); rs.acc null: none
 };
+static_assert(kRouterRows == kWarps && kRouterBlocks <= kMinBlocks, "phase 3: a block's 16 rows, one router partial");
 
 __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   __shared__ __align__(16) StreamX<kH> xs;
   __shared__ __align__(16) StreamX<kV> xo;
   __shared__ gdn::Shared gsh;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = warp * gridDim.x + blockIdx.x;  // this warp's task in phases 1 and 3
+  const int g = warp * gridDim.x + blockIdx.x;  // this warp's task in phase 1
   trace_stamp(a.trace, 0);
   dep_trigger();  // PDL (grid_barrier.cuh): the next launch's blocks take the SMs as this launch's blocks leave
   const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.input_norm);  // constant: before the wait
@@ -72,8 +77,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   // which the rows' DRAM latency now covers (H200, 4K: -8..-15 us per token). ----
   HRegs<kH, kThreads> hr;
   stream_load_h(a.h, hr);
-  float hg = 0.f;  // h[g], the row this warp adds to in phase 3: its residual add is then a store, not a round trip
-  if (lane == 0 && g < kH) hg = __ldcg(a.h + g);
+  // phase 3's rows are block-contiguous (row 16 b + w on warp w of block b < 128): a block's 16 new rows of h are
+  // one partial of the next MoE block's router sums
+  const int og = blockIdx.x * kWarps + warp;
+  const bool out_task = og < kH;  // every warp of blocks 0..127
+  const bool sums = a.rs.acc != nullptr && out_task;
+  float hg = 0.f, wn = 0.f;  // h[og], the row this warp adds to in phase 3: its residual add is then a store
+  if (lane == 0 && out_task) hg = __ldcg(a.h + og);
+  if (lane == 0 && sums) wn = __ldg(a.rs.norm_w + og);
   const int pos = *a.pos;
   GridSync gs = grid_sync_begin(a.barrier);  // after the first loads (grid_barrier.cuh)
   const int row0 = g * kRowsPerWarp;
@@ -96,7 +107,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     gdn::load_state(a.step, head, col0, tid, s);
     gdn::prefetch_inputs(a.step, a.norm_w, head, col0, pos, tid, gsh);
   }
-  const bool out_task = g < kH;
   uint4 ov[1][kV / 1024];
   uint32_t osv[1][kV / 1024];
   {
@@ -107,8 +117,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   // The out_proj row is requested only now: issued at entry it shared the HBM with the in_proj rows that phase
   // 1 waits for (in_proj finished ~2.5 us later); from here it streams during barrier 1 and phase 2.
   if (out_task)
-    stream_load_row<kV>(a.ow + static_cast<size_t>(g) * (kV / 2), a.osb + static_cast<size_t>(g) * (kV / kGroupSize),
+    stream_load_row<kV>(a.ow + static_cast<size_t>(og) * (kV / 2), a.osb + static_cast<size_t>(og) * (kV / kGroupSize),
                         ov[0], osv[0]);
+  const RouterSlice rsl = sums ? router_slice_load(a.rs, blockIdx.x) : RouterSlice{};
   trace_stamp(a.trace, 2);
   grid_sync(gs);
   trace_stamp(a.trace, 3);
@@ -160,11 +171,19 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   }
   __syncthreads();
   trace_stamp(a.trace, 6);
-  if (!out_task) return;
+  if (!out_task) return;  // blocks >= 128, whole
   float acc[1];
   stream_dots<kV, 1>(xo, ov, osv, acc);
   const float v = group_sum<32>(acc[0]);
-  if (lane == 0) a.h[g] = hg + v;
+  __shared__ float hw[kRouterRows];
+  if (lane == 0) {
+    a.h[og] = hg + v;
+    hw[warp] = (hg + v) * wn;
+  }
+  if (sums) {
+    __syncthreads();
+    router_partial_add(a.rs, rsl, hw);
+  }
   trace_stamp(a.trace, 7);
 }
 
@@ -189,7 +208,7 @@ size_t gdn_mixer_scratch_floats() {
 
 void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const float* input_norm, float eps,
                             float* x_out, float* proj, float* scratch, unsigned* barrier, float* conv_ring,
-                            float* state, const int* pos, cudaStream_t stream) {
+                            float* state, const int* pos, cudaStream_t stream, const RouterSums* next_router) {
   LILY_CHECK(gdn_mixer_fused_supported(m, d), "gdn mixer: shapes not supported by the fused kernel");
   using namespace detail;
   Args a{};
@@ -213,6 +232,7 @@ void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const flo
   a.pos = pos;
   a.barrier = barrier;
   a.trace = persistent_trace(1);
+  if (next_router && next_router->acc) a.rs = router_partial_dev(next_router->slices, next_router->norm_w, next_router->acc);
 
   launch_persistent(gdn_fused_kernel, a, kThreads, stream);
 }

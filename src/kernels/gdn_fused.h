@@ -25,8 +25,11 @@ size_t gdn_mixer_scratch_floats();  // floats of `scratch` below
 // One launch; h [H] is read (norm) and updated (residual). proj: [conv_dim + Hv*Dv + 2*Hv] projection scratch;
 // scratch: gdn_mixer_scratch_floats(); barrier: [kGridBarrierWords], zeroed once, shared by sequential launches;
 // conv_ring / state as launch_gdn_step; pos on the device; x_out (may be null) receives RMSNorm(h) * input_norm.
+// next_router (may be null, or its acc null): the launch also adds the next MoE block's router sums from the
+// h it writes (qmat.h moe_router_sums; that moe_block is then told so).
 void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const float* input_norm, float eps,
                             float* x_out, float* proj, float* scratch, unsigned* barrier, float* conv_ring,
-                            float* state, const int* pos, cudaStream_t stream);
+                            float* state, const int* pos, cudaStream_t stream,
+                            const RouterSums* next_router = nullptr);
 
 }  // namespace lily::cuda

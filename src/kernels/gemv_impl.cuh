@@ -365,7 +365,17 @@ __device__ __forceinline__ PairArgs route_topk(const PairArgs& a, TopkSm& t) {
   return route_topk_finish(a, t);
 }
 
+// The same from logits already in registers: thread e < a.E holds expert e's logit l (the others -inf), thread
+// 0 also the shared-expert-gate logit l_sh.
+__device__ __forceinline__ void route_topk_select_from(const PairArgs& a, TopkSm& t, float l, float l_sh);
 __device__ __forceinline__ void route_topk_select(const PairArgs& a, TopkSm& t) {
+  const int e = threadIdx.x;
+  const float l = e < a.E ? __ldcg(a.logits + e) : -INFINITY;
+  const float l_sh = e == 0 ? __ldcg(a.logits + a.E) : 0.f;  // shared-expert-gate logit, loaded with the others
+  route_topk_select_from(a, t, l, l_sh);
+}
+
+__device__ __forceinline__ void route_topk_select_from(const PairArgs& a, TopkSm& t, float l, float l_sh) {
   constexpr int NW = kMaxExperts / 32;
   const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
   const bool mine = e < kMaxExperts;
@@ -373,8 +383,6 @@ __device__ __forceinline__ void route_topk_select(const PairArgs& a, TopkSm& t) 
     t.idx[e] = 0;
     t.w[e] = 0.f;
   }
-  const float l = e < a.E ? __ldcg(a.logits + e) : -INFINITY;
-  const float l_sh = e == 0 ? __ldcg(a.logits + a.E) : 0.f;  // shared-expert-gate logit, loaded with the others
   // rank within the warp
   int r = 0;
 #pragma unroll

@@ -13,6 +13,7 @@
 #include "kernels/gemv_impl.cuh"
 #include "kernels/gemv_stream.cuh"
 #include "kernels/mixers.h"
+#include "kernels/router_partial.cuh"
 
 namespace lily::cuda {
 namespace detail {
@@ -314,12 +315,15 @@ MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn) {
   CUDA_CHECK(cudaMalloc(&s.act_q, sizeof(float) * top_k * ffn));
   CUDA_CHECK(cudaMalloc(&s.barrier, kGridBarrierWords * sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(s.barrier, 0, kGridBarrierWords * sizeof(unsigned)));
+  const size_t acc_bytes = sizeof(unsigned long long) * detail::kRouterCopies * (n_experts + 1);
+  CUDA_CHECK(cudaMalloc(&s.router_acc, acc_bytes));
+  CUDA_CHECK(cudaMemset(s.router_acc, 0, acc_bytes));
   return s;
 }
 
 void moe_scratch_free(MoeScratch& s) {
   cudaFree(s.logits); cudaFree(s.topk_idx); cudaFree(s.topk_w); cudaFree(s.sh_scale); cudaFree(s.act); cudaFree(s.act_q);
-  cudaFree(s.barrier);
+  cudaFree(s.barrier); cudaFree(s.router_acc);
   s = MoeScratch{};
 }
 
@@ -399,7 +403,7 @@ namespace detail {
 bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s);
 bool moe_fused_takes_pre(const ResidualProj& pre);
 void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out,
-                      const MoeScratch& s, const ResidualProj* pre, cudaStream_t stream);
+                      const MoeScratch& s, const ResidualProj* pre, bool sums_added, cudaStream_t stream);
 bool moe_fused_on() {
   static const bool on = env_flag("LILY_MOE_FUSED", true);
   return on;
@@ -410,8 +414,17 @@ bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s, const Resid
   return detail::moe_fused_on() && detail::moe_fused_supported(m, s) && (!pre || detail::moe_fused_takes_pre(*pre));
 }
 
+RouterSums moe_router_sums(const MoeWeightsDev& m, const float* norm_w, const MoeScratch& s) {
+  RouterSums r;
+  if (!moe_block_is_fused(m, s)) return r;
+  r.slices = m.router_slices;
+  r.norm_w = norm_w;
+  r.acc = s.router_acc;
+  return r;
+}
+
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
-               cudaStream_t stream, bool allow_fused, const ResidualProj* pre) {
+               cudaStream_t stream, bool allow_fused, const ResidualProj* pre, bool router_sums_added) {
   detail::check_moe(m, s);
   const bool fused = allow_fused && moe_block_is_fused(m, s);
   if (pre && !(fused && detail::moe_fused_takes_pre(*pre))) {  // a projection the fused kernel's phase 0 does not take
@@ -419,7 +432,7 @@ void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps,
     pre = nullptr;
   }
   if (fused) {
-    detail::launch_moe_fused(m, h, norm_w, eps, x_out, s, pre, stream);
+    detail::launch_moe_fused(m, h, norm_w, eps, x_out, s, pre, router_sums_added, stream);
     return;
   }
   moe_route_rmsnorm(m, h, norm_w, eps, x_out, s, stream);

@@ -53,11 +53,10 @@ void print_persistent_trace() {
   const int nb = sm_count(), ns = g_slots;
   std::vector<unsigned long long> t(static_cast<size_t>(ns) * kTraceBlocks * kTraceStamps);
   CUDA_CHECK(cudaMemcpy(t.data(), d, t.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-  const char* moe[] = {"entry", "x normed", "phase A", "barrier 1", "selection", "phase B", "barrier 2",
-                       "act staged", "end"};
+  const char* moe[] = {"entry", "selected", "shared", "gate/up", "barrier", "act staged", "end"};
   const char* gdn[] = {"entry", "x normed", "in_proj", "barrier 1", "step", "barrier 2", "staged", "end"};
   const char* const* names[2] = {moe, gdn};  // by kernel (persistent_trace's argument)
-  const int n_stamps[2] = {9, 8};
+  const int n_stamps[2] = {7, 8};
   // kinds: 0 MoE after a GDN mixer, 1 MoE after attention (o_proj phase; plain launches before it), 2 GDN mixer
   const char* kind_name[3] = {"MoE (after a GDN mixer)", "MoE + o_proj (after attention)", "GDN mixer"};
   const int kernel_of[3] = {0, 0, 1};

@@ -113,7 +113,13 @@ struct MoeWeightsDev {
   QMat down;                // switch_mlp.down_proj: n_mats = E, [H, F]
   QMat sh_gate, sh_up;      // shared_expert.{gate,up}_proj [Fs, H]
   QMat sh_down;             // shared_expert.down_proj [H, Fs]
+  QMat router_slices;       // router rows then the shared_expert_gate row (q8, rows E + 1, cols H) in the layout
+                            // of the fused kernel's router sums (kernels/router_partial.cuh), built by
+                            // moe_build_router_slices; unset: moe_block takes the multi-launch path
 };
+// Allocates and fills m.router_slices from m.router and m.shared_expert_gate (q8, E <= 256, H = 2048; other
+// shapes: leaves it unset). Free it with the other matrices (qmat_free).
+void moe_build_router_slices(MoeWeightsDev& m, cudaStream_t stream);
 // Device scratch for one MoE call; allocate with moe_scratch_alloc.
 struct MoeScratch {
   float* logits = nullptr;     // [E + 1]: router logits, then the shared-expert-gate logit
@@ -125,8 +131,21 @@ struct MoeScratch {
   void* act_q = nullptr;       // fused kernel: act staged for its down phase in phase B (gemv_stream.cuh
                                // StreamX<(top_k + 1) * F>; allocated as 4 (top_k * F) bytes, enough for it)
   unsigned* barrier = nullptr; // [kGridBarrierWords] grid barrier of the fused MoE kernel; zeroed once
+  unsigned long long* router_acc = nullptr;  // [2][E + 1] the fused kernel's router sums in 2^-32 units, two
+                                             // copies (kernels/router_partial.cuh); zero between MoE blocks
   int n_experts = 0, top_k = 0, ffn = 0;
 };
+// The next fused MoE block's router sums, added by the launch that writes the final h before it (the GDN
+// mixer's; kernels/router_partial.cuh). acc null: moe_block will not take the fused kernel, nothing to add.
+struct RouterSums {
+  QMat slices;                        // MoeWeightsDev::router_slices
+  const float* norm_w = nullptr;      // [H] the MoE block's input norm weight
+  unsigned long long* acc = nullptr;  // MoeScratch::router_acc
+};
+RouterSums moe_router_sums(const MoeWeightsDev& m, const float* norm_w, const MoeScratch& s);
+// Adds the sums from h [H] in one small launch (what the fused launches do from the rows they write); moe_block
+// runs it when no launch before it added them.
+void moe_router_sums_add(const RouterSums& r, const float* h, cudaStream_t stream);
 MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn);
 void moe_scratch_free(MoeScratch& s);
 
@@ -157,8 +176,11 @@ struct ResidualProj {
 // persistent launch (kernels/moe_fused.cu: the pre projection (q4 K = 4096), route, selection, gate/up, down
 // separated by grid barriers, the down weights requested during the gate/up work); otherwise, or with
 // LILY_MOE_FUSED=0, gemv + moe_route_rmsnorm + moe_gate_up + moe_down.
+// router_sums_added: the previous launch added this block's router sums (moe_router_sums); otherwise the fused
+// path adds them itself (its o_proj phase, or a small launch before it).
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
-               cudaStream_t stream, bool allow_fused = true, const ResidualProj* pre = nullptr);
+               cudaStream_t stream, bool allow_fused = true, const ResidualProj* pre = nullptr,
+               bool router_sums_added = false);
 // moe_block takes the one-launch kernel (with this pre projection, or none)
 bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s, const ResidualProj* pre = nullptr);
 void print_persistent_trace();  // LILY_TRACE=1: phase times of the last step's fused MoE / GDN launches (benchmarks)

@@ -106,7 +106,9 @@ class CudaEngine {
   size_t gdn_state_bytes() const { return gdn_state_bytes_; }
 
  private:
-  void gdn(int layer, const float* norm_w);        // h += out_proj(gdn(rmsnorm(h) * norm_w))
+  // h += out_proj(gdn(rmsnorm(h) * norm_w)); true when the one-launch mixer also added the next MoE block's
+  // router sums (next: moe_router_sums, acc null for none)
+  bool gdn(int layer, const float* norm_w, const RouterSums& next);
   // attention(rmsnorm(h) * norm_w) into mix_; o_proj (h += o_proj(mix_)) is left to the MoE launch
   void attention(int layer, const float* norm_w, ResidualProj& o_proj);
   void project(const GemvBatch& b, const float* norm_w, bool& normed);

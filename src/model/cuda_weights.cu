@@ -252,6 +252,8 @@ DeviceWeights upload_weights(const Model& model, bool quantize_bf16, bool progre
     m.sh_gate = up.mat(l.moe.shared_gate);
     m.sh_up = up.mat(l.moe.shared_up);
     m.sh_down = up.mat(l.moe.shared_down);
+    moe_build_router_slices(m, s);  // the fused MoE block's copy of the router (kernels/router_partial.cuh)
+    w.bytes += static_cast<double>(m.router_slices.bytes());
   }
   CUDA_CHECK(cudaStreamSynchronize(s));
   return w;
@@ -299,6 +301,8 @@ DeviceWeights synthetic_weights(const Config& c, uint64_t seed, cudaStream_t s) 
     m.sh_gate = g.mat(q4, c.shared_ffn, H);
     m.sh_up = g.mat(q4, c.shared_ffn, H);
     m.sh_down = g.mat(q4, H, c.shared_ffn);
+    moe_build_router_slices(m, s);
+    w.bytes += static_cast<double>(m.router_slices.bytes());
   }
   CUDA_CHECK(cudaStreamSynchronize(s));
   return w;
@@ -313,7 +317,7 @@ void free_weights(DeviceWeights& w) {
   for (LayerDev& l : w.layers) {
     for (QMat* q : {&l.gdn.qkv, &l.gdn.z, &l.gdn.b, &l.gdn.a, &l.gdn.out, &l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o,
                     &l.moe.router, &l.moe.shared_expert_gate, &l.moe.gate, &l.moe.up, &l.moe.down, &l.moe.sh_gate,
-                    &l.moe.sh_up, &l.moe.sh_down})
+                    &l.moe.sh_up, &l.moe.sh_down, &l.moe.router_slices})
       f(*q);
   }
   for (void* p : w.allocations) cudaFree(p);

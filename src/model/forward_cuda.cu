@@ -176,13 +176,17 @@ void CudaEngine::record_step(const FamilyMark* mark, bool head) {
     // attention layers: the o_proj (h += o_proj(attention(norm(h)))) runs as the first phase of the MoE launch
     ResidualProj o_proj;
     const bool attn = c.is_attention(i);
+    // the GDN mixer's launch adds the fused MoE block's router sums (kernels/router_partial.cuh)
+    const bool moe = family("moe");
+    const RouterSums sums = moe && fused_ ? moe_router_sums(l.moe, l.post_norm, moe_) : RouterSums{};
+    bool sums_added = false;
     if (attn)
       attention(i, l.input_norm, o_proj);
     else
-      gdn(i, l.input_norm);  // h += out_proj(gdn(norm(h)))
+      sums_added = gdn(i, l.input_norm, sums);  // h += out_proj(gdn(norm(h)))
     const ResidualProj* pre = attn && family("attn_out_proj") ? &o_proj : nullptr;
-    if (family("moe")) {
-      moe_block(l.moe, h_, l.post_norm, c.eps, x_, moe_, stream_, fused_, pre);  // h += MoE(norm(h))
+    if (moe) {
+      moe_block(l.moe, h_, l.post_norm, c.eps, x_, moe_, stream_, fused_, pre, sums_added);  // h += MoE(norm(h))
     } else if (pre) {
       gemv(pre->W, pre->x, h_, true, stream_);
     }
@@ -207,15 +211,15 @@ void CudaEngine::project(const GemvBatch& b, const float* norm_w, bool& normed) 
   }
 }
 
-void CudaEngine::gdn(int layer, const float* norm_w) {
+bool CudaEngine::gdn(int layer, const float* norm_w, const RouterSums& next) {
   const Config& c = cfg_;
   const GdnMixerDev& g = w_.layers[layer].gdn;
   const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
   if (fused_ && gdn_mixer_fused_supported(g, dims)) {  // one persistent launch (kernels/gdn_fused.cu)
-    if (family("gdn"))
-      launch_gdn_mixer_fused(g, dims, h_, norm_w, c.eps, nullptr, proj_, gdn_scratch_, gdn_barrier_, ring_[layer],
-                             S_[layer], &step_->pos, stream_);
-    return;
+    if (!family("gdn")) return false;
+    launch_gdn_mixer_fused(g, dims, h_, norm_w, c.eps, nullptr, proj_, gdn_scratch_, gdn_barrier_, ring_[layer],
+                           S_[layer], &step_->pos, stream_, &next);
+    return next.acc != nullptr;
   }
   const int Hv = c.lin_v_heads;
   float* qkv = proj_;
@@ -242,6 +246,7 @@ void CudaEngine::gdn(int layer, const float* norm_w) {
     launch_gdn_step(qkv, z, a, b, g.conv_w, g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], mix_,
                     &step_->pos, dims, c.eps, stream_);
   if (family("gdn_out_proj")) gemv(g.out, mix_, h_, true, stream_);
+  return false;
 }
 
 // Attention up to the heads' outputs in mix_; o_proj is returned for the MoE launch that follows.

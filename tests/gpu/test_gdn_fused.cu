@@ -5,7 +5,8 @@
 // two paths sum in different orders; from the second position on their inputs differ by fp32 ulps, which the
 // streaming GEMVs' 16-bit input quantisation (gemv_stream.cuh) can turn into one step of x~ (1 / 32512 of a
 // chunk's largest element): agreement to 2e-4 of the largest element (measured 2e-5 .. 4e-5 at positions 1-3;
-// errors of the kind this test looks for are O(1)).
+// errors of the kind this test looks for are O(1)). The launch also adds the next MoE block's router sums, which
+// must equal the standalone launch's bit for bit and the CPU's sums to fp32 rounding.
 #include <gtest/gtest.h>
 
 #include "kernel_test_util.h"
@@ -43,12 +44,31 @@ TEST(GdnFused, MatchesThreeLaunchPath) {
   DevBuf<unsigned> barrier(kGridBarrierWords);
   CUDA_CHECK(cudaMemset(barrier.p, 0, kGridBarrierWords * sizeof(unsigned)));
   DevBuf<int> pos(std::vector<int>{0});
+  // the next MoE block's router sums (kernels/router_partial.cuh), added by the fused launch from the h it writes
+  const int E = 256, n = E + 1;
+  const HostMat router = random_mat(rng, QFormat::q8, 1, E, H), seg = random_mat(rng, QFormat::q8, 1, 1, H);
+  DevMat drouter(router), dseg(seg);
+  MoeWeightsDev moe;
+  moe.router = drouter.m, moe.shared_expert_gate = dseg.m;
+  moe_build_router_slices(moe, nullptr);
+  ASSERT_NE(moe.router_slices.w, nullptr);
+  const std::vector<float> moe_norm = random_vec(rng, H, 0.5f, 1.5f);
+  DevBuf<float> dmoe_norm(moe_norm);
+  const size_t acc_n = 2 * static_cast<size_t>(n);  // two copies (MoeScratch::router_acc)
+  DevBuf<unsigned long long> accA(acc_n), accB(acc_n);
+  RouterSums sumsA, sumsB;
+  sumsA.slices = sumsB.slices = moe.router_slices;
+  sumsA.norm_w = sumsB.norm_w = dmoe_norm.p;
+  sumsA.acc = accA.p, sumsB.acc = accB.p;
   for (int p : {0, 1, 2, 3, 4, 5, 9}) {
     pos.upload(std::vector<int>{p});
     projA.poison();
     projB.poison();
+    CUDA_CHECK(cudaMemset(accA.p, 0, acc_n * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemset(accB.p, 0, acc_n * sizeof(unsigned long long)));
     launch_gdn_mixer_fused(m, d, hA.p, input_norm.p, 1e-6f, xA.p, projA.p, scratch.p, barrier.p, ringA.p, stA.p,
-                           pos.p, nullptr);
+                           pos.p, nullptr, &sumsA);
+    moe_router_sums_add(sumsB, hA.p, nullptr);  // the standalone launch on the same h
     GemvBatch in;
     in.n = 4;
     in.W[0] = m.qkv, in.W[1] = m.z, in.W[2] = m.b, in.W[3] = m.a;
@@ -65,7 +85,20 @@ TEST(GdnFused, MatchesThreeLaunchPath) {
     EXPECT_LT(rel_diff(hA.download(), hB.download(), "h", kVs), 2e-4) << "position " << p;
     // x is normed from h: equal to fp32 rounding at the first position, then h itself differs
     EXPECT_LT(rel_diff(xA.download(), xB.download(), "x", kVs), p == 0 ? 1e-6 : 2e-4) << "position " << p;
+    // the sums: bit-identical to the standalone launch's (integer adds), and sum_i W[e][i] h_i w_i to fp32 rounding
+    const std::vector<unsigned long long> a = accA.download(), b = accB.download();
+    EXPECT_EQ(a, b) << "router sums of the fused launch and of moe_router_sums_add differ, position " << p;
+    const std::vector<float> h = hA.download();
+    std::vector<float> hw(H), got(n), l32(n);
+    std::vector<double> l64(n);
+    for (int i = 0; i < H; ++i) hw[i] = h[i] * moe_norm[i];
+    for (int e = 0; e < n; ++e) {
+      got[e] = static_cast<float>(static_cast<double>(static_cast<long long>(a[e] + a[n + e])) / 4294967296.0);
+      ref_dot(e < E ? router : seg, 0, e < E ? e : 0, hw, l64[e], l32[e]);
+    }
+    EXPECT_TRUE(close_enough(got, l64, l32, "router sums")) << "position " << p;
   }
+  qmat_free(moe.router_slices);
 }
 
 }  // namespace

@@ -37,7 +37,14 @@ struct DevMoe {
     w.sh_gate = add(h.sh_gate);
     w.sh_up = add(h.sh_up);
     w.sh_down = add(h.sh_down);
+    moe_build_router_slices(w, nullptr);  // the fused kernel's router layout (real shapes only)
+    CUDA_CHECK(cudaDeviceSynchronize());
   }
+  ~DevMoe() {
+    if (w.router_slices.w) qmat_free(w.router_slices);
+  }
+  DevMoe(const DevMoe&) = delete;
+  DevMoe& operator=(const DevMoe&) = delete;
 };
 
 HostMoe random_moe(std::mt19937_64& rng, const Shape& s) {
