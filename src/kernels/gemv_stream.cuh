@@ -294,9 +294,10 @@ __device__ __forceinline__ float stream_chunk_dot(const StreamX<K>& xs, int ch, 
 }
 
 // Stage: this lane's partial dot products of R rows with x (sum over the lanes still to do).
-template <int K, int R>
+// after0() (optional) runs once chunk 0 of every row has been consumed (its data has arrived).
+template <int K, int R, typename After0 = NoMid>
 __device__ __forceinline__ void stream_dots(const StreamX<K>& xs, const uint4 (&wv)[R][K / 1024],
-                                            const uint32_t (&sv)[R][K / 1024], float (&acc)[R]) {
+                                            const uint32_t (&sv)[R][K / 1024], float (&acc)[R], After0 after0 = {}) {
   constexpr int nch = K / 32, nc = K / 1024;
   const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -319,6 +320,7 @@ __device__ __forceinline__ void stream_dots(const StreamX<K>& xs, const uint4 (&
     const float sx = xs.sx[ch], X = xs.xsum[ch];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] += chunk_from_sums(sv[r][c], sx, X, dh[r], dl[r]);
+    if (c == 0) after0();
   }
 }
 

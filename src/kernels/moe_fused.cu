@@ -221,11 +221,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   if (!pair_task && down_task) load_down_row(a, topk.idx, g, dr);
   if (pair_task) {
     float acc[4];
-    stream_dots<kH, 4>(xs, wv, sv, acc);
-    // The down rows of phase C once the gate/up rows have arrived: issued before them they delayed them, and
-    // issued right after them they still shared the HBM with the rows phase A waits for; from here they
-    // stream during the barrier and the act staging (H200, 4K, binary A/B: 1279.2 -> 1277.3 us per token).
-    if (down_task) load_down_row(a, topk.idx, g, dr);
+    // The down rows of phase C once half the gate/up rows have arrived: issued before them they delayed them, and
+    // issued right after them they still shared the HBM with the rows phase A waits for (+28 us per token)
+    stream_dots<kH, 4>(xs, wv, sv, acc, [&] {
+      if (down_task) load_down_row(a, topk.idx, g, dr);
+    });
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float gv = group_sum<32>(acc[2 * r]), uv = group_sum<32>(acc[2 * r + 1]);
