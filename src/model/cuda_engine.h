@@ -123,6 +123,7 @@ class CudaEngine {
   float* gdn_scratch_ = nullptr;      // [gdn_mixer_scratch_floats()] fused GDN mixer: staged outputs, tile sums
   unsigned* gdn_barrier_ = nullptr;   // [kGridBarrierWords] its grid barrier
   bool family(const char* name);      // marks `name`; false when it is skipped
+  bool runs(const char* name) const;  // false when `name` is skipped (no mark)
   int max_context_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t graph_ = nullptr;

@@ -160,6 +160,10 @@ void CudaEngine::fill_kv_random(int n_tokens, uint64_t seed) {
 // graph time without a family is its marginal cost in the real pipeline).
 bool CudaEngine::family(const char* name) {
   if (mark_) (*mark_)(name);
+  return runs(name);
+}
+
+bool CudaEngine::runs(const char* name) const {
   return skip_.empty() || ("," + skip_ + ",").find("," + std::string(name) + ",") == std::string::npos;
 }
 
@@ -177,15 +181,14 @@ void CudaEngine::record_step(const FamilyMark* mark, bool head) {
     ResidualProj o_proj;
     const bool attn = c.is_attention(i);
     // the GDN mixer's launch adds the fused MoE block's router sums (kernels/router_partial.cuh)
-    const bool moe = family("moe");
-    const RouterSums sums = moe && fused_ ? moe_router_sums(l.moe, l.post_norm, moe_) : RouterSums{};
+    const RouterSums sums = runs("moe") && fused_ ? moe_router_sums(l.moe, l.post_norm, moe_) : RouterSums{};
     bool sums_added = false;
     if (attn)
       attention(i, l.input_norm, o_proj);
     else
       sums_added = gdn(i, l.input_norm, sums);  // h += out_proj(gdn(norm(h)))
     const ResidualProj* pre = attn && family("attn_out_proj") ? &o_proj : nullptr;
-    if (moe) {
+    if (family("moe")) {
       moe_block(l.moe, h_, l.post_norm, c.eps, x_, moe_, stream_, fused_, pre, sums_added);  // h += MoE(norm(h))
     } else if (pre) {
       gemv(pre->W, pre->x, h_, true, stream_);
