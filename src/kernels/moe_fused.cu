@@ -11,14 +11,14 @@
 //      warps g < F compute the shared expert's gate/up row g (unscaled silu(g) * u, weights requested after h);
 //      the 16 warps of block b < 128 compute routed act chunk b (32 consecutive values, scaled by the routing
 //      weight), which the block stages in the streaming kernels' 16-bit input format (gemv_stream.cuh
-//      StreamX); the down-projection rows of phase C are requested once the gate/up rows have arrived
+//      StreamX); the down-projection rows of phase C are requested once half the gate/up rows have arrived
 //   C  every block copies the staged routed act and stages the shared row (times its sigmoid gate) itself;
 //      warp g computes output row g of all 9 down projections by integer dot products and adds it to h
 //      (residual fused). Block 0 zeroes the router sums for the next layer. The shared row of act stays
 //      unscaled in the scratch.
 // Replaces moe_route + moe_gate_up + moe_down (three kernel boundaries of ~4-5 us each on the H200, and the
 // down weights could only be requested after the last one), and a router phase with its grid barrier (the
-// selection ~3 us after the launch's start instead of ~5.5). The 3-launch path stays for other shapes and for
+// selection ~3.9 us after the wait instead of ~5.5 at 4K on the H200). The 3-launch path stays for other shapes and for
 // GPUs with fewer than 128 SMs. Task g of the shared gate/up and of phase C runs on warp (g / gridDim.x) of
 // block (g % gridDim.x), so their work is spread over all SMs; the routed pairs go block by block (a chunk of
 // act per block). Tested by tests/gpu/test_moe.cu against the CPU reference.
@@ -36,7 +36,7 @@ namespace {
 
 constexpr int kH = kHidden, kF = kMoeFfn, kK = kTopK;
 constexpr int kWarps = 16, kThreads = kWarps * 32;
-constexpr int kMinBlocks = 128;                   // phases B and C need 2048 warp tasks
+constexpr int kMinBlocks = 128;                   // the routed pairs and phase C need 2048 warp tasks
 constexpr int kDownChunks = (kK + 1) * kF / 32;   // 144 chunks of 32 elements in one output row of the 9 downs
 constexpr int kDownPerLane = (kDownChunks + 31) / 32;  // 5
 constexpr int kRoutedChunks = kK * kF / 32;       // 128: phase A block b computes routed act chunk b

@@ -128,7 +128,7 @@ struct MoeScratch {
   float* sh_scale = nullptr;   // [1] sigmoid(shared_expert_gate . x)
   float* act = nullptr;        // [top_k + 1][F] SwiGLU activations pre-multiplied by their weight (moe_block's
                                // fused kernel leaves row top_k unscaled and applies sh_scale when staging it)
-  void* act_q = nullptr;       // fused kernel: act staged for its down phase in phase B (gemv_stream.cuh
+  void* act_q = nullptr;       // fused kernel: the routed act staged for its down phase (gemv_stream.cuh
                                // StreamX<(top_k + 1) * F>; allocated as 4 (top_k * F) bytes, enough for it)
   unsigned* barrier = nullptr; // [kGridBarrierWords] grid barrier of the fused MoE kernel; zeroed once
   unsigned long long* router_acc = nullptr;  // [2][E + 1] the fused kernel's router sums in 2^-32 units, two
@@ -172,10 +172,11 @@ struct ResidualProj {
   const float* x = nullptr;  // [K] fp32, device
 };
 // The MoE block of a decoder layer with its input norm: x = RMSNorm(h) * norm_w (stored to x_out), h += MoE(x);
-// with pre, h += pre->W pre->x first. For the real model's shapes on a GPU with >= 128 SMs this is ONE
-// persistent launch (kernels/moe_fused.cu: the pre projection (q4 K = 4096), route, selection, gate/up, down
-// separated by grid barriers, the down weights requested during the gate/up work); otherwise, or with
-// LILY_MOE_FUSED=0, gemv + moe_route_rmsnorm + moe_gate_up + moe_down.
+// with pre, h += pre->W pre->x first. For the real model's shapes on a GPU with >= 128 SMs, with router_slices
+// built, this is ONE persistent launch (kernels/moe_fused.cu: the pre projection (q4 K = 4096) and the router
+// sums, the selection from the sums, gate/up, down, separated by grid barriers; the down weights requested
+// during the gate/up work), after a small launch adding the router sums unless pre or router_sums_added;
+// otherwise, or with LILY_MOE_FUSED=0, gemv + moe_route_rmsnorm + moe_gate_up + moe_down.
 // router_sums_added: the previous launch added this block's router sums (moe_router_sums); otherwise the fused
 // path adds them itself (its o_proj phase, or a small launch before it).
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
