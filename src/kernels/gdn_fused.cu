@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   grid_sync(gs);
   trace_stamp(a.trace, 5);
 
-  // ---- phase 3: the staged outputs with the gated RMSNorm's 1 / rms of each head, out_proj row g, residual.
+  // ---- phase 3: the staged outputs with the gated RMSNorm's 1 / rms of each head, out_proj row og, residual.
   // The chunks' fixed-point bytes are scale-free; the head's 1 / rms only scales each chunk's unit and sum. ----
   static_assert(4 * StreamX<kV>::nch == kThreads && StreamX<kV>::nch == kHv * kTiles, "one word per thread");
   const StreamX<kV>& st = *a.o_staged;

@@ -441,9 +441,9 @@ __device__ __forceinline__ PairArgs route_topk_finish(const PairArgs& a, TopkSm&
   return res;
 }
 
-// Host: the argument blocks of the MoE kernels (moe.cu), shared by the three-launch path and the fused kernel
-// (moe_fused.cu): the router rows [E] + shared-expert gate [1] writing s.logits, and the gate/up pairs of the
-// routed and shared experts reading the selection inputs from s.
+// Host: the argument blocks of the MoE kernels (moe.cu): the router rows [E] + shared-expert gate [1] writing
+// s.logits (the three-launch path), and the gate/up pairs of the routed and shared experts reading the
+// selection inputs from s (shared with the fused kernel, moe_fused.cu).
 MultiArgs router_args(const MoeWeightsDev& m, const MoeScratch& s);
 PairArgs expert_pair_args(const MoeWeightsDev& m, const MoeScratch& s);
 

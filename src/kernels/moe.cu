@@ -318,6 +318,7 @@ MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn) {
   const size_t acc_bytes = sizeof(unsigned long long) * detail::kRouterCopies * (n_experts + 1);
   CUDA_CHECK(cudaMalloc(&s.router_acc, acc_bytes));
   CUDA_CHECK(cudaMemset(s.router_acc, 0, acc_bytes));
+  CUDA_CHECK(cudaDeviceSynchronize());  // the zeros before any launch on a non-blocking stream
   return s;
 }
 
@@ -427,6 +428,9 @@ void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps,
                cudaStream_t stream, bool allow_fused, const ResidualProj* pre, bool router_sums_added) {
   detail::check_moe(m, s);
   const bool fused = allow_fused && moe_block_is_fused(m, s);
+  // sums added before h changes again, or never consumed (and zeroed) by the fused launch: the next one misroutes
+  LILY_CHECK(!router_sums_added || (fused && !pre),
+             "moe_block: router sums added, but the block does not take the fused kernel or has a pre projection");
   if (pre && !(fused && detail::moe_fused_takes_pre(*pre))) {  // a projection the fused kernel's phase 0 does not take
     gemv(pre->W, pre->x, h, true, stream);
     pre = nullptr;

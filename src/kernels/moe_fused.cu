@@ -5,8 +5,8 @@
 //   0  (attention layers) h += o_proj(attn): warp w of block b < 128 computes row 16 b + w of the q4 [H][4096]
 //      projection (its weights requested at entry), then the block adds its 16 new rows' part of the router
 //      sums (kernels/router_partial.cuh); a grid barrier
-//   A  every block reads h and the router sums (added by the launch that wrote h, or by phase 0) in one L2
-//      round trip, normalises h, turns the sums into logits with its 1 / rms and selects the experts right
+//   A  every block reads h and the router sums (added by the launch that wrote h, by phase 0, or by
+//      router_sums_kernel launched before this one) in one L2 round trip, normalises h, turns the sums into logits with its 1 / rms and selects the experts right
 //      after the norm's reduction (route_topk_select_from), then requests the routed experts' gate/up rows;
 //      warps g < F compute the shared expert's gate/up row g (unscaled silu(g) * u, weights requested after h);
 //      the 16 warps of block b < 128 compute routed act chunk b (32 consecutive values, scaled by the routing

@@ -53,7 +53,7 @@ void print_persistent_trace() {
   const int nb = sm_count(), ns = g_slots;
   std::vector<unsigned long long> t(static_cast<size_t>(ns) * kTraceBlocks * kTraceStamps);
   CUDA_CHECK(cudaMemcpy(t.data(), d, t.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-  const char* moe[] = {"entry", "selected", "shared", "gate/up", "barrier", "act staged", "end"};
+  const char* moe[] = {"entry", "selected+x", "shared", "gate/up", "barrier", "act staged", "end"};
   const char* gdn[] = {"entry", "x normed", "in_proj", "barrier 1", "step", "barrier 2", "staged", "end"};
   const char* const* names[2] = {moe, gdn};  // by kernel (persistent_trace's argument)
   const int n_stamps[2] = {7, 8};

@@ -1,7 +1,7 @@
 // The fused MoE block's router logits, summed by the launch that finishes h instead of by a phase of the MoE
 // launch (moe_fused.cu). The router is linear in h: logit_e = r * sum_i W[e][i] * (h_i * w_i), with r the
 // RMSNorm's 1 / rms of h and w its weight. So whichever launch writes the final h rows (the GDN mixer's out_proj,
-// the MoE launch's o_proj phase, or router_partials_kernel when neither does) adds, per block of 16 rows, its
+// the MoE launch's o_proj phase, or router_sums_kernel when neither does) adds, per block of 16 rows, its
 // part of the sum for the E experts and the shared-expert gate into an accumulator; the MoE launch then reads
 // the sums with h, multiplies by its own r and selects the experts right after its norm (no router phase, no
 // grid barrier before the selection). The accumulator is 64-bit fixed point (units of 2^-32): integer adds
