@@ -239,7 +239,7 @@ void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const flo
   a.pos = pos;
   a.barrier = barrier;
   a.trace = persistent_trace(1);
-  if (next_router && next_router->acc) a.rs = router_partial_dev(next_router->slices, next_router->norm_w, next_router->acc);
+  if (next_router && next_router->acc) a.rs = router_partial_dev(*next_router);
 
   launch_persistent(gdn_fused_kernel, a, kThreads, stream);
 }

@@ -416,12 +416,8 @@ bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s, const Resid
 }
 
 RouterSums moe_router_sums(const MoeWeightsDev& m, const float* norm_w, const MoeScratch& s) {
-  RouterSums r;
-  if (!moe_block_is_fused(m, s)) return r;
-  r.slices = m.router_slices;
-  r.norm_w = norm_w;
-  r.acc = s.router_acc;
-  return r;
+  if (!moe_block_is_fused(m, s)) return RouterSums{};
+  return RouterSums{m.router_slices, norm_w, s.router_acc};
 }
 
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,

@@ -88,12 +88,6 @@ __device__ __forceinline__ void load_down_row(const FusedArgs& a, const int* idx
   }
 }
 
-__device__ __forceinline__ unsigned long long ldcg_u64(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p));
-  return v;
-}
-
 __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   __shared__ __align__(16) StreamX<kH> xs;           // x for the q4 stream dots
   __shared__ __align__(16) StreamX<(kK + 1) * kF> xd;  // act (the 9 down projections' input), staged
@@ -157,8 +151,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   unsigned long long sum_e = 0ull, sum_sh = 0ull;
 #pragma unroll
   for (int c = 0; c < kRouterCopies; ++c) {
-    if (e < E) sum_e += ldcg_u64(a.rs.acc + c * (E + 1) + e);
-    if (e == 0) sum_sh += ldcg_u64(a.rs.acc + c * (E + 1) + E);
+    if (e < E) sum_e += __ldcg(a.rs.acc + c * (E + 1) + e);
+    if (e == 0) sum_sh += __ldcg(a.rs.acc + c * (E + 1) + E);
   }
   const bool down_task = g < kH;
   float hg = 0.f;  // h[g], the row this warp adds to in phase C: its residual add is then a store
@@ -326,13 +320,13 @@ bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s) {
          m.down.rows == kH && m.down.cols == kF && s.top_k == kK;
 }
 
-RouterPartialDev router_partial_dev(const QMat& slices, const float* norm_w, unsigned long long* acc) {
+RouterPartialDev router_partial_dev(const RouterSums& s) {
   RouterPartialDev r;
-  r.q = slices.w;
-  r.sb = slices.sb;
-  r.norm_w = norm_w;
-  r.acc = acc;
-  r.n = slices.rows;
+  r.q = s.slices.w;
+  r.sb = s.slices.sb;
+  r.norm_w = s.norm_w;
+  r.acc = s.acc;
+  r.n = s.slices.rows;
   return r;
 }
 
@@ -342,7 +336,8 @@ void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, flo
   FusedArgs a{};
   a.pairs = expert_pair_args(m, s);
   a.logits = s.logits;
-  a.rs = router_partial_dev(m.router_slices, norm_w, s.router_acc);
+  const RouterSums sums{m.router_slices, norm_w, s.router_acc};
+  a.rs = router_partial_dev(sums);
   a.dw = m.down.w; a.dsb = m.down.sb; a.sdw = m.sh_down.w; a.sdsb = m.sh_down.sb;
   a.d_mat_w_bytes = m.down.mat_w_bytes();
   a.d_mat_groups = m.down.mat_groups();
@@ -358,9 +353,7 @@ void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, flo
     a.psb = pre->W.sb;
     a.px = pre->x;
   } else if (!sums_added) {
-    RouterSums r;
-    r.slices = m.router_slices, r.norm_w = norm_w, r.acc = s.router_acc;
-    moe_router_sums_add(r, h, stream);
+    moe_router_sums_add(sums, h, stream);
   }
 
   launch_persistent(moe_fused_kernel, a, kThreads, stream);
@@ -371,7 +364,7 @@ void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, flo
 void moe_router_sums_add(const RouterSums& r, const float* h, cudaStream_t stream) {
   using namespace detail;
   LILY_CHECK(r.acc && r.slices.w && r.slices.cols == kH, "moe_router_sums_add: no router slices or accumulator");
-  router_sums_kernel<<<kRouterBlocks, kSumsThreads, 0, stream>>>(router_partial_dev(r.slices, r.norm_w, r.acc), h);
+  router_sums_kernel<<<kRouterBlocks, kSumsThreads, 0, stream>>>(router_partial_dev(r), h);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -131,8 +131,8 @@ struct MoeScratch {
   void* act_q = nullptr;       // fused kernel: the routed act staged for its down phase (gemv_stream.cuh
                                // StreamX<(top_k + 1) * F>; allocated as 4 (top_k * F) bytes, enough for it)
   unsigned* barrier = nullptr; // [kGridBarrierWords] grid barrier of the fused MoE kernel; zeroed once
-  unsigned long long* router_acc = nullptr;  // [2][E + 1] the fused kernel's router sums in 2^-32 units, two
-                                             // copies (kernels/router_partial.cuh); zero between MoE blocks
+  unsigned long long* router_acc = nullptr;  // [copies][E + 1] the fused kernel's router sums in 2^-32 units
+                                             // (kernels/router_partial.cuh kRouterCopies); zero between MoE blocks
   int n_experts = 0, top_k = 0, ffn = 0;
 };
 // The next fused MoE block's router sums, added by the launch that writes the final h before it (the GDN

@@ -37,7 +37,7 @@ struct RouterSlice {
 };
 
 // Host (moe_fused.cu): the arguments for a MoE block's router_slices, its norm weight and accumulator.
-RouterPartialDev router_partial_dev(const QMat& slices, const float* norm_w, unsigned long long* acc);
+RouterPartialDev router_partial_dev(const RouterSums& s);
 
 // Thread e < n of the block summing row-block b: its 20 bytes of the router (constant: request them early).
 __device__ __forceinline__ RouterSlice router_slice_load(const RouterPartialDev& r, int b) {
