@@ -350,8 +350,14 @@ int main(int argc, char** argv) {
     // finite bf16 pairs (fill_sb's scale|bias words: magnitude ~0.004..0.008, random signs)
     fill_sb<<<1024, 256>>>(reinterpret_cast<uint32_t*>(pool), pool_pages * page_elems / 2, g_seed++);
     CUDA_CHECK_LAUNCH();
-    float* q = make_vec(kHeads * kD);
-    float* qg = make_vec(kHeads * 2 * kD);
+    AttnIn in;  // the current token's raw q|gate, k, v and the norm weights (the split kernel normalises them)
+    in.qg = make_vec(kHeads * 2 * kD);
+    in.k = make_vec(kKv * kD);
+    in.v = make_vec(kKv * kD);
+    in.q_norm = make_vec(kD);
+    in.k_norm = make_vec(kD);
+    in.eps = 1e-6f;
+    attn_in_rope(in, kD / 4, 1e7);
     float* out = make_vec(kHeads * kD);
     AttnScratch sc;
     sc.max_splits = kSplitsMax;
@@ -377,7 +383,7 @@ int main(int argc, char** argv) {
         kv.page_tokens = kPage;
         kv.n_kv = kKv;
         kv.head_dim = kD;
-        launch_attention_decode(q, qg, kv, pos, out, sc, splits, kHeads, s);
+        launch_attention_decode(in, kv, pos, out, sc, splits, kHeads, s);
       }, 25);
       report("attention decode ctx " + std::to_string(ctx) + " (split+combine)", us, bytes);
     }

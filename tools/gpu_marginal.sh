@@ -10,7 +10,7 @@ source "$(dirname "$0")/gpu_lib.sh"
 full=$(us)
 echo "full step at context $CTX: $full us"
 # the families of the default step (gdn_in_proj / gdn_core / gdn_out_proj exist only with LILY_GDN_FUSED=0)
-for f in gdn attn_in_proj attn_qk_rope attn_core attn_out_proj moe lm_head; do
+for f in gdn attn_in_proj attn_core attn_out_proj moe lm_head; do
   t=$(us LILY_SKIP=$f)
   python3 -c "print('%-14s %8s us without  -> marginal %7.1f us' % ('$f', '$t', $full - $t))"
 done

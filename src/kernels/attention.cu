@@ -6,7 +6,11 @@
 //                            serves every context length. Inside a block each warp walks its own steps with
 //                            its own online softmax: no block barrier per tile. Launched with PDL
 //                            (attention_pdl), it copies its first steps (earlier tokens' rows) before waiting
-//                            for the q/k kernel, and reads the token's own row again after the wait.
+//                            for the q|k|v projection.
+//     norm_rope_lane         q/k RMSNorm + partial rotate-half RoPE of a head held by one warp (every block
+//                            its KV head's queries; a separate launch for it cost ~1.2 us per layer, H200)
+//     own_row_append         the warp whose step holds token *pos: its key normalised and rotated, its value,
+//                            as bf16 into the cache page and (own_row_patch) into the ring over the copy
 //     load_step              cp.async of a step's K and V rows into the warp's 3-stage shared-memory ring,
 //                            issued two steps ahead of the compute (loads overlap the math)
 //     split_run_mma          head_dim 256 (the real model): per step, the group's 8 query heads score the 8
@@ -25,7 +29,9 @@
 // timed by bench/bench_kernels.cu (attention section).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cfloat>
+#include <cmath>
 
 #include "kernels/common.cuh"
 #include "kernels/launch.cuh"
@@ -189,6 +195,7 @@ struct SplitPlan {
   int len, n_active;
   bool active;  // split < n_active
   int first, n_my;
+  int i_own;    // the warp's step i that holds token len - 1 (the current one), or -1
 };
 __device__ __forceinline__ SplitPlan split_plan(int len, int split, int splits) {
   SplitPlan p;
@@ -200,6 +207,9 @@ __device__ __forceinline__ SplitPlan split_plan(int len, int split, int splits) 
   const int s_end = (int)((long long)(split + 1) * n_steps / p.n_active);
   p.first = s_begin + threadIdx.x / 32;
   p.n_my = p.first < s_end ? (s_end - p.first + kWarps - 1) / kWarps : 0;
+  const int last = n_steps - 1;
+  p.i_own = last >= p.first && (last - p.first) % kWarps == 0 && (last - p.first) / kWarps < p.n_my
+                ? (last - p.first) / kWarps : -1;
   return p;
 }
 
@@ -217,36 +227,120 @@ __device__ __forceinline__ void split_issue_first(const SplitPlan& p, const KvPa
   }
 }
 
-// For copies started before token t's K/V row was written (launched with PDL, the split kernel starts them
-// before the append of the q/k kernel is visible): the warp whose first steps hold t waits for its copies and
-// reads that row again (its own dims of it, through L2). The later steps are copied after the wait.
+// ---- the token's own inputs: q/k RMSNorm + partial rotate-half RoPE, the K/V append ----
+// A warp holds one head: lane l dims [l * EPL, l * EPL + EPL). LaneRope holds the lane's constants: the norm
+// weights, requested before the K/V copies (constant data), and the angles' cosines and signed sines, computed
+// while the copies are in flight (the position is known before the wait).
 template <int EPL>
-__device__ __forceinline__ void split_refetch_first(const SplitPlan& p, const KvPages& kv, int g, int t,
-                                                    uint16_t* ring_all) {
-  constexpr int D = EPL * 32;
-  constexpr int kStageElems = 2 * kStep * D;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+struct LaneRope {
+  float wq[EPL], wk[EPL];  // q_norm, k_norm of the lane's dims
+  float c[EPL], s[EPL];    // rotate-half: y_i = x_i c_i + x_partner s_i (dims past rope_dim: c = 1, s = 0)
+  int src;                 // lane holding the partner dims i -+ rope_dim / 2
+};
+template <int EPL>
+__device__ __forceinline__ void lane_rope_weights(const AttnIn& in, LaneRope<EPL>& r) {
+  const int i0 = (threadIdx.x % 32) * EPL;
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    const int t0 = (p.first + i * kWarps) * kStep;
-    if (i < p.n_my && t >= t0 && t < t0 + kStep) {
-      cp_async_wait<0>();
-      uint16_t* dst = ring_all + warp * ring_elems<D>() + i * kStageElems + (t - t0) * D + ring_dim<EPL>(t - t0, lane);
-      const uint16_t* page = kv.pages[t / kv.page_tokens];
-      const size_t row = (size_t)g * kv.page_tokens + t % kv.page_tokens;
+  for (int e = 0; e < EPL; ++e) r.wq[e] = __ldg(in.q_norm + i0 + e), r.wk[e] = __ldg(in.k_norm + i0 + e);
+}
+template <int EPL>
+__device__ __forceinline__ void lane_rope_angles(const AttnIn& in, int pos, LaneRope<EPL>& r) {
+  const int lane = threadIdx.x % 32, i0 = lane * EPL, half = in.rope_dim / 2;
+  r.src = i0 >= in.rope_dim ? lane : i0 < half ? lane + half / EPL : lane - half / EPL;
 #pragma unroll
-      for (int which = 0; which < 2; ++which) {
-        const uint16_t* src = page + (row + (size_t)which * kv.n_kv * kv.page_tokens) * D + lane * EPL;
-        if constexpr (EPL == 8) {  // one 16-byte load per lane (ring_dim keeps 16-byte alignment)
-          *reinterpret_cast<uint4*>(dst + which * kStep * D) = __ldcg(reinterpret_cast<const uint4*>(src));
-        } else {
-#pragma unroll
-          for (int e = 0; e < EPL; ++e) dst[which * kStep * D + e] = __ldcg(src + e);
-        }
-      }
-      __syncwarp();
-    }
+  for (int e = 0; e < EPL; ++e) {
+    const int i = i0 + e;
+    float sn = 0.f, cs = 1.f;
+    if (i < in.rope_dim) sincosf((float)pos * in.inv_freq[i % half], &sn, &cs);
+    r.c[e] = cs;
+    r.s[e] = i < half ? -sn : sn;
   }
+}
+
+// x: the lane's EPL dims of one head -> RoPE(RMSNorm(x; w)) (model.md §2.3; the norm's sum over the warp). Every
+// lane of the warp must call.
+template <int EPL>
+__device__ __forceinline__ void norm_rope_lane(float (&x)[EPL], const float (&w)[EPL], const LaneRope<EPL>& r,
+                                               float eps) {
+  constexpr int D = EPL * 32;
+  float ss = 0.f;
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) ss = fmaf(x[e], x[e], ss);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float rr = rsqrtf(ss / D + eps);
+  float y[EPL], other[EPL];
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) y[e] = x[e] * rr * w[e];
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) other[e] = __shfl_sync(0xffffffffu, y[e], r.src);
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) x[e] = y[e] * r.c[e] + other[e] * r.s[e];
+}
+
+// The lane's EPL raw values of a head (through L2: the previous launch wrote them).
+template <int EPL>
+__device__ __forceinline__ void load_lane(const float* src, float (&x)[EPL]) {
+  if constexpr (EPL % 4 == 0) {
+#pragma unroll
+    for (int e = 0; e < EPL; e += 4) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(src + e));
+      x[e] = v.x, x[e + 1] = v.y, x[e + 2] = v.z, x[e + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) x[e] = __ldcg(src + e);
+  }
+}
+
+// The current token's K and V rows as bf16 (this lane's EPL dims).
+template <int EPL>
+struct OwnRow {
+  uint16_t k[EPL], v[EPL];
+};
+template <int EPL>
+__device__ __forceinline__ void store_bf16_lane(uint16_t* dst, const uint16_t (&x)[EPL]) {
+  if constexpr (EPL == 8) {
+    uint4 u;
+    u.x = x[0] | (uint32_t)x[1] << 16, u.y = x[2] | (uint32_t)x[3] << 16;
+    u.z = x[4] | (uint32_t)x[5] << 16, u.w = x[6] | (uint32_t)x[7] << 16;
+    *reinterpret_cast<uint4*>(dst) = u;
+  } else {
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) dst[e] = x[e];
+  }
+}
+
+// Token t's key (normalised, rotated) and value for KV head g, appended to the cache page (read by later steps)
+// and returned for the ring (own_row_patch): the split kernel's copies may have read the page's stale row.
+template <int EPL>
+__device__ __forceinline__ OwnRow<EPL> own_row_append(const AttnIn& in, const LaneRope<EPL>& lr, const KvPages& kv,
+                                                      int g, int t) {
+  constexpr int D = EPL * 32;
+  const int lane = threadIdx.x % 32;
+  float kx[EPL], vx[EPL];
+  load_lane<EPL>(in.k + (size_t)g * D + lane * EPL, kx);
+  load_lane<EPL>(in.v + (size_t)g * D + lane * EPL, vx);
+  norm_rope_lane<EPL>(kx, lr.wk, lr, in.eps);
+  OwnRow<EPL> r;
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) r.k[e] = f32_to_bf16(kx[e]), r.v[e] = f32_to_bf16(vx[e]);
+  uint16_t* page = kv.pages[t / kv.page_tokens];
+  const size_t row = (size_t)g * kv.page_tokens + t % kv.page_tokens;
+  store_bf16_lane<EPL>(page + row * D + lane * EPL, r.k);
+  store_bf16_lane<EPL>(page + (row + (size_t)kv.n_kv * kv.page_tokens) * D + lane * EPL, r.v);
+  return r;
+}
+
+// Overwrite row r of a ring stage (after the warp's copies of it landed) with the token's own K and V: each lane
+// its own dims, where its copies put them (ring_dim). Ends with __syncwarp.
+template <int EPL>
+__device__ __forceinline__ void own_row_patch(uint16_t* stage, int r, const OwnRow<EPL>& own) {
+  constexpr int D = EPL * 32;
+  const int lane = threadIdx.x % 32;
+  store_bf16_lane<EPL>(stage + r * D + ring_dim<EPL>(r, lane), own.k);
+  store_bf16_lane<EPL>(stage + (kStep + r) * D + ring_dim<EPL>(r, lane), own.v);
+  __syncwarp();
 }
 
 // merge_warps: weights exp2(m_w - M) per head, scaled accumulators summed over the warps in a fixed order.
@@ -296,9 +390,9 @@ __device__ __forceinline__ void write_partial(const SplitShared& sh, const uint1
 // The rest of the split block after split_issue_first: scores, online softmax, p·V over its steps, the warps
 // merged into the split's partial (acc, m, l) in scratch. Scalar fp32 path (head_dim < 256: the test models).
 template <int EPL>
-__device__ __forceinline__ void split_run_scalar(const SplitPlan& p, const float* q, const KvPages& kv, int g,
-                                                 int split, int group, const AttnScratch& scratch,
-                                                 uint16_t* ring_all, SplitShared& sh) {
+__device__ __forceinline__ void split_run_scalar(const SplitPlan& p, const AttnIn& in, const LaneRope<EPL>& lr,
+                                                 const KvPages& kv, int g, int split, int group,
+                                                 const AttnScratch& scratch, uint16_t* ring_all, SplitShared& sh) {
   constexpr int D = EPL * 32;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int hh_lane = lane >> 2;  // the head whose scores this lane holds after reduce_scatter8
@@ -306,25 +400,19 @@ __device__ __forceinline__ void split_run_scalar(const SplitPlan& p, const float
   uint16_t* ring = ring_all + warp * ring_elems<D>();
   constexpr int kStageElems = 2 * kStep * D;
 
-  // queries of the group, pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2); heads past the group are 0
+  // queries of the group, normalised and rotated, pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2);
+  // heads past the group are 0
   float qr[kMaxGroup][EPL];
   const float qscale = rsqrtf((float)D) * kLog2e;
+  const OwnRow<EPL> own = p.i_own >= 0 ? own_row_append<EPL>(in, lr, kv, g, len - 1) : OwnRow<EPL>{};
 #pragma unroll
   for (int hh = 0; hh < kMaxGroup; ++hh) {
-    // vector loads: through L2 (__ldcg), 8 scalar loads per lane would each fetch every lane's sector again
-    const float* src = q + (size_t)(g * group + hh) * D + lane * EPL;
-    if constexpr (EPL % 4 == 0) {
+    float x[EPL] = {};
+    // vector loads where EPL allows: through L2 (__ldcg); scalar loads would each fetch every lane's sector again
+    if (hh < group) load_lane<EPL>(in.qg + (size_t)(g * group + hh) * 2 * D + lane * EPL, x);
+    norm_rope_lane<EPL>(x, lr.wq, lr, in.eps);
 #pragma unroll
-      for (int e = 0; e < EPL; e += 4) {
-        const float4 v =
-            hh < group ? __ldcg(reinterpret_cast<const float4*>(src + e)) : make_float4(0.f, 0.f, 0.f, 0.f);
-        qr[hh][e] = v.x * qscale, qr[hh][e + 1] = v.y * qscale;
-        qr[hh][e + 2] = v.z * qscale, qr[hh][e + 3] = v.w * qscale;
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < EPL; ++e) qr[hh][e] = hh < group ? __ldcg(src + e) * qscale : 0.f;
-    }
+    for (int e = 0; e < EPL; ++e) qr[hh][e] = x[e] * qscale;
   }
   float acc[kMaxGroup][EPL] = {};
   float m = -INFINITY, l = 0.f;  // online softmax state of head hh_lane
@@ -333,6 +421,7 @@ __device__ __forceinline__ void split_run_scalar(const SplitPlan& p, const float
   int stage = 0;
   for (int i = 0; i < n_my; ++i) {
     ring_next<EPL>(kv, g, first, n_my, len, i, stage, ring, lane);
+    if (i == p.i_own) own_row_patch<EPL>(ring + stage * kStageElems, (len - 1) % kStep, own);
     const uint16_t* kst = ring + stage * kStageElems + lane * EPL;
     const uint16_t* vst = kst + kStep * D;
     const int t0 = (first + i * kWarps) * kStep;
@@ -454,9 +543,9 @@ __device__ __forceinline__ void mma_k8(float (&c)[4], uint32_t a0, uint32_t a1, 
       : "r"(a0), "r"(a1), "r"(b));
 }
 
-__device__ __forceinline__ void split_run_mma(const SplitPlan& p, const float* q, const KvPages& kv, int g,
-                                              int split, int group, const AttnScratch& scratch, uint16_t* ring_all,
-                                              SplitShared& sh, int refetch_t) {
+__device__ __forceinline__ void split_run_mma(const SplitPlan& p, const AttnIn& in, const LaneRope<8>& rope,
+                                              const KvPages& kv, int g, int split, int group,
+                                              const AttnScratch& scratch, uint16_t* ring_all, SplitShared& sh) {
   constexpr int EPL = 8, D = 256, kRow = D * 2;  // bytes per K/V row in the ring
   constexpr int kStageElems = 2 * kStep * D;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -466,20 +555,19 @@ __device__ __forceinline__ void split_run_mma(const SplitPlan& p, const float* q
   const unsigned ring_s = static_cast<unsigned>(__cvta_generic_to_shared(ring));
 
   // [q_hi; q_lo] staged once per block as the bf16 A matrix [16][D] (rows 8..15 the remainders; chunk c of row r
-  // at c ^ (r & 7)), q pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2); heads past the group are 0. Each
-  // thread converts 8 consecutive values (one 16-byte chunk of a row): one L2 read of q per block, not per warp.
+  // at c ^ (r & 7)), q normalised and rotated (warp hh holds head hh), pre-scaled by 1/sqrt(d) and log2(e)
+  // (softmax in base 2); heads past the group are 0. Each thread converts 8 consecutive values (one 16-byte chunk
+  // of a row): one L2 read of q per block, not per warp. The warp whose step holds the current token reads its
+  // k and v in the same round trip.
+  OwnRow<EPL> own{};
   {
     const float qscale = rsqrtf((float)D) * kLog2e;
-    const int e0 = threadIdx.x * 8, hh = e0 / D, c = (e0 % D) / 8;
-    static_assert(kThreads * 8 == kMaxGroup * D, "one chunk per thread");
+    const int hh = warp, c = lane;
+    static_assert(kThreads * 8 == kMaxGroup * D && kThreads / 32 == kMaxGroup, "a warp per head, a chunk per thread");
     float v[8] = {};
-    if (hh < group) {
-      const float4* src = reinterpret_cast<const float4*>(q + (size_t)(g * group) * D + e0);
-      const float4 a = __ldcg(src), b = __ldcg(src + 1);
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    }
-    // the token's own K/V row again (split_refetch_first) once q is requested: both reads in one L2 round trip
-    if (refetch_t >= 0) split_refetch_first<EPL>(p, kv, g, refetch_t, ring_all);
+    if (hh < group) load_lane<8>(in.qg + (size_t)(g * group + hh) * 2 * D + c * 8, v);
+    if (p.i_own >= 0) own = own_row_append<EPL>(in, rope, kv, g, len - 1);
+    norm_rope_lane<8>(v, rope.wq, rope, in.eps);
     uint32_t hi[4], lo[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -509,6 +597,7 @@ __device__ __forceinline__ void split_run_mma(const SplitPlan& p, const float* q
   int stage = 0;
   for (int i = 0; i < n_my; ++i) {
     ring_next<EPL>(kv, g, first, n_my, len, i, stage, ring, lane);
+    if (i == p.i_own) own_row_patch<EPL>(ring + stage * kStageElems, (len - 1) % kStep, own);
     const unsigned kst = ring_s + stage * kStageElems * 2 + row_off, vst = kst + kStep * kRow;
     // S = [q_hi; q_lo] K^T, two accumulators (even / odd slices) for shorter dependency chains
     float sa[4] = {}, sb[4] = {};
@@ -575,39 +664,39 @@ __device__ __forceinline__ void split_run_mma(const SplitPlan& p, const float* q
   write_partial<D>(sh, ring_all, g, split, group, scratch);
 }
 
-// refetch_t >= 0: token refetch_t's row is read again first (split_refetch_first; the tensor-core path does it
-// once q is requested).
 template <int EPL>
-__device__ __forceinline__ void split_run(const SplitPlan& p, const float* q, const KvPages& kv, int g, int split,
-                                          int group, const AttnScratch& scratch, uint16_t* ring_all,
-                                          SplitShared& sh, int refetch_t) {
+__device__ __forceinline__ void split_run(const SplitPlan& p, const AttnIn& in, const LaneRope<EPL>& lr,
+                                          const KvPages& kv, int g, int split, int group, const AttnScratch& scratch,
+                                          uint16_t* ring_all, SplitShared& sh) {
   if constexpr (EPL == 8) {
-    split_run_mma(p, q, kv, g, split, group, scratch, ring_all, sh, refetch_t);
+    split_run_mma(p, in, lr, kv, g, split, group, scratch, ring_all, sh);
   } else {
-    if (refetch_t >= 0) split_refetch_first<EPL>(p, kv, g, refetch_t, ring_all);
-    split_run_scalar<EPL>(p, q, kv, g, split, group, scratch, ring_all, sh);
+    split_run_scalar<EPL>(p, in, lr, kv, g, split, group, scratch, ring_all, sh);
   }
 }
 
 template <int EPL>
 __global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
-    const float* __restrict__ q, KvPages kv, const int* __restrict__ pos_ptr, AttnScratch scratch, int group,
+    const __grid_constant__ AttnIn in, KvPages kv, const int* __restrict__ pos_ptr, AttnScratch scratch, int group,
     bool pdl) {
   extern __shared__ __align__(16) uint16_t ring_all[];  // [kWarps][ring_elems<D>()]
   __shared__ SplitShared sh;
   const int g = blockIdx.y, split = blockIdx.x;
   // The position is written between steps only, never by the previous launch. Launched with PDL, the first K/V
-  // copies start before the wait (rows of earlier tokens are final), and the token's own row, appended by the
-  // previous launch, is read again after it. The combine (launched with PDL) is let in only at the end: its
-  // blocks scheduled next to running split blocks cost ~2.5 us per layer (H200, 4K: the combine with PDL and
-  // this trigger at entry 1299 us per token, plain 1272, PDL with this trigger at the end 1266).
+  // copies start before the wait (rows of earlier tokens are final; the token's own row is this kernel's to
+  // write, own_row_append). The combine (launched with PDL) is let in only at the end: its blocks scheduled next
+  // to running split blocks cost ~2.5 us per layer (H200, 4K: the combine with PDL and this trigger at entry
+  // 1299 us per token, plain 1272, PDL with this trigger at the end 1266).
   if (!pdl) dep_wait();
   const int pos = *pos_ptr;
   const SplitPlan p = split_plan(pos + 1, split, gridDim.x);
   if (!p.active) return;
+  LaneRope<EPL> lr;
+  lane_rope_weights<EPL>(in, lr);              // constant: requested ahead of the copies
   split_issue_first<EPL>(p, kv, g, ring_all);  // the first loads before anything else
+  lane_rope_angles<EPL>(in, pos, lr);          // while they are in flight
   if (pdl) dep_wait();
-  split_run<EPL>(p, q, kv, g, split, group, scratch, ring_all, sh, pdl ? pos : -1);
+  split_run<EPL>(p, in, lr, kv, g, split, group, scratch, ring_all, sh);
   dep_trigger();  // (a block without work exits above, which counts as its trigger)
 }
 
@@ -685,7 +774,7 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
 }
 
 template <int EPL>
-void launch_split(const float* q, KvPages kv, const int* pos, AttnScratch scratch, int splits, int group,
+void launch_split(const AttnIn& in, KvPages kv, const int* pos, AttnScratch scratch, int splits, int group,
                   cudaStream_t s) {
   constexpr size_t smem = (size_t)kWarps * ring_elems<EPL * 32>() * sizeof(uint16_t);
   // note: set on every call (cheap, not a stream operation, legal during graph capture): no static state
@@ -693,7 +782,7 @@ void launch_split(const float* q, KvPages kv, const int* pos, AttnScratch scratc
                                   (int)smem));
   const bool pdl = attention_pdl();
   launch_ex(attention_split_kernel<EPL>, dim3(splits, kv.n_kv), dim3(kThreads), smem, s, LaunchOpts{pdl, 1, false},
-            q, kv, pos, scratch, group, pdl);
+            in, kv, pos, scratch, group, pdl);
 }
 
 }  // namespace
@@ -707,23 +796,39 @@ size_t attn_scratch_floats(int n_kv, int max_splits, int group, int head_dim) {
   return (size_t)n_kv * max_splits * group * (head_dim + 2);
 }
 
-void launch_attention_decode(const float* q, const float* qg, KvPages kv, const int* pos, float* out,
-                             AttnScratch scratch, int splits, int n_heads, cudaStream_t s) {
+size_t kv_page_elems(int page_tokens, int n_kv, int head_dim) {
+  return (size_t)2 * n_kv * page_tokens * head_dim;
+}
+
+void attn_in_rope(AttnIn& in, int rope_dim, double theta) {
+  LILY_CHECK(rope_dim > 0 && rope_dim % 2 == 0 && rope_dim / 2 <= kAttnMaxRopeHalf, "attention: rope_dim ", rope_dim,
+             " not supported (even, at most ", 2 * kAttnMaxRopeHalf, ")");
+  in.rope_dim = rope_dim;
+  for (int f = 0; f < rope_dim / 2; ++f) in.inv_freq[f] = (float)std::pow(theta, -2.0 * f / rope_dim);
+}
+
+void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float* out, AttnScratch scratch,
+                             int splits, int n_heads, cudaStream_t s) {
   const int group = n_heads / kv.n_kv;
   LILY_CHECK(n_heads % kv.n_kv == 0 && group <= kMaxGroup && splits >= 1 && splits <= scratch.max_splits &&
                  splits <= kMaxSplits && kv.page_tokens % kStep == 0,
              "attention_decode: unsupported n_heads ", n_heads, " n_kv ", kv.n_kv, " splits ", splits);
+  const int epl = kv.head_dim / 32;
+  LILY_CHECK(in.rope_dim > 0 && in.rope_dim <= kv.head_dim && kv.head_dim % 32 == 0 &&
+                 (in.rope_dim / 2) % std::max(epl, 1) == 0,
+             "attention_decode: rope_dim ", in.rope_dim, " with head_dim ", kv.head_dim,
+             " (rope_dim / 2 must be a multiple of head_dim / 32)");
   switch (kv.head_dim) {
-    case 256: launch_split<8>(q, kv, pos, scratch, splits, group, s); break;
-    case 128: launch_split<4>(q, kv, pos, scratch, splits, group, s); break;
-    case 64: launch_split<2>(q, kv, pos, scratch, splits, group, s); break;
-    case 32: launch_split<1>(q, kv, pos, scratch, splits, group, s); break;
+    case 256: launch_split<8>(in, kv, pos, scratch, splits, group, s); break;
+    case 128: launch_split<4>(in, kv, pos, scratch, splits, group, s); break;
+    case 64: launch_split<2>(in, kv, pos, scratch, splits, group, s); break;
+    case 32: launch_split<1>(in, kv, pos, scratch, splits, group, s); break;
     default: ::lily::fail("attention_decode: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
   }
   const dim3 grid(n_heads, (kv.head_dim + kCombDims - 1) / kCombDims);
   // the combine with PDL (it triggers at entry, so the o_proj + MoE launch is scheduled early), let in by the split
   // blocks' trigger at their end
-  launch_ex(attention_combine_kernel, grid, dim3(kCombThreads), 0, s, LaunchOpts{attention_pdl(), 1, false}, qg,
+  launch_ex(attention_combine_kernel, grid, dim3(kCombThreads), 0, s, LaunchOpts{attention_pdl(), 1, false}, in.qg,
             pos, out, scratch, splits, group, kv.head_dim);
 }
 

@@ -1,7 +1,8 @@
 // Launchers for the sequence-mixing and normalisation kernels of one decode step (batch 1):
-//   norm_rope.cu  residual add + RMSNorm; attention q/k norm + partial NeoX RoPE + KV-cache append
+//   norm_rope.cu  residual add + RMSNorm
 //   gdn.cu        fused Gated DeltaNet step (conv, L2 norms, gates, delta rule, gated RMSNorm)
-//   attention.cu  decode attention over a paged bf16 KV cache (GQA packing, split over SMs, then a combine)
+//   attention.cu  decode attention over a paged bf16 KV cache (q/k norm + RoPE + KV append, GQA packing, split
+//                 over SMs, then a combine)
 // Every launcher takes raw device pointers, sizes and a stream, never engine types, so it can be tested and
 // benchmarked alone (tests/gpu/test_mixer_kernels.cu). Per-step values (the position) are read from device
 // memory so a captured CUDA graph replays unchanged. Math: shared/spec/model.md §2.1-2.3; all arithmetic fp32.
@@ -30,13 +31,6 @@ size_t kv_page_elems(int page_tokens, int n_kv, int head_dim);  // bf16 elements
 // (w is the effective multiplier, 1 + w_hf). h, out [n] fp32; one block.
 void launch_add_rmsnorm(float* h, const float* d1, const float* d2, const float* w, float* out, int n, float eps,
                         cudaStream_t s);
-
-// Attention pre-processing at position *pos: per query head, q = RMSNorm(qg[h][0:d]; q_norm) then RoPE on
-// dims [0, rope_dim) -> q_out [n_heads][d]; per KV head, k = RoPE(RMSNorm(k; k_norm)) and raw v are written
-// as bf16 into the cache at token *pos. qg [n_heads][2d] (query | gate per head); k, v [n_kv][d] fp32.
-void launch_qk_norm_rope_append(const float* qg, const float* k, const float* v, const float* q_norm,
-                                const float* k_norm, float* q_out, KvPages kv, const int* pos, int n_heads,
-                                int head_dim, int rope_dim, float theta, float eps, cudaStream_t s);
 
 // ---- gdn.cu ----------------------------------------------------------------------------------------
 struct GdnDims {
@@ -70,19 +64,37 @@ struct AttnScratch {
 };
 size_t attn_scratch_floats(int n_kv, int max_splits, int group, int head_dim);
 
-// Decode attention for the token at *pos over cache tokens [0, *pos]: for each query head h (KV head
-// h / group), softmax(q[h]·K / sqrt(d)) V, then times sigmoid(gate[h]) (gate = qg[h][d:2d]).
-// q [n_heads][d] fp32; qg [n_heads][2d]; out [n_heads * d] fp32. head_dim 256 (also 128, 64, 32 for tests),
-// group <= 8, page_tokens a multiple of 8. Two launches: `splits` blocks per KV head (<= scratch.max_splits,
-// <= 128; one block per SM is the intended size, e.g. SMs / n_kv) each take an even share of the tokens (up to
-// 64 each, at least 32 once the context passes 64, so short contexts use few of them), then one combine kernel
-// merges the partials per head.
+// The current token's raw projections and the constants that turn them into the attention's inputs
+// (model.md §2.3): q = RoPE(RMSNorm(qg[h][0:d]; q_norm)), k = RoPE(RMSNorm(k; k_norm)), rotate-half RoPE on dims
+// [0, rope_dim) with angle pos * inv_freq[i % (rope_dim / 2)].
+inline constexpr int kAttnMaxRopeHalf = 128;
+struct AttnIn {
+  const float* qg = nullptr;      // [n_heads][2d] query | gate per head (the q|k|v projection's output)
+  const float* k = nullptr;       // [n_kv][d]
+  const float* v = nullptr;       // [n_kv][d]
+  const float* q_norm = nullptr;  // [d] effective weight (1 + w)
+  const float* k_norm = nullptr;  // [d]
+  int rope_dim = 0;               // even, <= d; (rope_dim / 2) a multiple of d / 32
+  float eps = 0.f;
+  float inv_freq[kAttnMaxRopeHalf] = {};  // theta^(-2f / rope_dim) in double, rounded to fp32 (attn_in_rope)
+};
+// Fills in.rope_dim and in.inv_freq.
+void attn_in_rope(AttnIn& in, int rope_dim, double theta);
+
+// Decode attention for the token at *pos over cache tokens [0, *pos]: q and k from `in` (above); k and v are
+// appended to the cache as bf16 at token *pos; then for each query head h (KV head h / group),
+// softmax(q[h]·K / sqrt(d)) V, times sigmoid(gate[h]) (gate = qg[h][d:2d]) -> out [n_heads * d] fp32.
+// head_dim 256 (also 128, 64, 32 for tests), group <= 8, page_tokens a multiple of 8. Two launches: `splits`
+// blocks per KV head (<= scratch.max_splits, <= 128; one block per SM is the intended size, e.g. SMs / n_kv)
+// each take an even share of the tokens (up to 64 each, at least 32 once the context passes 64, so short
+// contexts use few of them) and normalise and rotate their KV head's queries themselves (the block holding
+// token *pos also its key, and appends the row); then one combine kernel merges the partials per head.
 inline constexpr int kAttnMaxSplits = 128;  // split blocks per KV head at most
-// The q/k norm + RoPE + append, split and combine kernels are launched with programmatic dependent launch (each
-// can start while the kernel before it finishes; the split kernel copies the K/V rows of earlier tokens before it
-// waits, and lets the combine in only when it ends), unless LILY_ATTN_PDL=0.
+// The split and combine kernels are launched with programmatic dependent launch (each can start while the kernel
+// before it finishes; the split kernel copies the K/V rows of earlier tokens before it waits, and lets the
+// combine in only when it ends), unless LILY_ATTN_PDL=0.
 bool attention_pdl();
-void launch_attention_decode(const float* q, const float* qg, KvPages kv, const int* pos, float* out,
-                             AttnScratch scratch, int splits, int n_heads, cudaStream_t s);
+void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float* out, AttnScratch scratch,
+                             int splits, int n_heads, cudaStream_t s);
 
 }  // namespace lily::cuda

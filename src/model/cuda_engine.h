@@ -133,7 +133,6 @@ class CudaEngine {
   float* x_ = nullptr;           // [H] normed input of a block
   float* proj_ = nullptr;        // [conv_dim + Hv*Dv + 2*Hv] GDN projections, or [Hq*2d + 2*Hkv*d] q|k|v
   float* mix_ = nullptr;         // [max(Hv*Dv, Hq*d)] mixer output before its out projection
-  float* q_ = nullptr;           // [Hq*d] normed, rotated queries
   float* logits_ = nullptr;      // [V]
   MoeScratch moe_;
   AttnScratch attn_;

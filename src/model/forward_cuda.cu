@@ -9,9 +9,9 @@
 // logits copy, no host sampler). Math: shared/spec/model.md
 // §2; kernels: kernels/gdn_fused.h (a GDN layer's mixer in one persistent launch), kernels/qmat.h (GEMV, the MoE
 // block in one persistent launch, embedding) and kernels/mixers.h (attention, norms, RoPE, the standalone GDN
-// step), kernels/sampling.h. For the real model the step is 112 launches: embed, per GDN layer 2 (mixer, MoE),
-// per attention layer 5 (q/k/v with the input norm, q/k norm + RoPE + KV append, attention split, combine,
-// o_proj + MoE), lm_head with the final norm. (The instrumented pass of `lily bench` therefore counts the
+// step), kernels/sampling.h. For the real model the step is 102 launches: embed, per GDN layer 2 (mixer, MoE),
+// per attention layer 4 (q/k/v with the input norm, attention split with the q/k norm + RoPE + KV append,
+// combine, o_proj + MoE), lm_head with the final norm. (The instrumented pass of `lily bench` therefore counts the
 // o_proj in "moe".)
 #include <algorithm>
 #include <cstdlib>
@@ -58,7 +58,6 @@ CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int de
   x_ = device_alloc<float>(H);
   proj_ = device_alloc<float>(std::max(gdn_proj, attn_proj));
   mix_ = device_alloc<float>(std::max(c.value_dim(), c.n_heads * d));
-  q_ = device_alloc<float>((size_t)c.n_heads * d);
   logits_ = device_alloc<float>(c.vocab);
   moe_ = moe_scratch_alloc(c.n_experts, c.top_k, c.moe_ffn);
 
@@ -106,7 +105,7 @@ CudaEngine::~CudaEngine() {
   cudaStreamSynchronize(stream_);
   if (graph_) cudaGraphExecDestroy(graph_);
   if (graph_nohead_) cudaGraphExecDestroy(graph_nohead_);
-  for (void* p : {(void*)step_, (void*)h_, (void*)x_, (void*)proj_, (void*)mix_, (void*)q_, (void*)logits_,
+  for (void* p : {(void*)step_, (void*)h_, (void*)x_, (void*)proj_, (void*)mix_, (void*)logits_,
                   gdn_state_, (void*)attn_.partial, (void*)gdn_scratch_, (void*)gdn_barrier_})
     if (p) cudaFree(p);
   for (auto* t : page_table_) cudaFree(t);
@@ -156,7 +155,7 @@ void CudaEngine::fill_kv_random(int n_tokens, uint64_t seed) {
 
 // ---- the decode step, in the order of model.md §2.0 ----
 // Every launch of the step goes through family(): it marks the family for the instrumented pass and lets
-// benchmarks leave families out (LILY_SKIP=moe,attn_qk_rope,...: the step then computes garbage, but the
+// benchmarks leave families out (LILY_SKIP=moe,attn_core,...: the step then computes garbage, but the
 // graph time without a family is its marginal cost in the real pipeline).
 bool CudaEngine::family(const char* name) {
   if (mark_) (*mark_)(name);
@@ -283,10 +282,10 @@ void CudaEngine::attention(int layer, const float* norm_w, ResidualProj& o_proj)
   kv.page_tokens = page_tokens_;
   kv.n_kv = c.n_kv_heads;
   kv.head_dim = d;
-  if (family("attn_qk_rope"))
-    launch_qk_norm_rope_append(qg, k, v, at.q_norm, at.k_norm, q_, kv, &step_->pos, c.n_heads, d, c.rope_dim,
-                               (float)c.rope_theta, c.eps, stream_);
-  if (family("attn_core")) launch_attention_decode(q_, qg, kv, &step_->pos, mix_, attn_, attn_splits_, c.n_heads, stream_);
+  AttnIn in;  // the split kernel normalises and rotates q and k itself and appends k, v to the cache
+  in.qg = qg, in.k = k, in.v = v, in.q_norm = at.q_norm, in.k_norm = at.k_norm, in.eps = c.eps;
+  attn_in_rope(in, c.rope_dim, c.rope_theta);
+  if (family("attn_core")) launch_attention_decode(in, kv, &step_->pos, mix_, attn_, attn_splits_, c.n_heads, stream_);
   o_proj.W = at.o;
   o_proj.x = mix_;
 }

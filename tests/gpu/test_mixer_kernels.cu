@@ -101,7 +101,7 @@ TEST(MixerKernels, AddRmsNorm) {
   }
 }
 
-// ---------------- q/k norm + RoPE + KV append ----------------
+// ---------------- q/k norm + RoPE (the attention kernel's prologue) ----------------
 template <typename T>
 std::vector<T> norm_rope_ref(const float* x, const float* w, int d, int rope, int pos, double theta) {
   std::vector<T> y(d);
@@ -145,48 +145,6 @@ struct PagedCache {
     return ((size_t)(which * kv.n_kv + g) * kv.page_tokens + t % kv.page_tokens) * kv.head_dim;
   }
 };
-
-TEST(MixerKernels, QkNormRopeAppend) {
-  std::mt19937 g(2);
-  struct Case { int n_heads, n_kv, d, rope, pos; double theta; };
-  for (Case c : {Case{16, 2, 256, 64, 12345, 1e7}, Case{4, 2, 32, 8, 70, 1e6}, Case{16, 2, 256, 64, 0, 1e7}}) {
-    auto qg = randv((size_t)c.n_heads * 2 * c.d, g, -2, 2), k = randv((size_t)c.n_kv * c.d, g, -2, 2);
-    auto v = randv((size_t)c.n_kv * c.d, g), qn = randv(c.d, g, 0.5f, 1.5f), kn = randv(c.d, g, 0.5f, 1.5f);
-    PagedCache cache(c.pos + 1, 1024, c.n_kv, c.d);
-    float *dqg = to_dev(qg), *dk = to_dev(k), *dv = to_dev(v), *dqn = to_dev(qn), *dkn = to_dev(kn);
-    float* dq = poisoned((size_t)c.n_heads * c.d);
-    int* dpos = to_dev(std::vector<int>{c.pos});
-    launch_qk_norm_rope_append(dqg, dk, dv, dqn, dkn, dq, cache.kv, dpos, c.n_heads, c.d, c.rope, (float)c.theta,
-                               1e-6f, 0);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<double> r64;
-    std::vector<float> r32;
-    for (int h = 0; h < c.n_heads; ++h) {
-      auto a = norm_rope_ref<double>(&qg[(size_t)h * 2 * c.d], qn.data(), c.d, c.rope, c.pos, c.theta);
-      auto b = norm_rope_ref<float>(&qg[(size_t)h * 2 * c.d], qn.data(), c.d, c.rope, c.pos, c.theta);
-      r64.insert(r64.end(), a.begin(), a.end());
-      r32.insert(r32.end(), b.begin(), b.end());
-    }
-    expect_close("q norm+rope", from_dev(dq, r64.size()), r64, r32, 2e-5);
-    // K and V rows in the page: bf16 of the reference, within one bf16 rounding step
-    const uint16_t* page = cache.pages[c.pos / 1024];
-    for (int kh = 0; kh < c.n_kv; ++kh) {
-      auto kr = norm_rope_ref<double>(&k[(size_t)kh * c.d], kn.data(), c.d, c.rope, c.pos, c.theta);
-      auto kr32 = norm_rope_ref<float>(&k[(size_t)kh * c.d], kn.data(), c.d, c.rope, c.pos, c.theta);
-      double e32 = 0;  // fp32 angles at large positions cost ~1e-3 (the same in both fp32 computations)
-      for (int i = 0; i < c.d; ++i) e32 = std::max(e32, std::fabs(kr32[i] - kr[i]));
-      auto kg = from_dev(page + cache.offset(0, kh, c.pos), c.d);
-      auto vg = from_dev(page + cache.offset(1, kh, c.pos), c.d);
-      for (int i = 0; i < c.d; ++i) {
-        ASSERT_NEAR(bf16_to_f32(kg[i]), kr[i], std::fabs(kr[i]) * (1.0 / 256) + 2 * e32 + 1e-6)
-            << "k head " << kh << " " << i;
-        ASSERT_EQ(vg[i], f32_to_bf16(v[(size_t)kh * c.d + i])) << "v head " << kh << " " << i;
-      }
-    }
-    for (float* p : {dqg, dk, dv, dqn, dkn, dq}) cudaFree(p);
-    cudaFree(dpos);
-  }
-}
 
 // ---------------- Gated DeltaNet step ----------------
 template <typename T>
@@ -272,7 +230,7 @@ TEST(MixerKernels, GdnStepOddShape) { run_gdn_case(GdnDims{3, 6, 47, 36}, 5, 5);
 // ---------------- decode attention ----------------
 // Reference over the bf16 cache contents for heads [h0, h1); out [n_heads * d] (only those heads filled).
 template <typename T>
-std::vector<T> attention_ref(const std::vector<float>& q, const std::vector<float>& qg,
+std::vector<T> attention_ref(const std::vector<T>& q, const std::vector<float>& qg,
                              const std::vector<std::vector<uint16_t>>& pages, const PagedCache& cache, int len,
                              int n_heads, int h0, int h1) {
   const int d = cache.kv.head_dim, group = n_heads / cache.kv.n_kv, P = cache.kv.page_tokens;
@@ -302,9 +260,13 @@ std::vector<T> attention_ref(const std::vector<float>& q, const std::vector<floa
   return out;
 }
 
+// The attention of the token at len - 1 from its raw inputs (q|gate, k, v; the kernel normalises and rotates q
+// and k and appends k, v to the cache) over a random bf16 cache: the appended row against the reference norm +
+// RoPE, then the output against a reference over the cache as the kernel left it.
 void run_attention_case(int n_heads, int n_kv, int d, int len, int splits, int check_heads, uint32_t seed) {
   std::mt19937 g(seed);
-  const int P = 1024;
+  const int P = 1024, rope = d / 4, pos = len - 1;
+  const double theta = d == 256 ? 1e7 : 1e6;
   PagedCache cache(len, P, n_kv, d);
   const size_t elems = kv_page_elems(P, n_kv, d);
   std::vector<std::vector<uint16_t>> host(cache.pages.size(), std::vector<uint16_t>(elems));
@@ -313,22 +275,52 @@ void run_attention_case(int n_heads, int n_kv, int d, int len, int splits, int c
     for (auto& x : host[p]) x = f32_to_bf16(kd(g));
     CUDA_CHECK(cudaMemcpy(cache.pages[p], host[p].data(), elems * 2, cudaMemcpyHostToDevice));
   }
-  auto q = randv((size_t)n_heads * d, g, -1, 1), qg = randv((size_t)n_heads * 2 * d, g, -2, 2);
+  auto qg = randv((size_t)n_heads * 2 * d, g, -2, 2), k = randv((size_t)n_kv * d, g, -2, 2);
+  auto v = randv((size_t)n_kv * d, g), qn = randv(d, g, 0.5f, 1.5f), kn = randv(d, g, 0.5f, 1.5f);
   const int group = n_heads / n_kv;
   AttnScratch sc;
   sc.max_splits = 128;
   CUDA_CHECK(cudaMalloc(&sc.partial, attn_scratch_floats(n_kv, sc.max_splits, group, d) * sizeof(float)));
-  float *dq = to_dev(q), *dqg = to_dev(qg), *dout = poisoned((size_t)n_heads * d);
-  int* dpos = to_dev(std::vector<int>{len - 1});
+  AttnIn in;
+  float *dqg = to_dev(qg), *dk = to_dev(k), *dv = to_dev(v), *dqn = to_dev(qn), *dkn = to_dev(kn);
+  in.qg = dqg, in.k = dk, in.v = dv, in.q_norm = dqn, in.k_norm = dkn, in.eps = 1e-6f;
+  attn_in_rope(in, rope, theta);
+  float* dout = poisoned((size_t)n_heads * d);
+  int* dpos = to_dev(std::vector<int>{pos});
   std::vector<float> first;
   for (int rep = 0; rep < 2; ++rep) {  // twice: the result must be bit-identical (fixed reduction order)
-    launch_attention_decode(dq, dqg, cache.kv, dpos, dout, sc, splits, n_heads, 0);
+    launch_attention_decode(in, cache.kv, dpos, dout, sc, splits, n_heads, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     if (rep == 0) first = from_dev(dout, (size_t)n_heads * d);
   }
+  // the appended K and V rows: bf16 of the reference within one bf16 rounding step (k) and exactly (v)
+  std::vector<uint16_t>& page = host[pos / P];
+  for (int kh = 0; kh < n_kv; ++kh) {
+    auto kr = norm_rope_ref<double>(&k[(size_t)kh * d], kn.data(), d, rope, pos, theta);
+    auto kr32 = norm_rope_ref<float>(&k[(size_t)kh * d], kn.data(), d, rope, pos, theta);
+    double e32 = 0;  // fp32 angles at large positions cost ~1e-3 (the same in both fp32 computations)
+    for (int i = 0; i < d; ++i) e32 = std::max(e32, std::fabs(kr32[i] - kr[i]));
+    auto kg = from_dev(cache.pages[pos / P] + cache.offset(0, kh, pos), d);
+    auto vg = from_dev(cache.pages[pos / P] + cache.offset(1, kh, pos), d);
+    for (int i = 0; i < d; ++i) {
+      ASSERT_NEAR(bf16_to_f32(kg[i]), kr[i], std::fabs(kr[i]) * (1.0 / 256) + 2 * e32 + 1e-6)
+          << "k head " << kh << " " << i << " len " << len;
+      ASSERT_EQ(vg[i], f32_to_bf16(v[(size_t)kh * d + i])) << "v head " << kh << " " << i << " len " << len;
+    }
+    std::copy(kg.begin(), kg.end(), page.begin() + cache.offset(0, kh, pos));
+    std::copy(vg.begin(), vg.end(), page.begin() + cache.offset(1, kh, pos));
+  }
+  std::vector<double> q64;
+  std::vector<float> q32;
+  for (int h = 0; h < n_heads; ++h) {
+    auto a = norm_rope_ref<double>(&qg[(size_t)h * 2 * d], qn.data(), d, rope, pos, theta);
+    auto b = norm_rope_ref<float>(&qg[(size_t)h * 2 * d], qn.data(), d, rope, pos, theta);
+    q64.insert(q64.end(), a.begin(), a.end());
+    q32.insert(q32.end(), b.begin(), b.end());
+  }
   const int h1 = std::min(n_heads, check_heads);
-  auto r64 = attention_ref<double>(q, qg, host, cache, len, n_heads, 0, h1);
-  auto r32 = attention_ref<float>(q, qg, host, cache, len, n_heads, 0, h1);
+  auto r64 = attention_ref<double>(q64, qg, host, cache, len, n_heads, 0, h1);
+  auto r32 = attention_ref<float>(q32, qg, host, cache, len, n_heads, 0, h1);
   auto got = from_dev(dout, (size_t)n_heads * d);
   ASSERT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * sizeof(float))) << "not deterministic, len " << len;
   for (size_t i = (size_t)h1 * d; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(got[i])) << "head output " << i;
@@ -338,7 +330,7 @@ void run_attention_case(int n_heads, int n_kv, int d, int len, int splits, int c
   char name[96];
   std::snprintf(name, sizeof name, "attention d%d len%d splits%d", d, len, splits);
   expect_close(name, got, r64, r32, 1e-5);
-  for (float* p : {dq, dqg, dout, sc.partial}) cudaFree(p);
+  for (float* p : {dqg, dk, dv, dqn, dkn, dout, sc.partial}) cudaFree(p);
   cudaFree(dpos);
 }
 
