@@ -2,6 +2,7 @@
 // The token id is read on the device (e.g. written by the sampler), so decode steps chain without a host sync.
 // Tested by tests/gpu/test_gemv.cu.
 #include "kernels/common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/qdot.cuh"
 
 namespace lily::cuda {
@@ -27,8 +28,12 @@ __device__ __forceinline__ uint16_t to_bf16_rne(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// Launched plainly (it waits for everything before it); it lets the next launch in at entry: the first GDN mixer
+// (programmatic dependent launch) then takes the SMs and requests its constant norm weights while this runs, and
+// waits for this kernel's completion before it reads h.
 template <QFormat F, typename OT>
 __global__ void embed_kernel(const uint8_t* w, const uint32_t* sb, int rows, int cols, const int* token, OT* out) {
+  dep_trigger();
   const int t = *token;
   const bool ok = t >= 0 && t < rows;
   for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
