@@ -57,7 +57,10 @@ __device__ __forceinline__ float process_logit(const float* logits, const int* c
   return z;
 }
 
-struct Stats { float max, sum; };  // per prep block: max z and sum exp(z - max)
+struct Stats {  // per prep block
+  float max, sum;  // max z and sum exp(z - max) (NaN z left out)
+  int nan;         // some z of the block is NaN
+};
 
 struct PrepArgs {
   const float* logits; const int* counts; int vocab; SamplingParams p;
@@ -72,18 +75,21 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(PrepArgs a) {
   const int base = blockIdx.x * kPrepPerBlock;
   const int n = min(kPrepPerBlock, a.vocab - base);
   float m = -INFINITY;
+  bool nan = false;
   for (int j = threadIdx.x; j < n; j += kPrepThreads) {
     const float z = process_logit(a.logits, a.counts, a.p, base + j);
     keys[j] = key_of(z);
     m = fmaxf(m, z);
+    nan |= z != z;
     if (a.z) a.z[base + j] = z;
   }
+  const int any_nan = __syncthreads_or(nan);
   m = block_reduce<kPrepThreads>(m, true);
   float s = 0.f;
   if (m > -INFINITY)
     for (int j = threadIdx.x; j < n; j += kPrepThreads) s += expf(z_of(keys[j]) - m);
   s = block_reduce<kPrepThreads>(s, false);
-  if (threadIdx.x == 0) a.stats[blockIdx.x] = Stats{m, s};
+  if (threadIdx.x == 0) a.stats[blockIdx.x] = Stats{m, s, any_nan};
   if (a.cand == 0) return;
   uint32_t* ck = a.cand_key + static_cast<size_t>(blockIdx.x) * a.cand;
   int* ci = a.cand_id + static_cast<size_t>(blockIdx.x) * a.cand;
@@ -224,8 +230,17 @@ __device__ void write_top(const uint32_t* sk, const int* sid, int n, int n_out, 
   lps[t] = t < n ? z_of(sk[t]) - zmax - logf(total) : -INFINITY;
 }
 
+// Stage: whether some prep block saw a NaN (every thread of the finish block calls it at entry; a block barrier).
+__device__ bool any_nan(const FinishArgs& a) {
+  bool nan = false;
+  for (int b = threadIdx.x; b < a.n_blocks; b += kFinishThreads) nan |= a.stats[b].nan != 0;
+  return __syncthreads_or(nan) != 0;
+}
+
 // logprob: z[token] - log(sum exp z) (the host Sampler's, before top-k / top-p / min-p), stored if wanted.
-__device__ void emit(const FinishArgs& a, int token, float logprob) {
+// nan: some logit was NaN (any_nan): kSampleNanToken instead of the token, no count update.
+__device__ void emit(const FinishArgs& a, int token, float logprob, bool nan) {
+  if (nan) token = kSampleNanToken, logprob = NAN;
   *a.out_token = token;
   if (a.out_logprob) *a.out_logprob = logprob;
   if (a.advance) *a.advance += 1;
@@ -243,6 +258,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
   __shared__ int s_keep;
   __shared__ float s_u;
   const int k = a.p.temperature <= 0.f ? 1 : a.p.top_k;
+  const bool nan = any_nan(a);
   // the sampler's k best, and the top_valid best for the top log-probabilities: a prefix of the same order
   const int nb = sorted_best_candidates<kSampleFastTopK>(a.cand_key, a.cand_id, a.n_blocks, a.cand,
                                                          max(k, a.top_valid), sk, sid);
@@ -295,7 +311,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
     zt = oz[j];
     if (cum > u) break;
   }
-  emit(a, token, zt - zmax - logf(total_all));
+  emit(a, token, zt - zmax - logf(total_all), nan);
 }
 
 // Shared-memory lists of the candidate paths of finish_full_kernel (at most kFinishThreads entries each).
@@ -430,6 +446,7 @@ __device__ int draw_from_candidates(const FinishArgs& a, const Cut& best, float 
 // draws from them.
 __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs a) {
   __shared__ SelectSmem<kFinishThreads> ssm;
+  const bool nan = any_nan(a);
   float zmax, total;
   global_stats(a, zmax, total);
   const int V = a.vocab;
@@ -460,7 +477,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
   if (in_cand) {
     const int token = draw_from_candidates(a, best, zmax, lists);
     if (token >= 0) {
-      if (threadIdx.x == 0) emit(a, token, a.z[token] - zmax - logf(total));
+      if (threadIdx.x == 0) emit(a, token, a.z[token] - zmax - logf(total), nan);
       return;
     }
   }
@@ -516,7 +533,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
     token = i;
     if (cum > s_u) break;
   }
-  emit(a, token, token >= 0 ? a.z[token] - zmax - logf(total) : NAN);
+  emit(a, token, token >= 0 ? a.z[token] - zmax - logf(total) : NAN, nan);
 }
 
 struct TopArgs {

@@ -16,6 +16,8 @@
 //   then u = uniform [0,1) from (seed, counter) = (rng[1], rng[0]) and the token is the first id, walking the
 //   kept set in ascending id order, whose running sum of exp(z - z_max) exceeds u * total. rng[0] is incremented.
 //   With update_counts, counts[token] += 1 afterwards.
+//   A NaN z_i (i < n_valid) writes kSampleNanToken instead of a token (no count update): the host fails the
+//   request (api.md §4 row 11: never emit garbage).
 // top_k in 1..kSampleFastTopK uses a one-pass candidate path; other values an exact full-vocabulary path, where
 // top-p without top-k first looks for its cut among 32 candidates per 1,024 logits (kept when provably exact).
 #pragma once
@@ -27,6 +29,7 @@
 namespace lily::cuda {
 
 inline constexpr int kSampleFastTopK = 64;
+inline constexpr int kSampleNanToken = -2;  // written instead of a token when a logit is NaN
 inline constexpr int kMaxTopLogprobs = 20;  // OpenAI's top_logprobs limit
 inline constexpr int kSampleInContext = 1 << 30;               // counts[i] flag: id i is in the prompt
 inline constexpr int kSampleCountMask = kSampleInContext - 1;  // counts[i] bits: times id i was generated

@@ -599,6 +599,8 @@ class CudaBackend : public Backend {
   lily::SampleResult sampled(int slot) const {
     const SampleConfig& c = sample_config_;
     const StepDev& st = host_step_[slot];
+    if (st.token == kSampleNanToken)
+      throw lily::NanLogitsError("CUDA sampler: NaN logits (the model's output is not finite)");
     lily::SampleResult r;
     r.token = st.token;
     r.logprob = c.logprobs ? st.logprob : std::numeric_limits<float>::quiet_NaN();

@@ -65,10 +65,10 @@ void Sampler::process(const float* logits, float* z) const {
 SampleResult Sampler::sample(const float* logits) {
   float* z = z_.data();
   process(logits, z);
-  // Greedy pick and the maximum: ties go to the lowest id. NaN logits are treated as -inf.
+  // Greedy pick and the maximum: ties go to the lowest id. A NaN fails the step (never a token).
   int32_t best = -1;
   for (int i = 0; i < n_valid_; ++i) {
-    if (std::isnan(z[i])) z[i] = -INFINITY;
+    if (std::isnan(z[i])) throw NanLogitsError("sampler: the logit of token " + std::to_string(i) + " is NaN");
     if (best < 0 || z[i] > z[best]) best = i;
   }
   const float z_max = z[best];

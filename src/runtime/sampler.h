@@ -8,13 +8,21 @@
 // z >= z_max + log(min_p). The draw: u = sample_uniform(seed, counter) (counter = draws so far), and the token
 // is the first id, walking the kept set in ascending id order, whose running sum of exp(z - z_max) exceeds
 // u * total. The same seed gives the same tokens on every platform (no std:: distributions).
+// A NaN among the logits is an engine failure, never a token (api.md §4 row 11): NanLogitsError.
 #pragma once
 #include <cstdint>
 #include <map>
 #include <span>
 #include <vector>
 
+#include "util/check.h"
+
 namespace lily {
+
+// The model produced NaN logits (corrupt weights, an overflow): the request fails (HTTP 500 `nan_logits`).
+struct NanLogitsError : Error {
+  using Error::Error;
+};
 
 struct SamplingParams {
   float temperature = 1.0f;        // <= 0: greedy
@@ -55,7 +63,8 @@ class Sampler {
   // Records a generated id (counts for all penalties). sample() records its own choice.
   void add_generated(int32_t token);
 
-  // Chooses the next id from logits [vocab] (not modified) and records it as generated.
+  // Chooses the next id from logits [vocab] (not modified) and records it as generated. Throws NanLogitsError
+  // when a logit (of a valid id) is NaN.
   SampleResult sample(const float* logits);
 
   // z [vocab] = logits after logit_bias, penalties, padding mask and temperature (skipped when greedy): the

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <span>
 
+#include "runtime/sampler.h"
 #include "server/api_error.h"
 #include "util/check.h"
 #include "util/log.h"
@@ -116,6 +117,7 @@ void Engine::loop() {
     } catch (const std::exception& e) {
       log::error("engine: request failed: ", e.what());
       job->error = e.what();
+      job->error_code = dynamic_cast<const NanLogitsError*>(&e) ? "nan_logits" : "internal_error";
       // The backend state is unknown after a failure: start the next request from scratch.
       resident_.clear();
       backend_.reset();

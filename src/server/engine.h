@@ -53,7 +53,8 @@ struct GenJob {
 
   // ---- result, written by the engine before on_done ----
   FinishReason finish = FinishReason::none;
-  std::string error;                    // finish == error
+  std::string error;                    // finish == error: the message
+  std::string error_code;               // finish == error: the API error code (nan_logits, internal_error)
   int n_cached = 0;                     // prompt tokens restored from the prefix cache
   int n_generated = 0;                  // tokens passed to on_token
   bool stopped_by_id = false;           // a stop id was sampled (counted in usage, not emitted)

@@ -457,7 +457,7 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Reque
     const GenJob& j = *g->job;
     if (j.finish == FinishReason::error) {
       record(500);
-      throw ApiError(500, "server_error", "internal_error", "", "generation failed: " + j.error);
+      throw ApiError(500, "server_error", j.error_code, "", "generation failed: " + j.error);
     }
     if (j.finish == FinishReason::cancelled) {
       record(503);
@@ -492,8 +492,9 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Reque
         const GenJob& j = *g->job;
         if (j.finish == FinishReason::error || j.finish == FinishReason::cancelled) {
           record(j.finish == FinishReason::error ? 500 : 503);
-          put(fmt.error(j.finish == FinishReason::error ? "generation failed: " + j.error
-                                                        : "the server shut down before the request finished"));
+          put(j.finish == FinishReason::error
+                  ? fmt.error("generation failed: " + j.error, j.error_code)
+                  : fmt.error("the server shut down before the request finished", "internal_error"));
         } else {
           record(200);
           put(fmt.finish(*g->session, j));

@@ -182,8 +182,8 @@ std::string StreamFormatter::finish(const Session& s, const GenJob& job) {
   return out;
 }
 
-std::string StreamFormatter::error(const std::string& message) {
-  return event({{"error", {{"message", message}, {"type", "server_error"}, {"code", "internal_error"}}}});
+std::string StreamFormatter::error(const std::string& message, const std::string& code) {
+  return event({{"error", {{"message", message}, {"type", "server_error"}, {"code", code}}}});
 }
 
 }  // namespace lily::server

@@ -37,7 +37,7 @@ class StreamFormatter {
   std::string start();                                                    // role chunk / echo
   std::string events(std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps);
   std::string finish(const Session& s, const GenJob& job);                // finish chunk (+ usage chunk)
-  std::string error(const std::string& message);                          // error event (before [DONE])
+  std::string error(const std::string& message, const std::string& code);  // error event (before [DONE])
 
  private:
   nlohmann::ordered_json chunk(nlohmann::ordered_json delta_or_text, const char* finish);

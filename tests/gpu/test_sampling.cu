@@ -7,6 +7,7 @@
 // tolerance of 2e-5 on the cut masses and on the uniform's position.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <numeric>
 
 #include "kernel_test_util.h"
@@ -298,6 +299,40 @@ TEST(Sampling, UpdatesCountsAndCountTokens) {
   got = s.counts.download();
   c[1234] += 1;
   EXPECT_EQ(got, c);
+}
+
+// A NaN logit (of a valid id) writes kSampleNanToken on every path (greedy, the fast candidate path, the full
+// path, top-p without top-k), leaves the counts alone, and the next call on clean logits samples normally.
+TEST(Sampling, NanLogitsGiveTheNanToken) {
+  const int V = 5003;
+  std::mt19937_64 rng(61);
+  Sampler s(V);
+  std::vector<int> c(V, 0);
+  SamplingParams greedy, fast, full, nucleus;
+  greedy.temperature = 0.f;
+  fast.top_k = 20;
+  full.top_k = 100;
+  nucleus.top_p = 0.9f;
+  for (SamplingParams* p : {&greedy, &fast, &full, &nucleus}) p->update_counts = true;
+  for (const SamplingParams& p : {greedy, fast, full, nucleus}) {
+    for (int at : {0, 2048, V - 1}) {
+      std::vector<float> l = random_logits(rng, V, 4.f);
+      l[at] = std::numeric_limits<float>::quiet_NaN();
+      s.counts.upload(c);
+      EXPECT_EQ(s.run(l, c, p, 0), kSampleNanToken) << "top_k " << p.top_k << " top_p " << p.top_p << " at " << at;
+      EXPECT_EQ(s.counts.download(), c) << "counts changed";
+      l[at] = 30.f;
+      EXPECT_EQ(s.run(l, c, p, 1), at) << "after a NaN";  // 30 against [-4, 4]: every path keeps only `at`
+      s.counts.upload(c);
+    }
+  }
+  // masked padding: a NaN past n_valid is not a logit
+  greedy.n_valid = V - 3;
+  greedy.update_counts = false;
+  std::vector<float> l = random_logits(rng, V, 4.f);
+  l[V - 1] = std::numeric_limits<float>::quiet_NaN();
+  l[77] = 30.f;
+  EXPECT_EQ(s.run(l, {}, greedy, 0), 77);
 }
 
 TEST(Sampling, UniformIsCounterBased) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "runtime/sampler.h"
@@ -174,6 +175,29 @@ TEST(Sampler, PaddingNeverDrawnAndAllMaskedRejected) {
   p.logit_bias = {{0, -INFINITY}, {1, -INFINITY}, {2, -INFINITY}};
   Sampler s(p, 5);
   EXPECT_THROW(s.sample(z.data()), Error);
+}
+
+// api.md §4 row 11: NaN logits fail the step (the server answers 500 nan_logits), greedy or sampled, wherever
+// the NaN is; a NaN in the padding region (ids >= n_valid, masked) does not.
+TEST(Sampler, NanLogitsAreAnError) {
+  for (float temperature : {0.f, 0.8f}) {
+    for (int at : {0, 3, 6}) {
+      SamplingParams p;
+      p.temperature = temperature;
+      p.top_k = 3;
+      p.seed = 9;
+      std::vector<float> z = {0.5f, 1.f, -2.f, 3.f, 0.f, 1.5f, -1.f};
+      z[at] = std::numeric_limits<float>::quiet_NaN();
+      Sampler s(p, 7);
+      EXPECT_THROW(s.sample(z.data()), NanLogitsError) << "temperature " << temperature << " at " << at;
+    }
+  }
+  SamplingParams p;
+  p.temperature = 0.f;
+  p.n_valid = 6;
+  std::vector<float> z = {0.5f, 1.f, -2.f, 3.f, 0.f, 1.5f, std::numeric_limits<float>::quiet_NaN()};
+  Sampler s(p, 7);
+  EXPECT_EQ(s.sample(z.data()).token, 3);
 }
 
 TEST(Sampler, FrequencyPenaltyBalancesCounts) {

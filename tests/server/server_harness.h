@@ -26,12 +26,14 @@ inline double seconds_since(Clock::time_point t) { return std::chrono::duration<
 
 class ServerProcess {
  public:
-  // Starts `lily serve --demo --port 0 ARGS`; waits (<= 180 s) until /health is 200.
-  explicit ServerProcess(std::vector<std::string> args, double ready_timeout_s = 180) {
+  // Starts `lily serve --demo --port 0 ARGS` (without --demo when demo is false: ARGS name the model); waits
+  // (<= 180 s) until /health is 200.
+  explicit ServerProcess(std::vector<std::string> args, double ready_timeout_s = 180, bool demo = true) {
     log_ = std::string(LILY_BINARY_DIR) + "/test-server-" + std::to_string(getpid()) + "-" +
            std::to_string(counter()++) + ".log";
-    std::vector<std::string> argv = {std::string(LILY_BINARY_DIR) + "/lily", "serve", "--demo", "--port", "0",
+    std::vector<std::string> argv = {std::string(LILY_BINARY_DIR) + "/lily", "serve", "--port", "0",
                                      "--host", "127.0.0.1"};
+    if (demo) argv.insert(argv.begin() + 2, "--demo");
     argv.insert(argv.end(), args.begin(), args.end());
     pid_ = fork();
     if (pid_ == 0) {

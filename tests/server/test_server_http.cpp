@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cstring>
+#include <filesystem>
 #include <mutex>
 
 #include <gtest/gtest.h>
@@ -577,6 +579,74 @@ TEST(ServerLifecycle, QueueFullAnswers429WithRetryAfter) {
   }
   EXPECT_GE(n429, 1);
   EXPECT_GE(metric(srv, "lily_requests_rejected_total{reason=\"queue_full\"}"), 1);
+}
+
+// Sets every element of the final norm's weight (the one `*norm.weight` outside the layers) of a safetensors file
+// to NaN, in place. Returns the tensor's name.
+std::string poison_final_norm(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string text(n, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(n));
+  const ojson header = ojson::parse(text);
+  std::string name;
+  for (const auto& [key, t] : header.items()) {
+    const bool final_norm = key.size() > 11 && key.compare(key.size() - 11, 11, "norm.weight") == 0 &&
+                            key.find("layers") == std::string::npos && key.find("mtp") == std::string::npos &&
+                            key.find("visual") == std::string::npos;
+    if (!final_norm) continue;
+    EXPECT_TRUE(name.empty()) << "two final norms: " << name << ", " << key;
+    name = key;
+    const std::string dtype = t["dtype"];
+    const uint64_t begin = t["data_offsets"][0], end = t["data_offsets"][1];
+    std::string bytes(end - begin, '\0');
+    const uint16_t nan16 = 0x7fc0;
+    const uint32_t nan32 = 0x7fc00000u;
+    EXPECT_TRUE(dtype == "BF16" || dtype == "F32") << dtype;
+    for (uint64_t i = 0; i < bytes.size(); i += dtype == "BF16" ? 2 : 4)
+      std::memcpy(&bytes[i], dtype == "BF16" ? static_cast<const void*>(&nan16) : &nan32, dtype == "BF16" ? 2 : 4);
+    f.seekp(static_cast<std::streamoff>(8 + n + begin));
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  return name;
+}
+
+// api.md §4 row 11: a checkpoint whose final norm is NaN has NaN logits: 500 `nan_logits` (non-streaming), an
+// error event with that code before [DONE] (streaming), never a token; the server keeps serving.
+TEST(ServerLifecycle, NanLogitsAnswer500NanLogits) {
+  namespace fs = std::filesystem;
+  const fs::path demo = fs::path(LILY_BINARY_DIR) / "test-cache" / "lily" / "demo";
+  if (!fs::exists(demo / ".complete")) {  // the demo checkpoint is made by the first demo server
+    ServerProcess warm({"--ctx", "256"});
+    ASSERT_TRUE(warm.ok()) << warm.error();
+  }
+  const fs::path dir = fs::path(LILY_BINARY_DIR) / ("test-nan-model-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::copy(demo, dir, fs::copy_options::recursive);
+  ASSERT_FALSE(poison_final_norm((dir / "model.safetensors").string()).empty());
+  ServerProcess srv({"--model", dir.string(), "--ctx", "256"}, 180, false);
+  ASSERT_TRUE(srv.ok()) << srv.error();
+  const ojson body = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 4}};
+  for (double temperature : {0.0, 0.7}) {
+    ojson b = body;
+    b["temperature"] = temperature;
+    int status = 0;
+    const ojson r = post_json(srv, "/v1/chat/completions", b, &status);
+    EXPECT_EQ(status, 500) << r.dump();
+    EXPECT_EQ(r["error"]["code"], "nan_logits") << r.dump();
+    EXPECT_EQ(r["error"]["type"], "server_error") << r.dump();
+    b["stream"] = true;
+    const std::string sse = post_stream(srv, "/v1/chat/completions", b, &status);
+    EXPECT_NE(sse.find("\"code\":\"nan_logits\""), std::string::npos) << sse;
+    EXPECT_EQ(sse.find("\"content\":\""), std::string::npos) << "a token was emitted: " << sse;
+    EXPECT_NE(sse.find("data: [DONE]"), std::string::npos) << sse;
+  }
+  auto h = srv.client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(srv.stop(SIGTERM, 20), 0);
+  fs::remove_all(dir);
 }
 
 TEST_F(ServerHttp, OfficialOpenAiNodeClient) {
