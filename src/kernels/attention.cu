@@ -251,7 +251,16 @@ __device__ __forceinline__ void lane_rope_angles(const AttnIn& in, int pos, Lane
   for (int e = 0; e < EPL; ++e) {
     const int i = i0 + e;
     float sn = 0.f, cs = 1.f;
-    if (i < in.rope_dim) sincosf((float)pos * in.inv_freq[i % half], &sn, &cs);
+    if (i < in.rope_dim) {  // the fp32 angle; past sincosf's fast range (~1e5) its sine and cosine in double
+      const float ang = (float)pos * in.inv_freq[i % half];
+      if (ang < 65536.f) {
+        sincosf(ang, &sn, &cs);
+      } else {  // sincosf's slow path there cost ~2 us per layer at 128K (H200)
+        double sd, cd;
+        sincos((double)ang, &sd, &cd);
+        sn = (float)sd, cs = (float)cd;
+      }
+    }
     r.c[e] = cs;
     r.s[e] = i < half ? -sn : sn;
   }
