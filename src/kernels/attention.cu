@@ -7,8 +7,9 @@
 //                            its own online softmax: no block barrier per tile. Launched with PDL
 //                            (attention_pdl), it copies its first steps (earlier tokens' rows) before waiting
 //                            for the q|k|v projection.
-//     norm_rope_lane         q/k RMSNorm + partial rotate-half RoPE of a head held by one warp (every block
-//                            its KV head's queries; a separate launch for it cost ~1.2 us per layer, H200)
+//     norm_rope_lane         (kernels/qk_rope.cuh) q/k RMSNorm + partial rotate-half RoPE of a head held by one
+//                            warp (every block its KV head's queries; a separate launch for it cost ~1.2 us per
+//                            layer, H200)
 //     own_row_append         the warp whose step holds token *pos: its key normalised and rotated, its value,
 //                            as bf16 into the cache page and (own_row_patch) into the ring over the copy
 //     load_step              cp.async of a step's K and V rows into the warp's 3-stage shared-memory ring,
@@ -36,11 +37,18 @@
 #include "kernels/common.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/mixers.h"
+#include "kernels/qk_rope.cuh"
 #include "util/bf16.h"
 
 namespace lily::cuda {
 
 namespace {
+
+using qk::LaneRope;
+using qk::lane_rope_angles;
+using qk::lane_rope_weights;
+using qk::load_lane;
+using qk::norm_rope_lane;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -227,81 +235,7 @@ __device__ __forceinline__ void split_issue_first(const SplitPlan& p, const KvPa
   }
 }
 
-// ---- the token's own inputs: q/k RMSNorm + partial rotate-half RoPE, the K/V append ----
-// A warp holds one head: lane l dims [l * EPL, l * EPL + EPL). LaneRope holds the lane's constants: the norm
-// weights, requested before the K/V copies (constant data), and the angles' cosines and signed sines, computed
-// while the copies are in flight (the position is known before the wait).
-template <int EPL>
-struct LaneRope {
-  float wq[EPL], wk[EPL];  // q_norm, k_norm of the lane's dims
-  float c[EPL], s[EPL];    // rotate-half: y_i = x_i c_i + x_partner s_i (dims past rope_dim: c = 1, s = 0)
-  int src;                 // lane holding the partner dims i -+ rope_dim / 2
-};
-template <int EPL>
-__device__ __forceinline__ void lane_rope_weights(const AttnIn& in, LaneRope<EPL>& r) {
-  const int i0 = (threadIdx.x % 32) * EPL;
-#pragma unroll
-  for (int e = 0; e < EPL; ++e) r.wq[e] = __ldg(in.q_norm + i0 + e), r.wk[e] = __ldg(in.k_norm + i0 + e);
-}
-template <int EPL>
-__device__ __forceinline__ void lane_rope_angles(const AttnIn& in, int pos, LaneRope<EPL>& r) {
-  const int lane = threadIdx.x % 32, i0 = lane * EPL, half = in.rope_dim / 2;
-  r.src = i0 >= in.rope_dim ? lane : i0 < half ? lane + half / EPL : lane - half / EPL;
-#pragma unroll
-  for (int e = 0; e < EPL; ++e) {
-    const int i = i0 + e;
-    float sn = 0.f, cs = 1.f;
-    if (i < in.rope_dim) {  // the fp32 angle; past sincosf's fast range (~1e5) its sine and cosine in double
-      const float ang = (float)pos * in.inv_freq[i % half];
-      if (ang < 65536.f) {
-        sincosf(ang, &sn, &cs);
-      } else {  // sincosf's slow path there cost ~2 us per layer at 128K (H200)
-        double sd, cd;
-        sincos((double)ang, &sd, &cd);
-        sn = (float)sd, cs = (float)cd;
-      }
-    }
-    r.c[e] = cs;
-    r.s[e] = i < half ? -sn : sn;
-  }
-}
-
-// x: the lane's EPL dims of one head -> RoPE(RMSNorm(x; w)) (model.md §2.3; the norm's sum over the warp). Every
-// lane of the warp must call.
-template <int EPL>
-__device__ __forceinline__ void norm_rope_lane(float (&x)[EPL], const float (&w)[EPL], const LaneRope<EPL>& r,
-                                               float eps) {
-  constexpr int D = EPL * 32;
-  float ss = 0.f;
-#pragma unroll
-  for (int e = 0; e < EPL; ++e) ss = fmaf(x[e], x[e], ss);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float rr = rsqrtf(ss / D + eps);
-  float y[EPL], other[EPL];
-#pragma unroll
-  for (int e = 0; e < EPL; ++e) y[e] = x[e] * rr * w[e];
-#pragma unroll
-  for (int e = 0; e < EPL; ++e) other[e] = __shfl_sync(0xffffffffu, y[e], r.src);
-#pragma unroll
-  for (int e = 0; e < EPL; ++e) x[e] = y[e] * r.c[e] + other[e] * r.s[e];
-}
-
-// The lane's EPL raw values of a head (through L2: the previous launch wrote them).
-template <int EPL>
-__device__ __forceinline__ void load_lane(const float* src, float (&x)[EPL]) {
-  if constexpr (EPL % 4 == 0) {
-#pragma unroll
-    for (int e = 0; e < EPL; e += 4) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(src + e));
-      x[e] = v.x, x[e + 1] = v.y, x[e + 2] = v.z, x[e + 3] = v.w;
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < EPL; ++e) x[e] = __ldcg(src + e);
-  }
-}
-
+// ---- the token's own K/V row (q/k norm + RoPE: kernels/qk_rope.cuh) ----
 // The current token's K and V rows as bf16 (this lane's EPL dims).
 template <int EPL>
 struct OwnRow {
