@@ -1,8 +1,8 @@
 // Kernel launches with attributes: launch_ex (cudaLaunchKernelEx with programmatic dependent launch, a
-// thread-block cluster and/or a cooperative launch), used by launch_mixer (gdn.cu, attention.cu, norm_rope.cu),
+// thread-block cluster and/or a cooperative launch), used by launch_mixer (gdn.cu, norm.cu), attention.cu,
 // launch_kernel (gemv.cu, moe.cu) and launch_persistent (the one-launch MoE / GDN kernels). PDL: always for the
-// persistent kernels (grid_barrier.cuh; LILY_PERSIST_PDL=0: off) and the attention q/k, split and combine
-// kernels (attention_pdl, mixers.h; LILY_ATTN_PDL=0: off); for the others only with LILY_PDL=1 (the switch lives
+// persistent kernels (grid_barrier.cuh; LILY_PERSIST_PDL=0: off) and the attention split and combine kernels
+// (attention_pdl, mixers.h; LILY_ATTN_PDL=0: off); for the others only with LILY_PDL=1 (the switch lives
 // in gemv.cu; measured slower). Kernels launched with PDL must call dep_wait() before reading anything an earlier
 // kernel wrote; dep_trigger() lets the next kernel be scheduled early (it still waits for this one to finish).
 #pragma once

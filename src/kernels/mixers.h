@@ -1,5 +1,5 @@
 // Launchers for the sequence-mixing and normalisation kernels of one decode step (batch 1):
-//   norm_rope.cu  residual add + RMSNorm
+//   norm.cu       residual add + RMSNorm
 //   gdn.cu        fused Gated DeltaNet step (conv, L2 norms, gates, delta rule, gated RMSNorm)
 //   attention.cu  decode attention over a paged bf16 KV cache (q/k norm + RoPE + KV append, GQA packing, split
 //                 over SMs, then a combine)
@@ -26,7 +26,7 @@ struct KvPages {
 };
 size_t kv_page_elems(int page_tokens, int n_kv, int head_dim);  // bf16 elements of one page
 
-// ---- norm_rope.cu ----------------------------------------------------------------------------------
+// ---- norm.cu ----------------------------------------------------------------------------------------
 // h[i] += d1[i] + d2[i] (either delta may be null), then out[i] = h[i] * rsqrt(mean(h²) + eps) * w[i]
 // (w is the effective multiplier, 1 + w_hf). h, out [n] fp32; one block.
 void launch_add_rmsnorm(float* h, const float* d1, const float* d2, const float* w, float* out, int n, float eps,

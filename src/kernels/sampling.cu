@@ -58,7 +58,7 @@ __device__ __forceinline__ float process_logit(const float* logits, const int* c
 }
 
 struct Stats {  // per prep block
-  float max, sum;  // max z and sum exp(z - max) (NaN z left out)
+  float max, sum;  // max z (NaN z left out) and sum exp(z - max) (NaN if some z is)
   int nan;         // some z of the block is NaN
 };
 
@@ -258,7 +258,10 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
   __shared__ int s_keep;
   __shared__ float s_u;
   const int k = a.p.temperature <= 0.f ? 1 : a.p.top_k;
-  const bool nan = any_nan(a);
+  if (any_nan(a)) {  // (block-uniform) no selection on NaN keys
+    if (threadIdx.x == 0) emit(a, 0, NAN, true);
+    return;
+  }
   // the sampler's k best, and the top_valid best for the top log-probabilities: a prefix of the same order
   const int nb = sorted_best_candidates<kSampleFastTopK>(a.cand_key, a.cand_id, a.n_blocks, a.cand,
                                                          max(k, a.top_valid), sk, sid);
@@ -311,7 +314,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
     zt = oz[j];
     if (cum > u) break;
   }
-  emit(a, token, zt - zmax - logf(total_all), nan);
+  emit(a, token, zt - zmax - logf(total_all), false);
 }
 
 // Shared-memory lists of the candidate paths of finish_full_kernel (at most kFinishThreads entries each).
@@ -446,7 +449,10 @@ __device__ int draw_from_candidates(const FinishArgs& a, const Cut& best, float 
 // draws from them.
 __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs a) {
   __shared__ SelectSmem<kFinishThreads> ssm;
-  const bool nan = any_nan(a);
+  if (any_nan(a)) {  // (block-uniform) no selection on NaN keys: the draw below may find no owner
+    if (threadIdx.x == 0) emit(a, 0, NAN, true);
+    return;
+  }
   float zmax, total;
   global_stats(a, zmax, total);
   const int V = a.vocab;
@@ -477,7 +483,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
   if (in_cand) {
     const int token = draw_from_candidates(a, best, zmax, lists);
     if (token >= 0) {
-      if (threadIdx.x == 0) emit(a, token, a.z[token] - zmax - logf(total), nan);
+      if (threadIdx.x == 0) emit(a, token, a.z[token] - zmax - logf(total), false);
       return;
     }
   }
@@ -533,7 +539,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
     token = i;
     if (cum > s_u) break;
   }
-  emit(a, token, token >= 0 ? a.z[token] - zmax - logf(total) : NAN, nan);
+  emit(a, token, token >= 0 ? a.z[token] - zmax - logf(total) : NAN, false);
 }
 
 struct TopArgs {

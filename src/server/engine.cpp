@@ -227,10 +227,26 @@ void Engine::run(GenJob& job) {
   const auto room = [&] { return backend_.position() + 1 < max_context_; };
   bool queued = dev && job.max_tokens > 1 && room();  // the step of the pending id is queued
   if (queued) backend_.decode_device_launch();
+  // A look-ahead sample that is thrown away may be NaN (the step after the last token kept): the request still
+  // ends as it would have, but the state after that step is not finite, so it is neither kept nor cached.
+  bool poisoned = false;
+  const auto wait_discard = [&] {
+    try {
+      backend_.decode_device_wait();
+    } catch (const NanLogitsError& e) {
+      log::warn("engine: a discarded look-ahead sample was NaN (", e.what(), "); the state is reset");
+      poisoned = true;
+    }
+  };
+  const auto forget_if_poisoned = [&] {
+    if (!poisoned) return;
+    resident_.clear();
+    backend_.reset();
+  };
   const auto drain = [&](int32_t t) {  // the queued step consumed t; its sample is not used
     if (!queued) return;
-    backend_.decode_device_wait();
-    resident_.push_back(t);
+    wait_discard();
+    if (!poisoned) resident_.push_back(t);
     queued = false;
   };
   for (;;) {
@@ -253,8 +269,9 @@ void Engine::run(GenJob& job) {
       drain(ev.token);
       job.gen_ms = ms_since(gen_start);
       finish(job, reason);
+      forget_if_poisoned();
       // Put the state where the next turn of this conversation starts, then remember it.
-      if (opt_.prefix_cache && !job.turn_tail.empty() && ev.token == job.turn_tail.front() &&
+      if (opt_.prefix_cache && !poisoned && !job.turn_tail.empty() && ev.token == job.turn_tail.front() &&
           backend_.position() + static_cast<int>(job.turn_tail.size()) < max_context_) {
         const std::span<const int32_t> tail(job.turn_tail.data() + (consumed ? 1 : 0),
                                             job.turn_tail.size() - (consumed ? 1 : 0));
@@ -272,8 +289,9 @@ void Engine::run(GenJob& job) {
       queued = stepped && keep && job.n_generated + 1 < job.max_tokens && room();
       if (queued) backend_.decode_device_launch();  // the next id's step
       if (stepped) {
-        pending = backend_.decode_device_wait();
-        resident_.push_back(t);
+        if (keep) pending = backend_.decode_device_wait();  // used next: a NaN fails the request
+        else wait_discard();
+        if (!poisoned) resident_.push_back(t);
       }
       if (!keep) { reason = FinishReason::stop; break; }
       if (!stepped) { reason = FinishReason::length; break; }
@@ -287,6 +305,7 @@ void Engine::run(GenJob& job) {
   }
   job.gen_ms = ms_since(gen_start);
   finish(job, reason);
+  forget_if_poisoned();
 }
 
 }  // namespace lily::server

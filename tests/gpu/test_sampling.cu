@@ -301,8 +301,9 @@ TEST(Sampling, UpdatesCountsAndCountTokens) {
   EXPECT_EQ(got, c);
 }
 
-// A NaN logit (of a valid id) writes kSampleNanToken on every path (greedy, the fast candidate path, the full
-// path, top-p without top-k), leaves the counts alone, and the next call on clean logits samples normally.
+// NaN logits (of valid ids) write kSampleNanToken on every path (greedy, the fast candidate path, the full
+// path, top-p without top-k), whether one logit, every 7th or all are NaN (then no finite key is left to select
+// or draw from), leave the counts alone, and the next call on clean logits samples normally.
 TEST(Sampling, NanLogitsGiveTheNanToken) {
   const int V = 5003;
   std::mt19937_64 rng(61);
@@ -313,16 +314,20 @@ TEST(Sampling, NanLogitsGiveTheNanToken) {
   fast.top_k = 20;
   full.top_k = 100;
   nucleus.top_p = 0.9f;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
   for (SamplingParams* p : {&greedy, &fast, &full, &nucleus}) p->update_counts = true;
   for (const SamplingParams& p : {greedy, fast, full, nucleus}) {
-    for (int at : {0, 2048, V - 1}) {
+    for (int at : {0, 2048, V - 1, -7, -1}) {  // -7: every 7th logit NaN, -1: all of them
       std::vector<float> l = random_logits(rng, V, 4.f);
-      l[at] = std::numeric_limits<float>::quiet_NaN();
+      for (int i = 0; i < V; ++i)
+        if (i == at || (at == -7 && i % 7 == 3) || at == -1) l[i] = nan;
       s.counts.upload(c);
       EXPECT_EQ(s.run(l, c, p, 0), kSampleNanToken) << "top_k " << p.top_k << " top_p " << p.top_p << " at " << at;
       EXPECT_EQ(s.counts.download(), c) << "counts changed";
-      l[at] = 30.f;
-      EXPECT_EQ(s.run(l, c, p, 1), at) << "after a NaN";  // 30 against [-4, 4]: every path keeps only `at`
+      l = random_logits(rng, V, 4.f);
+      const int best = at >= 0 ? at : 1234;
+      l[best] = 30.f;
+      EXPECT_EQ(s.run(l, c, p, 1), best) << "after a NaN";  // 30 against [-4, 4]: every path keeps only it
       s.counts.upload(c);
     }
   }
