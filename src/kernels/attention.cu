@@ -635,7 +635,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
   const SplitPlan p = split_plan(pos + 1, split, gridDim.x);
   if (!p.active) return;
   LaneRope<EPL> lr;
-  lane_rope_weights<EPL>(in, lr);              // constant: requested ahead of the copies
+  lane_rope_weights<EPL>(in, lr, p.i_own >= 0);  // constant: requested ahead of the copies
   split_issue_first<EPL>(p, kv, g, ring_all);  // the first loads before anything else
   lane_rope_angles<EPL>(in, pos, lr);          // while they are in flight
   if (pdl) dep_wait();

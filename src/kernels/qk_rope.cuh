@@ -14,11 +14,12 @@ struct LaneRope {
   float c[EPL], s[EPL];    // rotate-half: y_i = x_i c_i + x_partner s_i (dims past rope_dim: c = 1, s = 0)
   int src;                 // lane holding the partner dims i -+ rope_dim / 2
 };
+// key: this warp also normalises the key (k_norm's weights are loaded only then).
 template <int EPL>
-__device__ __forceinline__ void lane_rope_weights(const AttnIn& in, LaneRope<EPL>& r) {
+__device__ __forceinline__ void lane_rope_weights(const AttnIn& in, LaneRope<EPL>& r, bool key) {
   const int i0 = (threadIdx.x % 32) * EPL;
 #pragma unroll
-  for (int e = 0; e < EPL; ++e) r.wq[e] = __ldg(in.q_norm + i0 + e), r.wk[e] = __ldg(in.k_norm + i0 + e);
+  for (int e = 0; e < EPL; ++e) r.wq[e] = __ldg(in.q_norm + i0 + e), r.wk[e] = key ? __ldg(in.k_norm + i0 + e) : 0.f;
 }
 template <int EPL>
 __device__ __forceinline__ void lane_rope_angles(const AttnIn& in, int pos, LaneRope<EPL>& r) {

@@ -73,7 +73,7 @@ __device__ __forceinline__ void router_partial_add(const RouterPartialDev& r, co
 
 // The logit from a sum (fixed point) and the reading block's 1 / rms.
 __device__ __forceinline__ float router_logit(unsigned long long acc, float rms_inv) {
-  return static_cast<float>(static_cast<double>(static_cast<long long>(acc)) * (1.0 / 4294967296.0)) * rms_inv;
+  return static_cast<float>(static_cast<double>(static_cast<long long>(acc)) / kRouterUnit) * rms_inv;
 }
 
 }  // namespace lily::cuda::detail

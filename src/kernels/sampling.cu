@@ -238,9 +238,8 @@ __device__ bool any_nan(const FinishArgs& a) {
 }
 
 // logprob: z[token] - log(sum exp z) (the host Sampler's, before top-k / top-p / min-p), stored if wanted.
-// nan: some logit was NaN (any_nan): kSampleNanToken instead of the token, no count update.
-__device__ void emit(const FinishArgs& a, int token, float logprob, bool nan) {
-  if (nan) token = kSampleNanToken, logprob = NAN;
+// A negative token (kSampleNanToken) updates no count.
+__device__ void emit(const FinishArgs& a, int token, float logprob) {
   *a.out_token = token;
   if (a.out_logprob) *a.out_logprob = logprob;
   if (a.advance) *a.advance += 1;
@@ -259,7 +258,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
   __shared__ float s_u;
   const int k = a.p.temperature <= 0.f ? 1 : a.p.top_k;
   if (any_nan(a)) {  // (block-uniform) no selection on NaN keys
-    if (threadIdx.x == 0) emit(a, 0, NAN, true);
+    if (threadIdx.x == 0) emit(a, kSampleNanToken, NAN);
     return;
   }
   // the sampler's k best, and the top_valid best for the top log-probabilities: a prefix of the same order
@@ -314,7 +313,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
     zt = oz[j];
     if (cum > u) break;
   }
-  emit(a, token, zt - zmax - logf(total_all), false);
+  emit(a, token, zt - zmax - logf(total_all));
 }
 
 // Shared-memory lists of the candidate paths of finish_full_kernel (at most kFinishThreads entries each).
@@ -450,7 +449,7 @@ __device__ int draw_from_candidates(const FinishArgs& a, const Cut& best, float 
 __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs a) {
   __shared__ SelectSmem<kFinishThreads> ssm;
   if (any_nan(a)) {  // (block-uniform) no selection on NaN keys: the draw below may find no owner
-    if (threadIdx.x == 0) emit(a, 0, NAN, true);
+    if (threadIdx.x == 0) emit(a, kSampleNanToken, NAN);
     return;
   }
   float zmax, total;
@@ -483,7 +482,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
   if (in_cand) {
     const int token = draw_from_candidates(a, best, zmax, lists);
     if (token >= 0) {
-      if (threadIdx.x == 0) emit(a, token, a.z[token] - zmax - logf(total), false);
+      if (threadIdx.x == 0) emit(a, token, a.z[token] - zmax - logf(total));
       return;
     }
   }
@@ -539,7 +538,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs 
     token = i;
     if (cum > s_u) break;
   }
-  emit(a, token, token >= 0 ? a.z[token] - zmax - logf(total) : NAN, false);
+  emit(a, token, token >= 0 ? a.z[token] - zmax - logf(total) : NAN);
 }
 
 struct TopArgs {

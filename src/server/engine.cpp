@@ -23,8 +23,7 @@ Engine::Engine(Backend& backend, Metrics& metrics, EngineOptions options)
     : backend_(backend), metrics_(metrics), opt_(options), cache_(options.cache_bytes) {
   max_context_ = backend_.max_context();
   vocab_ = backend_.config().vocab;
-  resident_.clear();
-  backend_.reset();
+  start_over();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -95,6 +94,11 @@ void Engine::shutdown(Clock::time_point drain_deadline) {
   thread_.join();
 }
 
+void Engine::start_over() {
+  backend_.reset();
+  resident_.clear();
+}
+
 void Engine::update_gauges() {
   metrics_.set_queue(static_cast<int>(queue_.size()), running_ ? 1 : 0);
 }
@@ -118,9 +122,7 @@ void Engine::loop() {
       log::error("engine: request failed: ", e.what());
       job->error = e.what();
       job->error_code = dynamic_cast<const NanLogitsError*>(&e) ? "nan_logits" : "internal_error";
-      // The backend state is unknown after a failure: start the next request from scratch.
-      resident_.clear();
-      backend_.reset();
+      start_over();  // the backend state is unknown after a failure: the next request starts from scratch
       finish(*job, FinishReason::error);
     }
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -147,8 +149,7 @@ int Engine::prepare_prefix(GenJob& job) {
   const auto& p = job.prompt;
   const int n = static_cast<int>(p.size());
   if (!opt_.prefix_cache) {
-    backend_.reset();
-    resident_.clear();
+    start_over();
     return 0;
   }
   int lcp = 0;
@@ -161,8 +162,7 @@ int Engine::prepare_prefix(GenJob& job) {
     resident_.resize(s->position);
     return s->position;
   }
-  backend_.reset();
-  resident_.clear();
+  start_over();
   return 0;
 }
 
@@ -239,9 +239,7 @@ void Engine::run(GenJob& job) {
     }
   };
   const auto forget_if_poisoned = [&] {
-    if (!poisoned) return;
-    resident_.clear();
-    backend_.reset();
+    if (poisoned) start_over();
   };
   const auto drain = [&](int32_t t) {  // the queued step consumed t; its sample is not used
     if (!queued) return;

@@ -95,6 +95,7 @@ class Engine {
   bool prefill(GenJob& job, int from, float* logits);
   void finish(GenJob& job, FinishReason reason);
   void update_gauges();
+  void start_over();  // backend at position 0, nothing resident
 
   Backend& backend_;
   Metrics& metrics_;
