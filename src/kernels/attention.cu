@@ -35,6 +35,7 @@
 #include <cmath>
 
 #include "kernels/common.cuh"
+#include "kernels/grid_barrier.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/mixers.h"
 #include "kernels/qk_rope.cuh"
@@ -44,6 +45,7 @@ namespace lily::cuda {
 
 namespace {
 
+using detail::trace_stamp_at;
 using qk::LaneRope;
 using qk::lane_rope_angles;
 using qk::lane_rope_weights;
@@ -531,6 +533,7 @@ __device__ __forceinline__ void split_run_mma(const SplitPlan& p, const AttnIn& 
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qa[kk], qs + row * kRow + (((2 * kk + (j >> 1)) ^ (row & 7)) << 4));
   }
+  trace_stamp_at(scratch.trace_split, blockIdx.x + blockIdx.y * gridDim.x, 1);
   float o[D / 16][4] = {};          // O^T m-tile mt: {dim 16 mt + hq, heads 2tq, 2tq + 1}, {dim + 8, same heads}
   float m = -INFINITY, l = 0.f;     // head hq: running max (quad-uniform), this lane's share of the running sum
   // this lane's ldmatrix row address in a stage: row (lane & 7) of matrix (lane >> 3), chunk 4 i + (lane >> 3)
@@ -583,6 +586,7 @@ __device__ __forceinline__ void split_run_mma(const SplitPlan& p, const AttnIn& 
     __syncwarp();  // this stage is rewritten by the next steps
     stage = stage == kStages - 1 ? 0 : stage + 1;
   }
+  trace_stamp_at(scratch.trace_split, blockIdx.x + blockIdx.y * gridDim.x, 3);
   cp_async_wait<0>();
 
   // merge_warps
@@ -630,16 +634,25 @@ __global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
   // write, own_row_append). The combine (launched with PDL) is let in only at the end: its blocks scheduled next
   // to running split blocks cost ~2.5 us per layer (H200, 4K: the combine with PDL and this trigger at entry
   // 1299 us per token, plain 1272, PDL with this trigger at the end 1266).
+  const int tb = blockIdx.x + blockIdx.y * gridDim.x;
+  trace_stamp_at(scratch.trace_split, tb, 0);
   if (!pdl) dep_wait();
   const int pos = *pos_ptr;
   const SplitPlan p = split_plan(pos + 1, split, gridDim.x);
-  if (!p.active) return;
+  if (!p.active) {
+    trace_stamp_at(scratch.trace_split, tb, 15, 0);
+    trace_stamp_at(scratch.trace_split, tb, 1, 0);
+    trace_stamp_at(scratch.trace_split, tb, 2, 0);
+    return;
+  }
   LaneRope<EPL> lr;
   lane_rope_weights<EPL>(in, lr, p.i_own >= 0);  // constant: requested ahead of the copies
   split_issue_first<EPL>(p, kv, g, ring_all);  // the first loads before anything else
   lane_rope_angles<EPL>(in, pos, lr);          // while they are in flight
   if (pdl) dep_wait();
+  trace_stamp_at(scratch.trace_split, tb, 15);
   split_run<EPL>(p, in, lr, kv, g, split, group, scratch, ring_all, sh);
+  trace_stamp_at(scratch.trace_split, tb, 2);
   dep_trigger();  // (a block without work exits above, which counts as its trigger)
 }
 
@@ -655,8 +668,11 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int h = blockIdx.x, g = h / group, hh = h % group;
   const int dim = blockIdx.y * kCombDims + lane;
+  const int tb = blockIdx.x + blockIdx.y * gridDim.x;
+  trace_stamp_at(scratch.trace_comb, tb, 0);
   dep_trigger();
   dep_wait();
+  trace_stamp_at(scratch.trace_comb, tb, 15);
   const int len = *pos_ptr + 1;
   const int n_active = active_splits((len + kStep - 1) / kStep, splits);
   const int stride = D + 2;
@@ -714,6 +730,7 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
     for (int w = 0; w < kCombWarps; ++w) total += num_sh[w][lane];
     out[(size_t)h * D + dim] = total * inv_den / (1.f + __expf(-gate));
   }
+  trace_stamp_at(scratch.trace_comb, tb, 1);
 }
 
 template <int EPL>
@@ -761,6 +778,8 @@ void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float
                  (in.rope_dim / 2) % std::max(epl, 1) == 0,
              "attention_decode: rope_dim ", in.rope_dim, " with head_dim ", kv.head_dim,
              " (rope_dim / 2 must be a multiple of head_dim / 32)");
+  scratch.trace_split = detail::persistent_trace(2);
+  scratch.trace_comb = detail::persistent_trace(3);
   switch (kv.head_dim) {
     case 256: launch_split<8>(in, kv, pos, scratch, splits, group, s); break;
     case 128: launch_split<4>(in, kv, pos, scratch, splits, group, s); break;

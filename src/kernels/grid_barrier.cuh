@@ -24,8 +24,9 @@
 namespace lily::cuda::detail {
 
 // Diagnostics (LILY_TRACE=1): thread 0 of every block of a persistent kernel stamps %globaltimer at its phase
-// boundaries into the launch's slot, persistent_trace(kernel) (kernel 0 = MoE, 1 = GDN mixer; stamp i of block b at
-// [b * kTraceStamps + i], stamp 15 = griddepcontrol.wait returned); null when tracing is off.
+// boundaries into the launch's slot, persistent_trace(kernel) (kernel 0 = MoE, 1 = GDN mixer, 2 = attention split,
+// 3 = attention combine; stamp i of block b at [b * kTraceStamps + i], stamp 15 = griddepcontrol.wait returned);
+// null when tracing is off.
 constexpr int kTraceBlocks = 160, kTraceStamps = 16;
 unsigned long long* persistent_trace(int kernel);
 __device__ __forceinline__ void trace_stamp(unsigned long long* trace, int i) {
@@ -33,6 +34,16 @@ __device__ __forceinline__ void trace_stamp(unsigned long long* trace, int i) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     trace[blockIdx.x * kTraceStamps + i] = t;
+  }
+}
+
+// The same for kernels with 2-D grids (block: the linear block index; blocks from kTraceBlocks on are not
+// stamped); v = 0 stores 0 instead of the time (a block without work: the printer skips it).
+__device__ __forceinline__ void trace_stamp_at(unsigned long long* trace, int block, int i, unsigned long long v = 1) {
+  if (trace && threadIdx.x == 0 && block < kTraceBlocks) {
+    unsigned long long t = 0;
+    if (v) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    trace[block * kTraceStamps + i] = t;
   }
 }
 

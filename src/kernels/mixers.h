@@ -61,6 +61,8 @@ void launch_gdn_step(const float* qkv, const float* z, const float* a, const flo
 struct AttnScratch {
   float* partial = nullptr;      // [n_kv][max_splits][group][head_dim + 2] (acc, m, l)
   int max_splits = 0;
+  unsigned long long* trace_split = nullptr;  // LILY_TRACE=1: the launches' stamp slots (grid_barrier.cuh)
+  unsigned long long* trace_comb = nullptr;
 };
 size_t attn_scratch_floats(int n_kv, int max_splits, int group, int head_dim);
 

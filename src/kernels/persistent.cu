@@ -45,7 +45,9 @@ void persistent_trace_begin() { detail::g_slots = 0; }
 // The last step's persistent launches (LILY_TRACE=1; benchmarks): per kernel kind, averaged over its launches,
 // when the blocks finished each phase (earliest, median and latest block), in µs after the launch's first block
 // returned from griddepcontrol.wait; and the gap from the previous persistent launch's last block to that
-// first wait return (the launch boundary, plus any plain launches in between).
+// first wait return (the launch boundary, plus any plain launches in between). For the attention layers (the
+// q|k|v GEMV, then the split and combine launches, then the MoE), when their split and combine blocks reached
+// which point, in µs after the previous persistent launch's last block ended.
 void print_persistent_trace() {
   using namespace detail;
   unsigned long long* d = trace_base();
@@ -64,8 +66,45 @@ void print_persistent_trace() {
          wait_spread[3] = {};
   int count[3] = {};
   unsigned long long prev_end = 0;
+  // attention layers (kinds 2 = split, 3 = combine)
+  double at[11] = {};
+  int n_at = 0;
   for (int s = 0; s < ns; ++s) {
-    const int k = g_slot_kind[s], n = n_stamps[k];
+    const int k = g_slot_kind[s];
+    if (k >= 2) {
+      if (k == 2 && s + 2 < ns && g_slot_kind[s + 1] == 3 && g_slot_kind[s + 2] == 0 && prev_end) {
+        const unsigned long long* sp = t.data() + static_cast<size_t>(s) * kTraceBlocks * kTraceStamps;
+        const unsigned long long* cb = sp + kTraceBlocks * kTraceStamps;
+        const unsigned long long* mo = cb + kTraceBlocks * kTraceStamps;
+        std::vector<double> e0, w, q, e, lp;
+        for (int i = 0; i < kTraceBlocks; ++i) {
+          const unsigned long long* b = sp + i * kTraceStamps;
+          if (!b[0]) continue;
+          e0.push_back((double)b[0] - (double)prev_end);
+          if (!b[2]) continue;
+          w.push_back((double)b[15] - (double)prev_end);
+          q.push_back((double)b[1] - (double)prev_end);
+          e.push_back((double)b[2] - (double)prev_end);
+          lp.push_back((double)b[3] - (double)prev_end);
+        }
+        std::vector<double> c0, cw, ce, mw;
+        for (int i = 0; i < kTraceBlocks; ++i) {
+          const unsigned long long* b = cb + i * kTraceStamps;
+          if (!b[0]) continue;  // past the grid
+          c0.push_back((double)b[0] - (double)prev_end);
+          cw.push_back((double)b[15] - (double)prev_end);
+          ce.push_back((double)b[1] - (double)prev_end);
+        }
+        for (int i = 0; i < nb; ++i) mw.push_back((double)mo[i * kTraceStamps + 15] - (double)prev_end);
+        for (auto* v : {&e0, &w, &q, &e, &lp, &c0, &cw, &ce, &mw}) std::sort(v->begin(), v->end());
+        const double r[11] = {e0.front(), w.front(), w.back(), q[q.size() / 2], lp[lp.size() / 2], e[e.size() / 2],
+                              e.back(), c0.front(), cw.front(), ce.back(), mw.front()};
+        for (int j = 0; j < 11; ++j) at[j] += r[j];
+        ++n_at;
+      }
+      continue;
+    }
+    const int n = n_stamps[k];
     const unsigned long long* b = t.data() + static_cast<size_t>(s) * kTraceBlocks * kTraceStamps;
     unsigned long long w_lo = ~0ull, w_hi = 0, end_hi = 0;
     for (int i = 0; i < nb; ++i) {
@@ -86,6 +125,14 @@ void print_persistent_trace() {
     }
     count[kind] += s > 0;
     prev_end = end_hi;
+  }
+  if (n_at) {
+    const char* nm[11] = {"split entry", "split wait first", "split wait last", "q staged (median)",
+                          "step loop end (median)", "split end (median)", "split end (last)", "combine entry",
+                          "combine wait first", "combine end (last)", "MoE wait first"};
+    std::printf("attention layers, %d (us after the previous MoE's last block ended):", n_at);
+    for (int j = 0; j < 11; ++j) std::printf(" %s %.2f;", nm[j], at[j] / n_at / 1e3);
+    std::printf("\n");
   }
   for (int kind = 0; kind < 3; ++kind) {
     if (count[kind] == 0) continue;
