@@ -186,15 +186,17 @@ __device__ __forceinline__ void load_step(const KvPages& kv, int g, int step, in
 }
 
 // The warp's ring at step i (in `stage`): keep kStages - 1 steps in flight (issue step i + kStages - 1 into the
-// stage computed at step i - 1), then wait until step i has landed.
+// stage computed at step i - 1; at step 0 split_issue_last did), then wait until step i has landed.
 template <int EPL>
 __device__ __forceinline__ void ring_next(const KvPages& kv, int g, int first, int n_my, int len, int i, int stage,
                                           uint16_t* ring, int lane) {
   constexpr int kStageElems = 2 * kStep * EPL * 32;
-  const int j = i + kStages - 1;
-  const int js = stage == 0 ? kStages - 1 : stage - 1;
-  if (j < n_my) load_step<EPL>(kv, g, first + j * kWarps, len, ring + js * kStageElems, lane);
-  cp_async_commit();
+  if (i > 0 || n_my < kStages) {
+    const int j = i + kStages - 1;
+    const int js = stage == 0 ? kStages - 1 : stage - 1;
+    if (j < n_my) load_step<EPL>(kv, g, first + j * kWarps, len, ring + js * kStageElems, lane);
+    cp_async_commit();
+  }
   cp_async_wait<kStages - 1>();
   __syncwarp();
 }
@@ -233,6 +235,23 @@ __device__ __forceinline__ void split_issue_first(const SplitPlan& p, const KvPa
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     if (i < p.n_my) load_step<EPL>(kv, g, p.first + i * kWarps, p.len, ring + i * kStageElems, lane);
+    cp_async_commit();
+  }
+}
+// The last stage's copies (when the warp has that many steps), issued once the warp has staged its q, before the
+// block's barrier, where it waits for the warp that appends the token's K/V (before: by the step loop at step 0,
+// after the barrier). H200, binary A/Bs: 32K -9 to -10 us per token, 128K ~-7, 4K +1..+2 (no copies there: code
+// placement). Issued before the wait with the first two stages they delayed the wait's return and q (32K +5);
+// issued right after the barrier: 32K -2.
+template <int EPL>
+__device__ __forceinline__ void split_issue_last(const SplitPlan& p, const KvPages& kv, int g, uint16_t* ring_all) {
+  constexpr int D = EPL * 32;
+  constexpr int kStageElems = 2 * kStep * D;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  uint16_t* ring = ring_all + warp * ring_elems<D>();
+  constexpr int i = kStages - 1;
+  if (i < p.n_my) {  // (else ring_next commits the empty group at step 0, as before)
+    load_step<EPL>(kv, g, p.first + i * kWarps, p.len, ring + i * kStageElems, lane);
     cp_async_commit();
   }
 }
@@ -359,6 +378,7 @@ __device__ __forceinline__ void split_run_scalar(const SplitPlan& p, const AttnI
 #pragma unroll
     for (int e = 0; e < EPL; ++e) qr[hh][e] = x[e] * qscale;
   }
+  split_issue_last<EPL>(p, kv, g, ring_all);
   float acc[kMaxGroup][EPL] = {};
   float m = -INFINITY, l = 0.f;  // online softmax state of head hh_lane
   float(*x)[kMaxGroup] = sh.x[warp];
@@ -524,6 +544,7 @@ __device__ __forceinline__ void split_run_mma(const SplitPlan& p, const AttnIn& 
     *reinterpret_cast<uint4*>(sh.qa + hh * D + ((c ^ hh) * 8)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     *reinterpret_cast<uint4*>(sh.qa + (hh + 8) * D + ((c ^ hh) * 8)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
   }
+  split_issue_last<EPL>(p, kv, g, ring_all);  // q has arrived: its issue hidden in the barrier's wait
   __syncthreads();
   // A fragments per 16-dim slice kk (ldmatrix.x4: matrices rows 0-7 / 8-15 x dims 0-7 / 8-15 of the slice)
   uint32_t qa[D / 16][4];
