@@ -24,7 +24,7 @@ CommandRegistrar reg{Command{
         int max_tokens = 16, threads = 0, top_k = 0, n_valid = 0, max_context = 0;
         float temperature = 1, top_p = 1, min_p = 0, presence = 0, frequency = 0, repetition = 1;
         uint64_t seed = 0;
-        bool ignore_eos = false, print_ids = false, chat = false, no_think = false;
+        bool ignore_eos = false, print_ids = false, chat = false, no_think = false, check_tensors = false;
       };
       auto o = std::make_shared<Opts>();
       sub.add_option("--model", o->model, "model directory")->required();
@@ -48,6 +48,7 @@ CommandRegistrar reg{Command{
       sub.add_flag("--print-ids", o->print_ids, "print the generated ids instead of the text");
       sub.add_option("--device", o->device, "cuda or cpu (default: cuda when a GPU is present)");
       sub.add_option("--threads", o->threads, "CPU worker threads (default: all cores)");
+      sub.add_flag("--check-tensors", o->check_tensors, "scan the weights for NaN / Inf at load");
       return [o, temp, topk, topp]() {
         if (o->tokens.empty() == o->prompt.empty()) fail("generate: give exactly one of --tokens and --prompt");
         if (o->chat && o->prompt.empty()) fail("generate: --chat needs --prompt");
@@ -68,7 +69,9 @@ CommandRegistrar reg{Command{
           prompt = tok->encode(o->prompt);
         }
         if (prompt.empty()) fail("generate: the prompt is empty");
-        Model model = load_model(o->model);
+        LoadOptions load;
+        load.check_tensors = o->check_tensors;
+        Model model = load_model(o->model, load);
         const Config& cfg = model.config;
         GenerateOptions g;
         g.max_tokens = o->max_tokens;

@@ -15,6 +15,7 @@ CommandRegistrar reg{Command{
       struct Opts {
         std::string model, tokens, out, device = "auto";
         int threads = 0;
+        bool check_tensors = false;
       };
       auto o = std::make_shared<Opts>();
       sub.add_option("--model", o->model, "model directory")->required();
@@ -22,10 +23,13 @@ CommandRegistrar reg{Command{
       sub.add_option("--out", o->out, "output .npy file (float32 [T, vocab])")->required();
       sub.add_option("--device", o->device, "cuda or cpu (default: cuda when a GPU is present)");
       sub.add_option("--threads", o->threads, "CPU worker threads (default: all cores)");
+      sub.add_flag("--check-tensors", o->check_tensors, "scan the weights for NaN / Inf at load");
       return [o]() {
         const std::vector<int32_t> tokens = parse_token_list(o->tokens);
         auto t0 = std::chrono::steady_clock::now();
-        Model model = load_model(o->model);
+        LoadOptions load;
+        load.check_tensors = o->check_tensors;
+        Model model = load_model(o->model, load);
         auto backend = make_backend(o->device, model, o->threads, static_cast<int>(tokens.size()));
         auto t1 = std::chrono::steady_clock::now();
         const int64_t V = model.config.vocab;

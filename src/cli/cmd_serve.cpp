@@ -28,6 +28,7 @@ struct ServeArgs {
   long long cache_mib = 8192;
   bool no_prefix_cache = false;
   bool no_thinking = false;
+  bool check_tensors = false;
   std::string device = "auto";
   server::ServerOptions opt;
 };
@@ -114,9 +115,11 @@ int run_serve(ServeArgs a) {
       std::string d = a.demo ? server::make_demo_model() : dir;
       std::string alias = !a.alias.empty() ? a.alias : a.demo ? "lily-demo-noise" : "qwen3.6-35b-a3b";
       const std::string device = a.device;
-      m = server::load_served_model(d, a.ctx, alias, [device](const Model& model, int ctx) {
-        return make_device_backend(model, device, ctx);
-      });
+      LoadOptions load;
+      load.check_tensors = a.check_tensors;
+      m = server::load_served_model(
+          d, a.ctx, alias, [device](const Model& model, int ctx) { return make_device_backend(model, device, ctx); },
+          load);
       m->demo = a.demo;
     } catch (const std::exception& e) {
       err = e.what();
@@ -181,6 +184,8 @@ CommandRegistrar reg({"serve", "Serve the model over an OpenAI-compatible HTTP A
                             ->capture_default_str();
                         sub.add_flag("--no-prefix-cache", a->no_prefix_cache, "Always prefill the whole prompt");
                         sub.add_flag("--no-thinking", a->no_thinking, "enable_thinking=false unless a request says otherwise");
+                        sub.add_flag("--check-tensors", a->check_tensors,
+                                     "Scan the weights for NaN / Inf at load (refuse a corrupt checkpoint)");
                         add_device_option(sub, a->device);
                         sub.add_option("--http-threads", a->opt.http_threads, "HTTP worker threads (0: queue + 32)");
                         return std::function<int()>([a] { return run_serve(*a); });

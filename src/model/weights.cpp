@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 
+#include "model/tensor_check.h"
 #include "util/bf16.h"
 #include "util/check.h"
 #include "util/safetensors.h"
@@ -160,6 +161,8 @@ class Loader {
     return out;
   }
 
+  std::vector<std::string> used() const { return {used_.begin(), used_.end()}; }
+
   void check_unused(const std::vector<std::string>& ignored_prefixes) {
     for (const auto& name : store_.names()) {
       if (used_.count(name)) continue;
@@ -298,7 +301,7 @@ void load_mlx(Loader& ld, const Config& c, Weights& w) {
 
 }  // namespace
 
-Model load_model(const std::string& model_dir) {
+Model load_model(const std::string& model_dir, const LoadOptions& opt) {
   Model m;
   m.dir = model_dir;
   m.config = load_config(model_dir);
@@ -312,6 +315,7 @@ Model load_model(const std::string& model_dir) {
   Loader ld(store, m.config, model_dir, *storage, w.layout);
   if (w.layout == CheckpointLayout::hf_bf16) load_hf(ld, m.config, w);
   else load_mlx(ld, m.config, w);
+  if (opt.check_tensors) check_finite_tensors(store, ld.used());
   w.storage = storage;
   return m;
 }

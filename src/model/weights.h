@@ -89,8 +89,12 @@ struct Model {
   Weights weights;
 };
 
+struct LoadOptions {
+  bool check_tensors = false;  // scan every tensor the model reads for NaN / Inf (model/tensor_check.h)
+};
+
 // Loads DIR (config.json, generation_config.json, model.safetensors or shards + index). Validates every
 // file and tensor; throws lily::Error naming the file and tensor on any problem.
-Model load_model(const std::string& model_dir);
+Model load_model(const std::string& model_dir, const LoadOptions& opt = {});
 
 }  // namespace lily

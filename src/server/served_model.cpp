@@ -68,14 +68,14 @@ fs::path cache_root() {
 }  // namespace
 
 std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, const std::string& alias,
-                                               const BackendFactory& make_backend) {
+                                               const BackendFactory& make_backend, const LoadOptions& load) {
   auto sm = std::make_unique<ServedModel>();
   sm->dir = dir;
   sm->alias = alias;
   auto t0 = std::chrono::steady_clock::now();
   sm->tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(dir));
   sm->renderer = std::make_unique<ChatRenderer>(ChatRenderer::load(dir));
-  sm->model = std::make_unique<Model>(load_model(dir));
+  sm->model = std::make_unique<Model>(load_model(dir, load));
   const Config& cfg = sm->model->config;
   const Tokenizer& tok = *sm->tokenizer;
   sm->n_vocab = std::min<int32_t>(tok.vocab_size(), cfg.vocab);

@@ -42,7 +42,8 @@ using BackendFactory = std::function<std::unique_ptr<Backend>(const Model& model
 // Loads the model directory and creates the backend with `ctx` tokens of context (<= 0: the model's maximum,
 // capped at 32768). `make_backend` null: the CPU backend. Throws lily::Error naming what is wrong.
 std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, const std::string& alias,
-                                               const BackendFactory& make_backend = nullptr);
+                                               const BackendFactory& make_backend = nullptr,
+                                               const LoadOptions& load = {});
 
 // Hugging Face cache lookup ($HF_HOME/hub or ~/.cache/huggingface/hub): the newest snapshot of
 // mlx-community/Qwen3.6-35B-A3B-4bit or Qwen/Qwen3.6-35B-A3B that has a config.json.

@@ -5,10 +5,12 @@
 
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <random>
 #include <cstring>
 
 #include "model/synth.h"
+#include "model/tensor_check.h"
 #include "model/weights.h"
 #include "util/check.h"
 #include "util/safetensors.h"
@@ -74,9 +76,9 @@ class LoaderReject : public ::testing::Test {
     }
     w.finish();
   }
-  void expect_load_error(const std::vector<std::string>& needles) {
+  void expect_load_error(const std::vector<std::string>& needles, const LoadOptions& opt = {}) {
     try {
-      load_model(out_.string());
+      load_model(out_.string(), opt);
       ADD_FAILURE() << "loaded; expected an error";
     } catch (const Error& e) {
       std::string m = e.what();
@@ -209,6 +211,90 @@ TEST_F(LoaderReject, MissingConfig) {
   rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>&) {});
   fs::remove(out_ / "config.json");
   expect_load_error({"config.json: not found"});
+}
+
+// --check-tensors (api.md §4 row 11): a NaN or Inf in a tensor the model reads fails the load with the file, the
+// tensor, the count and the first element; without the option the same checkpoint loads.
+struct Poison {
+  std::vector<uint8_t> bytes;  // the tensor's data with the edits (kept alive until rewrite() has written it)
+};
+void poison(Spec& s, Poison& keep, size_t nbytes, const std::vector<std::pair<int64_t, uint32_t>>& at) {
+  keep.bytes.assign(s.src, s.src + nbytes);
+  const size_t w = dtype_size(s.dtype);
+  for (auto [i, bits] : at) std::memcpy(keep.bytes.data() + i * w, &bits, w);  // little-endian low bytes
+  s.src = keep.bytes.data();
+}
+size_t nbytes_of(const Spec& s) {
+  size_t n = dtype_size(s.dtype);
+  for (int64_t d : s.shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+TEST_F(LoaderReject, CheckTensorsFindsNaN) {
+  Poison keep;
+  const std::string name = kHf + "2.mlp.shared_expert.down_proj.weight";
+  rewrite(CheckpointLayout::hf_bf16, [&](std::vector<Spec>& s) {
+    Spec* t = find(s, name);
+    poison(*t, keep, nbytes_of(*t), {{37, 0x7fc1}, {300, 0xff80}});  // a NaN, then -Inf
+  });
+  LoadOptions check;
+  check.check_tensors = true;
+  expect_load_error({"model.safetensors", "tensor " + name, "2 non-finite values", "first at element 37: NaN"},
+                    check);
+  EXPECT_NO_THROW(load_model(out_.string()));  // not scanned without the option
+}
+
+TEST_F(LoaderReject, CheckTensorsFindsInfInMlxScales) {
+  Poison keep;
+  const std::string name = kMlx + "1.mlp.switch_mlp.up_proj.scales";
+  rewrite(CheckpointLayout::mlx_affine, [&](std::vector<Spec>& s) {
+    Spec* t = find(s, name);
+    poison(*t, keep, nbytes_of(*t), {{5, 0x7f80}});
+  });
+  LoadOptions check;
+  check.check_tensors = true;
+  expect_load_error({"tensor " + name, "1 non-finite value ", "first at element 5: +Inf"}, check);
+}
+
+TEST_F(LoaderReject, CheckTensorsPassesCleanAndSkipsUnusedTensors) {
+  // the vision / MTP tensors are not read, so a NaN there does not matter; every used tensor is finite
+  Poison keep;
+  rewrite(CheckpointLayout::hf_bf16, [&](std::vector<Spec>& s) {
+    keep.bytes.assign(32, 0xff);  // sixteen NaN
+    s.push_back({"mtp.fc.weight", Dtype::BF16, {4, 4}, keep.bytes.data()});
+  });
+  LoadOptions check;
+  check.check_tensors = true;
+  EXPECT_NO_THROW(load_model(out_.string(), check));
+}
+
+TEST(TensorCheck, FindsEveryKindInEveryFloatDtype) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> f32 = {1.f, -0.f, 3.4e38f, 1e-45f, -inf, 2.f, nan, inf};
+  NonFinite r = find_non_finite(Dtype::F32, reinterpret_cast<const uint8_t*>(f32.data()), 8);
+  EXPECT_EQ(r.count, 3);
+  EXPECT_EQ(r.first, 4);
+  EXPECT_FALSE(r.first_nan);
+  EXPECT_TRUE(r.first_negative);
+  const std::vector<double> f64 = {0.0, 1e308, std::numeric_limits<double>::quiet_NaN()};
+  r = find_non_finite(Dtype::F64, reinterpret_cast<const uint8_t*>(f64.data()), 3);
+  EXPECT_EQ(r.count, 1);
+  EXPECT_EQ(r.first, 2);
+  EXPECT_TRUE(r.first_nan);
+  // bf16: 0x7f7f is the largest finite value, 0x7f80 +Inf, 0xffc0 a NaN; f16: 0x7bff largest finite, 0x7c00 +Inf
+  const std::vector<uint16_t> bf16 = {0x3f80, 0x7f7f, 0xff7f, 0x7f80, 0xffc0};
+  r = find_non_finite(Dtype::BF16, reinterpret_cast<const uint8_t*>(bf16.data()), 5);
+  EXPECT_EQ(r.count, 2);
+  EXPECT_EQ(r.first, 3);
+  EXPECT_FALSE(r.first_nan);
+  EXPECT_FALSE(r.first_negative);
+  const std::vector<uint16_t> f16 = {0x7bff, 0xfbff, 0x7c01, 0x7c00};
+  r = find_non_finite(Dtype::F16, reinterpret_cast<const uint8_t*>(f16.data()), 4);
+  EXPECT_EQ(r.count, 2);
+  EXPECT_EQ(r.first, 2);
+  EXPECT_TRUE(r.first_nan);
+  const std::vector<uint32_t> u32 = {0xffffffffu, 0x7f800000u};
+  EXPECT_EQ(find_non_finite(Dtype::U32, reinterpret_cast<const uint8_t*>(u32.data()), 2).count, 0);
 }
 
 }  // namespace
