@@ -186,7 +186,8 @@ __device__ __forceinline__ void load_step(const KvPages& kv, int g, int step, in
 }
 
 // The warp's ring at step i (in `stage`): keep kStages - 1 steps in flight (issue step i + kStages - 1 into the
-// stage computed at step i - 1; at step 0 split_issue_last did), then wait until step i has landed.
+// stage computed at step i - 1; at step 0 of a warp with kStages steps or more split_issue_last did), then wait
+// until step i has landed.
 template <int EPL>
 __device__ __forceinline__ void ring_next(const KvPages& kv, int g, int first, int n_my, int len, int i, int stage,
                                           uint16_t* ring, int lane) {
@@ -225,33 +226,33 @@ __device__ __forceinline__ SplitPlan split_plan(int len, int split, int splits) 
   return p;
 }
 
+// The copies of the warp's step i into stage i of its ring (the ring's first fill; no commit).
+template <int EPL>
+__device__ __forceinline__ void split_issue_stage(const SplitPlan& p, const KvPages& kv, int g, uint16_t* ring_all,
+                                                  int i) {
+  constexpr int D = EPL * 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  load_step<EPL>(kv, g, p.first + i * kWarps, p.len, ring_all + warp * ring_elems<D>() + i * 2 * kStep * D, lane);
+}
+
 // Start the copies of the warp's first kStages - 1 steps into its ring (one commit group each).
 template <int EPL>
 __device__ __forceinline__ void split_issue_first(const SplitPlan& p, const KvPages& kv, int g, uint16_t* ring_all) {
-  constexpr int D = EPL * 32;
-  constexpr int kStageElems = 2 * kStep * D;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  uint16_t* ring = ring_all + warp * ring_elems<D>();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < p.n_my) load_step<EPL>(kv, g, p.first + i * kWarps, p.len, ring + i * kStageElems, lane);
+    if (i < p.n_my) split_issue_stage<EPL>(p, kv, g, ring_all, i);
     cp_async_commit();
   }
 }
-// The last stage's copies (when the warp has that many steps), issued once the warp has staged its q, before the
-// block's barrier, where it waits for the warp that appends the token's K/V (before: by the step loop at step 0,
-// after the barrier). H200, binary A/Bs: 32K -9 to -10 us per token, 128K ~-7, 4K +1..+2 (no copies there: code
+// The last stage's copies (when the warp has that many steps), issued once the warp has staged its q (tensor-core
+// path: before the block's barrier, where it waits for the warp that appends the token's K/V; before: by the
+// step loop at step 0, after the barrier). H200, binary A/Bs: 32K -9 to -10 us per token, 128K ~-7, 4K +1..+2 (no copies there: code
 // placement). Issued before the wait with the first two stages they delayed the wait's return and q (32K +5);
 // issued right after the barrier: 32K -2.
 template <int EPL>
 __device__ __forceinline__ void split_issue_last(const SplitPlan& p, const KvPages& kv, int g, uint16_t* ring_all) {
-  constexpr int D = EPL * 32;
-  constexpr int kStageElems = 2 * kStep * D;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  uint16_t* ring = ring_all + warp * ring_elems<D>();
-  constexpr int i = kStages - 1;
-  if (i < p.n_my) {  // (else ring_next commits the empty group at step 0, as before)
-    load_step<EPL>(kv, g, p.first + i * kWarps, p.len, ring + i * kStageElems, lane);
+  if (kStages - 1 < p.n_my) {  // (else ring_next commits the empty group at step 0, as before)
+    split_issue_stage<EPL>(p, kv, g, ring_all, kStages - 1);
     cp_async_commit();
   }
 }
@@ -379,6 +380,7 @@ __device__ __forceinline__ void split_run_scalar(const SplitPlan& p, const AttnI
     for (int e = 0; e < EPL; ++e) qr[hh][e] = x[e] * qscale;
   }
   split_issue_last<EPL>(p, kv, g, ring_all);
+  trace_stamp_at(scratch.trace_split, blockIdx.x + blockIdx.y * gridDim.x, 1);
   float acc[kMaxGroup][EPL] = {};
   float m = -INFINITY, l = 0.f;  // online softmax state of head hh_lane
   float(*x)[kMaxGroup] = sh.x[warp];
@@ -452,6 +454,7 @@ __device__ __forceinline__ void split_run_scalar(const SplitPlan& p, const AttnI
     __syncwarp();  // this stage and x are rewritten by the next steps
     stage = stage == kStages - 1 ? 0 : stage + 1;
   }
+  trace_stamp_at(scratch.trace_split, blockIdx.x + blockIdx.y * gridDim.x, 3);
   cp_async_wait<0>();
 
   // merge_warps
@@ -661,9 +664,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
   const int pos = *pos_ptr;
   const SplitPlan p = split_plan(pos + 1, split, gridDim.x);
   if (!p.active) {
-    trace_stamp_at(scratch.trace_split, tb, 15, 0);
-    trace_stamp_at(scratch.trace_split, tb, 1, 0);
-    trace_stamp_at(scratch.trace_split, tb, 2, 0);
+    trace_stamp_at(scratch.trace_split, tb, 15, false);
+    trace_stamp_at(scratch.trace_split, tb, 1, false);
+    trace_stamp_at(scratch.trace_split, tb, 2, false);
     return;
   }
   LaneRope<EPL> lr;

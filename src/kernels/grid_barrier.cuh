@@ -23,10 +23,11 @@
 
 namespace lily::cuda::detail {
 
-// Diagnostics (LILY_TRACE=1): thread 0 of every block of a persistent kernel stamps %globaltimer at its phase
-// boundaries into the launch's slot, persistent_trace(kernel) (kernel 0 = MoE, 1 = GDN mixer, 2 = attention split,
-// 3 = attention combine; stamp i of block b at [b * kTraceStamps + i], stamp 15 = griddepcontrol.wait returned);
-// null when tracing is off.
+// Diagnostics (LILY_TRACE=1): thread 0 of every block of a persistent kernel (and of the attention split and
+// combine kernels) stamps %globaltimer at its phase boundaries into the launch's slot, persistent_trace(kernel)
+// (kernel 0 = MoE, 1 = GDN mixer, 2 = attention split, 3 = attention combine; stamp i of block b at
+// [b * kTraceStamps + i], stamp 15 = griddepcontrol.wait returned); null when tracing is off. Slots are handed
+// out again by each capture of the step, in the same order, so a slot keeps its kernel and grid.
 constexpr int kTraceBlocks = 160, kTraceStamps = 16;
 unsigned long long* persistent_trace(int kernel);
 __device__ __forceinline__ void trace_stamp(unsigned long long* trace, int i) {
@@ -37,12 +38,12 @@ __device__ __forceinline__ void trace_stamp(unsigned long long* trace, int i) {
   }
 }
 
-// The same for kernels with 2-D grids (block: the linear block index; blocks from kTraceBlocks on are not
-// stamped); v = 0 stores 0 instead of the time (a block without work: the printer skips it).
-__device__ __forceinline__ void trace_stamp_at(unsigned long long* trace, int block, int i, unsigned long long v = 1) {
+// The same for the attention kernels' 2-D grids (block: the linear block index; blocks from kTraceBlocks on are
+// not stamped); stamp_time false stores 0 instead of the time (a block without work: the printer skips it).
+__device__ __forceinline__ void trace_stamp_at(unsigned long long* trace, int block, int i, bool stamp_time = true) {
   if (trace && threadIdx.x == 0 && block < kTraceBlocks) {
     unsigned long long t = 0;
-    if (v) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (stamp_time) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     trace[block * kTraceStamps + i] = t;
   }
 }

@@ -1,5 +1,6 @@
 // Host side of the persistent kernels (moe_fused.cu, gdn_fused.cu; device side in grid_barrier.cuh): the
-// environment switches of their launch and barrier, and the LILY_TRACE=1 phase stamps.
+// environment switches of their launch and barrier, and the LILY_TRACE=1 phase stamps (theirs and the attention
+// split and combine kernels').
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -66,7 +67,7 @@ void print_persistent_trace() {
          wait_spread[3] = {};
   int count[3] = {};
   unsigned long long prev_end = 0;
-  // attention layers (kinds 2 = split, 3 = combine)
+  // attention layers (slot kinds 2 = split, 3 = combine; not the `kind` rows below)
   double at[11] = {};
   int n_at = 0;
   for (int s = 0; s < ns; ++s) {

@@ -13,8 +13,8 @@ namespace lily {
 
 namespace {
 
-// Elements whose exponent bits are all ones (Inf or NaN) for a format of W-byte words: exponent mask, mantissa
-// mask, sign bit.
+// Elements whose exponent bits are all ones (Inf or NaN) in a format stored as words of type U: exponent mask,
+// mantissa mask, sign bit.
 template <typename U>
 NonFinite scan(const uint8_t* data, int64_t n, U exp_mask, U man_mask, U sign) {
   NonFinite r;
