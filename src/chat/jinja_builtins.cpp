@@ -550,7 +550,9 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, Budget& b
     if (cnt.kind != Value::Kind::Int && cnt.kind != Value::Kind::Bool) return bad();
     int64_t n = std::max<int64_t>(0, cnt.kind == Value::Kind::Int ? cnt.i : cnt.b);
     size_t unit = seq.is_string() ? seq.str().size() : seq.list->size();
-    if (unit && static_cast<uint64_t>(n) > budget.limits.max_output_bytes / unit) budget.check_size(SIZE_MAX);
+    // an empty sequence times anything is empty: no loop (the fuzzer found '' * 2 ** 33 spinning for minutes)
+    if (unit == 0) return seq.is_string() ? Value::string(std::string()) : Value::make_list({});
+    if (static_cast<uint64_t>(n) > budget.limits.max_output_bytes / unit) budget.check_size(SIZE_MAX);
     if (seq.is_string()) {
       std::string out;
       for (int64_t k = 0; k < n; ++k) out += seq.str();

@@ -131,6 +131,7 @@ S<|im_end|>
     {"whitespace_unicode_trim", R"J([{{ s|trim }}])J", R"J({"s": "　  x  "})J", R"J([x])J"},
     {"list_and_dict_literals", R"J({{ [] }} {{ [1,] }} {{ (1, 2) }} {{ {'a': {'b': [1, {'c': 2}]}} }} {{ {} }} {{ ('x',) }})J", R"J({})J", R"J([] [1] (1, 2) {'a': {'b': [1, {'c': 2}]}} {} ('x',))J"},
     {"string_concat_plus", R"J({{ 'a' + 'b' }} {{ [1] + [2] }} {{ 'ab' * 3 }} {{ [0] * 2 }})J", R"J({})J", R"J(ab [1, 2] ababab [0, 0])J"},
+    {"empty_repeat", R"J([{{ '' * 5 }}] {{ [] * 3 }} {{ 2 * '' }}|)J", R"J({})J", R"J([] [] |)J"},
     {"dotted_int_subscript", R"J({{ l.0 }} {{ l.1.x }})J", R"J({"l": ["a", {"x": "y"}]})J", R"J(a y)J"},
 };
 
@@ -240,6 +241,8 @@ TEST(Jinja, LimitsStopRunawayTemplates) {
   small.max_output_bytes = 1000;
   EXPECT_THROW(render("{% for i in range(100000) %}xxxxxxxxxx{% endfor %}", "{}", small), TemplateError);
   EXPECT_THROW(render("{{ 'x' * 100000 }}", "{}", small), TemplateError);
+  // an empty sequence repeated 2^33 times is empty at once (fuzz_jinja found it looping)
+  EXPECT_EQ(render("[{{ '' * 2 ** 33 * 2 }}][{{ [] * 2 ** 33 }}]", "{}", small), "[][[]]");
   small.max_output_bytes = 1 << 20;
   small.max_steps = 10000;
   EXPECT_THROW(render("{% for i in range(100000) %}{% endfor %}", "{}", small), TemplateError);
