@@ -246,9 +246,9 @@ __device__ __forceinline__ void split_issue_first(const SplitPlan& p, const KvPa
 }
 // The last stage's copies (when the warp has that many steps), issued once the warp has staged its q (tensor-core
 // path: before the block's barrier, where it waits for the warp that appends the token's K/V; before: by the
-// step loop at step 0, after the barrier). H200, binary A/Bs: 32K -9 to -10 us per token, 128K ~-7, 4K +1..+2 (no copies there: code
-// placement). Issued before the wait with the first two stages they delayed the wait's return and q (32K +5);
-// issued right after the barrier: 32K -2.
+// step loop at step 0, after the barrier). H200, binary A/Bs: 32K -9 to -10 us per token, 128K ~-7, 4K +1..+2
+// (no copies there: code placement). Issued before the wait with the first two stages they delayed the wait's
+// return and q (32K +5); issued right after the barrier: 32K -2.
 template <int EPL>
 __device__ __forceinline__ void split_issue_last(const SplitPlan& p, const KvPages& kv, int g, uint16_t* ring_all) {
   if (kStages - 1 < p.n_my) {  // (else ring_next commits the empty group at step 0, as before)
