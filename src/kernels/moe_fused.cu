@@ -6,21 +6,22 @@
 //      projection (its weights requested at entry), then the block adds its 16 new rows' part of the router
 //      sums (kernels/router_partial.cuh); a grid barrier
 //   A  every block reads h and the router sums (added by the launch that wrote h, by phase 0, or by
-//      router_sums_kernel launched before this one) in one L2 round trip, normalises h, turns the sums into logits with its 1 / rms and selects the experts right
-//      after the norm's reduction (route_topk_select_from), then requests the routed experts' gate/up rows;
-//      warps g < F compute the shared expert's gate/up row g (unscaled silu(g) * u, weights requested after h);
-//      the 16 warps of block b < 128 compute routed act chunk b (32 consecutive values, scaled by the routing
-//      weight), which the block stages in the streaming kernels' 16-bit input format (gemv_stream.cuh
-//      StreamX); the down-projection rows of phase C are requested once half the gate/up rows have arrived
+//      router_sums_kernel launched before this one) in one L2 round trip, normalises h, turns the sums into
+//      logits with its 1 / rms and selects the experts right after the norm's reduction (route_topk_select_from),
+//      then requests the routed experts' gate/up rows; warps g < F compute the shared expert's gate/up row g
+//      (unscaled silu(g) * u, weights requested after h); the 16 warps of block b < 128 compute routed act chunk
+//      b (32 consecutive values, scaled by the routing weight), which the block stages in the streaming kernels'
+//      16-bit input format (gemv_stream.cuh StreamX); the down-projection rows of phase C are requested once
+//      half the gate/up rows have arrived
 //   C  every block copies the staged routed act and stages the shared row (times its sigmoid gate) itself;
 //      warp g computes output row g of all 9 down projections by integer dot products and adds it to h
 //      (residual fused). Block 0 zeroes the router sums for the next layer. The shared row of act stays
 //      unscaled in the scratch.
 // Replaces moe_route + moe_gate_up + moe_down (three kernel boundaries of ~4-5 us each on the H200, and the
 // down weights could only be requested after the last one), and a router phase with its grid barrier (the
-// selection ~3.9 us after the wait instead of ~5.5 at 4K on the H200). The 3-launch path stays for other shapes and for
-// GPUs with fewer than 128 SMs. Task g of the shared gate/up and of phase C runs on warp (g / gridDim.x) of
-// block (g % gridDim.x), so their work is spread over all SMs; the routed pairs go block by block (a chunk of
+// selection ~3.9 us after the wait instead of ~5.5 at 4K on the H200). The 3-launch path stays for other shapes
+// and for GPUs with fewer than 128 SMs. Task g of the shared gate/up and of phase C runs on warp (g / gridDim.x)
+// of block (g % gridDim.x), so their work is spread over all SMs; the routed pairs go block by block (a chunk of
 // act per block). Tested by tests/gpu/test_moe.cu against the CPU reference.
 #include <cfloat>
 

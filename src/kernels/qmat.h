@@ -176,8 +176,7 @@ struct ResidualProj {
 // built, this is ONE persistent launch (kernels/moe_fused.cu: the pre projection (q4 K = 4096) and the router
 // sums, the selection from the sums, gate/up, down, separated by grid barriers; the down weights requested
 // during the gate/up work), after a small launch adding the router sums unless phase 0 takes pre or
-// router_sums_added;
-// otherwise, or with LILY_MOE_FUSED=0, gemv + moe_route_rmsnorm + moe_gate_up + moe_down.
+// router_sums_added; otherwise, or with LILY_MOE_FUSED=0, gemv + moe_route_rmsnorm + moe_gate_up + moe_down.
 // router_sums_added: the previous launch added this block's router sums (moe_router_sums); otherwise the fused
 // path adds them itself (its o_proj phase, or a small launch before it).
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
