@@ -331,7 +331,6 @@ class ScriptBackend : public Backend {
   std::string name() const override { return "script"; }
   int max_context() const override { return 64; }
   int position() const override { return static_cast<int>(fed.size()); }
-  void reset() override { fed.clear(); }
   void forward(std::span<const int32_t> tokens, float* logits, bool) override {
     fed.insert(fed.end(), tokens.begin(), tokens.end());
     if (!logits) return;
@@ -359,10 +358,16 @@ class ScriptBackend : public Backend {
     EXPECT_FALSE(queue_.empty());
     const int32_t t = queue_.front();
     queue_.pop_front();
+    if (t == nan_id) throw NanLogitsError("script: NaN logits");  // as the CUDA backend reports them
     return {t, 0.f, {}};
   }
+  void reset() override {
+    fed.clear();
+    ++resets;
+  }
   std::vector<int32_t> fed;
-  int begun = 0, max_queued = 0;
+  int begun = 0, max_queued = 0, resets = 0;
+  int32_t nan_id = -1;  // the device sample that would produce this id has NaN logits instead
 
  private:
   Config cfg_;
@@ -374,12 +379,15 @@ class ScriptBackend : public Backend {
 struct EngineRun {
   std::vector<int32_t> tokens, fed;
   FinishReason finish = FinishReason::none;
-  int begun = 0, max_queued = 0;
+  std::string error_code;
+  int begun = 0, max_queued = 0, resets = 0;
 };
 
-// One job on a fresh engine: prompt {2, 3}, greedy, stop id 9, on_token ending the generation at `cut`.
-EngineRun run_engine(bool device, bool logprobs, int max_tokens, int32_t cut) {
+// One job on a fresh engine: prompt {2, 3}, greedy, stop id 9, on_token ending the generation at `cut`; the
+// device sample of id nan_id has NaN logits.
+EngineRun run_engine(bool device, bool logprobs, int max_tokens, int32_t cut, int32_t nan_id = -1) {
   ScriptBackend be(device);
+  be.nan_id = nan_id;
   Metrics metrics;
   EngineOptions eo;
   eo.prefix_cache = false;
@@ -401,11 +409,13 @@ EngineRun run_engine(bool device, bool logprobs, int max_tokens, int32_t cut) {
     engine.submit(job);
     done.get_future().wait();
     out.finish = job->finish;
+    out.error_code = job->error_code;
     engine.shutdown(Clock::now());
   }
   out.fed = be.fed;
   out.begun = be.begun;
   out.max_queued = be.max_queued;
+  out.resets = be.resets;
   return out;
 }
 }  // namespace
@@ -432,4 +442,38 @@ TEST(ServerEngine, DeviceSamplingPathMatchesHostPath) {
   EXPECT_EQ(h.fed, (std::vector<int32_t>{2, 3, 4, 5}));
   EXPECT_EQ(d.fed, (std::vector<int32_t>{2, 3, 4, 5, 6}));
   EXPECT_EQ(run_engine(true, true, 20, -1).begun, 1);  // logprobs: the device path reports them
+}
+
+// NaN logits on the device path (api.md §4 row 11): a sample the request uses fails it with nan_logits and resets
+// the backend; the look-ahead sample after the last id kept (the stop id's step, or the step of the id at which
+// on_token ends the generation) is thrown away, so a NaN there ends the request as it would have ended, with the
+// same ids, but the state after that step is not kept (reset).
+TEST(ServerEngine, NanLogitsOnTheDevicePath) {
+  const EngineRun clean = run_engine(true, false, 20, -1);
+  EXPECT_EQ(clean.tokens, (std::vector<int32_t>{4, 5, 6, 7, 8}));
+  EXPECT_EQ(clean.finish, FinishReason::stop);
+  const int clean_resets = clean.resets;
+
+  const EngineRun used = run_engine(true, false, 20, -1, 6);  // the sample giving id 6 is NaN
+  EXPECT_EQ(used.finish, FinishReason::error);
+  EXPECT_EQ(used.error_code, "nan_logits");
+  EXPECT_EQ(used.tokens, (std::vector<int32_t>{4, 5}));
+  EXPECT_GT(used.resets, clean_resets);
+  EXPECT_TRUE(used.fed.empty());
+
+  const EngineRun after_stop = run_engine(true, false, 20, -1, 10);  // the stop id 9's step samples NaN
+  EXPECT_EQ(after_stop.tokens, clean.tokens);
+  EXPECT_EQ(after_stop.finish, FinishReason::stop);
+  EXPECT_TRUE(after_stop.error_code.empty());
+  EXPECT_GT(after_stop.resets, clean_resets);
+  EXPECT_TRUE(after_stop.fed.empty());  // the poisoned state was dropped
+
+  const EngineRun cut_clean = run_engine(true, false, 20, 6);
+  const EngineRun after_cut = run_engine(true, false, 20, 6, 7);  // on_token ends at 6; 6's step samples NaN
+  EXPECT_EQ(after_cut.tokens, cut_clean.tokens);
+  EXPECT_EQ(after_cut.finish, cut_clean.finish);
+  EXPECT_TRUE(after_cut.error_code.empty());
+  EXPECT_GT(after_cut.resets, cut_clean.resets);
+  EXPECT_TRUE(after_cut.fed.empty());
+  EXPECT_EQ(cut_clean.fed, (std::vector<int32_t>{2, 3, 4, 5, 6}));
 }
