@@ -71,6 +71,7 @@ CommandRegistrar reg{Command{
         if (prompt.empty()) fail("generate: the prompt is empty");
         LoadOptions load;
         load.check_tensors = o->check_tensors;
+        apply_threads(o->threads);
         Model model = load_model(o->model, load);
         const Config& cfg = model.config;
         GenerateOptions g;
@@ -94,7 +95,7 @@ CommandRegistrar reg{Command{
             log::warn("generate: tokenizer not loaded (", e.what(), "); no padding mask");
           }
         }
-        auto backend = make_backend(o->device, model, o->threads, o->max_context);
+        auto backend = make_backend(o->device, model, o->max_context);
         using clock = std::chrono::steady_clock;
         const auto t0 = clock::now();
         auto t_first = t0;

@@ -29,8 +29,9 @@ CommandRegistrar reg{Command{
         auto t0 = std::chrono::steady_clock::now();
         LoadOptions load;
         load.check_tensors = o->check_tensors;
+        apply_threads(o->threads);
         Model model = load_model(o->model, load);
-        auto backend = make_backend(o->device, model, o->threads, static_cast<int>(tokens.size()));
+        auto backend = make_backend(o->device, model, static_cast<int>(tokens.size()));
         auto t1 = std::chrono::steady_clock::now();
         const int64_t V = model.config.vocab;
         std::vector<float> logits(tokens.size() * V);

@@ -36,11 +36,15 @@ inline std::vector<int32_t> parse_token_list(const std::string& text) {
   return ids;
 }
 
-// The backend named by --device for `model`; sets the worker thread count first (threads <= 0: all cores).
-inline std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, int threads,
-                                             int max_context) {
+// --threads: the worker thread count of the global pool (threads <= 0: all cores); set before the model loads,
+// whose --check-tensors scan runs on that pool.
+inline void apply_threads(int threads) {
   if (threads > 0) ThreadPool::set_global_threads(threads);
-  return make_device_backend(model, device, max_context);  // cpu, cuda, or auto (cuda when a GPU is present)
+}
+
+// The backend named by --device for `model`: cpu, cuda, or auto (cuda when a GPU is present).
+inline std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, int max_context) {
+  return make_device_backend(model, device, max_context);
 }
 
 }  // namespace lily::cli
