@@ -272,9 +272,19 @@ int main(int argc, char** argv) {
     t = time_graph(32, [&](int, cudaStream_t s) { sample(logits, kVocab, p, counts, ctr, tok, scratch, s); });
     report("sample top_k20 top_p.95 +penalty", t, kVocab * 8.0);
     p.top_k = 0;
-    t = time_graph(8, [&](int, cudaStream_t s) { sample(logits, kVocab, p, counts, ctr, tok, scratch, s); });
+    t = time_graph(32, [&](int, cudaStream_t s) { sample(logits, kVocab, p, counts, ctr, tok, scratch, s); });
     report("sample top_p.95, flat logits (select over all z)", t, kVocab * 8.0);
-    {  // a peaked distribution (tail in [-12, -4], 40 logits in [5, 10]): the nucleus from the candidates
+    p.top_k = 100; p.top_p = 0.8f;
+    t = time_graph(32, [&](int, cudaStream_t s) { sample(logits, kVocab, p, counts, ctr, tok, scratch, s); });
+    report("sample top_k100 top_p.8 (full path)", t, kVocab * 8.0);
+    p.top_k = 0; p.top_p = 1.f; p.min_p = 0.05f;
+    t = time_graph(32, [&](int, cudaStream_t s) { sample(logits, kVocab, p, counts, ctr, tok, scratch, s); });
+    report("sample min_p.05 (full path)", t, kVocab * 8.0);
+    p.min_p = 0.f;
+    t = time_graph(32, [&](int, cudaStream_t s) { sample(logits, kVocab, p, counts, ctr, tok, scratch, s); });
+    report("sample temperature only (full path)", t, kVocab * 8.0);
+    p.top_p = 0.95f;
+    {  // a peaked distribution (tail in [-12, -4], 40 logits in [5, 10]): the nucleus in the head
       std::mt19937 g(5);
       std::uniform_real_distribution<float> tail(-12.f, -4.f), head(5.f, 10.f);
       std::vector<float> hl(kVocab);
@@ -283,7 +293,7 @@ int main(int argc, char** argv) {
       float* peaked = static_cast<float*>(dalloc(sizeof(float) * kVocab));
       CUDA_CHECK(cudaMemcpy(peaked, hl.data(), sizeof(float) * kVocab, cudaMemcpyHostToDevice));
       t = time_graph(32, [&](int, cudaStream_t s) { sample(peaked, kVocab, p, counts, ctr, tok, scratch, s); });
-      report("sample top_p.95, peaked logits (candidates)", t, kVocab * 8.0);
+      report("sample top_p.95, peaked logits", t, kVocab * 8.0);
     }
   }
   // Whole per-token weight stream: 30 GDN + 10 attention mixers' projections, 40 full MoE blocks (E = 256

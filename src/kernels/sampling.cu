@@ -1,14 +1,13 @@
-// Token sampling on the GPU; the semantics are written out in kernels/sampling.h. Two launches:
+// Token sampling on the GPU; the semantics are written out in kernels/sampling.h.
 //   prep   (one block per 1024 logits): penalties, padding mask, temperature -> z; per-block max and
 //          sum exp(z - max); on the fast path (top_k <= kSampleFastTopK, greedy = top_k 1; with top_logprobs
 //          max(top_k, n)) the block's best candidates, sorted (owned_best_sorted, kernels/sample_select.cuh);
 //          on the full path z is written to scratch.
-//   finish (one block): global top_k from the sorted candidates (group_best_sorted: bounded by the blocks'
-//          bests; the radix select as the fallback) and the top log-probabilities from the same list (fast),
-//          or exact top-k / top-p / min-p cuts over the whole vocabulary by radix select on the
-//          order-preserving keys of z (full), then the draw. Top-p without top-k takes its cut from 32
-//          candidates per prep block when that is provably the exact one (a peaked distribution: ~45 us on the
-//          H200), else selects over all of z (~0.9 ms).
+//   fast path, finish (one block): global top_k from the sorted candidates (group_best_sorted: bounded by the
+//          blocks' bests; the radix select as the fallback), the top log-probabilities from the same list, the
+//          top-p / min-p cuts, the draw.
+//   full path (kernels/sample_full.cuh): exact top-k / top-p / min-p cuts over the whole vocabulary by a radix
+//          select over the order-preserving keys of z in many blocks, then the draw.
 // Keys: order-preserving uint32 of the float z; among equal keys the lower id comes first.
 // Tested by tests/gpu/test_sampling.cu.
 #include "kernels/common.cuh"
@@ -39,8 +38,6 @@ namespace detail {
 inline constexpr int kPrepThreads = 256;
 inline constexpr int kPrepPerBlock = 1024;  // logits per prep block
 inline constexpr int kFinishThreads = 1024;
-inline constexpr int kNucleusCand = 32;  // candidates per prep block for top-p without top-k (<= kSampleFastTopK)
-inline constexpr int kNucleusList = 256;  // the best candidates sorted to find the top-p cut among them
 
 // Stage: penalties, mask, temperature for one logit.
 __device__ __forceinline__ float process_logit(const float* logits, const int* counts, const SamplingParams& p,
@@ -316,230 +313,13 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
   emit(a, token, zt - zmax - logf(total_all));
 }
 
-// Shared-memory lists of the candidate paths of finish_full_kernel (at most kFinishThreads entries each).
-struct CandLists {
-  uint32_t a_key[kFinishThreads];
-  int a_id[kFinishThreads];
-  uint32_t b_key[kFinishThreads];
-  int b_id[kFinishThreads];
-  float c_m[kFinishThreads];
-  int c_id[kFinishThreads];
-  int n_a, n_b, token;
-};
+}  // namespace detail
+}  // namespace lily::cuda
 
-// Gathers the candidates with key >= k into L.a_*; false (block-uniform) if they are more than kFinishThreads.
-__device__ bool gather_candidates(const FinishArgs& a, uint32_t k, CandLists& L) {
-  if (threadIdx.x == 0) L.n_a = 0;
-  __syncthreads();
-  const int nc = a.n_blocks * a.cand;
-  for (int i = threadIdx.x; i < nc; i += kFinishThreads)
-    if (a.cand_key[i] >= k) {
-      const int slot = atomicAdd(&L.n_a, 1);
-      if (slot < kFinishThreads) {
-        L.a_key[slot] = a.cand_key[i];
-        L.a_id[slot] = a.cand_id[i];
-      }
-    }
-  __syncthreads();
-  return L.n_a <= kFinishThreads;
-}
+#include "kernels/sample_full.cuh"  // the full path (its kernels use the helpers above)
 
-// The top-p cut from the prep blocks' candidates (their a.cand largest keys each), when it is the exact cut over
-// the whole vocabulary: every element a block left out ranks at or below that block's smallest candidate, so
-// if the cut key is above the largest of those (over the blocks that left some out), every element at or above
-// the cut is a candidate and the candidates' masses are the vocabulary's. The cut is searched among the
-// kNucleusList best candidates: sorted (key desc, id asc), masses summed in that order. Returns false (the
-// caller then selects over all of z) when the cut is not among them or not provably exact.
-__device__ bool nucleus_from_candidates(const FinishArgs& a, float target, float zmax, CandLists& L,
-                                        SelectSmem<kFinishThreads>& ssm, Cut& cut) {
-  const int nc = a.n_blocks * a.cand;
-  const Cut top = block_select<kFinishThreads>(ssm, [&](int i) { return a.cand_key[i]; }, nc, false,
-                                               static_cast<float>(min(nc, kNucleusList)), 0.f);
-  if (!gather_candidates(a, top.key, L)) return false;
-  const int n = L.n_a;
-  if (threadIdx.x < n) {  // rank sort: key desc, id asc
-    const uint32_t k = L.a_key[threadIdx.x];
-    const int id = L.a_id[threadIdx.x];
-    int r = 0;
-    for (int i = 0; i < n; ++i) r += ranks_before(L.a_key[i], L.a_id[i], k, id);
-    L.b_key[r] = k;
-    L.c_m[r] = k != 0u ? expf(z_of(k) - zmax) : 0.f;  // key 0: prep's padding
-  }
-  __shared__ int s_at;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float cum = 0.f;
-    int at = -1;
-    for (int i = 0; i < n; ++i) {
-      cum += L.c_m[i];
-      if (cum >= target) { at = i; break; }
-    }
-    s_at = at;
-  }
-  __syncthreads();
-  const int at = s_at;
-  if (at < 0) return false;
-  int ties = 0;
-  for (int i = 0; i <= at; ++i) ties += L.b_key[i] == L.b_key[at];
-  cut = Cut{L.b_key[at], ties, 0, 0.f, 0};  // (the other fields are not used after the cuts)
-  __shared__ uint32_t thr;
-  if (threadIdx.x == 0) thr = 0;
-  __syncthreads();
-  for (int b = threadIdx.x; b < a.n_blocks; b += kFinishThreads) {
-    if (min(kPrepPerBlock, a.vocab - b * kPrepPerBlock) <= a.cand) continue;  // the whole block is a candidate
-    uint32_t mn = 0xffffffffu;
-    for (int j = 0; j < a.cand; ++j) mn = min(mn, a.cand_key[static_cast<size_t>(b) * a.cand + j]);
-    atomicMax(&thr, mn);
-  }
-  __syncthreads();
-  return cut.key > thr;
-}
-
-// The draw when every kept element is a candidate (the cut came from nucleus_from_candidates) and they are at most
-// kFinishThreads: the kept candidates sorted by id, their masses summed in that order, the first whose running
-// sum exceeds u * total. Returns -1 (block-uniform) when there are more (the caller draws over all of z).
-__device__ int draw_from_candidates(const FinishArgs& a, const Cut& best, float zmax, CandLists& L) {
-  if (!gather_candidates(a, best.key, L)) return -1;
-  const int n = L.n_a;
-  const int j = threadIdx.x;
-  bool kept = false;
-  if (j < n) {
-    kept = L.a_key[j] > best.key;
-    if (!kept) {  // a tie at the cut: kept if among the n_tie lowest ids
-      int r = 0;
-      for (int i = 0; i < n; ++i) r += L.a_key[i] == best.key && L.a_id[i] < L.a_id[j];
-      kept = r < best.n_tie;
-    }
-  }
-  if (threadIdx.x == 0) L.n_b = 0;
-  __syncthreads();
-  if (kept) {
-    const int slot = atomicAdd(&L.n_b, 1);
-    L.b_key[slot] = L.a_key[j];
-    L.b_id[slot] = L.a_id[j];
-  }
-  __syncthreads();
-  const int nk = L.n_b;
-  if (threadIdx.x < nk) {  // rank by id (distinct)
-    int r = 0;
-    for (int i = 0; i < nk; ++i) r += L.b_id[i] < L.b_id[threadIdx.x];
-    L.c_id[r] = L.b_id[threadIdx.x];
-    L.c_m[r] = expf(z_of(L.b_key[threadIdx.x]) - zmax);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float tot = 0.f;
-    for (int i = 0; i < nk; ++i) tot += L.c_m[i];
-    const float u = uniform_from(a.rng[1], a.rng[0]) * tot;
-    float cum = 0.f;
-    int token = L.c_id[nk - 1];
-    for (int i = 0; i < nk; ++i) {
-      cum += L.c_m[i];
-      if (cum > u) { token = L.c_id[i]; break; }
-    }
-    L.token = token;
-  }
-  __syncthreads();
-  return L.token;
-}
-
-// Full path over all z: exact cuts by radix select, then the draw in id order. Top-p without top-k first tries
-// the prep blocks' candidates (nucleus_from_candidates: a peaked distribution's nucleus is among them) and then
-// draws from them.
-__global__ void __launch_bounds__(kFinishThreads) finish_full_kernel(FinishArgs a) {
-  __shared__ SelectSmem<kFinishThreads> ssm;
-  if (any_nan(a)) {  // (block-uniform) no selection on NaN keys: the draw below may find no owner
-    if (threadIdx.x == 0) emit(a, kSampleNanToken, NAN);
-    return;
-  }
-  float zmax, total;
-  global_stats(a, zmax, total);
-  const int V = a.vocab;
-  auto key = [&](int i) { return key_of(a.z[i]); };
-  Cut best{0u, 0x7fffffff, 0, 0.f, 0};  // everything
-  float mass_k = total;
-  auto shorter = [](const Cut& x, const Cut& y) { return x.key > y.key || (x.key == y.key && x.n_tie < y.n_tie); };
-  if (a.p.top_k > 0 && a.p.top_k < V) {
-    best = block_select<kFinishThreads>(ssm, key, V, false, static_cast<float>(a.p.top_k), zmax);
-    // mass of the top_k set
-    float s = 0.f;
-    for (int i = threadIdx.x; i < V; i += kFinishThreads)
-      if (key(i) > best.key) s += expf(a.z[i] - zmax);
-    mass_k = block_reduce<kFinishThreads>(s, false) + best.n_tie * expf(z_of(best.key) - zmax);
-  }
-  __shared__ CandLists lists;
-  bool in_cand = false;  // every element at or above the cut is a candidate
-  if (a.p.top_p < 1.f) {
-    Cut c;
-    in_cand = a.cand > 0 && nucleus_from_candidates(a, a.p.top_p * mass_k, zmax, lists, ssm, c);
-    if (!in_cand) c = block_select<kFinishThreads>(ssm, key, V, true, a.p.top_p * mass_k, zmax);
-    if (shorter(c, best)) best = c;
-  }
-  if (a.p.min_p > 0.f) {
-    const Cut c{key_of(zmax + logf(a.p.min_p)), 0x7fffffff, 0, 0.f, 0};
-    if (shorter(c, best)) best = c;  // a shorter cut keeps a subset: still all candidates
-  }
-  if (in_cand) {
-    const int token = draw_from_candidates(a, best, zmax, lists);
-    if (token >= 0) {
-      if (threadIdx.x == 0) emit(a, token, a.z[token] - zmax - logf(total));
-      return;
-    }
-  }
-  // draw: contiguous id ranges per thread; tie ranks from a block scan of the tie counts
-  __shared__ float s_mass[kFinishThreads];
-  __shared__ int s_ties[kFinishThreads];
-  const int per = (V + kFinishThreads - 1) / kFinishThreads;
-  const int lo = threadIdx.x * per, hi = min(V, lo + per);
-  int ties = 0;
-  for (int i = lo; i < hi; ++i) ties += key(i) == best.key;
-  s_ties[threadIdx.x] = ties;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int acc = 0;
-    for (int t = 0; t < kFinishThreads; ++t) { const int v = s_ties[t]; s_ties[t] = acc; acc += v; }
-  }
-  __syncthreads();
-  float m = 0.f;
-  int tr = s_ties[threadIdx.x];
-  for (int i = lo; i < hi; ++i) {
-    const uint32_t k = key(i);
-    const bool kept = k > best.key || (k == best.key && tr++ < best.n_tie);
-    if (kept) m += expf(a.z[i] - zmax);
-  }
-  s_mass[threadIdx.x] = m;
-  __syncthreads();
-  __shared__ float s_u;
-  __shared__ int s_owner;
-  if (threadIdx.x == 0) {
-    float tot = 0.f;
-    for (int t = 0; t < kFinishThreads; ++t) tot += s_mass[t];
-    const float u = uniform_from(a.rng[1], a.rng[0]) * tot;
-    float acc = 0.f;
-    int owner = -1;
-    for (int t = 0; t < kFinishThreads; ++t) {
-      if (s_mass[t] > 0.f) owner = t;
-      if (s_mass[t] > 0.f && acc + s_mass[t] > u) break;
-      acc += s_mass[t];
-    }
-    s_u = u - acc;
-    s_owner = owner;
-  }
-  __syncthreads();
-  if (static_cast<int>(threadIdx.x) != s_owner) return;
-  float cum = 0.f;
-  int token = -1;
-  tr = s_ties[threadIdx.x];
-  for (int i = lo; i < hi; ++i) {
-    const uint32_t k = key(i);
-    const bool kept = k > best.key || (k == best.key && tr++ < best.n_tie);
-    if (!kept) continue;
-    cum += expf(a.z[i] - zmax);
-    token = i;
-    if (cum > s_u) break;
-  }
-  emit(a, token, token >= 0 ? a.z[token] - zmax - logf(total) : NAN);
-}
+namespace lily::cuda {
+namespace detail {
 
 struct TopArgs {
   int n_blocks, cand, n_out;
@@ -560,7 +340,7 @@ __global__ void __launch_bounds__(kFinishThreads) top_logprobs_kernel(TopArgs a)
 
 struct ScratchLayout {
   int n_blocks;
-  size_t stats, cand_key, cand_id, z, total;
+  size_t stats, cand_key, cand_id, z, full, hcount, hmass, arrived, bmass, bties, total;
 };
 ScratchLayout layout(int vocab) {
   ScratchLayout l;
@@ -570,7 +350,13 @@ ScratchLayout layout(int vocab) {
   l.cand_key = al(l.stats + sizeof(Stats) * l.n_blocks);
   l.cand_id = al(l.cand_key + sizeof(uint32_t) * l.n_blocks * kSampleFastTopK);
   l.z = al(l.cand_id + sizeof(int) * l.n_blocks * kSampleFastTopK);
-  l.total = al(l.z + sizeof(float) * vocab);
+  l.full = al(l.z + sizeof(float) * vocab);
+  l.hcount = al(l.full + sizeof(FullState));
+  l.hmass = al(l.hcount + sizeof(unsigned) * 256);
+  l.arrived = al(l.hmass + sizeof(unsigned long long) * 256);
+  l.bmass = al(l.arrived + sizeof(unsigned));
+  l.bties = al(l.bmass + sizeof(unsigned long long) * l.n_blocks);
+  l.total = al(l.bties + sizeof(int) * l.n_blocks);
   return l;
 }
 
@@ -613,6 +399,37 @@ PrepArgs prep_args(const float* logits, int vocab, const SamplingParams& p, cons
   pa.stats = reinterpret_cast<Stats*>(scratch + l.stats);
   return pa;
 }
+// The full path's launches (kernels/sample_full.cuh): begin, the top-k and top-p selections' 4 digit passes
+// each (a selection that is not needed is not launched; one the begin kernel settled returns at once), draw1,
+// draw2.
+void launch_full(const FinishArgs& fa, char* scratch, const ScratchLayout& l, cudaStream_t stream) {
+  LILY_CHECK(fa.vocab <= (1 << (63 - kMassShift)) && fa.n_blocks <= kFinishThreads, "sample: vocabulary of ", fa.vocab,
+             " too large for the full path (fixed-point mass sums: at most 2^18 ids)");
+  FullArgs x;
+  x.f = fa;
+  x.st = reinterpret_cast<FullState*>(scratch + l.full);
+  x.hcount = reinterpret_cast<unsigned*>(scratch + l.hcount);
+  x.hmass = reinterpret_cast<unsigned long long*>(scratch + l.hmass);
+  x.arrived = reinterpret_cast<unsigned*>(scratch + l.arrived);
+  x.bmass = reinterpret_cast<unsigned long long*>(scratch + l.bmass);
+  x.bties = reinterpret_cast<int*>(scratch + l.bties);
+  full_begin_kernel<<<1, kFinishThreads, 0, stream>>>(x);
+  CUDA_CHECK_LAUNCH();
+  const SamplingParams& p = fa.p;
+  const bool sel[2] = {p.top_k > 0 && p.top_k < fa.vocab, p.top_p < 1.f};
+  for (int k = 0; k < 2; ++k) {
+    if (!sel[k]) continue;
+    for (int pass = 0; pass < 4; ++pass) {
+      full_hist_kernel<<<fa.n_blocks, kFullThreads, 0, stream>>>(x, k, pass);
+      CUDA_CHECK_LAUNCH();
+    }
+  }
+  full_draw1_kernel<<<fa.n_blocks, kFullThreads, 0, stream>>>(x);
+  CUDA_CHECK_LAUNCH();
+  full_draw2_kernel<<<1, kFinishThreads, 0, stream>>>(x);
+  CUDA_CHECK_LAUNCH();
+}
+
 // How many of n top log-probabilities exist (the mask leaves n_valid ids).
 int top_valid(int n, const SamplingParams& p, int vocab) { return std::min(n, p.n_valid > 0 ? p.n_valid : vocab); }
 }  // namespace detail
@@ -624,8 +441,6 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   const detail::ScratchLayout l = detail::layout(vocab);
   const bool greedy = p.temperature <= 0.f;
   const bool fast = greedy || (p.top_k >= 1 && p.top_k <= kSampleFastTopK);
-  // top-p over the whole vocabulary: the prep blocks also keep their kNucleusCand largest keys
-  const bool nucleus = !fast && p.top_p < 1.f && (p.top_k <= 0 || p.top_k >= vocab);
   LILY_CHECK(top_n <= 0 || (top_n <= kMaxTopLogprobs && top_ids && top_lps), "sample: top_n > ", kMaxTopLogprobs,
              " or its buffers missing");
   static_assert(kMaxTopLogprobs <= kSampleFastTopK, "the top log-probabilities fit the fast path's candidates");
@@ -633,7 +448,7 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   // update), which shares the scratch
   if (top_n > 0 && !fast) top_logprobs(logits, vocab, p, counts, top_n, top_ids, top_lps, scratch, stream);
   const int top_fast = fast ? std::max(top_n, 0) : 0;
-  const int cand = fast ? std::max(greedy ? 1 : p.top_k, top_fast) : nucleus ? detail::kNucleusCand : 0;
+  const int cand = fast ? std::max(greedy ? 1 : p.top_k, top_fast) : 0;
   const detail::PrepArgs pa = detail::prep_args(logits, vocab, p, counts, static_cast<char*>(scratch), l, cand, !fast);
   detail::prep_kernel<<<l.n_blocks, detail::kPrepThreads, 0, stream>>>(pa);
   CUDA_CHECK_LAUNCH();
@@ -655,9 +470,12 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   fa.top_valid = detail::top_valid(top_fast, p, vocab);
   fa.top_ids = top_ids;
   fa.top_lps = top_lps;
-  if (fast) detail::finish_fast_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
-  else detail::finish_full_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
-  CUDA_CHECK_LAUNCH();
+  if (fast) {
+    detail::finish_fast_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
+    CUDA_CHECK_LAUNCH();
+  } else {
+    detail::launch_full(fa, static_cast<char*>(scratch), l, stream);
+  }
 }
 
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream) {

@@ -18,8 +18,8 @@
 //   With update_counts, counts[token] += 1 afterwards.
 //   A NaN z_i (i < n_valid) writes kSampleNanToken instead of a token (no count update): the host fails the
 //   request (api.md §4 row 11: never emit garbage).
-// top_k in 1..kSampleFastTopK uses a one-pass candidate path; other values an exact full-vocabulary path, where
-// top-p without top-k first looks for its cut among 32 candidates per 1,024 logits (kept when provably exact).
+// top_k in 1..kSampleFastTopK uses a one-pass candidate path; other values an exact full-vocabulary path (radix
+// selects over all of z in many blocks, masses summed in fixed point: kernels/sample_full.cuh).
 #pragma once
 #include <cuda_runtime_api.h>
 

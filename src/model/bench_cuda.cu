@@ -264,6 +264,12 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     with_top.top_logprobs = 5;
     rep.loops.push_back({"chat defaults with logprobs and top_logprobs 5, device sampling",
                          loop_us(*be, with_top, false, opt.steps, true)});
+    lily::SamplingParams nucleus = sampled;  // top_k off: the sampler's full-vocabulary path
+    nucleus.top_k = 0;
+    nucleus.top_p = 0.95f;
+    nucleus.temperature = 1.0f;
+    rep.loops.push_back({"top-p 0.95 alone (T 1, top-k off, presence 1.5), device sampling",
+                         loop_us(*be, nucleus, false, opt.steps)});
   }
   return rep;
 }

@@ -191,9 +191,8 @@ TEST(Sampling, GreedyTiesMaskAndPenalties) {
   }
 }
 
-// peaked: a tail in [-12, -4] and 40 head logits in [5, 10], so the nucleus of top_p <= 0.98 lies in the head
-// (the full path then takes its cut from the prep blocks' candidates); otherwise a flat tail in [-6, 6] and a
-// head of 30 at ~9.
+// peaked: a tail in [-12, -4] and 40 head logits in [5, 10], so the nucleus of top_p <= 0.98 lies in the head;
+// otherwise a flat tail in [-6, 6] and a head of 30 at ~9.
 void check_draws(int V, SamplingParams p, int n_draws, uint64_t seed, bool penalties, bool peaked = false) {
   std::mt19937_64 rng(seed);
   Sampler s(V);
@@ -264,8 +263,8 @@ TEST(Sampling, FullPathExact) {
   check_draws(kVocab, p, 8, 54, false);
   p.top_k = 0; p.top_p = 1.f; p.min_p = 0.f; p.n_valid = 0;  // plain softmax sampling over everything
   check_draws(3000, p, 15, 55, false);
-  // peaked: the cut from the candidates (top_p 0.9 / 0.98, also with min_p and a padded vocabulary), and a
-  // top_p whose cut lies deep in the tail (0.9995: not provable from 32 candidates per block, all of z)
+  // peaked: the cut in the head (top_p 0.9 / 0.98, also with min_p and a padded vocabulary), and a top_p whose
+  // cut lies deep in the tail (0.9995)
   p.top_k = 0; p.top_p = 0.9f; p.temperature = 1.f;
   check_draws(kVocab, p, 12, 56, false, true);
   p.top_p = 0.98f; p.min_p = 0.001f; p.n_valid = kVocabReal; p.temperature = 0.8f;
@@ -274,6 +273,53 @@ TEST(Sampling, FullPathExact) {
   check_draws(5000, p, 12, 58, false, true);
   p.top_p = 0.9995f;
   check_draws(kVocab, p, 8, 59, false, true);
+}
+
+// Ties at the cut spread over every 1,024-logit block of the full path: 50 logits at 5, a group of 300 equal
+// logits at 3 (every 16th id from 7, so each block holds some), the rest at -2. top_k 100 keeps the 50 and the
+// group's 50 lowest ids; top_p 0.7 needs ceil(121.06) = 122 of the group (its cut mass falls inside the group).
+// Every draw must be a kept id, some must come from the group, and the same input draws the same token.
+TEST(Sampling, FullPathTiesAtTheCutAcrossBlocks) {
+  const int V = 5000;
+  std::vector<float> l(V, -2.f);
+  std::vector<int> group;
+  for (int i = 7; i < V && static_cast<int>(group.size()) < 300; i += 16) {
+    l[i] = 3.f;
+    group.push_back(i);
+  }
+  std::vector<int> head;
+  for (int i = 0; i < V && static_cast<int>(head.size()) < 50; i += 91)
+    if (l[i] == -2.f) {
+      l[i] = 5.f;
+      head.push_back(i);
+    }
+  ASSERT_EQ(head.size(), 50u);
+  ASSERT_GT(group.back(), 4 * 1024) << "the group must reach the last block";
+  Sampler s(V);
+  for (auto [top_k, top_p, n_group] : {std::tuple{100, 1.f, 50}, std::tuple{0, 0.7f, 122}}) {
+    SamplingParams p;
+    p.temperature = 1.f;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.update_counts = false;
+    std::vector<char> kept(V, 0);
+    for (int i : head) kept[i] = 1;
+    for (int j = 0; j < n_group; ++j) kept[group[j]] = 1;
+    int from_group = 0, last_group_rank = -1;
+    for (int t = 0; t < 300; ++t) {
+      const int got = s.run(l, {}, p, static_cast<uint64_t>(t), 77);
+      ASSERT_TRUE(got >= 0 && got < V && kept[got]) << "top_k " << top_k << " top_p " << top_p << " draw " << t
+                                                    << " token " << got << " (not kept)";
+      EXPECT_TRUE(acceptable_full(l, p, static_cast<uint64_t>(t), 77, got)) << "draw " << t << " token " << got;
+      if (l[got] == 3.f) {
+        ++from_group;
+        last_group_rank = std::max(last_group_rank, static_cast<int>(std::find(group.begin(), group.end(), got) - group.begin()));
+      }
+    }
+    EXPECT_GT(from_group, 10) << "top_k " << top_k << " top_p " << top_p;
+    EXPECT_LT(last_group_rank, n_group);
+    for (uint64_t t : {3u, 11u, 250u}) EXPECT_EQ(s.run(l, {}, p, t, 77), s.run(l, {}, p, t, 77)) << "same input, same token";
+  }
 }
 
 TEST(Sampling, UpdatesCountsAndCountTokens) {
