@@ -9,7 +9,7 @@
 //            top-p's target
 //   draw1    (one block per 1,024 logits) each block's mass above the shortest cut and its elements at the cut key
 //   draw2    (1 block) the owner block of u * (kept mass) in id order, then the token inside it; emit
-// Masses exp(z - zmax) in [0, 1] are summed as 64-bit fixed point (2^-45 units; 2^18 elements stay below 2^63),
+// Masses exp(z - zmax) in [0, 1] are summed as 64-bit fixed point (2^-45 units; 2^18 elements sum to <= 2^63),
 // so every sum is exact and independent of the order the blocks add in: the same token for the same input on
 // every run, and cuts as the host Sampler's double sums make them up to 2^-45 per element. It replaced one
 // block's radix select over all of z (~0.9 ms for top-p on a flat distribution on the H200: that block's
@@ -22,7 +22,8 @@ namespace lily::cuda::detail {
 
 inline constexpr int kMassShift = 45;
 inline constexpr int kFullThreads = 256;  // hist / draw1: 4 logits per thread, like prep
-static_assert(kPrepPerBlock == 4 * kFullThreads && kPrepPerBlock == kFinishThreads, "draw2: a block's logits per thread");
+static_assert(kPrepPerBlock == 4 * kFullThreads && kPrepPerBlock == kFinishThreads,
+              "draw2: a thread per logit of a block");
 
 __device__ __forceinline__ unsigned long long mass_fix(float z, float zmax) {
   return z > -INFINITY ? __float2ull_rn(ldexpf(expf(z - zmax), kMassShift)) : 0ull;
@@ -42,7 +43,7 @@ struct FullSel {
   int cut_tie;
 };
 struct FullState {
-  int done;  // the token is written (NaN logits, or the draw from the candidates)
+  int done;  // the token is written (NaN logits)
   float zmax, total;
   FullSel sel[2];  // 0: top-k, 1: top-p
 };
@@ -168,6 +169,7 @@ __device__ void full_select(const FullArgs& a, int sel, int pass, unsigned long 
   if (by_mass && pass == 0) {  // the mass target: frac of the top-k set's mass, or of the whole vocabulary's
     const unsigned long long all = __shfl_sync(0xffffffffu, pm, 31);
     target = static_cast<unsigned long long>(static_cast<double>(q.frac) * static_cast<double>(q.base ? q.base : all));
+    target = target > 0ull ? target : 1ull;  // a tiny top_p keeps the first element, as the host does (not nothing)
   }
   const unsigned long long above = by_mass ? q.mass_above : q.count_above;
   const unsigned long long need = target > above ? target - above : 0ull;
@@ -313,13 +315,15 @@ __global__ void __launch_bounds__(kFinishThreads) full_draw2_kernel(FullArgs a) 
   const unsigned long long tie_incl = block_scan_u64<kFinishThreads>(ties, warp_tot);
   const unsigned long long tie_before = tie_incl - ties;
   const unsigned long long n_tie = static_cast<unsigned long long>(best.n_tie);
-  const unsigned long long kept_ties = tie_before >= n_tie ? 0ull : (n_tie - tie_before < ties ? n_tie - tie_before : ties);
+  const unsigned long long kept_ties =
+      tie_before >= n_tie ? 0ull : (n_tie - tie_before < ties ? n_tie - tie_before : ties);
   const unsigned long long kept = (t < nb ? a.bmass[t] : 0ull) + kept_ties * e;
   __syncthreads();  // warp_tot reused
   const unsigned long long incl = block_scan_u64<kFinishThreads>(kept, warp_tot);
   const unsigned long long total = warp_tot[kFinishThreads / 32 - 1];
   const float u = uniform_from(a.f.rng[1], a.f.rng[0]);
-  const unsigned long long target = static_cast<unsigned long long>(static_cast<double>(u) * static_cast<double>(total));
+  const unsigned long long target =
+      static_cast<unsigned long long>(static_cast<double>(u) * static_cast<double>(total));
   if (t == 0) s_owner = INT_MAX, s_token = -1;
   __syncthreads();
   if (t < nb && kept > 0ull && incl > target) atomicMin(&s_owner, t);

@@ -379,7 +379,11 @@ __global__ void add_logit_bias_kernel(float* logits, int vocab, const int* ids, 
 
 }  // namespace detail
 
-size_t sampling_scratch_bytes(int vocab) { return detail::layout(vocab).total; }
+size_t sampling_scratch_bytes(int vocab) {
+  LILY_CHECK(vocab > 0 && vocab <= kSampleMaxVocab, "sampling: vocabulary of ", vocab,
+             " ids is above the GPU sampler's ", kSampleMaxVocab, " (its fixed-point mass sums)");
+  return detail::layout(vocab).total;
+}
 
 namespace detail {
 // The prep launch's arguments over the scratch layout l (shared by sample() and top_logprobs()): counts only
@@ -403,8 +407,9 @@ PrepArgs prep_args(const float* logits, int vocab, const SamplingParams& p, cons
 // each (a selection that is not needed is not launched; one the begin kernel settled returns at once), draw1,
 // draw2.
 void launch_full(const FinishArgs& fa, char* scratch, const ScratchLayout& l, cudaStream_t stream) {
-  LILY_CHECK(fa.vocab <= (1 << (63 - kMassShift)) && fa.n_blocks <= kFinishThreads, "sample: vocabulary of ", fa.vocab,
-             " too large for the full path (fixed-point mass sums: at most 2^18 ids)");
+  static_assert(kSampleMaxVocab <= (1 << (63 - kMassShift)) && kSampleMaxVocab / kPrepPerBlock <= kFinishThreads,
+                "the full path's mass sums fit 64 bits and draw2 holds a thread per block");
+  LILY_CHECK(fa.vocab <= kSampleMaxVocab, "sample: vocabulary of ", fa.vocab, " above ", kSampleMaxVocab);
   FullArgs x;
   x.f = fa;
   x.st = reinterpret_cast<FullState*>(scratch + l.full);

@@ -51,7 +51,9 @@ __host__ __device__ inline bool has_penalties(const SamplingParams& p) {
   return p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
 }
 
-// Device scratch for a vocabulary of V; sampling_scratch_bytes(V) bytes, any alignment >= 256.
+// Device scratch for a vocabulary of V <= kSampleMaxVocab (the full path's fixed-point mass sums; a larger one
+// throws here: the CUDA backend samples on the host then); sampling_scratch_bytes(V) bytes, alignment >= 256.
+inline constexpr int kSampleMaxVocab = 1 << 18;
 size_t sampling_scratch_bytes(int vocab);
 
 // logits [vocab] fp32 (not modified); counts [vocab] int32 (may be null when no penalty is set; then

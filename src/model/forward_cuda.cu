@@ -436,8 +436,8 @@ class CudaBackend : public Backend {
 
   // ---- sampling on the device (kernels/sampling.h) ----
   bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs) override {
-    if (p.top_logprobs > kMaxTopLogprobs) return false;
     const int V = cfg_.vocab;
+    if (p.top_logprobs > kMaxTopLogprobs || V > kSampleMaxVocab) return false;  // the host samples
     cudaStream_t s = engine_.stream();
     if (!sample_scratch_) {
       sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(V));
