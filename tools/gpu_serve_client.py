@@ -107,7 +107,8 @@ def robustness():
     """Paths the queued decode steps and the device-resident prefix cache change: seeded determinism, a stop id
     (its step ran ahead), a stop string and a dropped stream (the host ends the generation), tiny max_tokens, and
     the next turn after a stop id resuming from the snapshot taken after the turn tail."""
-    for kw in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95, "seed": 42}):
+    for kw in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95, "seed": 42},
+               {"temperature": 1.0, "top_p": 0.95, "top_k": -1, "seed": 7}):  # top_k off: the full sampler path
         a, b = chat("Determinism check", max_tokens=96, **kw), chat("Determinism check", max_tokens=96, **kw)
         check(text(a) == text(b) and a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"],
               "same output twice for %s" % json.dumps(kw))
@@ -180,6 +181,8 @@ def main():
     print("logprobs: %d entries, first token %r logprob %.4f, top %d" %
           (len(lp), lp[0]["token"], lp[0]["logprob"], len(lp[0]["top_logprobs"])))
     report("chat defaults + logprobs + top_logprobs 5", chat("Hi again", logprobs=True, top_logprobs=5))
+    report("top-p 0.95 alone (top_k -1, T 1)", chat("Write a poem about the sea.", top_k=-1, top_p=0.95,
+                                                    temperature=1.0))
     long_text = " ".join("The quick brown fox number %d jumps over the lazy dog." % i for i in range(reps))
     report("long prompt, greedy", chat(long_text, temperature=0, max_tokens=128))
     report("same prompt + one more turn (prefix cache)", post("/v1/chat/completions", {
