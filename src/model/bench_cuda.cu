@@ -241,6 +241,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
       lily::SamplingParams reseeded = sampled;
       reseeded.seed = 987654321;
       rep.seed_setup_us = setup_us(reseeded);
+      rep.cached_setup_us = setup_us(greedy);  // the warm-up's configuration again
     }
     {  // a prompt through forward() (token by token; only the last token's lm_head)
       const int n = 512;

@@ -76,6 +76,7 @@ struct BenchReport {
   std::vector<BenchLoop> loops;
   double sampler_setup_us = 0;     // begin_device_sampling with another configuration (decode graphs captured)
   double seed_setup_us = 0;        // begin_device_sampling with only another seed (no capture)
+  double cached_setup_us = 0;      // begin_device_sampling back to a configuration used before (graphs kept)
 };
 
 BenchReport run_decode_bench(const BenchOptions& opt);
