@@ -95,7 +95,7 @@ CommandRegistrar reg{Command{
             log::warn("generate: tokenizer not loaded (", e.what(), "); no padding mask");
           }
         }
-        auto backend = make_backend(o->device, model, o->max_context);
+        auto backend = make_device_backend(model, o->device, o->max_context);
         using clock = std::chrono::steady_clock;
         const auto t0 = clock::now();
         auto t_first = t0;

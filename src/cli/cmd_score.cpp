@@ -31,7 +31,7 @@ CommandRegistrar reg{Command{
         load.check_tensors = o->check_tensors;
         apply_threads(o->threads);
         Model model = load_model(o->model, load);
-        auto backend = make_backend(o->device, model, static_cast<int>(tokens.size()));
+        auto backend = make_device_backend(model, o->device, static_cast<int>(tokens.size()));
         auto t1 = std::chrono::steady_clock::now();
         const int64_t V = model.config.vocab;
         std::vector<float> logits(tokens.size() * V);

@@ -1,4 +1,5 @@
-// Helpers shared by `lily score` and `lily generate`: parsing a "--tokens" list and choosing the backend.
+// Helpers shared by `lily score` and `lily generate`: parsing a "--tokens" list, the worker thread count (the
+// backend: make_device_backend, cli/backend_select.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -40,11 +41,6 @@ inline std::vector<int32_t> parse_token_list(const std::string& text) {
 // whose --check-tensors scan runs on that pool.
 inline void apply_threads(int threads) {
   if (threads > 0) ThreadPool::set_global_threads(threads);
-}
-
-// The backend named by --device for `model`: cpu, cuda, or auto (cuda when a GPU is present).
-inline std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, int max_context) {
-  return make_device_backend(model, device, max_context);
 }
 
 }  // namespace lily::cli

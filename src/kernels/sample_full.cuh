@@ -50,6 +50,7 @@ struct FullState {
 
 struct FullArgs {
   FinishArgs f;
+  bool top_k, top_p;          // the selections launched (launch_full decides; begin sets them up)
   FullState* st;
   unsigned* hcount;           // [256] the pass's histogram: zeroed by begin, and by select after reading it
   unsigned long long* hmass;  // [256]
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(kFinishThreads) full_begin_kernel(FullArgs a) 
   }
   float zmax, total;
   global_stats(a.f, zmax, total);
-  const bool top_k = p.top_k > 0 && p.top_k < a.f.vocab, top_p = p.top_p < 1.f;
+  const bool top_k = a.top_k, top_p = a.top_p;
   if (threadIdx.x == 0) {
     s.done = 0;
     s.zmax = zmax;

@@ -409,9 +409,10 @@ PrepArgs prep_args(const float* logits, int vocab, const SamplingParams& p, cons
 void launch_full(const FinishArgs& fa, char* scratch, const ScratchLayout& l, cudaStream_t stream) {
   static_assert(kSampleMaxVocab <= (1 << (63 - kMassShift)) && kSampleMaxVocab / kPrepPerBlock <= kFinishThreads,
                 "the full path's mass sums fit 64 bits and draw2 holds a thread per block");
-  LILY_CHECK(fa.vocab <= kSampleMaxVocab, "sample: vocabulary of ", fa.vocab, " above ", kSampleMaxVocab);
-  FullArgs x;
+  FullArgs x;  // (the vocabulary's limit: checked by sampling_scratch_bytes, which sized the scratch)
   x.f = fa;
+  x.top_k = fa.p.top_k > 0 && fa.p.top_k < fa.vocab;
+  x.top_p = fa.p.top_p < 1.f;
   x.st = reinterpret_cast<FullState*>(scratch + l.full);
   x.hcount = reinterpret_cast<unsigned*>(scratch + l.hcount);
   x.hmass = reinterpret_cast<unsigned long long*>(scratch + l.hmass);
@@ -420,8 +421,7 @@ void launch_full(const FinishArgs& fa, char* scratch, const ScratchLayout& l, cu
   x.bties = reinterpret_cast<int*>(scratch + l.bties);
   full_begin_kernel<<<1, kFinishThreads, 0, stream>>>(x);
   CUDA_CHECK_LAUNCH();
-  const SamplingParams& p = fa.p;
-  const bool sel[2] = {p.top_k > 0 && p.top_k < fa.vocab, p.top_p < 1.f};
+  const bool sel[2] = {x.top_k, x.top_p};
   for (int k = 0; k < 2; ++k) {
     if (!sel[k]) continue;
     for (int pass = 0; pass < 4; ++pass) {
