@@ -219,7 +219,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     CUDA_CHECK(cudaStreamSynchronize(s2));
     CUDA_CHECK(cudaStreamDestroy(s2));
     std::unique_ptr<Backend> be =
-        make_cuda_backend(cfg, std::move(w2), std::max(opt.steps + opt.warmup + 8, 520), opt.device);
+        make_cuda_backend(cfg, std::move(w2), std::max(opt.steps + opt.warmup + 8, 4104), opt.device);
     lily::SamplingParams greedy;
     greedy.temperature = 0;
     lily::SamplingParams sampled;  // the server's chat defaults without thinking (server/job_setup.cpp)
@@ -243,17 +243,17 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
       rep.seed_setup_us = setup_us(reseeded);
       rep.cached_setup_us = setup_us(greedy);  // the warm-up's configuration again
     }
-    {  // a prompt through forward() (token by token; only the last token's lm_head)
-      const int n = 512;
+    // prompts through forward() (the chunked prompt path, model/prefill_cuda.cu; LILY_PREFILL=0: token by token;
+    // only the last token's lm_head), after a warm-up prompt that allocates and configures that path
+    for (int n : {64, 512, 4096}) {
       std::vector<int32_t> prompt(n);
       for (int i = 0; i < n; ++i) prompt[i] = (i * 7919) % cfg.vocab;
-      be->reset();
-      be->forward(std::span<const int32_t>(prompt.data(), 8), nullptr, false);  // warm-up
       be->reset();
       const auto t0 = std::chrono::steady_clock::now();
       be->forward(prompt, nullptr, false);
       const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      rep.loops.push_back({"prompt of 512 tokens through forward(), per token", us / n});
+      if (n == 64) continue;  // the warm-up
+      rep.loops.push_back({"prompt of " + std::to_string(n) + " tokens through forward(), per token", us / n});
     }
     for (bool host : {true, false}) {
       const char* where = host ? "host sampling (logits copied)" : "device sampling";

@@ -19,6 +19,8 @@
 
 namespace lily::cuda {
 
+struct PrefillBuffers;  // model/prefill_cuda.cu
+
 // ---- weights on the device ----
 struct AttnDev {                // self_attn.*
   QMat q, k, v;                 // [Hq*2d, H], [Hkv*d, H], [Hkv*d, H]
@@ -101,6 +103,16 @@ class CudaEngine {
   // The captured graph of record_step() followed by `tail` (e.g. greedy sampling + position advance).
   cudaGraphExec_t capture(const std::function<void()>& tail, bool head = true);
 
+  // The prompt path (model/prefill_cuda.cu): consumes tokens[0, n) at positions pos0.. (n <= kPrefillChunk)
+  // through every layer together (GEMMs over the chunk, the mixers token by token); the residual stream of
+  // token t is then at prefill_h(t) (device, [H], valid until the next prefill), for the final norm + lm_head.
+  // Enqueued on stream(); returns once the tokens are staged (the call before it has finished).
+  static constexpr int kPrefillChunk = 512;
+  // logits() = lm_head(RMSNorm(h) * norm) for h [H] on the device (e.g. prefill_h(t)); enqueued on stream().
+  void lm_head(const float* h);
+  void prefill(const int32_t* tokens, int pos0, int n);
+  const float* prefill_h(int t) const;
+
   // GDN conv rings + recurrent states of all linear-attention layers, one contiguous device buffer.
   void* gdn_state() const { return gdn_state_; }
   size_t gdn_state_bytes() const { return gdn_state_bytes_; }
@@ -112,6 +124,11 @@ class CudaEngine {
   // attention(rmsnorm(h) * norm_w) into mix_; o_proj (h += o_proj(mix_)) is left to the MoE launch
   void attention(int layer, const float* norm_w, ResidualProj& o_proj);
   void project(const GemvBatch& b, const float* norm_w, bool& normed);
+  void prefill_alloc();  // the prompt path's buffers, on first use
+  void prefill_free();
+  void prefill_gdn(int layer, int n);
+  void prefill_attention(int layer, int n);
+  void prefill_moe(int layer, int n);
   void add_page(int page);
 
   Config cfg_;
@@ -147,6 +164,7 @@ class CudaEngine {
   std::vector<uint16_t**> page_table_;        // [n_attn] device [max_pages]
   std::vector<void*> page_blocks_;            // one allocation per page index (all attention layers)
   int pages_ = 0;
+  PrefillBuffers* pf_ = nullptr;  // the prompt path's buffers (prefill_alloc on first use, prefill_free)
 };
 
 }  // namespace lily::cuda

@@ -103,6 +103,7 @@ CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int de
 
 CudaEngine::~CudaEngine() {
   cudaStreamSynchronize(stream_);
+  prefill_free();
   if (graph_) cudaGraphExecDestroy(graph_);
   if (graph_nohead_) cudaGraphExecDestroy(graph_nohead_);
   for (void* p : {(void*)step_, (void*)h_, (void*)x_, (void*)proj_, (void*)mix_, (void*)logits_,
@@ -309,6 +310,14 @@ cudaGraphExec_t CudaEngine::capture(const std::function<void()>& tail, bool head
   return exec;
 }
 
+void CudaEngine::lm_head(const float* h) {
+  GemvBatch lm;
+  lm.n = 1;
+  lm.W[0] = w_.lm_head;
+  lm.y[0] = logits_;
+  gemv_multi_rmsnorm(lm, h, w_.norm, cfg_.eps, x_, stream_);
+}
+
 void CudaEngine::launch_step(bool head) { CUDA_CHECK(cudaGraphLaunch(head ? graph_ : graph_nohead_, stream_)); }
 
 // ---- Backend adapter ----
@@ -362,9 +371,11 @@ class CudaBackend : public Backend {
   CudaBackend(const Model& model, const CudaOptions& opt)
       : CudaBackend(model.config, upload(model, opt),
                     opt.max_context > 0 ? opt.max_context : model.config.max_position_embeddings, opt.device,
-                    opt.snapshot_device_bytes) {}
-  CudaBackend(const Config& c, DeviceWeights w, int max_context, int device, long long snapshot_device_bytes)
-      : cfg_(c), engine_(c, std::move(w), max_context, device) {
+                    opt.snapshot_device_bytes, opt.chunked_prompts) {}
+  CudaBackend(const Config& c, DeviceWeights w, int max_context, int device, long long snapshot_device_bytes,
+              bool chunked_prompts)
+      : cfg_(c), engine_(c, std::move(w), max_context, device),
+        chunked_(chunked_prompts && env_flag("LILY_PREFILL", true)) {
     CUDA_CHECK(cudaMallocHost(&staging_, sizeof(StepDev) * kStaging));
     CUDA_CHECK(cudaHostAlloc(&host_step_, 2 * sizeof(StepDev), cudaHostAllocMapped));
     CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_step_dev_), host_step_, 0));
@@ -413,6 +424,10 @@ class CudaBackend : public Backend {
     const int V = cfg_.vocab;
     for (int32_t t : tokens) LILY_CHECK(t >= 0 && t < V, "CUDA backend: token id ", t, " outside [0, ", V, ")");
     cudaStream_t s = engine_.stream();
+    if (n >= kPrefillMin && chunked_) {
+      forward_chunks(tokens, logits, all_logits);
+      return;
+    }
     for (int i0 = 0; i0 < n; i0 += kStaging) {
       const int m = std::min(kStaging, n - i0);
       engine_.ensure_kv(pos_ + m);
@@ -434,6 +449,31 @@ class CudaBackend : public Backend {
     }
     CUDA_CHECK(cudaStreamSynchronize(s));
   }
+
+  // A prompt through the chunked path (model/prefill_cuda.cu): GEMMs over up to kPrefillChunk tokens at a time.
+  // The last token's logits stay on the device and step() holds it, as after the token-by-token path.
+  void forward_chunks(std::span<const int32_t> tokens, float* logits, bool all_logits) {
+    const int n = (int)tokens.size(), V = cfg_.vocab;
+    cudaStream_t s = engine_.stream();
+    for (int i0 = 0; i0 < n; i0 += CudaEngine::kPrefillChunk) {
+      const int m = std::min(CudaEngine::kPrefillChunk, n - i0);
+      engine_.prefill(tokens.data() + i0, pos_, m);
+      auto head = [&](int t, float* dst) {  // the lm_head per token (the GEMV of the decode step)
+        engine_.lm_head(engine_.prefill_h(t));
+        if (dst) CUDA_CHECK(cudaMemcpyAsync(dst, engine_.logits(), (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s));
+      };
+      if (logits && all_logits)
+        for (int t = 0; t < m; ++t) head(t, logits + (size_t)(i0 + t) * V);
+      else if (i0 + m == n)
+        head(m - 1, logits);
+      pos_ += m;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s));  // staging_ is free
+    staging_[0] = StepDev{tokens[n - 1], pos_ - 1, 0.f};
+    CUDA_CHECK(cudaMemcpyAsync(engine_.step(), staging_, sizeof(StepDev), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+  static constexpr int kPrefillMin = 16;  // shorter prompts: the decode step per token
 
   // ---- sampling on the device (kernels/sampling.h) ----
   bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs) override {
@@ -640,6 +680,7 @@ class CudaBackend : public Backend {
     float logprobs[kMaxTopLogprobs];
   };
   bool sampling_ = false;                 // begin_device_sampling succeeded (until the backend goes away)
+  bool chunked_ = true;                    // prompts of >= kPrefillMin tokens through forward_chunks
   int queued_ = 0;                        // decode_device_launch calls not yet waited for (<= 2)
   int slot_ = 0;                          // host slot of the next launch (launches alternate 0, 1)
   cudaEvent_t done_[2] = {};              // recorded after the launch writing slot k
@@ -691,7 +732,7 @@ std::string cuda_device_description(int device) {
 namespace cuda {
 std::unique_ptr<Backend> make_cuda_backend(const Config& c, DeviceWeights w, int max_context, int device,
                                            long long snapshot_device_bytes) {
-  return std::make_unique<CudaBackend>(c, std::move(w), max_context, device, snapshot_device_bytes);
+  return std::make_unique<CudaBackend>(c, std::move(w), max_context, device, snapshot_device_bytes, true);
 }
 }  // namespace cuda
 

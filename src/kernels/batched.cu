@@ -1,0 +1,251 @@
+// The small per-row kernels of the prompt path (kernels/batched.h): the GEMM's input split (with the RMSNorm
+// fused), embedding rows, the MoE's selection, grouping by expert, SwiGLU and the sum of the expert outputs.
+// All arithmetic fp32. Tested by tests/gpu/test_batched.cu.
+#include <cuda_bf16.h>
+
+#include "kernels/batched.h"
+#include "kernels/common.cuh"
+#include "kernels/qdot.cuh"
+
+namespace lily::cuda {
+namespace detail {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ uint16_t bf16_bits(float f) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(f);
+  return *reinterpret_cast<const uint16_t*>(&b);
+}
+__device__ __forceinline__ float bf16_val(uint16_t u) { return __uint_as_float(static_cast<uint32_t>(u) << 16); }
+
+// One block (256 threads) per row: the RMSNorm's scale, then per 64-element group (a warp each): the value,
+// its hi / lo split and the group's sum.
+__global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, const float* norm_w, float eps, int K,
+                                                     uint16_t* hi, uint16_t* lo, float* gsum, float* x_out) {
+  const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const float* row = x + static_cast<size_t>(t) * ldx;
+  float rs = 1.f;
+  if (norm_w) {
+    __shared__ float part[8];
+    float ss = 0.f;
+    for (int c = tid; c < K; c += 256) ss = fmaf(row[c], row[c], ss);
+    ss = warp_sum(ss);
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    float tot = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) tot += part[i];
+    rs = rsqrtf(tot / K + eps);
+  }
+  for (int g = warp; g < K / 64; g += 8) {
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int c = g * 64 + j * 32 + lane;
+      const float v = norm_w ? row[c] * rs * norm_w[c] : row[c];
+      const uint16_t h = bf16_bits(v);
+      const size_t o = static_cast<size_t>(t) * K + c;
+      hi[o] = h;
+      lo[o] = bf16_bits(v - bf16_val(h));
+      if (x_out) x_out[o] = v;
+      s += v;
+    }
+    s = warp_sum(s);
+    if (lane == 0) gsum[static_cast<size_t>(t) * (K / 64) + g] = s;
+  }
+}
+
+template <QFormat F>
+__global__ void embed_rows_kernel(const uint8_t* w, const uint32_t* sb, int rows, int cols, const int* tokens,
+                                  float* out) {
+  const int t = blockIdx.y;
+  const int id = tokens[t];
+  const bool ok = id >= 0 && id < rows;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float v = 0.f;
+  if (ok) {
+    const size_t row = static_cast<size_t>(id);
+    if constexpr (F == QFormat::bf16) {
+      v = bf16_val(reinterpret_cast<const uint16_t*>(w)[row * cols + c]);
+    } else {
+      const uint8_t byte = w[(row * cols + c) * static_cast<int>(F) / 8];
+      const uint32_t q = F == QFormat::q4 ? ((c & 1) ? byte >> 4 : byte & 15u) : byte;
+      const uint32_t g = sb[row * (cols / kGroupSize) + c / kGroupSize];
+      v = fmaf(bf16_lo(g), static_cast<float>(q), bf16_hi(g));
+    }
+  }
+  out[static_cast<size_t>(t) * cols + c] = v;
+}
+
+// One warp per token: softmax over E (fp32), top_k by logit (ties: lower id; the same order as by
+// probability), weights renormalised over the chosen; the shared expert's gate through a sigmoid.
+constexpr int kSelMaxK = 16;
+__global__ void select_kernel(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w,
+                              float* sh_scale) {
+  const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (t >= n) return;
+  const float* l = logits + static_cast<size_t>(t) * ld;
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0.f;
+  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+  sum = warp_sum(sum);
+  int chosen[kSelMaxK];
+  float p[kSelMaxK];
+  float total = 0.f;
+  for (int j = 0; j < top_k; ++j) {
+    float best = -INFINITY;
+    int bid = 0x7fffffff;
+    for (int e = lane; e < E; e += 32) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken |= chosen[i] == e;
+      const float v = l[e];
+      if (!taken && (v > best || (v == best && e < bid) || bid == 0x7fffffff)) best = v, bid = e;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+      if (oi != 0x7fffffff && (bid == 0x7fffffff || ob > best || (ob == best && oi < bid))) best = ob, bid = oi;
+    }
+    chosen[j] = bid;
+    p[j] = expf(best - mx) / sum;
+    total += p[j];
+  }
+  if (lane == 0) {
+    for (int j = 0; j < top_k; ++j) {
+      idx[static_cast<size_t>(t) * top_k + j] = chosen[j];
+      w[static_cast<size_t>(t) * top_k + j] = p[j] / total;
+    }
+    sh_scale[t] = 1.f / (1.f + expf(-l[E]));
+  }
+}
+
+// One block: counts per expert, exclusive prefix, then each pair takes the next free slot of its expert. The
+// order of the slots within an expert varies from run to run, but every slot's output depends only on its own
+// input row, and moe_combine sums a token's outputs in choice order: the results do not.
+constexpr int kGroupThreads = 1024;
+__global__ void __launch_bounds__(kGroupThreads) group_kernel(const int* idx, const float* w, int pairs, int top_k,
+                                                              int E, int* offsets, int* x_row, float* w_slot,
+                                                              int* slot_of) {
+  extern __shared__ int cnt[];  // [E]
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&cnt[idx[p]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int run = 0;
+    for (int e = 0; e < E; ++e) {
+      const int c = cnt[e];
+      cnt[e] = run;
+      offsets[e] = run;
+      run += c;
+    }
+    offsets[E] = run;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int a = atomicAdd(&cnt[idx[p]], 1);
+    x_row[a] = p / top_k;
+    w_slot[a] = w[p];
+    slot_of[p] = a;
+  }
+}
+
+__global__ void swiglu_kernel(const float* g, const float* u, const float* scale, int F, size_t total, float* act) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float gv = g[i];
+    const float s = scale ? scale[i / F] : 1.f;
+    act[i] = s * (gv / (1.f + expf(-gv))) * u[i];
+  }
+}
+
+__global__ void combine_kernel(const float* y, const int* slot_of, int top_k, const float* ysh,
+                               const float* sh_scale, int H, float* h) {
+  const int t = blockIdx.y;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= H) return;
+  float s = 0.f;
+  for (int j = 0; j < top_k; ++j) s += y[static_cast<size_t>(slot_of[t * top_k + j]) * H + i];
+  s += sh_scale[t] * ysh[static_cast<size_t>(t) * H + i];
+  h[static_cast<size_t>(t) * H + i] += s;
+}
+
+}  // namespace detail
+
+GemmXBuf gemm_x_alloc(int n, int K) {
+  LILY_CHECK(K % 64 == 0 && n > 0, "gemm_x_alloc: width ", K, " is not a multiple of 64");
+  GemmXBuf b;
+  b.K = K;
+  CUDA_CHECK(cudaMalloc(&b.hi, sizeof(uint16_t) * n * K));
+  CUDA_CHECK(cudaMalloc(&b.lo, sizeof(uint16_t) * n * K));
+  CUDA_CHECK(cudaMalloc(&b.gsum, sizeof(float) * n * (K / 64)));
+  return b;
+}
+
+void gemm_x_free(GemmXBuf& b) {
+  for (void* p : {(void*)b.hi, (void*)b.lo, (void*)b.gsum})
+    if (p) cudaFree(p);
+  b = GemmXBuf{};
+}
+
+void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
+                 cudaStream_t s) {
+  if (n <= 0) return;
+  detail::x_prep_kernel<<<n, 256, 0, s>>>(x, ldx, norm_w, eps, out.K, out.hi, out.lo, out.gsum, x_out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void embed_rows(const QMat& E, const int* tokens, int n, float* out, cudaStream_t s) {
+  LILY_CHECK(E.w && E.n_mats == 1 && (E.format == QFormat::bf16 || E.sb), "embed_rows: matrix not allocated");
+  if (n <= 0) return;
+  const dim3 grid((E.cols + 255) / 256, n);
+  switch (E.format) {
+    case QFormat::q4: detail::embed_rows_kernel<QFormat::q4><<<grid, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, tokens, out); break;
+    case QFormat::q8: detail::embed_rows_kernel<QFormat::q8><<<grid, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, tokens, out); break;
+    case QFormat::bf16: detail::embed_rows_kernel<QFormat::bf16><<<grid, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, tokens, out); break;
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
+                     cudaStream_t s) {
+  LILY_CHECK(top_k >= 1 && top_k <= detail::kSelMaxK && top_k <= E && ld > E, "moe_select_rows: top_k ", top_k,
+             " of ", E, " experts");
+  if (n <= 0) return;
+  detail::select_kernel<<<(n + 7) / 8, 256, 0, s>>>(logits, ld, n, E, top_k, idx, w, sh_scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* offsets, int* x_row, float* w_slot,
+               int* slot_of, cudaStream_t s) {
+  LILY_CHECK(n * top_k <= 16384, "moe_group: ", n * top_k, " pairs (at most 16384)");
+  detail::group_kernel<<<1, detail::kGroupThreads, E * sizeof(int), s>>>(idx, w, n * top_k, top_k, E, offsets,
+                                                                             x_row, w_slot, slot_of);
+  CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_rows(const float* g, const float* u, const float* scale, int n, int F, float* act, cudaStream_t s) {
+  const size_t total = static_cast<size_t>(n) * F;
+  if (total == 0) return;
+  const int blocks = static_cast<int>(std::min<size_t>((total + 255) / 256, 4096));
+  detail::swiglu_kernel<<<blocks, 256, 0, s>>>(g, u, scale, F, total, act);
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh, const float* sh_scale, int n, int H,
+                 float* h, cudaStream_t s) {
+  if (n <= 0) return;
+  detail::combine_kernel<<<dim3((H + 255) / 256, n), 256, 0, s>>>(y, slot_of, top_k, ysh, sh_scale, H, h);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,69 @@
+// Launchers for a prompt's tokens processed together (the CUDA backend's prefill, model/prefill_cuda.cu): a
+// tensor-core GEMM over the weight layout of kernels/qmat.h (dense, or grouped by expert for the MoE), and the
+// small per-row kernels around it (RMSNorm + the GEMM's input split, the MoE's selection and grouping, SwiGLU,
+// the expert outputs' sum). Raw pointers and a stream, no engine types; never synchronise, so they can be
+// captured. Kernels: kernels/gemm.cu, kernels/batched.cu. Tested by tests/gpu/test_batched.cu.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/qmat.h"
+
+namespace lily::cuda {
+
+// The GEMM's input: rows of x [K] fp32 split as x = hi + lo (both bf16, |x - hi - lo| <= 2^-16 |x|), and
+// the sum of x over each 64-element group (the 4/8-bit weights' bias multiplies it). The weights enter the
+// tensor cores as their integer codes q (exact in bf16), scale and bias apply per group in fp32.
+struct GemmX {
+  const uint16_t* hi = nullptr;  // [n][K] bf16 bits
+  const uint16_t* lo = nullptr;  // [n][K]
+  const float* gsum = nullptr;   // [n][K / 64]
+  int K = 0;                     // multiple of 64
+};
+// Device buffers behind a GemmX for up to n rows of width K (gemm_x_alloc / gemm_x_free).
+struct GemmXBuf {
+  uint16_t* hi = nullptr;
+  uint16_t* lo = nullptr;
+  float* gsum = nullptr;
+  int K = 0;
+  GemmX view() const { return GemmX{hi, lo, gsum, K}; }
+};
+GemmXBuf gemm_x_alloc(int n, int K);
+void gemm_x_free(GemmXBuf& b);
+
+// out row t = split of x[t] (norm_w null), or of RMSNorm(x[t]) * norm_w (model.md §2.1; norm_w the effective
+// multiplier 1 + w), for t < n; x [n][ldx] fp32. With x_out, the (normed) fp32 row is also stored there [n][K].
+void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
+                 cudaStream_t s);
+
+// Dense: y[t][r] (= or +=) sum_k W_mat[r][k] x[t][k] for t < n, r < W.rows; y row stride ldy (floats).
+// W q4 / q8 / bf16, W.cols == x.K.
+void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s);
+
+// Grouped by matrix (the MoE experts): slots [offsets[e], offsets[e+1]) use matrix e (e < W.n_mats); slot a
+// reads x row x_row[a] (x_row null: row a) and writes y row a: y[a][r] = sum_k W_e[r][k] x[x_row[a]][k].
+// offsets [W.n_mats + 1] on the device; max_count bounds every matrix's slot count (the launch's token tiles;
+// e.g. the tokens, when each token picks a matrix at most once).
+void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, int max_count, float* y,
+                  int ldy, cudaStream_t s);
+
+// ---- MoE for n tokens (model.md §2.4) ----
+// logits [n][ld]: the router's E logits then the shared expert gate's. Per token: softmax over E in fp32, the
+// top_k most probable (ties: lower id) renormalised -> idx / w [n][top_k]; sh_scale[t] = sigmoid(gate logit).
+void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
+                     cudaStream_t s);
+// Groups the n * top_k (token, choice) pairs by expert (in no fixed order within an expert): offsets [E + 1], x_row[a] = token of slot a,
+// w_slot[a] = its routing weight, slot_of [n][top_k] = the slot of each pair. One block; n * top_k <= 16384.
+void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* offsets, int* x_row, float* w_slot,
+               int* slot_of, cudaStream_t s);
+// act[a][f] = scale[a] * silu(g[a][f]) * u[a][f] for a < n (scale null: 1); g, u, act [n][F].
+void swiglu_rows(const float* g, const float* u, const float* scale, int n, int F, float* act, cudaStream_t s);
+// h[t][i] += sum_j y[slot_of[t][j]][i] + sh_scale[t] * ysh[t][i]   (t < n, i < H; j in order).
+void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh, const float* sh_scale, int n,
+                 int H, float* h, cudaStream_t s);
+
+// out[t] = embedding row tokens[t] dequantised (fp32 [cols]), t < n; ids outside [0, rows) give zeros.
+void embed_rows(const QMat& E, const int* tokens, int n, float* out, cudaStream_t s);
+
+}  // namespace lily::cuda

@@ -1,0 +1,211 @@
+// The CUDA backend's prompt path: a chunk of up to kPrefillChunk tokens goes through each layer together. The
+// weight-heavy parts (every projection, the router, the routed experts grouped by expert, the shared expert)
+// are tensor-core GEMMs over the chunk (kernels/gemm.cu), so each weight is read once per chunk instead of once
+// per token; the sequence mixers run token after token inside the layer (the decode step's GDN step and attention
+// launches, reading each token's position from device memory), which keeps their math the decode path's.
+// Same structure as record_step: norm -> mixer -> residual -> norm -> MoE -> residual per layer.
+#include <algorithm>
+
+#include "kernels/batched.h"
+#include "kernels/common.cuh"
+#include "kernels/mixers.h"
+#include "model/cuda_engine.h"
+
+namespace lily::cuda {
+
+namespace {
+template <typename T>
+T* alloc(size_t n) {
+  T* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return p;
+}
+// A GemmX of width K over a buffer allocated for a larger width (rows are K apart once prepared at K).
+GemmXBuf at_width(GemmXBuf b, int K) {
+  b.K = K;
+  return b;
+}
+}  // namespace
+
+struct PrefillBuffers {
+  int n = 0;                    // tokens per chunk (kPrefillChunk)
+  int* tokens = nullptr;        // [n] device
+  int* pos = nullptr;           // [n] device
+  int* host = nullptr;          // [2n] pinned staging: tokens then positions
+  float* h = nullptr;           // [n][H] residual stream of the chunk
+  GemmXBuf x;                   // [n * top_k][max(H, mixer width, F)] GEMM inputs
+  float* proj = nullptr;        // [n][max(gdn proj, attn proj)] projections, one matrix after the other
+  float* mix = nullptr;         // [n][max(Hv*Dv, Hq*d)] mixer outputs
+  float* logits = nullptr;      // [n][E + 1] router | shared gate
+  int* idx = nullptr;           // [n][top_k]
+  float* w = nullptr;           // [n][top_k]
+  float* sh = nullptr;          // [n] sigmoid(shared gate)
+  int* offsets = nullptr;       // [E + 1]
+  int* x_row = nullptr;         // [n * top_k] token of each slot
+  float* w_slot = nullptr;      // [n * top_k]
+  int* slot_of = nullptr;       // [n][top_k]
+  float* g = nullptr;           // [n][Fs] shared expert, then [n * top_k][F] routed (F, Fs <= max(F, Fs))
+  float* u = nullptr;           // the same
+  float* act = nullptr;         // the same
+  float* yd = nullptr;          // [n * top_k][H] routed experts' outputs
+  float* ysh = nullptr;         // [n][H] shared expert's output
+};
+
+void CudaEngine::prefill_alloc() {
+  if (pf_) return;
+  const Config& c = cfg_;
+  auto* b = new PrefillBuffers;
+  const int n = kPrefillChunk, H = c.hidden, d = c.head_dim, k = c.top_k;
+  const int F = std::max(c.moe_ffn, c.shared_ffn);
+  const int gdn_proj = c.conv_dim() + c.value_dim() + 2 * c.lin_v_heads;
+  const int attn_proj = c.q_proj_rows() + 2 * c.n_kv_heads * d;
+  const int mix = std::max(c.value_dim(), c.n_heads * d);
+  b->n = n;
+  b->tokens = alloc<int>(n);
+  b->pos = alloc<int>(n);
+  CUDA_CHECK(cudaMallocHost(&b->host, sizeof(int) * 2 * n));
+  b->h = alloc<float>((size_t)n * H);
+  b->x = gemm_x_alloc(n * k, std::max({H, mix, F}));
+  b->proj = alloc<float>((size_t)n * std::max(gdn_proj, attn_proj));
+  b->mix = alloc<float>((size_t)n * mix);
+  b->logits = alloc<float>((size_t)n * (c.n_experts + 1));
+  b->idx = alloc<int>((size_t)n * k);
+  b->w = alloc<float>((size_t)n * k);
+  b->sh = alloc<float>(n);
+  b->offsets = alloc<int>(c.n_experts + 1);
+  b->x_row = alloc<int>((size_t)n * k);
+  b->w_slot = alloc<float>((size_t)n * k);
+  b->slot_of = alloc<int>((size_t)n * k);
+  b->g = alloc<float>((size_t)n * (k + 1) * F);
+  b->u = alloc<float>((size_t)n * (k + 1) * F);
+  b->act = alloc<float>((size_t)n * (k + 1) * F);
+  b->yd = alloc<float>((size_t)n * k * H);
+  b->ysh = alloc<float>((size_t)n * H);
+  pf_ = b;
+}
+
+void CudaEngine::prefill_free() {
+  if (!pf_) return;
+  PrefillBuffers& b = *pf_;
+  for (void* p : {(void*)b.tokens, (void*)b.pos, (void*)b.h, (void*)b.proj, (void*)b.mix, (void*)b.logits,
+                  (void*)b.idx, (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.x_row, (void*)b.w_slot,
+                  (void*)b.slot_of, (void*)b.g, (void*)b.u, (void*)b.act, (void*)b.yd, (void*)b.ysh})
+    if (p) cudaFree(p);
+  if (b.host) cudaFreeHost(b.host);
+  gemm_x_free(b.x);
+  delete pf_;
+  pf_ = nullptr;
+}
+
+const float* CudaEngine::prefill_h(int t) const { return pf_->h + (size_t)t * cfg_.hidden; }
+
+void CudaEngine::prefill(const int32_t* tokens, int pos0, int n) {
+  LILY_CHECK(n >= 1 && n <= kPrefillChunk, "prefill: ", n, " tokens in one chunk (1..", kPrefillChunk, ")");
+  prefill_alloc();
+  PrefillBuffers& b = *pf_;
+  const Config& c = cfg_;
+  ensure_kv(pos0 + n);
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the pinned staging is free again
+  for (int t = 0; t < n; ++t) {
+    b.host[t] = tokens[t];
+    b.host[kPrefillChunk + t] = pos0 + t;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(b.tokens, b.host, sizeof(int) * n, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(b.pos, b.host + kPrefillChunk, sizeof(int) * n, cudaMemcpyHostToDevice, stream_));
+
+  embed_rows(w_.embed, b.tokens, n, b.h, stream_);
+  for (int i = 0; i < c.n_layers; ++i) {
+    if (c.is_attention(i))
+      prefill_attention(i, n);  // h += o_proj(attention(norm(h)))
+    else
+      prefill_gdn(i, n);        // h += out_proj(gdn(norm(h)))
+    prefill_moe(i, n);          // h += MoE(norm(h))
+  }
+}
+
+void CudaEngine::prefill_gdn(int layer, int n) {
+  PrefillBuffers& b = *pf_;
+  const Config& c = cfg_;
+  const GdnMixerDev& g = w_.layers[layer].gdn;
+  const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
+  const int H = c.hidden, Hv = c.lin_v_heads, cd = c.conv_dim(), vd = c.value_dim();
+  float* qkv = b.proj;
+  float* z = qkv + (size_t)n * cd;
+  float* bb = z + (size_t)n * vd;
+  float* a = bb + (size_t)n * Hv;
+  const GemmXBuf xh = at_width(b.x, H);
+  gemm_x_prep(b.h, H, n, w_.layers[layer].input_norm, c.eps, xh, nullptr, stream_);
+  gemm(g.qkv, 0, xh.view(), n, qkv, cd, false, stream_);
+  gemm(g.z, 0, xh.view(), n, z, vd, false, stream_);
+  gemm(g.b, 0, xh.view(), n, bb, Hv, false, stream_);
+  gemm(g.a, 0, xh.view(), n, a, Hv, false, stream_);
+  for (int t = 0; t < n && runs("gdn_core"); ++t)
+    launch_gdn_step(qkv + (size_t)t * cd, z + (size_t)t * vd, a + (size_t)t * Hv, bb + (size_t)t * Hv, g.conv_w,
+                    g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], b.mix + (size_t)t * vd, b.pos + t, dims,
+                    c.eps, stream_);
+  const GemmXBuf xm = at_width(b.x, vd);
+  gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
+  gemm(g.out, 0, xm.view(), n, b.h, H, true, stream_);
+}
+
+void CudaEngine::prefill_attention(int layer, int n) {
+  PrefillBuffers& b = *pf_;
+  const Config& c = cfg_;
+  const AttnDev& at = w_.layers[layer].attn;
+  const int H = c.hidden, d = c.head_dim, qr = c.q_proj_rows(), kvd = c.n_kv_heads * d, od = c.n_heads * d;
+  float* qg = b.proj;
+  float* k = qg + (size_t)n * qr;
+  float* v = k + (size_t)n * kvd;
+  const GemmXBuf xh = at_width(b.x, H);
+  gemm_x_prep(b.h, H, n, w_.layers[layer].input_norm, c.eps, xh, nullptr, stream_);
+  gemm(at.q, 0, xh.view(), n, qg, qr, false, stream_);
+  gemm(at.k, 0, xh.view(), n, k, kvd, false, stream_);
+  gemm(at.v, 0, xh.view(), n, v, kvd, false, stream_);
+  KvPages kv;
+  kv.pages = page_table_[attn_index_[layer]];
+  kv.page_tokens = page_tokens_;
+  kv.n_kv = c.n_kv_heads;
+  kv.head_dim = d;
+  AttnIn in;
+  in.q_norm = at.q_norm, in.k_norm = at.k_norm, in.eps = c.eps;
+  attn_in_rope(in, c.rope_dim, c.rope_theta);
+  for (int t = 0; t < n && runs("attn_core"); ++t) {  // token by token: each appends its K/V row, the next one attends to it
+    in.qg = qg + (size_t)t * qr, in.k = k + (size_t)t * kvd, in.v = v + (size_t)t * kvd;
+    launch_attention_decode(in, kv, b.pos + t, b.mix + (size_t)t * od, attn_, attn_splits_, c.n_heads, stream_,
+                            /*allow_pdl=*/false);
+  }
+  const GemmXBuf xm = at_width(b.x, od);
+  gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
+  gemm(at.o, 0, xm.view(), n, b.h, H, true, stream_);
+}
+
+void CudaEngine::prefill_moe(int layer, int n) {
+  PrefillBuffers& b = *pf_;
+  const Config& c = cfg_;
+  const MoeWeightsDev& m = w_.layers[layer].moe;
+  const int H = c.hidden, E = c.n_experts, k = c.top_k, F = c.moe_ffn, Fs = c.shared_ffn;
+  const GemmXBuf xh = at_width(b.x, H);
+  gemm_x_prep(b.h, H, n, w_.layers[layer].post_norm, c.eps, xh, nullptr, stream_);
+  gemm(m.router, 0, xh.view(), n, b.logits, E + 1, false, stream_);
+  gemm(m.shared_expert_gate, 0, xh.view(), n, b.logits + E, E + 1, false, stream_);
+  moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
+  moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
+  // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer
+  gemm(m.sh_gate, 0, xh.view(), n, b.g, Fs, false, stream_);
+  gemm(m.sh_up, 0, xh.view(), n, b.u, Fs, false, stream_);
+  swiglu_rows(b.g, b.u, nullptr, n, Fs, b.act, stream_);
+  // routed experts: each token's rows go to its 8 experts' slots (x_row); one launch per matrix for all experts
+  gemm_grouped(m.gate, xh.view(), b.x_row, b.offsets, n, b.g + (size_t)n * Fs, F, stream_);
+  gemm_grouped(m.up, xh.view(), b.x_row, b.offsets, n, b.u + (size_t)n * Fs, F, stream_);
+  float* act = b.act + (size_t)n * Fs;
+  swiglu_rows(b.g + (size_t)n * Fs, b.u + (size_t)n * Fs, b.w_slot, n * k, F, act, stream_);
+  const GemmXBuf xs = at_width(b.x, Fs);  // the shared expert's activations, then the routed ones after them
+  gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
+  gemm(m.sh_down, 0, xs.view(), n, b.ysh, H, false, stream_);
+  const GemmXBuf xr = at_width(b.x, F);
+  gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
+  gemm_grouped(m.down, xr.view(), nullptr, b.offsets, n, b.yd, H, stream_);
+  moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);
+}
+
+}  // namespace lily::cuda

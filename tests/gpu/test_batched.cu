@@ -1,0 +1,484 @@
+// GPU tests of the prompt path's launchers (kernels/batched.h; kernels/gemm.cu, kernels/batched.cu) against CPU
+// references on seeded random inputs:
+//   gemm            dense q4 / q8 / bf16, rows and tokens off the 128 x 64 tile, K 64..2048, y = and +=, a
+//                   row stride above the rows (padding left alone), one matrix of a stack;
+//   gemm_x_prep     the hi + lo split, the group sums, the fused RMSNorm;
+//   gemm_grouped    a stack of experts with empty and > 64-slot ones, gathered (repeated) input rows or none;
+//   moe_select_rows top-k by logit with ties to the lower id, renormalised softmax weights, the shared gate;
+//   moe_group       offsets, slots, their token and weight, slot_of a permutation;
+//   swiglu_rows, moe_combine, embed_rows (out-of-range ids give zero rows).
+// The GEMM's reference takes the input the tensor cores receive (x~ = hi + lo, read back from the GemmX buffer
+// and checked against x within the header's bound 2^-16 |x|) for the scale * q term and x for the bias term: the
+// split's error (up to 2^-17 |x| per element) is above fp32 rounding, so a reference on x alone would blur the
+// tolerance rule (2x the error of a sequential fp32 reference, kernel_test_util.h close_enough).
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "kernel_test_util.h"
+#include "kernels/batched.h"
+
+namespace lily::cuda::test {
+namespace {
+
+bool no_device() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) != cudaSuccess || n == 0;
+}
+
+const char* fmt_name(QFormat f) { return f == QFormat::q4 ? "q4" : f == QFormat::q8 ? "q8" : "bf16"; }
+
+template <typename T>
+std::vector<T> to_host(const T* p, size_t n) {
+  std::vector<T> v(n);
+  CUDA_CHECK(cudaMemcpy(v.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost));
+  return v;
+}
+
+struct XBuf {  // a GemmXBuf freed on scope exit
+  GemmXBuf b;
+  XBuf(int n, int K) : b(gemm_x_alloc(n, K)) {}
+  ~XBuf() { gemm_x_free(b); }
+  XBuf(const XBuf&) = delete;
+  XBuf& operator=(const XBuf&) = delete;
+};
+
+// x [n][ld] with varied magnitudes: per row 2^-3..2^3, per element another 2^-2..2^2 (never zero).
+std::vector<float> random_x(std::mt19937_64& rng, int n, int ld) {
+  std::uniform_int_distribution<int> e_row(-3, 3), e_el(-2, 2);
+  std::vector<float> x = random_vec(rng, static_cast<size_t>(n) * ld);
+  for (int t = 0; t < n; ++t) {
+    const int er = e_row(rng);
+    float* row = &x[static_cast<size_t>(t) * ld];
+    for (int k = 0; k < ld; ++k) row[k] = std::ldexp(row[k], er + e_el(rng));
+  }
+  return x;
+}
+
+// x~ = hi + lo of the n rows in b ([n][K]); bad counts the elements outside |x - x~| <= 2^-16 |x| (x [n][ldx]).
+std::vector<double> split_of(const GemmXBuf& b, int n, const std::vector<float>& x, int ldx, size_t& bad) {
+  const size_t m = static_cast<size_t>(n) * b.K;
+  const std::vector<uint16_t> hi = to_host(b.hi, m), lo = to_host(b.lo, m);
+  std::vector<double> xt(m);
+  bad = 0;
+  for (int t = 0; t < n; ++t)
+    for (int k = 0; k < b.K; ++k) {
+      const size_t i = static_cast<size_t>(t) * b.K + k;
+      xt[i] = static_cast<double>(bf16_to_f32(hi[i])) + bf16_to_f32(lo[i]);
+      const double xv = x[static_cast<size_t>(t) * ldx + k];
+      if (!(std::fabs(xv - xt[i]) <= std::ldexp(std::fabs(xv), -16))) ++bad;
+    }
+  return xt;
+}
+
+// Row r of matrix e as the GEMM applies it: w = sq + b, sq = scale * q (bf16: the weight) multiplies x~ and
+// b = bias (bf16: 0) multiplies x (through the group sums). fp64 and fp32 copies.
+struct RowW {
+  std::vector<double> sq, b;
+  std::vector<float> sq32, b32;
+};
+void row_w(const HostMat& h, int e, int r, RowW& w) {
+  w.sq.resize(h.cols); w.b.resize(h.cols); w.sq32.resize(h.cols); w.b32.resize(h.cols);
+  for (int k = 0; k < h.cols; ++k) {
+    if (h.fmt == QFormat::bf16) {
+      w.sq[k] = h.at(e, r, k); w.sq32[k] = h.at32(e, r, k); w.b[k] = 0; w.b32[k] = 0.f;
+    } else {
+      w.sq[k] = static_cast<double>(h.scale(e, r, k)) * h.q(e, r, k);
+      w.sq32[k] = h.scale(e, r, k) * static_cast<float>(h.q(e, r, k));
+      w.b[k] = w.b32[k] = h.bias(e, r, k);
+    }
+  }
+}
+// y = sum_k sq[k] x~[k] + b[k] x[k]: fp64, and a sequential fp32 sum for the tolerance.
+void gemm_dot(const RowW& w, const double* xt, const float* x, int K, double& d64, float& d32) {
+  d64 = 0; d32 = 0;
+  for (int k = 0; k < K; ++k) {
+    d64 += w.sq[k] * xt[k] + w.b[k] * x[k];
+    d32 += w.sq32[k] * static_cast<float>(xt[k]) + w.b32[k] * x[k];
+  }
+}
+
+// ---- gemm (dense) ----
+
+struct GemmCase {
+  int rows, cols, n, n_mats, mat;
+};
+
+void run_gemm(QFormat fmt, const GemmCase& c, bool accumulate, uint64_t seed) {
+  const std::string name = std::string("gemm ") + fmt_name(fmt) + " mat " + std::to_string(c.mat) + "/" +
+                           std::to_string(c.n_mats) + " [" + std::to_string(c.rows) + " x " + std::to_string(c.cols) +
+                           "] n " + std::to_string(c.n) + (accumulate ? " +=" : " =");
+  std::mt19937_64 rng(seed);
+  const HostMat h = random_mat(rng, fmt, c.n_mats, c.rows, c.cols);
+  DevMat d(h);
+  const int K = c.cols, ldy = c.rows + 5;
+  const std::vector<float> x = random_x(rng, c.n, K);
+  const std::vector<float> y0 = random_vec(rng, static_cast<size_t>(c.n) * ldy, -2.f, 2.f);
+  DevBuf<float> dx(x), dy(y0);
+  XBuf xb(c.n, K);
+  gemm_x_prep(dx.p, K, c.n, nullptr, 0.f, xb.b, nullptr, nullptr);
+  gemm(d.m, c.mat, xb.b.view(), c.n, dy.p, ldy, accumulate, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  size_t bad_split = 0;
+  const std::vector<double> xt = split_of(xb.b, c.n, x, K, bad_split);
+  EXPECT_EQ(bad_split, 0u) << name << ": |x - hi - lo| > 2^-16 |x|";
+  const std::vector<float> y = dy.download();
+
+  const size_t m = static_cast<size_t>(c.n) * c.rows;
+  std::vector<double> r64(m);
+  std::vector<float> r32(m), got(m);
+  RowW w;
+  for (int r = 0; r < c.rows; ++r) {
+    row_w(h, c.mat, r, w);
+    for (int t = 0; t < c.n; ++t) {
+      const size_t i = static_cast<size_t>(t) * c.rows + r, iy = static_cast<size_t>(t) * ldy + r;
+      gemm_dot(w, &xt[static_cast<size_t>(t) * K], &x[static_cast<size_t>(t) * K], K, r64[i], r32[i]);
+      if (accumulate) { r64[i] += y0[iy]; r32[i] += y0[iy]; }
+      got[i] = y[iy];
+    }
+  }
+  EXPECT_TRUE(close_enough(got, r64, r32, name));
+  size_t touched = 0;  // the columns [rows, ldy) of every y row must keep their bits
+  for (int t = 0; t < c.n; ++t)
+    for (int r = c.rows; r < ldy; ++r) {
+      const size_t iy = static_cast<size_t>(t) * ldy + r;
+      touched += std::memcmp(&y[iy], &y0[iy], sizeof(float)) != 0;
+    }
+  EXPECT_EQ(touched, 0u) << name << ": padding columns beyond the rows were written";
+}
+
+// Rows off the 128-row tile (1, 37, 129, 200, 300) and tokens off the 64-token tile (1, 5, 47, 70, 130), one
+// exact fit; the stacked cases take matrix 2 of 3.
+const GemmCase kGemmCases[] = {
+    {200, 2048, 70, 1, 0}, {1, 192, 5, 1, 0},    {37, 64, 130, 1, 0},  {300, 192, 1, 3, 2},
+    {129, 2048, 47, 3, 2}, {256, 128, 64, 1, 0}, {37, 2048, 130, 1, 0},
+};
+
+TEST(Gemm, DenseAllFormatsOddShapes) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 1000;
+  for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16})
+    for (const GemmCase& c : kGemmCases) run_gemm(f, c, false, seed++);
+}
+
+TEST(Gemm, DenseAccumulate) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 2000;
+  for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16})
+    for (const GemmCase& c : kGemmCases) run_gemm(f, c, true, seed++);
+}
+
+// ---- gemm_x_prep ----
+
+// x_out: x itself (bit for bit) or the RMSNorm x * rsqrt(mean(x^2) + eps) * w against fp64; hi + lo within
+// 2^-16 |x_out|; gsum the sums of x_out's 64-element groups (to 1e-6 of the sum of magnitudes: a few fp32 ulp).
+TEST(GemmXPrep, SplitGroupSumsAndRmsNorm) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  const float eps = 1e-6f;
+  uint64_t seed = 3000;
+  for (int K : {2048, 192, 64})
+    for (bool norm : {false, true}) {
+      const std::string name = std::string("gemm_x_prep K ") + std::to_string(K) + (norm ? " rmsnorm" : " plain");
+      std::mt19937_64 rng(seed++);
+      const int n = 5, ldx = K + 3;
+      const std::vector<float> x = random_x(rng, n, ldx), w = random_vec(rng, K, 0.5f, 1.5f);
+      DevBuf<float> dx(x), dw(w), dout(static_cast<size_t>(n) * K);
+      dout.poison();
+      XBuf xb(n, K);
+      gemm_x_prep(dx.p, ldx, n, norm ? dw.p : nullptr, eps, xb.b, dout.p, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> xo = dout.download();
+      const std::vector<float> gsum = to_host(xb.b.gsum, static_cast<size_t>(n) * (K / 64));
+
+      std::vector<double> r64(xo.size());
+      std::vector<float> r32(xo.size());
+      for (int t = 0; t < n; ++t) {
+        const float* row = &x[static_cast<size_t>(t) * ldx];
+        double ss = 0;
+        float ss32 = 0.f;
+        for (int k = 0; k < K; ++k) { ss += static_cast<double>(row[k]) * row[k]; ss32 += row[k] * row[k]; }
+        const double rs = norm ? 1.0 / std::sqrt(ss / K + eps) : 1.0;
+        const float rs32 = norm ? 1.f / std::sqrt(ss32 / K + eps) : 1.f;
+        for (int k = 0; k < K; ++k) {
+          const size_t i = static_cast<size_t>(t) * K + k;
+          r64[i] = norm ? row[k] * rs * w[k] : row[k];
+          r32[i] = norm ? row[k] * rs32 * w[k] : row[k];
+        }
+      }
+      if (norm) {
+        EXPECT_TRUE(close_enough(xo, r64, r32, name + " x_out"));
+      } else {
+        size_t diff = 0;
+        for (size_t i = 0; i < xo.size(); ++i) diff += xo[i] != r32[i];
+        EXPECT_EQ(diff, 0u) << name << ": x_out is not x";
+      }
+      size_t bad_split = 0;
+      split_of(xb.b, n, xo, K, bad_split);
+      EXPECT_EQ(bad_split, 0u) << name << ": |x_out - hi - lo| > 2^-16 |x_out|";
+      size_t bad_sum = 0;
+      for (int t = 0; t < n; ++t)
+        for (int g = 0; g < K / 64; ++g) {
+          double s = 0, mag = 0;
+          for (int k = g * 64; k < g * 64 + 64; ++k) {
+            s += xo[static_cast<size_t>(t) * K + k];
+            mag += std::fabs(xo[static_cast<size_t>(t) * K + k]);
+          }
+          const float got = gsum[static_cast<size_t>(t) * (K / 64) + g];
+          if (!(std::fabs(got - s) <= 1e-6 * mag)) {
+            if (bad_sum++ < 5) ADD_FAILURE() << name << " gsum[" << t << "][" << g << "] = " << got << ", want " << s;
+          }
+        }
+      EXPECT_EQ(bad_sum, 0u) << name << ": group sums";
+    }
+}
+
+// ---- gemm_grouped ----
+
+// A stack of 9 experts [100 x 128]: slots by expert with counts including zeros (the last expert too) and one
+// over a 64-token tile. gather: slot a reads row x_row[a] of a 40-row x (rows repeat); else row a of an x with
+// one row per slot, and max_count the loose bound "all slots".
+void run_grouped(QFormat fmt, bool gather, uint64_t seed) {
+  const std::string name = std::string("gemm_grouped ") + fmt_name(fmt) + (gather ? " x_row" : " x_row=null");
+  std::mt19937_64 rng(seed);
+  const int E = 9, rows = 100, K = 128, X = 40;
+  const std::vector<int> counts = {5, 0, 77, 1, 0, 13, 33, 2, 0};
+  std::vector<int> offsets(E + 1, 0);
+  for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  const int S = offsets[E];
+  const int n_x = gather ? X : S;
+  const HostMat h = random_mat(rng, fmt, E, rows, K);
+  DevMat d(h);
+  const std::vector<float> x = random_x(rng, n_x, K);
+  std::vector<int> x_row(S);
+  std::uniform_int_distribution<int> pick(0, X - 1);
+  for (int a = 0; a < S; ++a) x_row[a] = gather ? pick(rng) : a;
+  DevBuf<float> dx(x), dy(static_cast<size_t>(S) * rows);
+  DevBuf<int> doff(offsets), drow(x_row);
+  dy.poison();
+  XBuf xb(n_x, K);
+  gemm_x_prep(dx.p, K, n_x, nullptr, 0.f, xb.b, nullptr, nullptr);
+  const int max_count = gather ? *std::max_element(counts.begin(), counts.end()) : S;
+  gemm_grouped(d.m, xb.b.view(), gather ? drow.p : nullptr, doff.p, max_count, dy.p, rows, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  size_t bad_split = 0;
+  const std::vector<double> xt = split_of(xb.b, n_x, x, K, bad_split);
+  EXPECT_EQ(bad_split, 0u) << name << ": |x - hi - lo| > 2^-16 |x|";
+
+  std::vector<double> r64(static_cast<size_t>(S) * rows);
+  std::vector<float> r32(r64.size());
+  RowW w;
+  for (int e = 0; e < E; ++e)
+    for (int r = 0; r < rows; ++r) {
+      row_w(h, e, r, w);
+      for (int a = offsets[e]; a < offsets[e + 1]; ++a) {
+        const size_t xi = static_cast<size_t>(x_row[a]) * K, i = static_cast<size_t>(a) * rows + r;
+        gemm_dot(w, &xt[xi], &x[xi], K, r64[i], r32[i]);
+      }
+    }
+  EXPECT_TRUE(close_enough(dy.download(), r64, r32, name));
+}
+
+TEST(GemmGrouped, ExpertsWithGatheredRows) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 4000;
+  for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16}) {
+    run_grouped(f, true, seed++);
+    run_grouped(f, false, seed++);
+  }
+}
+
+// ---- MoE selection, grouping, SwiGLU, combine ----
+
+// logits [n][E + 1] random in (-4, 4) (the last column, the shared gate's, in (-6, 6)); row 3: top_k - 2 tied
+// winners and 4 tied logits for the last two places (the lower ids must win, in id order); row 7: all E equal.
+// Weights and gate to 1e-6 relative: a handful of fp32 roundings (an fp32 emulation measured <= 3.3e-7).
+void run_select(int n, int E, int top_k, uint64_t seed) {
+  const std::string name = "moe_select_rows E " + std::to_string(E) + " top_k " + std::to_string(top_k);
+  std::mt19937_64 rng(seed);
+  const int ld = E + 1;
+  std::vector<float> logits = random_vec(rng, static_cast<size_t>(n) * ld, -4.f, 4.f);
+  for (int t = 0; t < n; ++t) logits[static_cast<size_t>(t) * ld + E] = random_vec(rng, 1, -6.f, 6.f)[0];
+  std::vector<int> ids(E);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  for (int j = 0; j < top_k + 2; ++j) logits[3 * ld + ids[j]] = j < top_k - 2 ? 6.f : 5.f;
+  for (int e = 0; e < E; ++e) logits[7 * ld + e] = 0.25f;
+  DevBuf<float> dl(logits), dw(static_cast<size_t>(n) * top_k), dsh(n);
+  DevBuf<int> didx(static_cast<size_t>(n) * top_k);
+  dw.poison(); dsh.poison(); didx.poison();
+  moe_select_rows(dl.p, ld, n, E, top_k, didx.p, dw.p, dsh.p, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<int> idx = didx.download();
+  const std::vector<float> wt = dw.download(), sh = dsh.download();
+  for (int t = 0; t < n; ++t) {
+    const float* l = &logits[static_cast<size_t>(t) * ld];
+    std::vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });  // ties: lower id
+    const double mx = l[order[0]];
+    double sum = 0, chosen = 0;
+    for (int e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
+    for (int j = 0; j < top_k; ++j) chosen += std::exp(l[order[j]] - mx) / sum;
+    const std::vector<int> want(order.begin(), order.begin() + top_k);
+    const std::vector<int> got(&idx[static_cast<size_t>(t) * top_k], &idx[static_cast<size_t>(t) * top_k] + top_k);
+    EXPECT_EQ(got, want) << name << ": experts of token " << t;
+    for (int j = 0; j < top_k; ++j) {
+      const double p = std::exp(l[order[j]] - mx) / sum / chosen;
+      EXPECT_NEAR(wt[static_cast<size_t>(t) * top_k + j], p, 1e-6 * p + 1e-9)
+          << name << ": token " << t << " weight " << j;
+    }
+    const double s = 1 / (1 + std::exp(-static_cast<double>(l[E])));
+    EXPECT_NEAR(sh[t], s, 1e-6 * s + 1e-9) << name << ": shared gate of token " << t;
+  }
+}
+
+TEST(MoeRows, SelectTopKTiesSharedGate) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  run_select(37, 256, 8, 5000);
+  run_select(37, 10, 3, 5001);
+}
+
+// idx [n][top_k]: distinct experts per token, half of the picks among 16 hot experts, the last 3 never picked.
+void run_group(int n, int top_k, int E, uint64_t seed) {
+  const std::string name =
+      "moe_group n " + std::to_string(n) + " top_k " + std::to_string(top_k) + " E " + std::to_string(E);
+  std::mt19937_64 rng(seed);
+  const int P = n * top_k;
+  std::vector<int> idx(P);
+  std::uniform_int_distribution<int> hot(0, std::min(16, E - 3) - 1), any(0, E - 4);
+  for (int t = 0; t < n; ++t)
+    for (int j = 0; j < top_k; ++j) {
+      int* row = &idx[t * top_k];
+      do {
+        row[j] = (rng() & 1) ? hot(rng) : any(rng);
+      } while (std::find(row, row + j, row[j]) != row + j);
+    }
+  const std::vector<float> w = random_vec(rng, P, 0.01f, 1.f);
+  DevBuf<int> didx(idx), doff(E + 1), drow(P), dslot(P);
+  DevBuf<float> dw(w), dws(P);
+  doff.poison(); drow.poison(); dslot.poison(); dws.poison();
+  moe_group(didx.p, dw.p, n, top_k, E, doff.p, drow.p, dws.p, dslot.p, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<int> off = doff.download(), x_row = drow.download(), slot_of = dslot.download();
+  const std::vector<float> w_slot = dws.download();
+
+  std::vector<int> count(E, 0);
+  for (int e : idx) ++count[e];
+  std::vector<int> want_off(E + 1, 0);
+  for (int e = 0; e < E; ++e) want_off[e + 1] = want_off[e] + count[e];
+  ASSERT_EQ(off, want_off) << name << ": offsets are not the exclusive prefix of the counts";
+  std::vector<int> seen(P, 0);
+  size_t bad = 0;
+  for (int p = 0; p < P; ++p) {
+    const int a = slot_of[p], e = idx[p];
+    const bool ok = a >= off[e] && a < off[e + 1] && x_row[a] == p / top_k && w_slot[a] == w[p];
+    if (ok) ++seen[a];
+    if (!ok && bad++ < 5)
+      ADD_FAILURE() << name << ": pair " << p << " (expert " << e << ", slots [" << off[e] << ", " << off[e + 1]
+                    << ")) got slot " << a << (a >= 0 && a < P ? ", its token " + std::to_string(x_row[a]) : "");
+  }
+  EXPECT_EQ(bad, 0u) << name;
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), P) << name << ": slot_of is not a permutation";
+}
+
+TEST(MoeRows, GroupPairsByExpert) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  run_group(300, 8, 256, 6000);
+  run_group(37, 3, 10, 6001);
+}
+
+// act = scale[a] * silu(g) * u, rows 37 x F 513 (a tail past the 256-thread block), with and without scale.
+TEST(MoeRows, SwigluRows) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  const int n = 37, F = 513;
+  uint64_t seed = 7000;
+  for (bool scaled : {false, true}) {
+    std::mt19937_64 rng(seed++);
+    const std::vector<float> g = random_vec(rng, static_cast<size_t>(n) * F, -6.f, 6.f);
+    const std::vector<float> u = random_vec(rng, g.size(), -2.f, 2.f), sc = random_vec(rng, n, 0.05f, 1.f);
+    DevBuf<float> dg(g), du(u), dsc(sc), dact(g.size());
+    dact.poison();
+    swiglu_rows(dg.p, du.p, scaled ? dsc.p : nullptr, n, F, dact.p, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<double> r64(g.size());
+    std::vector<float> r32(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double s = scaled ? sc[i / F] : 1.0;
+      r64[i] = s * (g[i] / (1 + std::exp(-static_cast<double>(g[i])))) * u[i];
+      r32[i] = static_cast<float>(s) * (g[i] / (1.f + std::exp(-g[i]))) * u[i];
+    }
+    EXPECT_TRUE(close_enough(dact.download(), r64, r32, scaled ? "swiglu_rows scaled" : "swiglu_rows"));
+  }
+}
+
+// h[t] += sum_j y[slot_of[t][j]] + sh_scale[t] * ysh[t]: n 37, top_k 8, H 300, slot_of a random permutation.
+TEST(MoeRows, CombineExpertOutputs) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(8000);
+  const int n = 37, top_k = 8, H = 300, S = n * top_k;
+  std::vector<int> slot_of(S);
+  std::iota(slot_of.begin(), slot_of.end(), 0);
+  std::shuffle(slot_of.begin(), slot_of.end(), rng);
+  const std::vector<float> y = random_vec(rng, static_cast<size_t>(S) * H);
+  const std::vector<float> ysh = random_vec(rng, static_cast<size_t>(n) * H), sh = random_vec(rng, n, 0.01f, 1.f);
+  const std::vector<float> h0 = random_vec(rng, static_cast<size_t>(n) * H, -3.f, 3.f);
+  DevBuf<float> dy(y), dysh(ysh), dsh(sh), dh(h0);
+  DevBuf<int> dslot(slot_of);
+  moe_combine(dy.p, dslot.p, top_k, dysh.p, dsh.p, n, H, dh.p, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> r64(h0.size());
+  std::vector<float> r32(h0.size());
+  for (int t = 0; t < n; ++t)
+    for (int i = 0; i < H; ++i) {
+      double s = 0;
+      float s32 = 0.f;
+      for (int j = 0; j < top_k; ++j) {
+        const float v = y[static_cast<size_t>(slot_of[t * top_k + j]) * H + i];
+        s += v;
+        s32 += v;
+      }
+      const size_t o = static_cast<size_t>(t) * H + i;
+      r64[o] = h0[o] + s + static_cast<double>(sh[t]) * ysh[o];
+      r32[o] = h0[o] + (s32 + sh[t] * ysh[o]);
+    }
+  EXPECT_TRUE(close_enough(dh.download(), r64, r32, "moe_combine"));
+}
+
+// ---- embed_rows ----
+
+// Rows of a [111 x 320] table (a tail past the 256-thread block) for ids in range and out of it (-1, rows):
+// the dequantisation fma(scale, q, bias) bit for bit, zeros for the others.
+TEST(EmbedRows, GatherAndOutOfRangeIds) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  const int rows = 111, cols = 320;
+  const std::vector<int> tokens = {0, 57, -1, rows - 1, rows, 3, 57};
+  const int n = static_cast<int>(tokens.size());
+  for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16}) {
+    std::mt19937_64 rng(9000 + static_cast<int>(f));
+    const HostMat h = random_mat(rng, f, 1, rows, cols);
+    DevMat d(h);
+    DevBuf<int> dt(tokens);
+    DevBuf<float> out(static_cast<size_t>(n) * cols);
+    out.poison();
+    embed_rows(d.m, dt.p, n, out.p, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = out.download();
+    size_t bad = 0;
+    for (int t = 0; t < n; ++t)
+      for (int c = 0; c < cols; ++c) {
+        const int id = tokens[t];
+        float ref = 0.f;
+        if (id >= 0 && id < rows)
+          ref = f == QFormat::bf16 ? h.at32(0, id, c)
+                                   : std::fma(h.scale(0, id, c), static_cast<float>(h.q(0, id, c)), h.bias(0, id, c));
+        const float v = got[static_cast<size_t>(t) * cols + c];
+        if (std::memcmp(&v, &ref, sizeof v) != 0 && bad++ < 5)
+          ADD_FAILURE() << "embed_rows " << fmt_name(f) << " token " << t << " (id " << id << ") col " << c << ": got "
+                        << v << " want " << ref;
+      }
+    EXPECT_EQ(bad, 0u) << "embed_rows " << fmt_name(f);
+  }
+}
+
+}  // namespace
+}  // namespace lily::cuda::test
