@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/mixers.h"
 #include "kernels/qmat.h"
 
 namespace lily::cuda {
@@ -62,6 +63,14 @@ void swiglu_rows(const float* g, const float* u, const float* scale, int n, int 
 // h[t][i] += sum_j y[slot_of[t][j]][i] + sh_scale[t] * ysh[t][i]   (t < n, i < H; j in order).
 void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh, const float* sh_scale, int n,
                  int H, float* h, cudaStream_t s);
+
+// ---- Gated DeltaNet over a chunk (kernels/gdn_chunk.cu) ----
+// launch_gdn_step (kernels/mixers.h) for the n consecutive tokens at positions pos0.. in one launch (plus a small
+// one bringing the conv ring up to date): qkv [n][conv_dim], z [n][Hv*Dv], a, b [n][Hv], out [n][Hv*Dv]; the
+// ring and state as there, updated in place.
+void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
+                      const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
+                      float* out, int pos0, int n, GdnDims dims, float eps, cudaStream_t s);
 
 // out[t] = embedding row tokens[t] dequantised (fp32 [cols]), t < n; ids outside [0, rows) give zeros.
 void embed_rows(const QMat& E, const int* tokens, int n, float* out, cudaStream_t s);

@@ -118,12 +118,12 @@ void CudaEngine::prefill(const int32_t* tokens, int pos0, int n) {
     if (c.is_attention(i))
       prefill_attention(i, n);  // h += o_proj(attention(norm(h)))
     else
-      prefill_gdn(i, n);        // h += out_proj(gdn(norm(h)))
+      prefill_gdn(i, pos0, n);  // h += out_proj(gdn(norm(h)))
     prefill_moe(i, n);          // h += MoE(norm(h))
   }
 }
 
-void CudaEngine::prefill_gdn(int layer, int n) {
+void CudaEngine::prefill_gdn(int layer, int pos0, int n) {
   PrefillBuffers& b = *pf_;
   const Config& c = cfg_;
   const GdnMixerDev& g = w_.layers[layer].gdn;
@@ -139,10 +139,9 @@ void CudaEngine::prefill_gdn(int layer, int n) {
   gemm(g.z, 0, xh.view(), n, z, vd, false, stream_);
   gemm(g.b, 0, xh.view(), n, bb, Hv, false, stream_);
   gemm(g.a, 0, xh.view(), n, a, Hv, false, stream_);
-  for (int t = 0; t < n && runs("gdn_core"); ++t)
-    launch_gdn_step(qkv + (size_t)t * cd, z + (size_t)t * vd, a + (size_t)t * Hv, bb + (size_t)t * Hv, g.conv_w,
-                    g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], b.mix + (size_t)t * vd, b.pos + t, dims,
-                    c.eps, stream_);
+  if (runs("gdn_core"))
+    launch_gdn_chunk(qkv, z, a, bb, g.conv_w, g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], b.mix, pos0, n,
+                     dims, c.eps, stream_);
   const GemmXBuf xm = at_width(b.x, vd);
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
   gemm(g.out, 0, xm.view(), n, b.h, H, true, stream_);

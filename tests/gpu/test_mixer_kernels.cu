@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/common.cuh"
+#include "kernels/batched.h"
 #include "kernels/mixers.h"
 #include "util/bf16.h"
 
@@ -221,6 +222,68 @@ void run_gdn_case(GdnDims dm, int steps, uint32_t seed) {
   }
   for (float* p : {dcw, dal, ddt, dnw, dS, ring}) cudaFree(p);
   cudaFree(dpos);
+}
+
+// A prompt chunk (launch_gdn_chunk, kernels/gdn_chunk.cu): `before` tokens through the decode step first (the
+// ring and state then hold history; before < 3 leaves taps before the sequence start), then `n` tokens in one
+// launch against the reference token by token (every output, the final state), then one more decode step, which
+// reads the ring the chunk left.
+void run_gdn_chunk_case(GdnDims dm, int before, int n, uint32_t seed) {
+  std::mt19937 g(seed);
+  const int C = dm.conv_dim(), Hv = dm.n_v_heads, Dv = dm.v_dim, VD = Hv * Dv;
+  const size_t nS = (size_t)Hv * dm.k_dim * Dv;
+  auto cw = randv((size_t)C * 4, g, -0.6f, 0.6f), alog = randv(Hv, g, -2, 1), dtb = randv(Hv, g, -1, 1);
+  auto nw = randv(Dv, g, 0.5f, 1.5f);
+  auto S0 = randv(nS, g, -0.3f, 0.3f);
+  GdnRef<double> r64{dm, std::vector<double>(S0.begin(), S0.end()), {}};
+  GdnRef<float> r32{dm, S0, {}};
+  float *dcw = to_dev(cw), *dal = to_dev(alog), *ddt = to_dev(dtb), *dnw = to_dev(nw), *dS = to_dev(S0);
+  float* ring = poisoned((size_t)4 * C);  // earlier-than-start taps must never be read
+  int* dpos = to_dev(std::vector<int>{0});
+  auto one_step = [&](int t, const char* what) {
+    auto qkv = randv(C, g, -2, 2), z = randv(VD, g, -2, 2), a = randv(Hv, g, -2, 2), b = randv(Hv, g, -2, 2);
+    float *dqkv = to_dev(qkv), *dz = to_dev(z), *da = to_dev(a), *db = to_dev(b), *dout = poisoned(VD);
+    CUDA_CHECK(cudaMemcpy(dpos, &t, sizeof(int), cudaMemcpyHostToDevice));
+    launch_gdn_step(dqkv, dz, da, db, dcw, dal, ddt, dnw, ring, dS, dout, dpos, dm, 1e-6f, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    auto o64 = r64.step(qkv, z, a, b, cw, alog, dtb, nw);
+    auto o32 = r32.step(qkv, z, a, b, cw, alog, dtb, nw);
+    if (what) expect_close(what, from_dev(dout, VD), o64, std::vector<float>(o32.begin(), o32.end()), 2e-5);
+    for (float* p : {dqkv, dz, da, db, dout}) cudaFree(p);
+  };
+  for (int t = 0; t < before; ++t) one_step(t, nullptr);
+  std::vector<float> qkv, z, a, b;
+  std::vector<double> o64;
+  std::vector<float> o32;
+  for (int t = 0; t < n; ++t) {
+    auto q1 = randv(C, g, -2, 2), z1 = randv(VD, g, -2, 2), a1 = randv(Hv, g, -2, 2), b1 = randv(Hv, g, -2, 2);
+    auto e64 = r64.step(q1, z1, a1, b1, cw, alog, dtb, nw);
+    auto e32 = r32.step(q1, z1, a1, b1, cw, alog, dtb, nw);
+    qkv.insert(qkv.end(), q1.begin(), q1.end()), z.insert(z.end(), z1.begin(), z1.end());
+    a.insert(a.end(), a1.begin(), a1.end()), b.insert(b.end(), b1.begin(), b1.end());
+    o64.insert(o64.end(), e64.begin(), e64.end()), o32.insert(o32.end(), e32.begin(), e32.end());
+  }
+  float *dqkv = to_dev(qkv), *dz = to_dev(z), *da = to_dev(a), *db = to_dev(b), *dout = poisoned((size_t)n * VD);
+  launch_gdn_chunk(dqkv, dz, da, db, dcw, dal, ddt, dnw, ring, dS, dout, before, n, dm, 1e-6f, 0);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  char name[96];
+  std::snprintf(name, sizeof name, "gdn chunk Dk%d Dv%d +%d x%d", dm.k_dim, Dv, before, n);
+  expect_close(name, from_dev(dout, (size_t)n * VD), o64, o32, 2e-5);
+  std::snprintf(name, sizeof name, "gdn chunk state Dk%d Dv%d", dm.k_dim, Dv);
+  expect_close(name, from_dev(dS, nS), r64.S, r32.S, 2e-6);
+  std::snprintf(name, sizeof name, "gdn step after chunk Dk%d Dv%d", dm.k_dim, Dv);
+  one_step(before + n, name);
+  for (float* p : {dqkv, dz, da, db, dout, dcw, dal, ddt, dnw, dS, ring}) cudaFree(p);
+  cudaFree(dpos);
+}
+
+TEST(MixerKernels, GdnChunkRealShape) {
+  run_gdn_chunk_case(GdnDims{16, 32, 128, 128}, 0, 37, 6);
+  run_gdn_chunk_case(GdnDims{16, 32, 128, 128}, 5, 2, 7);
+}
+TEST(MixerKernels, GdnChunkTinyAndOddShapes) {
+  run_gdn_chunk_case(GdnDims{2, 4, 32, 32}, 2, 9, 8);
+  run_gdn_chunk_case(GdnDims{3, 6, 47, 36}, 1, 13, 9);
 }
 
 TEST(MixerKernels, GdnStepRealShape) { run_gdn_case(GdnDims{16, 32, 128, 128}, 5, 3); }
