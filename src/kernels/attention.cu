@@ -759,11 +759,12 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
 
 template <int EPL>
 void launch_split(const AttnIn& in, KvPages kv, const int* pos, AttnScratch scratch, int splits, int group,
-                  bool pdl, cudaStream_t s) {
+                  cudaStream_t s) {
   constexpr size_t smem = (size_t)kWarps * ring_elems<EPL * 32>() * sizeof(uint16_t);
   // note: set on every call (cheap, not a stream operation, legal during graph capture): no static state
   CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<EPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem));
+  const bool pdl = attention_pdl();
   launch_ex(attention_split_kernel<EPL>, dim3(splits, kv.n_kv), dim3(kThreads), smem, s, LaunchOpts{pdl, 1, false},
             in, kv, pos, scratch, group, pdl);
 }
@@ -791,9 +792,8 @@ void attn_in_rope(AttnIn& in, int rope_dim, double theta) {
 }
 
 void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float* out, AttnScratch scratch,
-                             int splits, int n_heads, cudaStream_t s, bool allow_pdl) {
+                             int splits, int n_heads, cudaStream_t s) {
   const int group = n_heads / kv.n_kv;
-  const bool pdl = allow_pdl && attention_pdl();
   LILY_CHECK(n_heads % kv.n_kv == 0 && group <= kMaxGroup && splits >= 1 && splits <= scratch.max_splits &&
                  splits <= kMaxSplits && kv.page_tokens % kStep == 0,
              "attention_decode: unsupported n_heads ", n_heads, " n_kv ", kv.n_kv, " splits ", splits);
@@ -805,16 +805,16 @@ void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float
   scratch.trace_split = detail::persistent_trace(2);
   scratch.trace_comb = detail::persistent_trace(3);
   switch (kv.head_dim) {
-    case 256: launch_split<8>(in, kv, pos, scratch, splits, group, pdl, s); break;
-    case 128: launch_split<4>(in, kv, pos, scratch, splits, group, pdl, s); break;
-    case 64: launch_split<2>(in, kv, pos, scratch, splits, group, pdl, s); break;
-    case 32: launch_split<1>(in, kv, pos, scratch, splits, group, pdl, s); break;
+    case 256: launch_split<8>(in, kv, pos, scratch, splits, group, s); break;
+    case 128: launch_split<4>(in, kv, pos, scratch, splits, group, s); break;
+    case 64: launch_split<2>(in, kv, pos, scratch, splits, group, s); break;
+    case 32: launch_split<1>(in, kv, pos, scratch, splits, group, s); break;
     default: ::lily::fail("attention_decode: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
   }
   const dim3 grid(n_heads, (kv.head_dim + kCombDims - 1) / kCombDims);
   // the combine with PDL (it triggers at entry, so the o_proj + MoE launch is scheduled early), let in by the split
   // blocks' trigger at their end
-  launch_ex(attention_combine_kernel, grid, dim3(kCombThreads), 0, s, LaunchOpts{pdl, 1, false}, in.qg,
+  launch_ex(attention_combine_kernel, grid, dim3(kCombThreads), 0, s, LaunchOpts{attention_pdl(), 1, false}, in.qg,
             pos, out, scratch, splits, group, kv.head_dim);
 }
 

@@ -72,6 +72,16 @@ void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const fl
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
                       float* out, int pos0, int n, GdnDims dims, float eps, cudaStream_t s);
 
+// ---- attention over a chunk (kernels/attention_chunk.cu) ----
+// launch_attention_decode (kernels/mixers.h) for the n consecutive tokens at positions pos0.. : in.qg [n][n_heads
+// * 2d], in.k / in.v [n][n_kv * d] (the projections' rows); every token's k and v appended to the cache, then
+// out [n][n_heads * d] = each token's gated attention over the cache [0, its position]. head_dim 256 / 128 / 64 /
+// 32, groups of at most 8 heads, pages a multiple of 32 tokens (allocated up to pos0 + n). q_scratch: device,
+// attention_chunk_scratch_bytes.
+size_t attention_chunk_scratch_bytes(int n, int n_heads, int head_dim);
+void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, void* q_scratch, float* out,
+                            cudaStream_t s);
+
 // out[t] = embedding row tokens[t] dequantised (fp32 [cols]), t < n; ids outside [0, rows) give zeros.
 void embed_rows(const QMat& E, const int* tokens, int n, float* out, cudaStream_t s);
 

@@ -94,11 +94,9 @@ void attn_in_rope(AttnIn& in, int rope_dim, double theta);
 inline constexpr int kAttnMaxSplits = 128;  // split blocks per KV head at most
 // The split and combine kernels are launched with programmatic dependent launch (each can start while the kernel
 // before it finishes; the split kernel copies the K/V rows of earlier tokens before it waits, and lets the
-// combine in only when it ends), unless LILY_ATTN_PDL=0 or allow_pdl is false. A caller that runs this for
-// consecutive tokens back to back (the prompt path) passes false: the next token's split kernel would otherwise
-// read this token's K/V row before this launch has surely written it.
+// combine in only when it ends), unless LILY_ATTN_PDL=0.
 bool attention_pdl();
 void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float* out, AttnScratch scratch,
-                             int splits, int n_heads, cudaStream_t s, bool allow_pdl = true);
+                             int splits, int n_heads, cudaStream_t s);
 
 }  // namespace lily::cuda

@@ -127,7 +127,7 @@ class CudaEngine {
   void prefill_alloc();  // the prompt path's buffers, on first use
   void prefill_free();
   void prefill_gdn(int layer, int pos0, int n);
-  void prefill_attention(int layer, int n);
+  void prefill_attention(int layer, int pos0, int n);
   void prefill_moe(int layer, int n);
   void add_page(int page);
 

@@ -1,8 +1,8 @@
 // The CUDA backend's prompt path: a chunk of up to kPrefillChunk tokens goes through each layer together. The
 // weight-heavy parts (every projection, the router, the routed experts grouped by expert, the shared expert)
 // are tensor-core GEMMs over the chunk (kernels/gemm.cu), so each weight is read once per chunk instead of once
-// per token; the sequence mixers run token after token inside the layer (the decode step's GDN step and attention
-// launches, reading each token's position from device memory), which keeps their math the decode path's.
+// per token; the sequence mixers take the chunk in one launch each (kernels/gdn_chunk.cu: the recurrence token
+// after token with the state in registers; kernels/attention_chunk.cu: causal flash attention over the cache).
 // Same structure as record_step: norm -> mixer -> residual -> norm -> MoE -> residual per layer.
 #include <algorithm>
 
@@ -30,12 +30,12 @@ GemmXBuf at_width(GemmXBuf b, int K) {
 struct PrefillBuffers {
   int n = 0;                    // tokens per chunk (kPrefillChunk)
   int* tokens = nullptr;        // [n] device
-  int* pos = nullptr;           // [n] device
-  int* host = nullptr;          // [2n] pinned staging: tokens then positions
+  int* host = nullptr;          // [n] pinned staging of the tokens
   float* h = nullptr;           // [n][H] residual stream of the chunk
   GemmXBuf x;                   // [n * top_k][max(H, mixer width, F)] GEMM inputs
   float* proj = nullptr;        // [n][max(gdn proj, attn proj)] projections, one matrix after the other
   float* mix = nullptr;         // [n][max(Hv*Dv, Hq*d)] mixer outputs
+  void* q_scratch = nullptr;    // attention_chunk_scratch_bytes(n, Hq, d)
   float* logits = nullptr;      // [n][E + 1] router | shared gate
   int* idx = nullptr;           // [n][top_k]
   float* w = nullptr;           // [n][top_k]
@@ -62,12 +62,12 @@ void CudaEngine::prefill_alloc() {
   const int mix = std::max(c.value_dim(), c.n_heads * d);
   b->n = n;
   b->tokens = alloc<int>(n);
-  b->pos = alloc<int>(n);
-  CUDA_CHECK(cudaMallocHost(&b->host, sizeof(int) * 2 * n));
+  CUDA_CHECK(cudaMallocHost(&b->host, sizeof(int) * n));
   b->h = alloc<float>((size_t)n * H);
   b->x = gemm_x_alloc(n * k, std::max({H, mix, F}));
   b->proj = alloc<float>((size_t)n * std::max(gdn_proj, attn_proj));
   b->mix = alloc<float>((size_t)n * mix);
+  b->q_scratch = alloc<uint8_t>(attention_chunk_scratch_bytes(n, c.n_heads, d));
   b->logits = alloc<float>((size_t)n * (c.n_experts + 1));
   b->idx = alloc<int>((size_t)n * k);
   b->w = alloc<float>((size_t)n * k);
@@ -87,7 +87,7 @@ void CudaEngine::prefill_alloc() {
 void CudaEngine::prefill_free() {
   if (!pf_) return;
   PrefillBuffers& b = *pf_;
-  for (void* p : {(void*)b.tokens, (void*)b.pos, (void*)b.h, (void*)b.proj, (void*)b.mix, (void*)b.logits,
+  for (void* p : {(void*)b.tokens, (void*)b.h, (void*)b.proj, (void*)b.mix, b.q_scratch, (void*)b.logits,
                   (void*)b.idx, (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.x_row, (void*)b.w_slot,
                   (void*)b.slot_of, (void*)b.g, (void*)b.u, (void*)b.act, (void*)b.yd, (void*)b.ysh})
     if (p) cudaFree(p);
@@ -106,17 +106,13 @@ void CudaEngine::prefill(const int32_t* tokens, int pos0, int n) {
   const Config& c = cfg_;
   ensure_kv(pos0 + n);
   CUDA_CHECK(cudaStreamSynchronize(stream_));  // the pinned staging is free again
-  for (int t = 0; t < n; ++t) {
-    b.host[t] = tokens[t];
-    b.host[kPrefillChunk + t] = pos0 + t;
-  }
+  for (int t = 0; t < n; ++t) b.host[t] = tokens[t];
   CUDA_CHECK(cudaMemcpyAsync(b.tokens, b.host, sizeof(int) * n, cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(b.pos, b.host + kPrefillChunk, sizeof(int) * n, cudaMemcpyHostToDevice, stream_));
 
   embed_rows(w_.embed, b.tokens, n, b.h, stream_);
   for (int i = 0; i < c.n_layers; ++i) {
     if (c.is_attention(i))
-      prefill_attention(i, n);  // h += o_proj(attention(norm(h)))
+      prefill_attention(i, pos0, n);  // h += o_proj(attention(norm(h)))
     else
       prefill_gdn(i, pos0, n);  // h += out_proj(gdn(norm(h)))
     prefill_moe(i, n);          // h += MoE(norm(h))
@@ -147,7 +143,7 @@ void CudaEngine::prefill_gdn(int layer, int pos0, int n) {
   gemm(g.out, 0, xm.view(), n, b.h, H, true, stream_);
 }
 
-void CudaEngine::prefill_attention(int layer, int n) {
+void CudaEngine::prefill_attention(int layer, int pos0, int n) {
   PrefillBuffers& b = *pf_;
   const Config& c = cfg_;
   const AttnDev& at = w_.layers[layer].attn;
@@ -168,11 +164,8 @@ void CudaEngine::prefill_attention(int layer, int n) {
   AttnIn in;
   in.q_norm = at.q_norm, in.k_norm = at.k_norm, in.eps = c.eps;
   attn_in_rope(in, c.rope_dim, c.rope_theta);
-  for (int t = 0; t < n && runs("attn_core"); ++t) {  // token by token: each appends its K/V row, the next one attends to it
-    in.qg = qg + (size_t)t * qr, in.k = k + (size_t)t * kvd, in.v = v + (size_t)t * kvd;
-    launch_attention_decode(in, kv, b.pos + t, b.mix + (size_t)t * od, attn_, attn_splits_, c.n_heads, stream_,
-                            /*allow_pdl=*/false);
-  }
+  in.qg = qg, in.k = k, in.v = v;
+  if (runs("attn_core")) launch_attention_chunk(in, kv, pos0, n, c.n_heads, b.q_scratch, b.mix, stream_);
   const GemmXBuf xm = at_width(b.x, od);
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
   gemm(at.o, 0, xm.view(), n, b.h, H, true, stream_);

@@ -420,3 +420,94 @@ TEST(MixerKernels, AttentionTinyShapes) {
 TEST(MixerKernels, AttentionLongContext) { run_attention_case(16, 2, 256, 131072 + 37, 66, 16, 13); }
 
 }  // namespace
+
+// ---------------- attention over a prompt chunk ----------------
+// n tokens at positions before.. in one launch (launch_attention_chunk) over a random bf16 cache of `before`
+// tokens: the appended K rows against the reference norm + RoPE (within a bf16 step) and V rows exactly; then the
+// outputs of the checked tokens (every `every`-th and the last) against the reference over the cache as the kernel
+// left it, each token over [0, its position]; twice, bit-identical.
+void run_attention_chunk_case(int n_heads, int n_kv, int d, int before, int n, int every, uint32_t seed) {
+  std::mt19937 g(seed);
+  const int P = 1024, rope = d / 4, len = before + n;
+  const double theta = d == 256 ? 1e7 : 1e6;
+  PagedCache cache(len, P, n_kv, d);
+  const size_t elems = kv_page_elems(P, n_kv, d);
+  std::vector<std::vector<uint16_t>> host(cache.pages.size(), std::vector<uint16_t>(elems));
+  std::uniform_real_distribution<float> kd(-2.f, 2.f);
+  for (size_t p = 0; p < host.size(); ++p) {
+    for (auto& x : host[p]) x = f32_to_bf16(kd(g));
+    CUDA_CHECK(cudaMemcpy(cache.pages[p], host[p].data(), elems * 2, cudaMemcpyHostToDevice));
+  }
+  auto qg = randv((size_t)n * n_heads * 2 * d, g, -2, 2), k = randv((size_t)n * n_kv * d, g, -2, 2);
+  auto v = randv((size_t)n * n_kv * d, g), qn = randv(d, g, 0.5f, 1.5f), kn = randv(d, g, 0.5f, 1.5f);
+  AttnIn in;
+  float *dqg = to_dev(qg), *dk = to_dev(k), *dv = to_dev(v), *dqn = to_dev(qn), *dkn = to_dev(kn);
+  in.qg = dqg, in.k = dk, in.v = dv, in.q_norm = dqn, in.k_norm = dkn, in.eps = 1e-6f;
+  attn_in_rope(in, rope, theta);
+  void* scratch = nullptr;
+  CUDA_CHECK(cudaMalloc(&scratch, attention_chunk_scratch_bytes(n, n_heads, d)));
+  const size_t n_out = (size_t)n * n_heads * d;
+  float* dout = poisoned(n_out);
+  std::vector<float> first;
+  for (int rep = 0; rep < 2; ++rep) {
+    launch_attention_chunk(in, cache.kv, before, n, n_heads, scratch, dout, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (rep == 0) first = from_dev(dout, n_out);
+  }
+  const std::vector<float> got = from_dev(dout, n_out);
+  ASSERT_EQ(0, std::memcmp(first.data(), got.data(), n_out * sizeof(float))) << "not deterministic";
+  for (int t = 0; t < n; ++t) {  // the appended rows, copied into the host cache for the reference
+    const int pos = before + t;
+    for (int kh = 0; kh < n_kv; ++kh) {
+      auto kr = norm_rope_ref<double>(&k[((size_t)t * n_kv + kh) * d], kn.data(), d, rope, pos, theta);
+      auto kr32 = norm_rope_ref<float>(&k[((size_t)t * n_kv + kh) * d], kn.data(), d, rope, pos, theta);
+      double e32 = 0;  // fp32 angles at large positions (as in the kernel) cost up to ~1e-3
+      for (int i = 0; i < d; ++i) e32 = std::max(e32, std::fabs(kr32[i] - kr[i]));
+      auto kg = from_dev(cache.pages[pos / P] + cache.offset(0, kh, pos), d);
+      auto vg = from_dev(cache.pages[pos / P] + cache.offset(1, kh, pos), d);
+      for (int i = 0; i < d; ++i) {
+        ASSERT_NEAR(bf16_to_f32(kg[i]), kr[i], std::fabs(kr[i]) * (1.0 / 256) + 2 * e32 + 1e-6)
+            << "k " << t << " " << kh;
+        ASSERT_EQ(vg[i], f32_to_bf16(v[((size_t)t * n_kv + kh) * d + i])) << "v " << t << " " << kh << " " << i;
+      }
+      std::copy(kg.begin(), kg.end(), host[pos / P].begin() + cache.offset(0, kh, pos));
+      std::copy(vg.begin(), vg.end(), host[pos / P].begin() + cache.offset(1, kh, pos));
+    }
+  }
+  std::vector<float> gsel, r32sel;
+  std::vector<double> r64sel;
+  for (int t = 0; t < n; ++t) {
+    if (t % every != 0 && t != n - 1) continue;
+    const int pos = before + t;
+    const std::vector<float> qgt(qg.begin() + (size_t)t * n_heads * 2 * d, qg.begin() + (size_t)(t + 1) * n_heads * 2 * d);
+    std::vector<double> q64;
+    std::vector<float> q32;
+    for (int h = 0; h < n_heads; ++h) {
+      auto a = norm_rope_ref<double>(&qgt[(size_t)h * 2 * d], qn.data(), d, rope, pos, theta);
+      auto b = norm_rope_ref<float>(&qgt[(size_t)h * 2 * d], qn.data(), d, rope, pos, theta);
+      q64.insert(q64.end(), a.begin(), a.end());
+      q32.insert(q32.end(), b.begin(), b.end());
+    }
+    auto r64 = attention_ref<double>(q64, qgt, host, cache, pos + 1, n_heads, 0, n_heads);
+    auto r32 = attention_ref<float>(q32, qgt, host, cache, pos + 1, n_heads, 0, n_heads);
+    gsel.insert(gsel.end(), got.begin() + (size_t)t * n_heads * d, got.begin() + (size_t)(t + 1) * n_heads * d);
+    r64sel.insert(r64sel.end(), r64.begin(), r64.end());
+    r32sel.insert(r32sel.end(), r32.begin(), r32.end());
+  }
+  char name[96];
+  std::snprintf(name, sizeof name, "attention chunk d%d +%d x%d", d, before, n);
+  expect_close(name, gsel, r64sel, r32sel, 1e-5);
+  for (float* p : {dqg, dk, dv, dqn, dkn, dout}) cudaFree(p);
+  cudaFree(scratch);
+}
+
+// A chunk from the sequence start (tokens attend to fewer keys than the block's last one), a chunk across a page
+// boundary with an 8-token tail tile, one deep into a 33K cache; the test models' head sizes and groups.
+TEST(MixerKernels, AttentionChunk) {
+  run_attention_chunk_case(16, 2, 256, 0, 37, 1, 21);
+  run_attention_chunk_case(16, 2, 256, 1000, 70, 3, 22);
+  run_attention_chunk_case(16, 2, 256, 33000, 21, 10, 23);
+  run_attention_chunk_case(4, 2, 32, 5, 9, 1, 24);
+  run_attention_chunk_case(6, 2, 64, 100, 20, 1, 25);
+  run_attention_chunk_case(8, 1, 128, 0, 17, 1, 26);
+}

@@ -1,0 +1,311 @@
+// Attention over a prompt chunk (model.md §2.3): n consecutive tokens at positions pos0.., each attending
+// causally to the cache [0, its position]. Two launches:
+//   chunk_prep_kernel    grid (n, heads / 8), a warp per head: q/k RMSNorm + partial RoPE (kernels/qk_rope.cuh,
+//                        the decode path's math); q pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2) and
+//                        split into two bf16 terms; k and v appended to the paged cache as bf16
+//   chunk_attn_kernel    grid (token tiles of 8, n_kv), 4 warps: a KV head's group of query heads for 8 tokens
+//                        as 64 rows (token-major), flash attention over 32-key tiles of the cache on the tensor
+//                        cores (mma.sync bf16, fp32 sums; q and p in two bf16 terms each, as the decode split
+//                        kernel), online softmax in registers, K/V tiles double-buffered through cp.async; every
+//                        K/V row read once per 8 tokens for all heads of the group. Then / l and the sigmoid gate.
+// Deterministic (fixed summation order). Tested against the decode attention token by token in
+// tests/gpu/test_mixer_kernels.cu.
+#include <cuda_bf16.h>
+
+#include "kernels/batched.h"
+#include "kernels/common.cuh"
+#include "kernels/launch.cuh"
+#include "kernels/qk_rope.cuh"
+
+namespace lily::cuda {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kQTok = 8;       // tokens per block
+constexpr int kRows = 64;      // kQTok x 8 heads (a group has at most 8)
+constexpr int kKeys = 32;      // keys per tile
+constexpr int kThreads = 128;  // 4 warps x 16 rows
+
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+__device__ __forceinline__ float bf16r(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+template <int EPL>
+__global__ void chunk_prep_kernel(AttnIn in, KvPages kv, int pos0, int n, int n_heads, uint16_t* qh, uint16_t* ql) {
+  constexpr int D = EPL * 32;
+  const int t = blockIdx.x, lane = threadIdx.x % 32;
+  const int head = blockIdx.y * 8 + threadIdx.x / 32;
+  if (head >= n_heads + kv.n_kv) return;
+  const int pos = pos0 + t;
+  const bool is_k = head >= n_heads;
+  qk::LaneRope<EPL> r;
+  qk::lane_rope_weights<EPL>(in, r, is_k);
+  qk::lane_rope_angles<EPL>(in, pos, r);
+  float x[EPL];
+  if (!is_k) {
+    qk::load_lane<EPL>(in.qg + ((size_t)t * n_heads + head) * 2 * D + lane * EPL, x);
+    qk::norm_rope_lane<EPL>(x, r.wq, r, in.eps);
+    const float qscale = rsqrtf((float)D) * kLog2e;
+    const size_t o = ((size_t)t * n_heads + head) * D + lane * EPL;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) {
+      const float v = x[e] * qscale, h = bf16r(v);
+      const __nv_bfloat16 hb = __float2bfloat16_rn(h), lb = __float2bfloat16_rn(v - h);
+      qh[o + e] = *reinterpret_cast<const uint16_t*>(&hb);
+      ql[o + e] = *reinterpret_cast<const uint16_t*>(&lb);
+    }
+  } else {
+    const int g = head - n_heads;
+    qk::load_lane<EPL>(in.k + ((size_t)t * kv.n_kv + g) * D + lane * EPL, x);
+    qk::norm_rope_lane<EPL>(x, r.wk, r, in.eps);
+    float vx[EPL];
+    qk::load_lane<EPL>(in.v + ((size_t)t * kv.n_kv + g) * D + lane * EPL, vx);
+    uint16_t* page = kv.pages[pos / kv.page_tokens];
+    const int slot = pos % kv.page_tokens;
+    uint16_t* kr = page + ((size_t)g * kv.page_tokens + slot) * D + lane * EPL;
+    uint16_t* vr = page + ((size_t)(kv.n_kv + g) * kv.page_tokens + slot) * D + lane * EPL;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) {
+      const __nv_bfloat16 kb = __float2bfloat16_rn(x[e]), vb = __float2bfloat16_rn(vx[e]);
+      kr[e] = *reinterpret_cast<const uint16_t*>(&kb);
+      vr[e] = *reinterpret_cast<const uint16_t*>(&vb);
+    }
+  }
+}
+
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int D>
+struct ChunkSmem {
+  static constexpr int kStride = D + 8;  // bf16 per staged row: 16 bytes of padding, conflict-free ldmatrix
+  static constexpr int kQ = kRows * kStride;    // elements of one q term
+  static constexpr int kKV = kKeys * kStride;   // elements of one K or V tile
+  static constexpr size_t kBytes = (2 * kQ + 2 * 2 * kKV) * sizeof(uint16_t);
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages kv, int pos0, int n, int n_heads,
+                                                             const uint16_t* qh, const uint16_t* ql, float* out) {
+  using SM = ChunkSmem<D>;
+  constexpr int S = SM::kStride;
+  extern __shared__ __align__(16) uint16_t sm[];
+  uint16_t* sq = sm;                 // [2][kRows][S] q hi, q lo
+  uint16_t* skv = sm + 2 * SM::kQ;   // [2 stages][K, V][kKeys][S]
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane >> 2, tq = lane & 3;
+  const int g = blockIdx.y, group = n_heads / kv.n_kv;
+  const int t0 = blockIdx.x * kQTok;
+  const int t_last = min(n, t0 + kQTok) - 1;
+  const int n_keys = pos0 + t_last + 1;  // keys [0, n_keys) are needed by some row of this block
+  const int n_tiles = (n_keys + kKeys - 1) / kKeys;
+
+  // q rows: row r = token t0 + r / 8, head g * group + r % 8 (rows past the group or the chunk are 0)
+  for (int c = tid; c < 2 * kRows * (D / 8); c += kThreads) {
+    const int term = c / (kRows * (D / 8)), rem = c % (kRows * (D / 8));
+    const int r = rem / (D / 8), part = rem % (D / 8);
+    const int t = t0 + r / 8, j = r % 8;
+    uint16_t* dst = sq + term * SM::kQ + r * S + part * 8;
+    if (t < n && j < group) {
+      const uint16_t* src = (term ? ql : qh) + ((size_t)t * n_heads + g * group + j) * D + part * 8;
+      cp16(dst, src);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  auto stage = [&](int tile, int buf) {
+    for (int c = tid; c < 2 * kKeys * (D / 8); c += kThreads) {
+      const int which = c / (kKeys * (D / 8)), rem = c % (kKeys * (D / 8));
+      const int r = rem / (D / 8), part = rem % (D / 8);
+      const int key = min(tile * kKeys + r, n_keys - 1);  // past the end: a valid row, masked below
+      const uint16_t* page = kv.pages[key / kv.page_tokens];
+      const uint16_t* src =
+          page + ((size_t)(which * kv.n_kv + g) * kv.page_tokens + key % kv.page_tokens) * D + part * 8;
+      cp16(skv + ((size_t)(buf * 2 + which) * kKeys + r) * S + part * 8, src);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  stage(0, 0);  // (the q copies are in this first group)
+
+  // this thread's rows: warp * 16 + gq and + 8 -> tokens t0 + warp * 2 (+ 1), the same head
+  const int row_tok[2] = {t0 + warp * 2, t0 + warp * 2 + 1};
+  const int row_pos[2] = {pos0 + min(row_tok[0], n - 1), pos0 + min(row_tok[1], n - 1)};
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if (tile + 1 < n_tiles) {
+      stage(tile + 1, (tile + 1) & 1);
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+    } else {
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
+    }
+    __syncthreads();
+    const uint16_t* sk = skv + (size_t)((tile & 1) * 2) * kKeys * S;
+    const uint16_t* sv = sk + kKeys * S;
+    // scores: 16 rows x 32 keys per warp, q in two terms
+    float sc[kKeys / 8][4];
+#pragma unroll
+    for (int i = 0; i < kKeys / 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t ah[4], al[4];
+      const int ar = warp * 16 + (lane & 15), ac = ks * 16 + (lane >> 4) * 8;
+      ldsm_x4(ah, sq + ar * S + ac);
+      ldsm_x4(al, sq + SM::kQ + ar * S + ac);
+#pragma unroll
+      for (int p = 0; p < kKeys / 16; ++p) {
+        uint32_t b[4];
+        const int br = p * 16 + (lane >> 4) * 8 + (lane & 7), bc = ks * 16 + ((lane >> 3) & 1) * 8;
+        ldsm_x4(b, sk + br * S + bc);
+        mma(sc[2 * p], ah, b[0], b[1]);
+        mma(sc[2 * p], al, b[0], b[1]);
+        mma(sc[2 * p + 1], ah, b[2], b[3]);
+        mma(sc[2 * p + 1], al, b[2], b[3]);
+      }
+    }
+    // causal mask and online softmax (base 2): element e of n-tile i is row (e < 2 ? 0 : 1), key i*8 + tq*2 + e%2
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int i = 0; i < kKeys / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = tile * kKeys + i * 8 + tq * 2 + (e & 1);
+        if (key > row_pos[e >> 1]) sc[i][e] = -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], sc[i][e]);
+      }
+    float corr[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      corr[h] = exp2f(m[h] - mx[h]);  // m = -inf at the first tile: 0
+      m[h] = mx[h];
+    }
+#pragma unroll
+    for (int i = 0; i < kKeys / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[i][e] = exp2f(sc[i][e] - m[e >> 1]);
+        rs[e >> 1] += sc[i][e];
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + rs[h];  // (this thread's share; summed over the quad at the end)
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[i][0] *= corr[0], o[i][1] *= corr[0], o[i][2] *= corr[1], o[i][3] *= corr[1];
+    // o += p V, p in two bf16 terms (the score fragments are the A fragments of the 16-key slices)
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      uint32_t ph[4], pl[4];
+      const float* s0 = sc[2 * kk];
+      const float* s1 = sc[2 * kk + 1];
+      const float h00 = bf16r(s0[0]), h01 = bf16r(s0[1]), h02 = bf16r(s0[2]), h03 = bf16r(s0[3]);
+      const float h10 = bf16r(s1[0]), h11 = bf16r(s1[1]), h12 = bf16r(s1[2]), h13 = bf16r(s1[3]);
+      ph[0] = pack2(h00, h01), ph[1] = pack2(h02, h03), ph[2] = pack2(h10, h11), ph[3] = pack2(h12, h13);
+      pl[0] = pack2(s0[0] - h00, s0[1] - h01), pl[1] = pack2(s0[2] - h02, s0[3] - h03);
+      pl[2] = pack2(s1[0] - h10, s1[1] - h11), pl[3] = pack2(s1[2] - h12, s1[3] - h13);
+      const int vr = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int dn = 0; dn < D / 8; dn += 2) {
+        uint32_t b[4];
+        ldsm_x4_t(b, sv + vr * S + dn * 8 + (lane >> 4) * 8);
+        mma(o[dn], ph, b[0], b[1]);
+        mma(o[dn], pl, b[0], b[1]);
+        mma(o[dn + 1], ph, b[2], b[3]);
+        mma(o[dn + 1], pl, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // this stage's buffers are refilled two tiles on
+  }
+  // the row sums over the quad, then out = o / l * sigmoid(gate)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  const int j = gq;  // head within the group (rows gq and gq + 8 are the same head of two tokens)
+  if (j >= group) return;
+  const int head = g * group + j;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int t = row_tok[h];
+    if (t >= n) continue;
+    const float inv = 1.f / l[h];
+    const float* gate = in.qg + ((size_t)t * n_heads + head) * 2 * D + D;
+    float* dst = out + ((size_t)t * n_heads + head) * D;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int d0 = i * 8 + tq * 2;
+      const float g0 = gate[d0], g1 = gate[d0 + 1];
+      dst[d0] = o[i][2 * h] * inv / (1.f + __expf(-g0));
+      dst[d0 + 1] = o[i][2 * h + 1] * inv / (1.f + __expf(-g1));
+    }
+  }
+}
+
+template <int D>
+void launch_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, uint16_t* q_scratch, float* out,
+                  cudaStream_t s) {
+  constexpr int EPL = D / 32;
+  uint16_t* qh = q_scratch;
+  uint16_t* ql = q_scratch + (size_t)n * n_heads * D;
+  chunk_prep_kernel<EPL><<<dim3(n, (n_heads + kv.n_kv + 7) / 8), 256, 0, s>>>(in, kv, pos0, n, n_heads, qh, ql);
+  CUDA_CHECK_LAUNCH();
+  constexpr size_t smem = ChunkSmem<D>::kBytes;
+  CUDA_CHECK(cudaFuncSetAttribute(chunk_attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  chunk_attn_kernel<D><<<dim3((n + kQTok - 1) / kQTok, kv.n_kv), kThreads, smem, s>>>(in, kv, pos0, n, n_heads, qh,
+                                                                                      ql, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+size_t attention_chunk_scratch_bytes(int n, int n_heads, int head_dim) {
+  return (size_t)2 * n * n_heads * head_dim * sizeof(uint16_t);
+}
+
+void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, void* q_scratch, float* out,
+                            cudaStream_t s) {
+  const int group = n_heads / kv.n_kv;
+  LILY_CHECK(n_heads % kv.n_kv == 0 && group >= 1 && group <= 8 && kv.page_tokens % kKeys == 0 && pos0 >= 0,
+             "attention_chunk: ", n_heads, " heads over ", kv.n_kv, " KV heads (groups of at most 8), pages of ",
+             kv.page_tokens, " tokens (a multiple of ", kKeys, ")");
+  LILY_CHECK(in.rope_dim > 0 && in.rope_dim <= kv.head_dim && (in.rope_dim / 2) % std::max(kv.head_dim / 32, 1) == 0,
+             "attention_chunk: rope_dim ", in.rope_dim, " with head_dim ", kv.head_dim);
+  if (n <= 0) return;
+  uint16_t* q = static_cast<uint16_t*>(q_scratch);
+  switch (kv.head_dim) {
+    case 256: launch_chunk<256>(in, kv, pos0, n, n_heads, q, out, s); break;
+    case 128: launch_chunk<128>(in, kv, pos0, n, n_heads, q, out, s); break;
+    case 64: launch_chunk<64>(in, kv, pos0, n, n_heads, q, out, s); break;
+    case 32: launch_chunk<32>(in, kv, pos0, n, n_heads, q, out, s); break;
+    default: ::lily::fail("attention_chunk: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
+  }
+}
+
+}  // namespace lily::cuda
