@@ -42,6 +42,17 @@ void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps,
 // W q4 / q8 / bf16, W.cols == x.K.
 void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s);
 
+// Up to kMaxGemmParts matrices of one format and width sharing x, in one launch (e.g. GDN in_proj_qkv, _z, _b,
+// _a): y[i] (= or +=) W[i] x over tokens [0, n), row stride ldy[i].
+inline constexpr int kMaxGemmParts = 4;
+struct GemmBatch {
+  int n = 0;
+  QMat W[kMaxGemmParts];
+  float* y[kMaxGemmParts] = {};
+  int ldy[kMaxGemmParts] = {};
+};
+void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s);
+
 // Grouped by matrix (the MoE experts): slots [offsets[e], offsets[e+1]) use matrix e (e < W.n_mats); slot a
 // reads x row x_row[a] (x_row null: row a) and writes y row a: y[a][r] = sum_k W_e[r][k] x[x_row[a]][k].
 // offsets [W.n_mats + 1] on the device; max_count bounds every matrix's slot count (the launch's token tiles;

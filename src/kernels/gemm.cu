@@ -4,7 +4,8 @@
 // (hi + lo, ~16 bits of mantissa), so the products are fp32-exact but for that split. Per 64-element group the
 // block finishes sum_k q x in fp32 and adds scale * that + bias * sum_k x (the group sums come with x).
 // A block computes 128 weight rows x 64 tokens (8 warps of 16 rows), streaming one group (64 columns) of weights
-// and inputs per stage through shared memory, two stages in flight (cp.async).
+// and inputs per stage through shared memory, four stages in flight (cp.async; inputs only for the 16-token
+// pairs that hold a valid token, which is what an expert with few tokens streams).
 // Dense launches take tokens [0, n); grouped launches (MoE experts) take matrix e for the slots of
 // [offsets[e], offsets[e+1]) and gather their input rows. Tested by tests/gpu/test_batched.cu.
 #include <cuda_bf16.h>
@@ -20,7 +21,9 @@ namespace detail {
 constexpr int kGemmRows = 128;    // weight rows per block (8 warps x 16)
 constexpr int kGemmTok = 64;      // tokens per block (8 n-tiles of 8)
 constexpr int kGemmThreads = 256;
-constexpr int kXStride = 64 + 8;  // bf16 per staged x row: 144 bytes, so ldmatrix's 8 rows hit distinct banks
+constexpr int kGemmStages = 4;    // groups in flight through shared memory (3 requested while one is computed)
+constexpr int kXStride = 64 + 8;
+constexpr int kGemmMaxParts = kMaxGemmParts;  // bf16 per staged x row: 144 bytes, so ldmatrix's 8 rows hit distinct banks
 
 template <int BITS>
 struct GemmTile {
@@ -29,23 +32,29 @@ struct GemmTile {
   static constexpr int kWBytes = kGemmRows * kWStride;
   static constexpr int kXBytes = 2 * kGemmTok * kXStride * 2;  // hi and lo
   static constexpr int kStage = kWBytes + kXBytes + kGemmRows * 4 + kGemmTok * 4;  // + scale|bias, group sums
-  static constexpr int kSmem = 2 * kStage;
+  static constexpr int kSmem = kGemmStages * kStage;
+};
+
+struct GemmPart {        // one matrix of a launch (several share x: gemm_multi)
+  const uint8_t* w;      // its stack's matrix `mat`
+  const uint32_t* sb;
+  int rows;
+  float* y;
+  int ldy;
+  int tile_end;          // row tiles of this and the earlier parts (blockIdx.x below it: this part)
 };
 
 struct GemmArgs {
-  const uint8_t* w;
-  const uint32_t* sb;
-  size_t mat_w_bytes, mat_groups;
-  int rows, cols;
-  int mat;               // dense: the matrix of the stack
+  GemmPart part[kGemmMaxParts];
+  int parts;
+  size_t mat_w_bytes, mat_groups;  // grouped: the stride between the stack's matrices
+  int cols;
   const uint16_t* xhi;
   const uint16_t* xlo;
   const float* xsum;
   const int* x_row;      // grouped: input row of each slot (null: the slot itself)
   const int* offsets;    // grouped: [n_mats + 1] slot ranges; null: dense over [0, n)
   int n;                 // dense: tokens
-  float* y;
-  int ldy;
   bool accumulate;
 };
 
@@ -100,8 +109,12 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   using T = GemmTile<BITS>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int r_base = blockIdx.x * kGemmRows;
-  int mat = a.mat, slot0 = 0, count = a.n;
+  int pi = 0;
+  while (pi + 1 < a.parts && static_cast<int>(blockIdx.x) >= a.part[pi].tile_end) ++pi;
+  const GemmPart& part = a.part[pi];
+  const int r_base = (blockIdx.x - (pi ? a.part[pi - 1].tile_end : 0)) * kGemmRows;
+  const int rows = part.rows;
+  int mat = 0, slot0 = 0, count = a.n;
   if (a.offsets) {
     mat = blockIdx.y;
     slot0 = a.offsets[mat];
@@ -111,8 +124,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   if (t_base >= count) return;
   const int t_count = min(kGemmTok, count - t_base);
   const int groups = a.cols / 64;
-  const uint8_t* w = a.w + mat * a.mat_w_bytes;
-  const uint32_t* sb = a.sb ? a.sb + mat * a.mat_groups : nullptr;
+  const uint8_t* w = part.w + mat * a.mat_w_bytes;
+  const uint32_t* sb = part.sb ? part.sb + mat * a.mat_groups : nullptr;
   const size_t row_bytes = static_cast<size_t>(a.cols) * BITS / 8;
 
   // the rows this thread copies, clamped (rows / tokens past the end load the last one and are not stored)
@@ -121,12 +134,13 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
     constexpr int wchunks = kGemmRows * T::kRowBytes / 16;
     for (int c = tid; c < wchunks; c += kGemmThreads) {
       const int r = c / (T::kRowBytes / 16), part = c % (T::kRowBytes / 16);
-      const int gr = min(r_base + r, a.rows - 1);
+      const int gr = min(r_base + r, rows - 1);
       cp16(base + r * T::kWStride + part * 16, w + gr * row_bytes + static_cast<size_t>(g) * T::kRowBytes + part * 16);
     }
     uint8_t* xs = base + T::kWBytes;
-    for (int c = tid; c < 2 * kGemmTok * 8; c += kGemmThreads) {
-      const int half = c / (kGemmTok * 8), rem = c % (kGemmTok * 8);
+    const int x_rows = (t_count + 15) & ~15;  // the tokens' 16-row pairs that hold a valid token (the rest unread)
+    for (int c = tid; c < 2 * x_rows * 8; c += kGemmThreads) {
+      const int half = c / (x_rows * 8), rem = c % (x_rows * 8);
       const int t = rem / 8, part = rem % 8;
       int slot = slot0 + t_base + min(t, t_count - 1);
       const int row = a.x_row ? a.x_row[slot] : slot;
@@ -136,7 +150,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
     float* sbs = reinterpret_cast<float*>(xs + T::kXBytes);
     if constexpr (BITS != 16) {
       if (tid < kGemmRows) {
-        const int gr = min(r_base + tid, a.rows - 1);
+        const int gr = min(r_base + tid, rows - 1);
         cp4(sbs + tid, sb + static_cast<size_t>(gr) * groups + g);
       } else if (tid < kGemmRows + kGemmTok) {
         const int t = tid - kGemmRows;
@@ -157,16 +171,17 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   const int gq = lane >> 2, tq = lane & 3;
   const int r0 = warp * 16 + gq;  // this thread's rows in the tile: r0 and r0 + 8
 
-  stage(0, 0);
+  for (int g = 0; g < kGemmStages - 1; ++g) {
+    if (g < groups) stage(g, g);
+    else cp_commit();  // (empty groups keep the count of groups in flight uniform)
+  }
   for (int g = 0; g < groups; ++g) {
-    if (g + 1 < groups) {
-      stage(g + 1, (g + 1) & 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();
-    const uint8_t* base = smem + (g & 1) * T::kStage;
+    cp_wait<kGemmStages - 2>();
+    __syncthreads();  // group g has landed for every thread; group g - 1's buffer is read by no one any more
+    const int next = g + kGemmStages - 1;
+    if (next < groups) stage(next, next % kGemmStages);
+    else cp_commit();
+    const uint8_t* base = smem + (g % kGemmStages) * T::kStage;
     const uint8_t* ws = base;
     const uint8_t* xs = base + T::kWBytes;
     const float* sbs = reinterpret_cast<const float*>(xs + T::kXBytes);
@@ -217,7 +232,6 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
         acc[i][3] += fmaf(sc1, cg[i][3], bi1 * x1);
       }
     }
-    __syncthreads();  // this buffer is staged again two groups on
   }
 
   const int ra = r_base + r0, rb = ra + 8;
@@ -227,8 +241,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
     for (int j = 0; j < 4; ++j) {
       const int t = i * 8 + tq * 2 + (j & 1);
       const int r = (j < 2) ? ra : rb;
-      if (t < t_count && r < a.rows) {
-        float* dst = a.y + static_cast<size_t>(slot0 + t_base + t) * a.ldy + r;
+      if (t < t_count && r < rows) {
+        float* dst = part.y + static_cast<size_t>(slot0 + t_base + t) * part.ldy + r;
         *dst = a.accumulate ? *dst + acc[i][j] : acc[i][j];
       }
     }
@@ -243,58 +257,76 @@ void launch_gemm(const GemmArgs& a, int n_mats_grid, int max_tokens, cudaStream_
                                     GemmTile<BITS>::kSmem));
     configured = true;
   }
-  const dim3 grid((a.rows + kGemmRows - 1) / kGemmRows, n_mats_grid, (max_tokens + kGemmTok - 1) / kGemmTok);
+  const dim3 grid(a.part[a.parts - 1].tile_end, n_mats_grid, (max_tokens + kGemmTok - 1) / kGemmTok);
   gemm_kernel<BITS><<<grid, kGemmThreads, GemmTile<BITS>::kSmem, s>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
-void run(const QMat& W, GemmArgs& a, int n_mats_grid, int max_tokens, cudaStream_t s) {
-  if (max_tokens <= 0 || W.rows <= 0) return;
-  switch (W.format) {
+void run(QFormat f, GemmArgs& a, int n_mats_grid, int max_tokens, cudaStream_t s) {
+  if (max_tokens <= 0 || a.part[a.parts - 1].tile_end == 0) return;
+  switch (f) {
     case QFormat::q4: launch_gemm<4>(a, n_mats_grid, max_tokens, s); break;
     case QFormat::q8: launch_gemm<8>(a, n_mats_grid, max_tokens, s); break;
     case QFormat::bf16: launch_gemm<16>(a, n_mats_grid, max_tokens, s); break;
   }
 }
 
-GemmArgs args_for(const QMat& W, const GemmX& x, float* y, int ldy) {
-  LILY_CHECK(W.w && W.cols == x.K && W.cols % kGroupSize == 0 && (W.format == QFormat::bf16 || W.sb),
-             "gemm: matrix [", W.rows, ", ", W.cols, "] does not take inputs of width ", x.K);
-  LILY_CHECK(ldy >= W.rows, "gemm: output stride ", ldy, " below the matrix's ", W.rows, " rows");
+// The launch's arguments for matrices W[0..n) (same format and cols) with outputs y[i] (row stride ldy[i]),
+// matrix `mat` of each stack.
+GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat, const GemmX& x) {
+  LILY_CHECK(n >= 1 && n <= kGemmMaxParts, "gemm: ", n, " matrices in one launch (1..", kGemmMaxParts, ")");
   GemmArgs a;
   std::memset(&a, 0, sizeof a);
-  a.w = W.w;
-  a.sb = W.sb;
-  a.mat_w_bytes = W.mat_w_bytes();
-  a.mat_groups = W.mat_groups();
-  a.rows = W.rows;
-  a.cols = W.cols;
+  int tiles = 0;
+  for (int i = 0; i < n; ++i) {
+    const QMat& m = W[i];
+    LILY_CHECK(m.w && m.cols == x.K && m.cols % kGroupSize == 0 && (m.format == QFormat::bf16 || m.sb),
+               "gemm: matrix [", m.rows, ", ", m.cols, "] does not take inputs of width ", x.K);
+    LILY_CHECK(m.format == W[0].format && m.cols == W[0].cols, "gemm: matrices of one launch differ in format or width");
+    LILY_CHECK(ldy[i] >= m.rows, "gemm: output stride ", ldy[i], " below the matrix's ", m.rows, " rows");
+    LILY_CHECK(mat >= 0 && mat < m.n_mats, "gemm: matrix ", mat, " of a stack of ", m.n_mats);
+    GemmPart& p = a.part[i];
+    p.w = m.w + mat * m.mat_w_bytes();
+    p.sb = m.sb ? m.sb + mat * m.mat_groups() : nullptr;
+    p.rows = m.rows;
+    p.y = y[i];
+    p.ldy = ldy[i];
+    tiles += (m.rows + kGemmRows - 1) / kGemmRows;
+    p.tile_end = tiles;
+  }
+  a.parts = n;
+  a.mat_w_bytes = W[0].mat_w_bytes();
+  a.mat_groups = W[0].mat_groups();
+  a.cols = W[0].cols;
   a.xhi = x.hi;
   a.xlo = x.lo;
   a.xsum = x.gsum;
-  a.y = y;
-  a.ldy = ldy;
   return a;
 }
 
 }  // namespace detail
 
 void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s) {
-  LILY_CHECK(mat >= 0 && mat < W.n_mats, "gemm: matrix ", mat, " of a stack of ", W.n_mats);
-  detail::GemmArgs a = detail::args_for(W, x, y, ldy);
-  a.mat = mat;
+  detail::GemmArgs a = detail::args_for(&W, &y, &ldy, 1, mat, x);
   a.n = n;
   a.accumulate = accumulate;
-  detail::run(W, a, 1, n, s);
+  detail::run(W.format, a, 1, n, s);
+}
+
+void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s) {
+  detail::GemmArgs a = detail::args_for(b.W, b.y, b.ldy, b.n, 0, x);
+  a.n = n;
+  a.accumulate = accumulate;
+  detail::run(b.W[0].format, a, 1, n, s);
 }
 
 void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, int max_count, float* y,
                   int ldy, cudaStream_t s) {
   LILY_CHECK(offsets, "gemm_grouped: no slot offsets");
-  detail::GemmArgs a = detail::args_for(W, x, y, ldy);
+  detail::GemmArgs a = detail::args_for(&W, &y, &ldy, 1, 0, x);
   a.x_row = x_row;
   a.offsets = offsets;
-  detail::run(W, a, W.n_mats, max_count, s);
+  detail::run(W.format, a, W.n_mats, max_count, s);
 }
 
 }  // namespace lily::cuda

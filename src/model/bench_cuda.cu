@@ -219,7 +219,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     CUDA_CHECK(cudaStreamSynchronize(s2));
     CUDA_CHECK(cudaStreamDestroy(s2));
     std::unique_ptr<Backend> be =
-        make_cuda_backend(cfg, std::move(w2), std::max(opt.steps + opt.warmup + 8, 4104), opt.device);
+        make_cuda_backend(cfg, std::move(w2), std::max(opt.steps + opt.warmup + 8, 16392), opt.device);
     lily::SamplingParams greedy;
     greedy.temperature = 0;
     lily::SamplingParams sampled;  // the server's chat defaults without thinking (server/job_setup.cpp)
@@ -245,7 +245,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     }
     // prompts through forward() (the chunked prompt path, model/prefill_cuda.cu; LILY_PREFILL=0: token by token;
     // only the last token's lm_head), after a warm-up prompt that allocates and configures that path
-    for (int n : {64, 512, 4096}) {
+    for (int n : {64, 512, 4096, 16384}) {
       std::vector<int32_t> prompt(n);
       for (int i = 0; i < n; ++i) prompt[i] = (i * 7919) % cfg.vocab;
       be->reset();

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,12 @@
 namespace lily::cuda {
 
 struct PrefillBuffers;  // model/prefill_cuda.cu
+struct GemmX;           // kernels/batched.h
+struct PrefillOut {     // one projection of the prompt path: y [n][ldy] = W x
+  const QMat* W;
+  float* y;
+  int ldy;
+};
 
 // ---- weights on the device ----
 struct AttnDev {                // self_attn.*
@@ -107,7 +114,9 @@ class CudaEngine {
   // through every layer together (GEMMs over the chunk, the mixers token by token); the residual stream of
   // token t is then at prefill_h(t) (device, [H], valid until the next prefill), for the final norm + lm_head.
   // Enqueued on stream(); returns once the tokens are staged (the call before it has finished).
-  static constexpr int kPrefillChunk = 512;
+  static constexpr int kPrefillChunk = 2048;
+  // Tokens per chunk the backend uses: kPrefillChunk, or LILY_PREFILL_CHUNK (benchmarks) up to it.
+  static int prefill_chunk();
   // logits() = lm_head(RMSNorm(h) * norm) for h [H] on the device (e.g. prefill_h(t)); enqueued on stream().
   void lm_head(const float* h);
   void prefill(const int32_t* tokens, int pos0, int n);
@@ -125,6 +134,7 @@ class CudaEngine {
   void attention(int layer, const float* norm_w, ResidualProj& o_proj);
   void project(const GemvBatch& b, const float* norm_w, bool& normed);
   void prefill_alloc();  // the prompt path's buffers, on first use
+  void project(std::initializer_list<PrefillOut> outs, const GemmX& x, int n);
   void prefill_free();
   void prefill_gdn(int layer, int pos0, int n);
   void prefill_attention(int layer, int pos0, int n);

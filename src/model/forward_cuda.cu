@@ -455,8 +455,9 @@ class CudaBackend : public Backend {
   void forward_chunks(std::span<const int32_t> tokens, float* logits, bool all_logits) {
     const int n = (int)tokens.size(), V = cfg_.vocab;
     cudaStream_t s = engine_.stream();
-    for (int i0 = 0; i0 < n; i0 += CudaEngine::kPrefillChunk) {
-      const int m = std::min(CudaEngine::kPrefillChunk, n - i0);
+    const int chunk = CudaEngine::prefill_chunk();
+    for (int i0 = 0; i0 < n; i0 += chunk) {
+      const int m = std::min(chunk, n - i0);
       engine_.prefill(tokens.data() + i0, pos_, m);
       auto head = [&](int t, float* dst) {  // the lm_head per token (the GEMV of the decode step)
         engine_.lm_head(engine_.prefill_h(t));

@@ -32,7 +32,7 @@ struct PrefillBuffers {
   int* tokens = nullptr;        // [n] device
   int* host = nullptr;          // [n] pinned staging of the tokens
   float* h = nullptr;           // [n][H] residual stream of the chunk
-  GemmXBuf x;                   // [n * top_k][max(H, mixer width, F)] GEMM inputs
+  GemmXBuf x;                   // GEMM inputs: [n][<= max(H, mixer width)] or [n * top_k][F]
   float* proj = nullptr;        // [n][max(gdn proj, attn proj)] projections, one matrix after the other
   float* mix = nullptr;         // [n][max(Hv*Dv, Hq*d)] mixer outputs
   void* q_scratch = nullptr;    // attention_chunk_scratch_bytes(n, Hq, d)
@@ -64,7 +64,10 @@ void CudaEngine::prefill_alloc() {
   b->tokens = alloc<int>(n);
   CUDA_CHECK(cudaMallocHost(&b->host, sizeof(int) * n));
   b->h = alloc<float>((size_t)n * H);
-  b->x = gemm_x_alloc(n * k, std::max({H, mix, F}));
+  // rows of width <= max(H, mix) for the chunk's tokens, or of width F for their n * k expert slots: one
+  // allocation of x_elems values (and x_elems / 64 group sums), viewed at each width (at_width)
+  const size_t x_elems = std::max((size_t)n * std::max(H, mix), (size_t)n * k * F);
+  b->x = gemm_x_alloc((int)(x_elems / 64), 64);
   b->proj = alloc<float>((size_t)n * std::max(gdn_proj, attn_proj));
   b->mix = alloc<float>((size_t)n * mix);
   b->q_scratch = alloc<uint8_t>(attention_chunk_scratch_bytes(n, c.n_heads, d));
@@ -97,6 +100,11 @@ void CudaEngine::prefill_free() {
   pf_ = nullptr;
 }
 
+int CudaEngine::prefill_chunk() {
+  static const int chunk = std::clamp(env_int("LILY_PREFILL_CHUNK", kPrefillChunk), 16, kPrefillChunk);
+  return chunk;
+}
+
 const float* CudaEngine::prefill_h(int t) const { return pf_->h + (size_t)t * cfg_.hidden; }
 
 void CudaEngine::prefill(const int32_t* tokens, int pos0, int n) {
@@ -119,6 +127,19 @@ void CudaEngine::prefill(const int32_t* tokens, int pos0, int n) {
   }
 }
 
+// y = W x for matrices sharing x: one launch per run of matrices of the same format and width.
+void CudaEngine::project(std::initializer_list<PrefillOut> outs, const GemmX& x, int n) {
+  GemmBatch b;
+  for (const PrefillOut& o : outs) {
+    if (b.n == kMaxGemmParts || (b.n > 0 && (o.W->format != b.W[0].format || o.W->cols != b.W[0].cols))) {
+      gemm_multi(b, x, n, false, stream_);
+      b.n = 0;
+    }
+    b.W[b.n] = *o.W, b.y[b.n] = o.y, b.ldy[b.n++] = o.ldy;
+  }
+  if (b.n > 0) gemm_multi(b, x, n, false, stream_);
+}
+
 void CudaEngine::prefill_gdn(int layer, int pos0, int n) {
   PrefillBuffers& b = *pf_;
   const Config& c = cfg_;
@@ -131,10 +152,7 @@ void CudaEngine::prefill_gdn(int layer, int pos0, int n) {
   float* a = bb + (size_t)n * Hv;
   const GemmXBuf xh = at_width(b.x, H);
   gemm_x_prep(b.h, H, n, w_.layers[layer].input_norm, c.eps, xh, nullptr, stream_);
-  gemm(g.qkv, 0, xh.view(), n, qkv, cd, false, stream_);
-  gemm(g.z, 0, xh.view(), n, z, vd, false, stream_);
-  gemm(g.b, 0, xh.view(), n, bb, Hv, false, stream_);
-  gemm(g.a, 0, xh.view(), n, a, Hv, false, stream_);
+  project({{&g.qkv, qkv, cd}, {&g.z, z, vd}, {&g.b, bb, Hv}, {&g.a, a, Hv}}, xh.view(), n);
   if (runs("gdn_core"))
     launch_gdn_chunk(qkv, z, a, bb, g.conv_w, g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], b.mix, pos0, n,
                      dims, c.eps, stream_);
@@ -153,9 +171,7 @@ void CudaEngine::prefill_attention(int layer, int pos0, int n) {
   float* v = k + (size_t)n * kvd;
   const GemmXBuf xh = at_width(b.x, H);
   gemm_x_prep(b.h, H, n, w_.layers[layer].input_norm, c.eps, xh, nullptr, stream_);
-  gemm(at.q, 0, xh.view(), n, qg, qr, false, stream_);
-  gemm(at.k, 0, xh.view(), n, k, kvd, false, stream_);
-  gemm(at.v, 0, xh.view(), n, v, kvd, false, stream_);
+  project({{&at.q, qg, qr}, {&at.k, k, kvd}, {&at.v, v, kvd}}, xh.view(), n);
   KvPages kv;
   kv.pages = page_table_[attn_index_[layer]];
   kv.page_tokens = page_tokens_;
@@ -178,13 +194,11 @@ void CudaEngine::prefill_moe(int layer, int n) {
   const int H = c.hidden, E = c.n_experts, k = c.top_k, F = c.moe_ffn, Fs = c.shared_ffn;
   const GemmXBuf xh = at_width(b.x, H);
   gemm_x_prep(b.h, H, n, w_.layers[layer].post_norm, c.eps, xh, nullptr, stream_);
-  gemm(m.router, 0, xh.view(), n, b.logits, E + 1, false, stream_);
-  gemm(m.shared_expert_gate, 0, xh.view(), n, b.logits + E, E + 1, false, stream_);
+  project({{&m.router, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
   moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
   moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
   // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer
-  gemm(m.sh_gate, 0, xh.view(), n, b.g, Fs, false, stream_);
-  gemm(m.sh_up, 0, xh.view(), n, b.u, Fs, false, stream_);
+  project({{&m.sh_gate, b.g, Fs}, {&m.sh_up, b.u, Fs}}, xh.view(), n);
   swiglu_rows(b.g, b.u, nullptr, n, Fs, b.act, stream_);
   // routed experts: each token's rows go to its 8 experts' slots (x_row); one launch per matrix for all experts
   gemm_grouped(m.gate, xh.view(), b.x_row, b.offsets, n, b.g + (size_t)n * Fs, F, stream_);

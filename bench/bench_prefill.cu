@@ -1,0 +1,237 @@
+// Benchmark of the prompt path's kernels (kernels/batched.h) on the real Qwen3.6-35B-A3B shapes for one chunk
+// of n tokens: the dense GEMMs of a layer, the MoE's grouped GEMMs (each token's 8 experts drawn at random),
+// the GEMM's input split, the GDN chunk and the attention chunk (at context 0 and 4K).
+// Usage: bench_prefill [tokens per chunk, default 2048]. Each case is captured into a CUDA graph several times over distinct weight copies (>=
+// ~256 MB, beyond the L2) and replayed; the median time per launch is reported with the useful FLOPs (2 x
+// weights x tokens; the GEMM's split input doubles the tensor-core work), TFLOP/s and the weights' GB/s.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "graph_time.cuh"
+#include "kernels/batched.h"
+#include "kernels/common.cuh"
+
+using namespace lily::cuda;
+
+namespace {
+
+int kN = 2048;  // tokens per chunk (CudaEngine::kPrefillChunk; argv[1] for another)
+
+__global__ void fill_u32(uint32_t* p, size_t n, uint64_t seed, uint32_t mask, uint32_t base) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint64_t x = seed ^ (i * 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 29;
+    p[i] = (static_cast<uint32_t>(x) & mask) | base;
+  }
+}
+__global__ void fill_f32(float* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint64_t x = seed ^ (i * 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+    p[i] = (static_cast<float>(x >> 40) / 16777216.0f * 2.f - 1.f) * scale;
+  }
+}
+
+uint64_t g_seed = 1;
+std::vector<void*> g_allocs;
+void* dalloc(size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  g_allocs.push_back(p);
+  return p;
+}
+float* fvec(size_t n, float scale = 1.f) {
+  float* p = static_cast<float*>(dalloc(n * sizeof(float)));
+  fill_f32<<<256, 256>>>(p, n, g_seed++, scale);
+  CUDA_CHECK_LAUNCH();
+  return p;
+}
+QMat qmat(QFormat f, int rows, int cols, int n_mats = 1) {
+  QMat m;
+  m.format = f, m.rows = rows, m.cols = cols, m.n_mats = n_mats;
+  m.w = static_cast<uint8_t*>(dalloc(m.w_bytes()));
+  fill_u32<<<1024, 256>>>(reinterpret_cast<uint32_t*>(m.w), m.w_bytes() / 4, g_seed++, 0xffffffffu, 0);
+  m.sb = static_cast<uint32_t*>(dalloc(m.sb_bytes()));
+  fill_u32<<<1024, 256>>>(m.sb, m.sb_bytes() / 4, g_seed++, 0x007f007fu, 0x3b803b80u);  // ~0.004..0.008
+  CUDA_CHECK_LAUNCH();
+  return m;
+}
+
+double time_graph(int copies, const std::function<void(int, cudaStream_t)>& launch) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double us = graph_median_us(s, copies, launch, 9);
+  CUDA_CHECK(cudaStreamDestroy(s));
+  return us;
+}
+
+void report(const char* name, double us, double flops, double bytes) {
+  std::printf("%-44s %9.1f us %8.2f GFLOP %7.1f TFLOP/s %7.0f GB/s\n", name, us, flops / 1e9, flops / us / 1e6,
+              bytes / us / 1e3);
+}
+
+// Dense GEMM rows x cols over kN tokens (over `copies` weight copies).
+void dense(const char* name, QFormat f, int rows, int cols, const GemmXBuf& x, float* y) {
+  const QMat probe = [&] { QMat m; m.format = f, m.rows = rows, m.cols = cols; return m; }();
+  const int copies = std::max(2, (int)std::ceil(256e6 / probe.bytes()));
+  std::vector<QMat> w;
+  for (int i = 0; i < copies; ++i) w.push_back(qmat(f, rows, cols));
+  GemmXBuf xv = x;
+  xv.K = cols;
+  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm(w[i], 0, xv.view(), kN, y, rows, false, s); });
+  report(name, us, 2.0 * rows * cols * kN, (double)probe.bytes());
+}
+
+// Several matrices sharing x in one launch (gemm_multi), as the prompt path projects.
+void multi(const char* name, QFormat f, std::vector<int> rows, int cols, const GemmXBuf& x, float* y) {
+  double bytes = 0, flops = 0;
+  for (int r : rows) {
+    QMat m;
+    m.format = f, m.rows = r, m.cols = cols;
+    bytes += (double)m.bytes();
+    flops += 2.0 * r * cols * kN;
+  }
+  const int copies = std::max(2, (int)std::ceil(256e6 / bytes));
+  std::vector<GemmBatch> b(copies);
+  for (auto& bb : b) {
+    bb.n = (int)rows.size();
+    size_t off = 0;
+    for (int i = 0; i < bb.n; ++i) {
+      bb.W[i] = qmat(f, rows[i], cols);
+      bb.y[i] = y + off;
+      bb.ldy[i] = rows[i];
+      off += (size_t)rows[i] * kN;
+    }
+  }
+  GemmXBuf xv = x;
+  xv.K = cols;
+  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm_multi(b[i], xv.view(), kN, false, s); });
+  report(name, us, flops, bytes);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) kN = std::max(16, std::atoi(argv[1]));
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  const int H = 2048, E = 256, k = 8, F = 512;
+  std::printf("prompt-path kernels, one chunk of n = %d tokens (real shapes; weights beyond the L2)\n", kN);
+  GemmXBuf x = gemm_x_alloc(kN * k, 4096);
+  float* src = fvec((size_t)kN * k * 4096);
+  float* y = static_cast<float*>(dalloc((size_t)kN * k * 8192 * sizeof(float)));
+  float* norm_w = fvec(H, 1.f);
+  {
+    GemmXBuf xh = x;
+    xh.K = H;
+    const double us = time_graph(8, [&](int, cudaStream_t s) { gemm_x_prep(src, H, kN, norm_w, 1e-6f, xh, nullptr, s); });
+    report("x prep (RMSNorm + split), n x 2048", us, 0, (double)kN * H * 4);
+    GemmXBuf xw = x;
+    xw.K = 4096;
+    gemm_x_prep(src, 4096, kN * k, nullptr, 0.f, xw, nullptr, 0);  // every width below reads valid rows
+  }
+  dense("gemm q4 in_proj_qkv 8192 x 2048", QFormat::q4, 8192, H, x, y);
+  dense("gemm q4 in_proj_z 4096 x 2048", QFormat::q4, 4096, H, x, y);
+  dense("gemm q4 in_proj_b / _a 32 x 2048", QFormat::q4, 32, H, x, y);
+  dense("gemm q4 out_proj / o_proj 2048 x 4096", QFormat::q4, H, 4096, x, y);
+  dense("gemm q4 attn k / v 512 x 2048", QFormat::q4, 512, H, x, y);
+  dense("gemm q4 shared gate / up 512 x 2048", QFormat::q4, F, H, x, y);
+  dense("gemm q4 shared down 2048 x 512", QFormat::q4, H, F, x, y);
+  dense("gemm q8 router 256 x 2048", QFormat::q8, E, H, x, y);
+  multi("gemm_multi q4 GDN in_proj qkv|z|b|a", QFormat::q4, {8192, 4096, 32, 32}, H, x, y);
+  multi("gemm_multi q4 attention q|k|v", QFormat::q4, {8192, 512, 512}, H, x, y);
+  multi("gemm_multi q8 router|shared expert gate", QFormat::q8, {256, 1}, H, x, y);
+  multi("gemm_multi q4 shared expert gate|up", QFormat::q4, {512, 512}, H, x, y);
+
+  // routed experts: each token's 8 distinct experts at random, grouped as moe_group does
+  {
+    std::mt19937 rng(7);
+    std::vector<int> idx(kN * k);
+    std::vector<float> w(kN * k, 0.125f);
+    for (int t = 0; t < kN; ++t) {
+      std::vector<int> e(E);
+      for (int i = 0; i < E; ++i) e[i] = i;
+      std::shuffle(e.begin(), e.end(), rng);
+      for (int j = 0; j < k; ++j) idx[t * k + j] = e[j];
+    }
+    int* d_idx = static_cast<int*>(dalloc(idx.size() * sizeof(int)));
+    float* d_w = static_cast<float*>(dalloc(w.size() * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(d_idx, idx.data(), idx.size() * sizeof(int), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_w, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
+    int* off = static_cast<int*>(dalloc((E + 1) * sizeof(int)));
+    int* x_row = static_cast<int*>(dalloc(kN * k * sizeof(int)));
+    float* w_slot = static_cast<float*>(dalloc(kN * k * sizeof(float)));
+    int* slot_of = static_cast<int*>(dalloc(kN * k * sizeof(int)));
+    const double us_group = time_graph(8, [&](int, cudaStream_t s) {
+      moe_group(d_idx, d_w, kN, k, E, off, x_row, w_slot, slot_of, s);
+    });
+    report("moe_group n tokens x 8", us_group, 0, 0);
+    const QMat up_probe = [&] { QMat m; m.format = QFormat::q4, m.rows = F, m.cols = H, m.n_mats = E; return m; }();
+    const int copies = 3;
+    std::vector<QMat> gate, down;
+    for (int i = 0; i < copies; ++i) gate.push_back(qmat(QFormat::q4, F, H, E)), down.push_back(qmat(QFormat::q4, H, F, E));
+    GemmXBuf xh = x, xf = x;
+    xh.K = H, xf.K = F;
+    const double us_gate = time_graph(copies, [&](int i, cudaStream_t s) {
+      gemm_grouped(gate[i], xh.view(), x_row, off, kN, y, F, s);
+    });
+    report("gemm_grouped q4 experts gate / up 256 x 512 x 2048", us_gate, 2.0 * F * H * kN * k, (double)up_probe.bytes());
+    const double us_down = time_graph(copies, [&](int i, cudaStream_t s) {
+      gemm_grouped(down[i], xf.view(), nullptr, off, kN, y, H, s);
+    });
+    report("gemm_grouped q4 experts down 256 x 2048 x 512", us_down, 2.0 * F * H * kN * k, (double)up_probe.bytes());
+  }
+
+  // GDN chunk (real dims) and attention chunk at context 0 and 4K
+  {
+    const GdnDims d{16, 32, 128, 128};
+    const int C = d.conv_dim(), VD = d.n_v_heads * d.v_dim;
+    float *qkv = fvec((size_t)kN * C), *z = fvec((size_t)kN * VD), *a = fvec((size_t)kN * 32), *b = fvec((size_t)kN * 32);
+    float *cw = fvec((size_t)C * 4, 0.5f), *al = fvec(32), *dt = fvec(32), *nw = fvec(128), *ring = fvec((size_t)4 * C);
+    float* S = fvec((size_t)32 * 128 * 128, 0.1f);
+    float* out = static_cast<float*>(dalloc((size_t)kN * VD * sizeof(float)));
+    const double us = time_graph(4, [&](int, cudaStream_t s) {
+      launch_gdn_chunk(qkv, z, a, b, cw, al, dt, nw, ring, S, out, 4096, kN, d, 1e-6f, s);
+    });
+    report("gdn chunk (Hv 32, Dk = Dv 128)", us, 0, 0);
+  }
+  for (const int ctx : {0, 4096}) {
+    const int Hq = 16, Hkv = 2, D = 256, P = 1024;
+    const int pages = (ctx + kN + P - 1) / P;
+    std::vector<uint16_t*> pg(pages);
+    for (auto& p : pg) {
+      p = static_cast<uint16_t*>(dalloc(kv_page_elems(P, Hkv, D) * 2));
+      CUDA_CHECK(cudaMemset(p, 0x3c, kv_page_elems(P, Hkv, D) * 2));  // bf16 ~0.011
+    }
+    uint16_t** table = static_cast<uint16_t**>(dalloc(pages * sizeof(uint16_t*)));
+    CUDA_CHECK(cudaMemcpy(table, pg.data(), pages * sizeof(uint16_t*), cudaMemcpyHostToDevice));
+    KvPages kv{table, P, Hkv, D};
+    AttnIn in;
+    in.qg = fvec((size_t)kN * Hq * 2 * D), in.k = fvec((size_t)kN * Hkv * D), in.v = fvec((size_t)kN * Hkv * D);
+    in.q_norm = fvec(D), in.k_norm = fvec(D), in.eps = 1e-6f;
+    attn_in_rope(in, 64, 1e7);
+    void* scratch = dalloc(attention_chunk_scratch_bytes(kN, Hq, D));
+    float* out = static_cast<float*>(dalloc((size_t)kN * Hq * D * sizeof(float)));
+    const double us = time_graph(4, [&](int, cudaStream_t s) {
+      launch_attention_chunk(in, kv, ctx, kN, Hq, scratch, out, s);
+    });
+    // QK and PV: 2 x 2 x d FLOPs per (query head, key) over the causal triangle plus the context
+    const double pairs = (double)kN * ctx + (double)kN * (kN + 1) / 2;
+    const std::string name = "attention chunk after " + std::to_string(ctx);
+    report(name.c_str(), us, 4.0 * D * Hq * pairs, 0);
+  }
+  for (void* p : g_allocs) cudaFree(p);
+  gemm_x_free(x);
+  return 0;
+}
