@@ -1,13 +1,15 @@
 // The Gated DeltaNet over a prompt chunk (model.md §2.2): the decode step's math (kernels/gdn_core.cuh) for n
-// consecutive tokens in one launch. Each block keeps its (value head, 32-column) tile of the recurrent state in
-// registers for the whole chunk (read once, written once), holds its channels' last three raw conv inputs in
-// registers, and requests the next token's inputs while it computes this one. The output norm needs the whole
-// head: the head's column tiles form a thread-block cluster and exchange their sums of squares through
-// distributed shared memory, double-buffered so one cluster barrier per token suffices.
-// The conv ring is read at entry (the tokens before the chunk) and brought up to date by a second small launch
-// once every block is done with it. Tested against the per-token launches in tests/gpu/test_mixer_kernels.cu.
-#include <cooperative_groups.h>
-
+// consecutive tokens at positions pos0.. . Two launches (and a third, small, for the conv ring):
+//   gdn_chunk_kernel   a warp per (value head, 16 value columns), nothing shared between warps, so the chain per
+//                      token has no barrier: every warp redoes the conv, SiLU and L2 norms of its key head's q and
+//                      k for the 4 rows per lane it holds (rows lane + 32 r), keeps its 128 x 16 slice of the state
+//                      in registers for the whole chunk (read once, written once), sums its columns' S^T k and
+//                      S^T q with a reduce-scatter over the lanes (lane j then holds column j's S^T k, lane 16 + j
+//                      its S^T q), and broadcasts the columns' updates back. Its ungated outputs o go to `out`.
+//   gated_norm_kernel  a warp per (token, value head): out = RMSNorm(o) * norm_w * silu(z), in place.
+// The conv taps of earlier positions come from the chunk's own rows, and from the ring for positions before the
+// chunk (read at entry); the ring is brought up to date once every warp is done with it. Tested against the
+// fp64 / fp32 references token by token in tests/gpu/test_mixer_kernels.cu.
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/gdn_core.cuh"
@@ -17,171 +19,194 @@ namespace lily::cuda {
 
 namespace {
 
-namespace cg = cooperative_groups;
-using gdn::kCols;
-using gdn::kMaxDk;
-using gdn::kRowsPerThread;
-using gdn::kThreads;
+constexpr int kWarpCols = 16;  // value columns per warp
+constexpr int kRowsPerLane = 4;  // Dk <= 128
+constexpr int kChunkWarps = 4;   // warps per block (independent)
 
-struct ChunkShared {
-  float qn[kMaxDk];
-  float kn[kMaxDk];
-  float v[kCols];
-  float red[(kThreads / 32 + 1) * 8 * 9];  // gdn::column_sums
-  float warp_ss[kThreads / 32];
-  float o[2][kCols];                       // this tile's outputs, by token parity
-  float head_ss[2];                        // this tile's share of the head's sum of squares, by token parity
-};
+// One step of the reduce-scatter over 2 M values: lanes with bit M set keep the upper M, the others the lower M,
+// each adding its partner's (lane ^ M) copy of the half it keeps.
+template <int M>
+__device__ __forceinline__ void scatter_step(float (&x)[2 * kWarpCols], int lane) {
+  const bool upper = lane & M;
+#pragma unroll
+  for (int j = 0; j < M; ++j) {
+    const float send = upper ? x[j] : x[j + M];
+    const float keep = upper ? x[j + M] : x[j];
+    x[j] = keep + __shfl_xor_sync(0xffffffffu, send, M);
+  }
+}
 
-__global__ void __launch_bounds__(kThreads) gdn_chunk_kernel(
-    const float* __restrict__ qkv, const float* __restrict__ z, const float* __restrict__ a_in,
-    const float* __restrict__ b_in, const float* __restrict__ conv_w, const float* __restrict__ a_log,
-    const float* __restrict__ dt_bias, const float* __restrict__ norm_w, const float* __restrict__ ring,
-    float* __restrict__ state, float* __restrict__ out, int pos0, int n, GdnDims dims, float eps) {
-  __shared__ ChunkShared sh;
-  cg::cluster_group cluster = cg::this_cluster();
-  dep_wait();
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int h = blockIdx.y, Dk = dims.k_dim, Dv = dims.v_dim, Hv = dims.n_v_heads;
+__global__ void __launch_bounds__(kChunkWarps * 32) gdn_chunk_kernel(
+    const float* __restrict__ qkv, const float* __restrict__ a_in, const float* __restrict__ b_in,
+    const float* __restrict__ conv_w, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+    const float* __restrict__ ring, float* __restrict__ state, float* __restrict__ out, int pos0, int n,
+    GdnDims dims) {
+  const int lane = threadIdx.x % 32;
+  const int tiles = (dims.v_dim + kWarpCols - 1) / kWarpCols;
+  const int wg = blockIdx.x * kChunkWarps + threadIdx.x / 32;
+  if (wg >= dims.n_v_heads * tiles) return;
+  const int h = wg / tiles, col0 = (wg % tiles) * kWarpCols;
+  const int Dk = dims.k_dim, Dv = dims.v_dim, Hv = dims.n_v_heads;
   const int kh = h / (Hv / dims.n_k_heads), key_dim = dims.n_k_heads * Dk, vd = Hv * Dv;
   const int conv_dim = 2 * key_dim + vd;
-  const int col0 = blockIdx.x * kCols;
-  const int c4 = tid % 8, rg = tid / 8, col = col0 + c4 * 4;
-  const bool col_ok = col < Dv;
-  const gdn::StepArgs sa{qkv, a_in, b_in, conv_w, a_log, dt_bias, nullptr, state, dims};
-  float4 s[kRowsPerThread];
-  gdn::load_state(sa, h, col0, tid, s);
+  const int ncols = min(kWarpCols, Dv - col0);
+  float* S = state + (size_t)h * Dk * Dv;
 
-  // this thread's conv channels: q (threads < 128) or k channel tid % 128 of key head kh; threads < 32 one v column
-  const int i_qk = tid % kMaxDk;
-  const bool is_k = tid >= kMaxDk, has_qk = i_qk < Dk;
-  const bool has_v = tid < kCols && col0 + tid < Dv;
-  const int c_qk = (is_k ? key_dim : 0) + kh * Dk + i_qk, c_v = 2 * key_dim + h * Dv + col0 + tid;
-  float wq[4] = {}, wv[4] = {}, xq[3] = {}, xv[3] = {};  // taps; raw values at p-1, p-2, p-3 (0 before the start)
-  for (int j = 0; j < 4; ++j) {
-    if (has_qk) wq[j] = conv_w[(size_t)c_qk * 4 + j];
-    if (has_v) wv[j] = conv_w[(size_t)c_v * 4 + j];
+  // the lane's rows (lane + 32 r) x the warp's 16 columns of the state
+  float s[kRowsPerLane][kWarpCols];
+#pragma unroll
+  for (int r = 0; r < kRowsPerLane; ++r) {
+    const int i = lane + 32 * r;
+#pragma unroll
+    for (int j = 0; j < kWarpCols; ++j) s[r][j] = i < Dk && j < ncols ? S[(size_t)i * Dv + col0 + j] : 0.f;
   }
-  for (int back = 1; back <= 3; ++back) {
-    const int p = pos0 - back;
-    if (p < 0) continue;
-    if (has_qk) xq[back - 1] = ring[(size_t)(p & 3) * conv_dim + c_qk];
-    if (has_v) xv[back - 1] = ring[(size_t)(p & 3) * conv_dim + c_v];
+  // conv channels: q and k of rows lane + 32 r; lanes j < ncols also value column col0 + j
+  float wq[kRowsPerLane][4], wk[kRowsPerLane][4], xq[kRowsPerLane][3], xk[kRowsPerLane][3];
+  float wv[4] = {}, xv[3] = {};
+  const bool has_v = lane < ncols;
+  const int c_v = 2 * key_dim + h * Dv + col0 + lane;
+#pragma unroll
+  for (int r = 0; r < kRowsPerLane; ++r) {
+    const int i = lane + 32 * r;
+    const bool ok = i < Dk;
+    const int cq = kh * Dk + i, ck = key_dim + kh * Dk + i;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      wq[r][t] = ok ? conv_w[(size_t)cq * 4 + t] : 0.f;
+      wk[r][t] = ok ? conv_w[(size_t)ck * 4 + t] : 0.f;
+    }
+#pragma unroll
+    for (int back = 1; back <= 3; ++back) {
+      const int p = pos0 - back;
+      xq[r][back - 1] = ok && p >= 0 ? ring[(size_t)(p & 3) * conv_dim + cq] : 0.f;
+      xk[r][back - 1] = ok && p >= 0 ? ring[(size_t)(p & 3) * conv_dim + ck] : 0.f;
+    }
   }
-  const bool out_lane = warp == 0 && col0 + lane < Dv;
-  const float nw = out_lane ? norm_w[col0 + lane] : 0.f;
+  if (has_v) {
+#pragma unroll
+    for (int t = 0; t < 4; ++t) wv[t] = conv_w[(size_t)c_v * 4 + t];
+#pragma unroll
+    for (int back = 1; back <= 3; ++back) {
+      const int p = pos0 - back;
+      xv[back - 1] = p >= 0 ? ring[(size_t)(p & 3) * conv_dim + c_v] : 0.f;
+    }
+  }
   const float A = __expf(a_log[h]), dtb = dt_bias[h];
   const float scale_q = rsqrtf((float)Dk);
 
-  // token 0's inputs; in the loop, token t + 1's are requested before token t's work
-  float cur_q = has_qk ? qkv[c_qk] : 0.f, cur_v = has_v ? qkv[c_v] : 0.f;
-  float cur_b = b_in[h], cur_a = a_in[h], cur_z = out_lane ? z[(size_t)h * Dv + col0 + lane] : 0.f;
+  // token t's raw inputs; the next token's are requested before this token's work
+  float cq[kRowsPerLane], ck[kRowsPerLane], cv = 0.f, cb, ca;
+  auto load = [&](int t, float (&q)[kRowsPerLane], float (&k)[kRowsPerLane], float& v, float& b, float& a) {
+    const float* row = qkv + (size_t)t * conv_dim;
+#pragma unroll
+    for (int r = 0; r < kRowsPerLane; ++r) {
+      const int i = lane + 32 * r;
+      q[r] = i < Dk ? row[kh * Dk + i] : 0.f;
+      k[r] = i < Dk ? row[key_dim + kh * Dk + i] : 0.f;
+    }
+    v = has_v ? row[c_v] : 0.f;
+    b = b_in[(size_t)t * Hv + h];
+    a = a_in[(size_t)t * Hv + h];
+  };
+  load(0, cq, ck, cv, cb, ca);
   for (int t = 0; t < n; ++t) {
-    float nq = 0.f, nv = 0.f, nb = 0.f, na = 0.f, nz = 0.f;
-    if (t + 1 < n) {
-      const size_t r = (size_t)(t + 1);
-      if (has_qk) nq = qkv[r * conv_dim + c_qk];
-      if (has_v) nv = qkv[r * conv_dim + c_v];
-      nb = b_in[r * Hv + h];
-      na = a_in[r * Hv + h];
-      if (out_lane) nz = z[r * vd + (size_t)h * Dv + col0 + lane];
+    float nq[kRowsPerLane] = {}, nk[kRowsPerLane] = {}, nv = 0.f, nb = 0.f, na = 0.f;
+    if (t + 1 < n) load(t + 1, nq, nk, nv, nb, na);
+    // conv + SiLU (the decode step's order: the current tap, then the earlier ones), the L2 norms
+    float qn[kRowsPerLane], kn[kRowsPerLane], sq = 0.f, sk = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRowsPerLane; ++r) {
+      float aq = wq[r][3] * cq[r], ak = wk[r][3] * ck[r];
+      aq += wq[r][2] * xq[r][0], ak += wk[r][2] * xk[r][0];
+      aq += wq[r][1] * xq[r][1], ak += wk[r][1] * xk[r][1];
+      aq += wq[r][0] * xq[r][2], ak += wk[r][0] * xk[r][2];
+      xq[r][2] = xq[r][1], xq[r][1] = xq[r][0], xq[r][0] = cq[r];
+      xk[r][2] = xk[r][1], xk[r][1] = xk[r][0], xk[r][0] = ck[r];
+      const bool ok = lane + 32 * r < Dk;
+      qn[r] = ok ? gdn::silu(aq) : 0.f;
+      kn[r] = ok ? gdn::silu(ak) : 0.f;
+      sq = fmaf(qn[r], qn[r], sq), sk = fmaf(kn[r], kn[r], sk);
     }
-    // conv + SiLU (the decode step's order: the current tap, then the earlier ones)
-    float u = 0.f;
-    if (has_qk) {
-      float acc = wq[3] * cur_q;
-      acc += wq[2] * xq[0];
-      acc += wq[1] * xq[1];
-      acc += wq[0] * xq[2];
-      u = gdn::silu(acc);
-      xq[2] = xq[1], xq[1] = xq[0], xq[0] = cur_q;
-    }
+    float vcur = 0.f;
     if (has_v) {
-      float acc = wv[3] * cur_v;
-      acc += wv[2] * xv[0];
-      acc += wv[1] * xv[1];
-      acc += wv[0] * xv[2];
-      sh.v[tid] = gdn::silu(acc);
-      xv[2] = xv[1], xv[1] = xv[0], xv[0] = cur_v;
+      float av = wv[3] * cv;
+      av += wv[2] * xv[0];
+      av += wv[1] * xv[1];
+      av += wv[0] * xv[2];
+      xv[2] = xv[1], xv[1] = xv[0], xv[0] = cv;
+      vcur = gdn::silu(av);
     }
-    // L2 norms: warps 0-3 hold q, warps 4-7 hold k
-    float ss = u * u;
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) sh.warp_ss[warp] = ss;
-    __syncthreads();
-    const int half = kThreads / 64;
-    float part = 0.f;
-    for (int w = 0; w < half; ++w) part += sh.warp_ss[(is_k ? half : 0) + w];
-    if (has_qk) (is_k ? sh.kn : sh.qn)[i_qk] = u * rsqrtf(part + 1e-6f) * (is_k ? 1.f : scale_q);
-    const float beta = gdn::sigmoid(cur_b);
-    const float decay = __expf(-A * gdn::softplus(cur_a + dtb));
-    __syncthreads();
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      sq += __shfl_xor_sync(0xffffffffu, sq, o);
+      sk += __shfl_xor_sync(0xffffffffu, sk, o);
+    }
+    const float rq = rsqrtf(sq + 1e-6f) * scale_q, rk = rsqrtf(sk + 1e-6f);
+    float kq = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRowsPerLane; ++r) {
+      qn[r] *= rq, kn[r] *= rk;
+      kq = fmaf(kn[r], qn[r], kq);
+    }
+    const float beta = gdn::sigmoid(cb);
+    const float decay = __expf(-A * gdn::softplus(ca + dtb));
+    // decayed state; partial column sums of S^T k (x[j]) and S^T q (x[16 + j]) over the lane's rows
+    float x[2 * kWarpCols];
+#pragma unroll
+    for (int j = 0; j < 2 * kWarpCols; ++j) x[j] = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRowsPerLane; ++r)
+#pragma unroll
+      for (int j = 0; j < kWarpCols; ++j) {
+        s[r][j] *= decay;
+        x[j] = fmaf(s[r][j], kn[r], x[j]);
+        x[kWarpCols + j] = fmaf(s[r][j], qn[r], x[kWarpCols + j]);
+      }
+    // reduce-scatter: at each step a lane keeps the half of the values its lane bit selects and adds its
+    // partner's copy of that half; lane l ends with the warp's total of value l
+    scatter_step<16>(x, lane);
+    scatter_step<8>(x, lane);
+    scatter_step<4>(x, lane);
+    scatter_step<2>(x, lane);
+    scatter_step<1>(x, lane);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) kq += __shfl_xor_sync(0xffffffffu, kq, o);
+    // lane j < 16: column j's S^T k -> its update dlt_j = beta (v_j - mem_j); lane 16 + j: column j's S^T q
+    const float dlt = lane < kWarpCols ? beta * (vcur - x[0]) : 0.f;
+    const float dlt_of_mine = __shfl_sync(0xffffffffu, dlt, lane & (kWarpCols - 1));
+    if (lane >= kWarpCols && lane - kWarpCols < ncols)  // o = S'^T q = (decay S)^T q + (k . q) dlt
+      out[(size_t)t * vd + (size_t)h * Dv + col0 + lane - kWarpCols] = fmaf(kq, dlt_of_mine, x[0]);
+#pragma unroll
+    for (int j = 0; j < kWarpCols; ++j) {
+      const float d = __shfl_sync(0xffffffffu, dlt, j);
+#pragma unroll
+      for (int r = 0; r < kRowsPerLane; ++r) s[r][j] = fmaf(kn[r], d, s[r][j]);
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsPerLane; ++r) cq[r] = nq[r], ck[r] = nk[r];
+    cv = nv, cb = nb, ca = na;
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerLane; ++r) {
+    const int i = lane + 32 * r;
+#pragma unroll
+    for (int j = 0; j < kWarpCols; ++j)
+      if (i < Dk && j < ncols) S[(size_t)i * Dv + col0 + j] = s[r][j];
+  }
+}
 
-    // delta rule on this thread's 4 rows x 4 columns (as gdn::step, the state staying in registers)
-    float cs[9] = {};
+// out[t][h] = RMSNorm(o[t][h]) * norm_w * silu(z[t][h]) in place, a warp per (token, head).
+__global__ void gated_norm_kernel(float* o, const float* z, const float* norm_w, int n, int Hv, int Dv, float eps) {
+  const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (w >= n * Hv) return;
+  float* row = o + (size_t)w * Dv;
+  const float* zr = z + (size_t)w * Dv;
+  float ss = 0.f;
+  for (int j = lane; j < Dv; j += 32) ss = fmaf(row[j], row[j], ss);
 #pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {
-      const int i = rg + 32 * r;
-      s[r] = make_float4(s[r].x * decay, s[r].y * decay, s[r].z * decay, s[r].w * decay);
-      if (i < Dk) {
-        const float kn = sh.kn[i], qn = sh.qn[i];
-        cs[0] = fmaf(s[r].x, kn, cs[0]), cs[1] = fmaf(s[r].y, kn, cs[1]);
-        cs[2] = fmaf(s[r].z, kn, cs[2]), cs[3] = fmaf(s[r].w, kn, cs[3]);
-        cs[4] = fmaf(s[r].x, qn, cs[4]), cs[5] = fmaf(s[r].y, qn, cs[5]);
-        cs[6] = fmaf(s[r].z, qn, cs[6]), cs[7] = fmaf(s[r].w, qn, cs[7]);
-        cs[8] = fmaf(kn, qn, cs[8]);
-      }
-    }
-    gdn::column_sums(cs, sh.red, tid, [] { __syncthreads(); });
-    float4 dlt = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (col_ok) {
-      const float* v = sh.v + c4 * 4;
-      dlt = make_float4(beta * (v[0] - cs[0]), beta * (v[1] - cs[1]), beta * (v[2] - cs[2]), beta * (v[3] - cs[3]));
-    }
-#pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {
-      const int i = rg + 32 * r;
-      if (col_ok && i < Dk) {
-        const float kn = sh.kn[i];
-        s[r] = make_float4(fmaf(kn, dlt.x, s[r].x), fmaf(kn, dlt.y, s[r].y), fmaf(kn, dlt.z, s[r].z),
-                           fmaf(kn, dlt.w, s[r].w));
-      }
-    }
-    const float kq = cs[8];
-    const int par = t & 1;
-    if (tid < 8) {
-      sh.o[par][c4 * 4 + 0] = fmaf(kq, dlt.x, cs[4]);
-      sh.o[par][c4 * 4 + 1] = fmaf(kq, dlt.y, cs[5]);
-      sh.o[par][c4 * 4 + 2] = fmaf(kq, dlt.z, cs[6]);
-      sh.o[par][c4 * 4 + 3] = fmaf(kq, dlt.w, cs[7]);
-    }
-    __syncthreads();
-    if (warp == 0) {
-      const float x = col0 + lane < Dv ? sh.o[par][lane] : 0.f;
-      float tt = x * x;
-      for (int off = 16; off > 0; off >>= 1) tt += __shfl_xor_sync(0xffffffffu, tt, off);
-      if (lane == 0) sh.head_ss[par] = tt;
-    }
-    // the head's sum of squares from every tile; the buffers of this parity are written again two tokens on,
-    // after the next barrier, which every block passes only once it has read them
-    cluster.sync();
-    if (warp == 0) {
-      float total = 0.f;
-      for (unsigned r = 0; r < cluster.num_blocks(); ++r) total += *cluster.map_shared_rank(&sh.head_ss[par], r);
-      if (out_lane) {
-        const float nrm = sh.o[par][lane] * rsqrtf(total / Dv + eps);
-        out[(size_t)t * vd + (size_t)h * Dv + col0 + lane] = nrm * nw * gdn::silu(cur_z);
-      }
-    }
-    cur_q = nq, cur_v = nv, cur_b = nb, cur_a = na, cur_z = nz;
-  }
-  float* S = state + (size_t)h * Dk * Dv;
-#pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r) {
-    const int i = rg + 32 * r;
-    if (col_ok && i < Dk) *reinterpret_cast<float4*>(S + (size_t)i * Dv + col) = s[r];
-  }
-  cluster.sync();  // keep this block's shared memory alive until every block of the cluster has read it
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float rs = rsqrtf(ss / Dv + eps);
+  for (int j = lane; j < Dv; j += 32) row[j] = row[j] * rs * norm_w[j] * gdn::silu(zr[j]);
 }
 
 // The ring after the chunk: the raw qkv of its last (up to) 4 tokens in their slots (position % 4).
@@ -197,14 +222,18 @@ __global__ void ring_update_kernel(const float* qkv, float* ring, int pos0, int 
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
                       float* out, int pos0, int n, GdnDims dims, float eps, cudaStream_t s) {
-  LILY_CHECK(dims.k_dim >= 1 && dims.k_dim <= kMaxDk && dims.v_dim % 4 == 0 && dims.v_dim <= 8 * kCols &&
-                 dims.n_k_heads > 0 && dims.n_v_heads % dims.n_k_heads == 0 && pos0 >= 0,
+  LILY_CHECK(dims.k_dim >= 1 && dims.k_dim <= 32 * kRowsPerLane && dims.v_dim >= 1 && dims.n_k_heads > 0 &&
+                 dims.n_v_heads % dims.n_k_heads == 0 && pos0 >= 0,
              "gdn_chunk: unsupported dims Dk=", dims.k_dim, " Dv=", dims.v_dim, " Hk=", dims.n_k_heads,
              " Hv=", dims.n_v_heads);
   if (n <= 0) return;
-  const int tiles = (dims.v_dim + kCols - 1) / kCols;
-  launch_ex(gdn_chunk_kernel, dim3(tiles, dims.n_v_heads), dim3(kThreads), 0, s, LaunchOpts{false, tiles, false}, qkv,
-            z, a, b, conv_w, a_log, dt_bias, norm_w, conv_ring, state, out, pos0, n, dims, eps);
+  const int warps = dims.n_v_heads * ((dims.v_dim + kWarpCols - 1) / kWarpCols);
+  gdn_chunk_kernel<<<(warps + kChunkWarps - 1) / kChunkWarps, kChunkWarps * 32, 0, s>>>(
+      qkv, a, b, conv_w, a_log, dt_bias, conv_ring, state, out, pos0, n, dims);
+  CUDA_CHECK_LAUNCH();
+  const int rows = n * dims.n_v_heads;
+  gated_norm_kernel<<<(rows + 7) / 8, 256, 0, s>>>(out, z, norm_w, n, dims.n_v_heads, dims.v_dim, eps);
+  CUDA_CHECK_LAUNCH();
   const int conv_dim = dims.conv_dim();
   ring_update_kernel<<<dim3((conv_dim + 255) / 256, 4), 256, 0, s>>>(qkv, conv_ring, pos0, n, conv_dim);
   CUDA_CHECK_LAUNCH();
