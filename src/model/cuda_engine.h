@@ -120,6 +120,7 @@ class CudaEngine {
   // logits() = lm_head(RMSNorm(h) * norm) for h [H] on the device (e.g. prefill_h(t)); enqueued on stream().
   void lm_head(const float* h);
   void prefill(const int32_t* tokens, int pos0, int n);
+  void prefill_alloc();  // the prompt path's buffers (~0.5 GB for the real model; prefill allocates them if needed)
   const float* prefill_h(int t) const;
 
   // GDN conv rings + recurrent states of all linear-attention layers, one contiguous device buffer.
@@ -133,7 +134,6 @@ class CudaEngine {
   // attention(rmsnorm(h) * norm_w) into mix_; o_proj (h += o_proj(mix_)) is left to the MoE launch
   void attention(int layer, const float* norm_w, ResidualProj& o_proj);
   void project(const GemvBatch& b, const float* norm_w, bool& normed);
-  void prefill_alloc();  // the prompt path's buffers, on first use
   void project(std::initializer_list<PrefillOut> outs, const GemmX& x, int n);
   void prefill_free();
   void prefill_gdn(int layer, int pos0, int n);

@@ -210,7 +210,7 @@ double prompt_vs_decode(const Model& model, const std::vector<int32_t>& tokens, 
 TEST(CudaBackend, ChunkedPromptEqualsDecodeSteps) {
   const Model& model = golden_model("mlx");
   const int V = model.config.vocab;
-  // one chunk; then 1,300 tokens in pieces whose chunk boundaries fall mid-page (20 + 512 + 512 + 256)
+  // one chunk; then 1,300 tokens: 20 through the decode step, then 1,280 in one chunk (history before it)
   prompt_vs_decode(model, random_tokens(37, V, 8), {37});
   prompt_vs_decode(model, random_tokens(1300, V, 9), {20, 1280});
   prompt_vs_decode(golden_model("hf"), random_tokens(100, V, 10), {100});  // bf16 weights
@@ -218,32 +218,33 @@ TEST(CudaBackend, ChunkedPromptEqualsDecodeSteps) {
 
 TEST(CudaBackend, PromptSaveRestore) {
   const Model& model = golden_model("mlx");
-  const int V = model.config.vocab, T = 37;
+  const int V = model.config.vocab, T = 90, at = 40;
   const std::vector<int32_t> tokens = random_tokens(T, V, 8);
   auto a = make_cuda_backend(model, small_opts());
   std::vector<float> all((size_t)T * V);
   a->forward(tokens, all.data(), true);
-  // save at 20, run on, restore, the continuation repeats exactly: with the snapshot in device memory (the
-  // default budget) and in host memory (budget 0)
+  // save at 40, run on, restore, the continuation repeats exactly: with the snapshot in device memory (the
+  // default budget) and in host memory (budget 0). Every piece takes the chunked path, where a token's results do
+  // not depend on the chunk it is in: the continuation equals `all`'s tokens bit for bit.
   for (const long long budget : {-1LL, 0LL}) {
     SCOPED_TRACE(budget);
     CudaOptions o = small_opts();
     o.snapshot_device_bytes = budget;
     auto c = make_cuda_backend(model, o);
-    c->forward(std::span<const int32_t>(tokens.data(), 20), nullptr, false);
+    c->forward(std::span<const int32_t>(tokens.data(), at), nullptr, false);
     { const StateSnapshot dropped = c->save_state(); }  // a device block back in the pool, reused just below
     const StateSnapshot snap = c->save_state();
-    EXPECT_EQ(snap.position, 20);
+    EXPECT_EQ(snap.position, at);
     EXPECT_EQ(snap.device != nullptr, budget != 0);
     EXPECT_EQ(snap.size(), snap.device ? snap.device_bytes : snap.bytes.size());
-    std::vector<float> l1((size_t)(T - 20) * V), l2((size_t)(T - 20) * V);
-    c->forward(std::span<const int32_t>(tokens.data() + 20, T - 20), l1.data(), true);
+    std::vector<float> l1((size_t)(T - at) * V), l2((size_t)(T - at) * V);
+    c->forward(std::span<const int32_t>(tokens.data() + at, T - at), l1.data(), true);
     const StateSnapshot later = c->save_state();  // a second block while the first is held
     c->restore_state(snap);
-    EXPECT_EQ(c->position(), 20);
-    c->forward(std::span<const int32_t>(tokens.data() + 20, T - 20), l2.data(), true);
+    EXPECT_EQ(c->position(), at);
+    c->forward(std::span<const int32_t>(tokens.data() + at, T - at), l2.data(), true);
     EXPECT_LE(compare(l2, l1).rel, 1e-5);
-    EXPECT_LE(compare(l1, std::vector<float>(all.begin() + (size_t)20 * V, all.end())).rel, 1e-5);
+    EXPECT_LE(compare(l1, std::vector<float>(all.begin() + (size_t)at * V, all.end())).rel, 1e-5);
     c->restore_state(later);  // forward again: a snapshot taken later than the one restored before
     EXPECT_EQ(c->position(), T);
     StateSnapshot bad = snap;
