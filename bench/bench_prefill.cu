@@ -120,7 +120,7 @@ void multi(const char* name, QFormat f, std::vector<int> rows, int cols, const G
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) kN = std::max(16, std::atoi(argv[1]));
+  if (argc > 1) kN = std::clamp(std::atoi(argv[1]), 16, 2048);  // (moe_group: 2048 tokens x 8 at most)
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
     std::printf("no CUDA device\n");

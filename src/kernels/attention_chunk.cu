@@ -15,6 +15,7 @@
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/launch.cuh"
+#include "kernels/mma.cuh"
 #include "kernels/qk_rope.cuh"
 
 namespace lily::cuda {
@@ -76,30 +77,6 @@ __global__ void chunk_prep_kernel(AttnIn in, KvPages kv, int pos0, int n, int n_
   }
 }
 
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 template <int D>
 struct ChunkSmem {
   static constexpr int kStride = D + 8;  // bf16 per staged row: 16 bytes of padding, conflict-free ldmatrix
@@ -131,7 +108,7 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
     uint16_t* dst = sq + term * SM::kQ + r * S + part * 8;
     if (t < n && j < group) {
       const uint16_t* src = (term ? ql : qh) + ((size_t)t * n_heads + g * group + j) * D + part * 8;
-      cp16(dst, src);
+      mma::cp16(dst, src);
     } else {
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     }
@@ -144,9 +121,9 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
       const uint16_t* page = kv.pages[key / kv.page_tokens];
       const uint16_t* src =
           page + ((size_t)(which * kv.n_kv + g) * kv.page_tokens + key % kv.page_tokens) * D + part * 8;
-      cp16(skv + ((size_t)(buf * 2 + which) * kKeys + r) * S + part * 8, src);
+      mma::cp16(skv + ((size_t)(buf * 2 + which) * kKeys + r) * S + part * 8, src);
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    mma::commit();
   };
   stage(0, 0);  // (the q copies are in this first group)
 
@@ -161,9 +138,9 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
   for (int tile = 0; tile < n_tiles; ++tile) {
     if (tile + 1 < n_tiles) {
       stage(tile + 1, (tile + 1) & 1);
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
+      mma::wait<1>();
     } else {
-      asm volatile("cp.async.wait_group 0;" ::: "memory");
+      mma::wait<0>();
     }
     __syncthreads();
     const uint16_t* sk = skv + (size_t)((tile & 1) * 2) * kKeys * S;
@@ -176,17 +153,17 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
     for (int ks = 0; ks < D / 16; ++ks) {
       uint32_t ah[4], al[4];
       const int ar = warp * 16 + (lane & 15), ac = ks * 16 + (lane >> 4) * 8;
-      ldsm_x4(ah, sq + ar * S + ac);
-      ldsm_x4(al, sq + SM::kQ + ar * S + ac);
+      mma::ldsm_x4(ah, sq + ar * S + ac);
+      mma::ldsm_x4(al, sq + SM::kQ + ar * S + ac);
 #pragma unroll
       for (int p = 0; p < kKeys / 16; ++p) {
         uint32_t b[4];
         const int br = p * 16 + (lane >> 4) * 8 + (lane & 7), bc = ks * 16 + ((lane >> 3) & 1) * 8;
-        ldsm_x4(b, sk + br * S + bc);
-        mma(sc[2 * p], ah, b[0], b[1]);
-        mma(sc[2 * p], al, b[0], b[1]);
-        mma(sc[2 * p + 1], ah, b[2], b[3]);
-        mma(sc[2 * p + 1], al, b[2], b[3]);
+        mma::ldsm_x4(b, sk + br * S + bc);
+        mma::bf16_16816(sc[2 * p], ah, b[0], b[1]);
+        mma::bf16_16816(sc[2 * p], al, b[0], b[1]);
+        mma::bf16_16816(sc[2 * p + 1], ah, b[2], b[3]);
+        mma::bf16_16816(sc[2 * p + 1], al, b[2], b[3]);
       }
     }
     // causal mask and online softmax (base 2): element e of n-tile i is row (e < 2 ? 0 : 1), key i*8 + tq*2 + e%2
@@ -233,11 +210,11 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
 #pragma unroll
       for (int dn = 0; dn < D / 8; dn += 2) {
         uint32_t b[4];
-        ldsm_x4_t(b, sv + vr * S + dn * 8 + (lane >> 4) * 8);
-        mma(o[dn], ph, b[0], b[1]);
-        mma(o[dn], pl, b[0], b[1]);
-        mma(o[dn + 1], ph, b[2], b[3]);
-        mma(o[dn + 1], pl, b[2], b[3]);
+        mma::ldsm_x4_trans(b, sv + vr * S + dn * 8 + (lane >> 4) * 8);
+        mma::bf16_16816(o[dn], ph, b[0], b[1]);
+        mma::bf16_16816(o[dn], pl, b[0], b[1]);
+        mma::bf16_16816(o[dn + 1], ph, b[2], b[3]);
+        mma::bf16_16816(o[dn + 1], pl, b[2], b[3]);
       }
     }
     __syncthreads();  // this stage's buffers are refilled two tiles on
@@ -291,6 +268,7 @@ size_t attention_chunk_scratch_bytes(int n, int n_heads, int head_dim) {
 
 void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, void* q_scratch, float* out,
                             cudaStream_t s) {
+  LILY_CHECK(kv.n_kv > 0 && n_heads > 0, "attention_chunk: ", n_heads, " heads over ", kv.n_kv, " KV heads");
   const int group = n_heads / kv.n_kv;
   LILY_CHECK(n_heads % kv.n_kv == 0 && group >= 1 && group <= 8 && kv.page_tokens % kKeys == 0 && pos0 >= 0,
              "attention_chunk: ", n_heads, " heads over ", kv.n_kv, " KV heads (groups of at most 8), pages of ",

@@ -182,7 +182,8 @@ __global__ void combine_kernel(const float* y, const int* slot_of, int top_k, co
 }  // namespace detail
 
 GemmXBuf gemm_x_alloc(int n, int K) {
-  LILY_CHECK(K % 64 == 0 && n > 0, "gemm_x_alloc: width ", K, " is not a multiple of 64");
+  LILY_CHECK(K % 64 == 0 && K > 0 && n > 0, "gemm_x_alloc: ", n, " rows of width ", K,
+             " (a positive multiple of 64)");
   GemmXBuf b;
   b.K = K;
   CUDA_CHECK(cudaMalloc(&b.hi, sizeof(uint16_t) * n * K));

@@ -76,9 +76,9 @@ void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh
                  int H, float* h, cudaStream_t s);
 
 // ---- Gated DeltaNet over a chunk (kernels/gdn_chunk.cu) ----
-// launch_gdn_step (kernels/mixers.h) for the n consecutive tokens at positions pos0.. in one launch (plus a small
-// one bringing the conv ring up to date): qkv [n][conv_dim], z [n][Hv*Dv], a, b [n][Hv], out [n][Hv*Dv]; the
-// ring and state as there, updated in place.
+// launch_gdn_step (kernels/mixers.h) for the n consecutive tokens at positions pos0.. in three launches (the
+// recurrence over the chunk, the gated output norm, the conv ring brought up to date): qkv [n][conv_dim],
+// z [n][Hv*Dv], a, b [n][Hv], out [n][Hv*Dv]; the ring and state as there, updated in place.
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
                       float* out, int pos0, int n, GdnDims dims, float eps, cudaStream_t s);

@@ -14,6 +14,7 @@
 
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
+#include "kernels/mma.cuh"
 
 namespace lily::cuda {
 namespace detail {
@@ -22,8 +23,8 @@ constexpr int kGemmRows = 128;    // weight rows per block (8 warps x 16)
 constexpr int kGemmTok = 64;      // tokens per block (8 n-tiles of 8)
 constexpr int kGemmThreads = 256;
 constexpr int kGemmStages = 4;    // groups in flight through shared memory (3 requested while one is computed)
-constexpr int kXStride = 64 + 8;
-constexpr int kGemmMaxParts = kMaxGemmParts;  // bf16 per staged x row: 144 bytes, so ldmatrix's 8 rows hit distinct banks
+constexpr int kXStride = 64 + 8;  // bf16 per staged x row: 144 bytes, so ldmatrix's 8 rows hit distinct banks
+constexpr int kGemmMaxParts = kMaxGemmParts;
 
 template <int BITS>
 struct GemmTile {
@@ -57,33 +58,6 @@ struct GemmArgs {
   int n;                 // dense: tokens
   bool accumulate;
 };
-
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp4(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Two weights (columns k, k+1 of a row) as a bf16x2 register, low half = column k.
 template <int BITS>
@@ -133,33 +107,34 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
     uint8_t* base = smem + buf * T::kStage;
     constexpr int wchunks = kGemmRows * T::kRowBytes / 16;
     for (int c = tid; c < wchunks; c += kGemmThreads) {
-      const int r = c / (T::kRowBytes / 16), part = c % (T::kRowBytes / 16);
+      const int r = c / (T::kRowBytes / 16), piece = c % (T::kRowBytes / 16);
       const int gr = min(r_base + r, rows - 1);
-      cp16(base + r * T::kWStride + part * 16, w + gr * row_bytes + static_cast<size_t>(g) * T::kRowBytes + part * 16);
+      mma::cp16(base + r * T::kWStride + piece * 16,
+                w + gr * row_bytes + static_cast<size_t>(g) * T::kRowBytes + piece * 16);
     }
     uint8_t* xs = base + T::kWBytes;
     const int x_rows = (t_count + 15) & ~15;  // the tokens' 16-row pairs that hold a valid token (the rest unread)
     for (int c = tid; c < 2 * x_rows * 8; c += kGemmThreads) {
       const int half = c / (x_rows * 8), rem = c % (x_rows * 8);
-      const int t = rem / 8, part = rem % 8;
+      const int t = rem / 8, piece = rem % 8;
       int slot = slot0 + t_base + min(t, t_count - 1);
       const int row = a.x_row ? a.x_row[slot] : slot;
-      const uint16_t* src = (half ? a.xlo : a.xhi) + static_cast<size_t>(row) * a.cols + g * 64 + part * 8;
-      cp16(xs + (half * kGemmTok + t) * kXStride * 2 + part * 16, src);
+      const uint16_t* src = (half ? a.xlo : a.xhi) + static_cast<size_t>(row) * a.cols + g * 64 + piece * 8;
+      mma::cp16(xs + (half * kGemmTok + t) * kXStride * 2 + piece * 16, src);
     }
     float* sbs = reinterpret_cast<float*>(xs + T::kXBytes);
     if constexpr (BITS != 16) {
       if (tid < kGemmRows) {
         const int gr = min(r_base + tid, rows - 1);
-        cp4(sbs + tid, sb + static_cast<size_t>(gr) * groups + g);
+        mma::cp4(sbs + tid, sb + static_cast<size_t>(gr) * groups + g);
       } else if (tid < kGemmRows + kGemmTok) {
         const int t = tid - kGemmRows;
         const int slot = slot0 + t_base + min(t, t_count - 1);
         const int row = a.x_row ? a.x_row[slot] : slot;
-        cp4(sbs + kGemmRows + t, a.xsum + static_cast<size_t>(row) * groups + g);
+        mma::cp4(sbs + kGemmRows + t, a.xsum + static_cast<size_t>(row) * groups + g);
       }
     }
-    cp_commit();
+    mma::commit();
   };
 
   float acc[8][4];
@@ -173,14 +148,14 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
 
   for (int g = 0; g < kGemmStages - 1; ++g) {
     if (g < groups) stage(g, g);
-    else cp_commit();  // (empty groups keep the count of groups in flight uniform)
+    else mma::commit();  // (empty groups keep the count of groups in flight uniform)
   }
   for (int g = 0; g < groups; ++g) {
-    cp_wait<kGemmStages - 2>();
+    mma::wait<kGemmStages - 2>();
     __syncthreads();  // group g has landed for every thread; group g - 1's buffer is read by no one any more
     const int next = g + kGemmStages - 1;
     if (next < groups) stage(next, next % kGemmStages);
-    else cp_commit();
+    else mma::commit();
     const uint8_t* base = smem + (g % kGemmStages) * T::kStage;
     const uint8_t* ws = base;
     const uint8_t* xs = base + T::kWBytes;
@@ -206,9 +181,9 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             uint32_t b[4];
-            ldmatrix_x4(b, xs + ((half * kGemmTok + n) * kXStride + kk) * 2);
-            mma_bf16(cg[2 * p], af, b[0], b[1]);
-            mma_bf16(cg[2 * p + 1], af, b[2], b[3]);
+            mma::ldsm_x4(b, xs + ((half * kGemmTok + n) * kXStride + kk) * 2);
+            mma::bf16_16816(cg[2 * p], af, b[0], b[1]);
+            mma::bf16_16816(cg[2 * p + 1], af, b[2], b[3]);
           }
         }
       }
@@ -251,12 +226,9 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
 
 template <int BITS>
 void launch_gemm(const GemmArgs& a, int n_mats_grid, int max_tokens, cudaStream_t s) {
-  static bool configured = false;  // per instantiation
-  if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    GemmTile<BITS>::kSmem));
-    configured = true;
-  }
+  // set on every call (cheap, not a stream operation): no static state, any device, any thread
+  CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  GemmTile<BITS>::kSmem));
   const dim3 grid(a.part[a.parts - 1].tile_end, n_mats_grid, (max_tokens + kGemmTok - 1) / kGemmTok);
   gemm_kernel<BITS><<<grid, kGemmThreads, GemmTile<BITS>::kSmem, s>>>(a);
   CUDA_CHECK_LAUNCH();

@@ -111,7 +111,7 @@ class CudaEngine {
   cudaGraphExec_t capture(const std::function<void()>& tail, bool head = true);
 
   // The prompt path (model/prefill_cuda.cu): consumes tokens[0, n) at positions pos0.. (n <= kPrefillChunk)
-  // through every layer together (GEMMs over the chunk, the mixers token by token); the residual stream of
+  // through every layer together (GEMMs over the chunk, the mixers over it in a few launches); the residual stream of
   // token t is then at prefill_h(t) (device, [H], valid until the next prefill), for the final norm + lm_head.
   // Enqueued on stream(); returns once the tokens are staged (the call before it has finished).
   static constexpr int kPrefillChunk = 2048;
@@ -121,6 +121,7 @@ class CudaEngine {
   void lm_head(const float* h);
   void prefill(const int32_t* tokens, int pos0, int n);
   void prefill_alloc();  // the prompt path's buffers (~0.5 GB for the real model; prefill allocates them if needed)
+  bool prefill_supported() const;  // the prompt path's kernels take this model's shapes
   const float* prefill_h(int t) const;
 
   // GDN conv rings + recurrent states of all linear-attention layers, one contiguous device buffer.

@@ -2,12 +2,12 @@
 // sequence's state (GDN conv rings and recurrent states, a paged bf16 KV cache grown on demand) and the
 // decode step captured once as a CUDA graph; CudaBackend adapts it to the Backend interface.
 // The step reads its token and position from device memory (StepDev), so the graph replays unchanged. A prompt
-// runs the same graph token by token (simple and exact up to the full context). Generation with device sampling
-// (Backend::begin_device_sampling) replays a decode graph, the step followed by the sampler, which writes the
-// id into the StepDev of the next step, advances the position and copies {id, position, log-probability} to
-// mapped pinned host memory: per token the host launches a graph (two are queued) and reads 12 bytes (no
-// logits copy, no host sampler). Math: shared/spec/model.md
-// §2; kernels: kernels/gdn_fused.h (a GDN layer's mixer in one persistent launch), kernels/qmat.h (GEMV, the MoE
+// of kPrefillMin tokens or more goes through the layers in chunks (model/prefill_cuda.cu: GEMMs over the chunk,
+// the mixers over it in a few launches); a shorter one runs the decode graph token by token. Generation with
+// device sampling (Backend::begin_device_sampling) replays a decode graph, the step followed by the sampler,
+// which writes the id into the StepDev of the next step, advances the position and copies {id, position,
+// log-probability} to mapped pinned host memory: per token the host launches a graph (two are queued) and reads
+// 12 bytes (no logits copy, no host sampler). Math: shared/spec/model.md §2; kernels: kernels/gdn_fused.h (a GDN layer's mixer in one persistent launch), kernels/qmat.h (GEMV, the MoE
 // block in one persistent launch, embedding) and kernels/mixers.h (attention, norms, RoPE, the standalone GDN
 // step), kernels/sampling.h. For the real model the step is 102 launches: embed, per GDN layer 2 (mixer, MoE),
 // per attention layer 4 (q/k/v with the input norm, attention split with the q/k norm + RoPE + KV append,
@@ -381,6 +381,7 @@ class CudaBackend : public Backend {
     CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_step_dev_), host_step_, 0));
     for (cudaEvent_t& e : done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     d_steps_ = device_alloc<StepDev>(kStaging);
+    chunked_ = chunked_ && engine_.prefill_supported();
     if (chunked_) engine_.prefill_alloc();  // before the snapshots' budget is taken from what is free
     size_t budget = snapshot_device_bytes >= 0 ? static_cast<size_t>(snapshot_device_bytes) : 0;
     if (snapshot_device_bytes < 0) {  // free memory less the KV pages still to come and a margin

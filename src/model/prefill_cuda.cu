@@ -1,8 +1,9 @@
 // The CUDA backend's prompt path: a chunk of up to kPrefillChunk tokens goes through each layer together. The
 // weight-heavy parts (every projection, the router, the routed experts grouped by expert, the shared expert)
 // are tensor-core GEMMs over the chunk (kernels/gemm.cu), so each weight is read once per chunk instead of once
-// per token; the sequence mixers take the chunk in one launch each (kernels/gdn_chunk.cu: the recurrence token
-// after token with the state in registers; kernels/attention_chunk.cu: causal flash attention over the cache).
+// per token; the sequence mixers take the chunk in a few launches each (kernels/gdn_chunk.cu: the recurrence
+// token after token with the state in registers; kernels/attention_chunk.cu: causal flash attention over the
+// cache).
 // Same structure as record_step: norm -> mixer -> residual -> norm -> MoE -> residual per layer.
 #include <algorithm>
 
@@ -98,6 +99,14 @@ void CudaEngine::prefill_free() {
   gemm_x_free(b.x);
   delete pf_;
   pf_ = nullptr;
+}
+
+bool CudaEngine::prefill_supported() const {
+  const Config& c = cfg_;
+  const bool heads = c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0 && c.n_heads / c.n_kv_heads <= 8;
+  const bool head_dim = c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256;
+  return heads && head_dim && page_tokens_ % 32 == 0 && c.lin_k_dim <= 128 && c.top_k >= 1 && c.top_k <= 8 &&
+         kPrefillChunk * c.top_k <= 16384;  // (moe_group's pairs per chunk)
 }
 
 int CudaEngine::prefill_chunk() {

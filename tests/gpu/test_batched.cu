@@ -273,13 +273,14 @@ TEST(GemmXPrep, SplitGroupSumsAndRmsNorm) {
 
 // ---- gemm_grouped ----
 
-// A stack of 9 experts [100 x 128]: slots by expert with counts including zeros (the last expert too) and one
+// A stack of 9 experts [rows x K]: slots by expert with counts including zeros (the last expert too) and one
 // over a 64-token tile. gather: slot a reads row x_row[a] of a 40-row x (rows repeat); else row a of an x with
 // one row per slot, and max_count the loose bound "all slots".
-void run_grouped(QFormat fmt, bool gather, uint64_t seed) {
-  const std::string name = std::string("gemm_grouped ") + fmt_name(fmt) + (gather ? " x_row" : " x_row=null");
+void run_grouped(QFormat fmt, bool gather, uint64_t seed, int rows = 100, int K = 128) {
+  const std::string name = std::string("gemm_grouped ") + fmt_name(fmt) + (gather ? " x_row" : " x_row=null") +
+                           " [" + std::to_string(rows) + " x " + std::to_string(K) + "]";
   std::mt19937_64 rng(seed);
-  const int E = 9, rows = 100, K = 128, X = 40;
+  const int E = 9, X = 40;
   const std::vector<int> counts = {5, 0, 77, 1, 0, 13, 33, 2, 0};
   std::vector<int> offsets(E + 1, 0);
   for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
@@ -324,6 +325,9 @@ TEST(GemmGrouped, ExpertsWithGatheredRows) {
     run_grouped(f, true, seed++);
     run_grouped(f, false, seed++);
   }
+  // more groups than pipeline stages and more rows than one tile (the experts' real K is 2048, down's rows 2048)
+  run_grouped(QFormat::q4, true, seed++, 300, 2048);
+  run_grouped(QFormat::q4, true, seed++, 200, 512);
 }
 
 // ---- MoE selection, grouping, SwiGLU, combine ----
@@ -423,6 +427,7 @@ void run_group(int n, int top_k, int E, uint64_t seed) {
 TEST(MoeRows, GroupPairsByExpert) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   run_group(300, 8, 256, 6000);
+  run_group(2048, 8, 256, 6002);  // a full chunk's 16,384 pairs
   run_group(37, 3, 10, 6001);
 }
 

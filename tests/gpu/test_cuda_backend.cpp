@@ -1,5 +1,6 @@
 // CudaBackend end to end on tiny checkpoints: transformers float32 logits (golden fixtures, both layouts),
-// the CPU reference backend (both layouts), prompt == token by token, and state save/restore. Synthetic tiny
+// the CPU reference backend (both layouts), the chunked prompt path against the decode step token by token, and
+// state save/restore. Synthetic tiny
 // checkpoints (`lily synth`) have a shared-expert FFN wider than the routed one, which the GPU MoE kernels
 // (kernels/moe.cu) do not support: the backend must refuse them with a clear error. The GPU keeps the KV cache in bf16 (the CPU and transformers in fp32), so
 // logits agree to ~1e-3 of their scale rather than bit for bit.
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -210,22 +212,28 @@ double prompt_vs_decode(const Model& model, const std::vector<int32_t>& tokens, 
 TEST(CudaBackend, ChunkedPromptEqualsDecodeSteps) {
   const Model& model = golden_model("mlx");
   const int V = model.config.vocab;
-  // one chunk; then 1,300 tokens: 20 through the decode step, then 1,280 in one chunk (history before it)
+  // one chunk; then 2,200 tokens: 20 through the decode step, then 2,180 in one forward() of two chunks (2,048
+  // and 132) with history before them
   prompt_vs_decode(model, random_tokens(37, V, 8), {37});
-  prompt_vs_decode(model, random_tokens(1300, V, 9), {20, 1280});
+  prompt_vs_decode(model, random_tokens(2200, V, 9), {20, 2180});
   prompt_vs_decode(golden_model("hf"), random_tokens(100, V, 10), {100});  // bf16 weights
 }
 
-TEST(CudaBackend, PromptSaveRestore) {
+// Save at `at`, run on, restore, the continuation repeats exactly: with the snapshot in device memory (the
+// default budget) and in host memory (budget 0); `all` is the whole prompt in one forward(). Either every piece
+// takes the chunked path (a token's results do not depend on the chunk it is in) or every piece the decode step
+// (kPrefillMin is 32): bit for bit either way.
+void save_restore_case(int T, int at) {
+  SCOPED_TRACE(T);
   const Model& model = golden_model("mlx");
-  const int V = model.config.vocab, T = 90, at = 40;
+  const int V = model.config.vocab;
   const std::vector<int32_t> tokens = random_tokens(T, V, 8);
   auto a = make_cuda_backend(model, small_opts());
   std::vector<float> all((size_t)T * V);
   a->forward(tokens, all.data(), true);
-  // save at 40, run on, restore, the continuation repeats exactly: with the snapshot in device memory (the
-  // default budget) and in host memory (budget 0). Every piece takes the chunked path, where a token's results do
-  // not depend on the chunk it is in: the continuation equals `all`'s tokens bit for bit.
+  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
   for (const long long budget : {-1LL, 0LL}) {
     SCOPED_TRACE(budget);
     CudaOptions o = small_opts();
@@ -243,8 +251,8 @@ TEST(CudaBackend, PromptSaveRestore) {
     c->restore_state(snap);
     EXPECT_EQ(c->position(), at);
     c->forward(std::span<const int32_t>(tokens.data() + at, T - at), l2.data(), true);
-    EXPECT_LE(compare(l2, l1).rel, 1e-5);
-    EXPECT_LE(compare(l1, std::vector<float>(all.begin() + (size_t)at * V, all.end())).rel, 1e-5);
+    EXPECT_TRUE(same(l2, l1));
+    EXPECT_TRUE(same(l1, std::vector<float>(all.begin() + (size_t)at * V, all.end())));
     c->restore_state(later);  // forward again: a snapshot taken later than the one restored before
     EXPECT_EQ(c->position(), T);
     StateSnapshot bad = snap;
@@ -254,6 +262,11 @@ TEST(CudaBackend, PromptSaveRestore) {
   }
   const int32_t bad_token = V;
   EXPECT_THROW(a->forward(std::span<const int32_t>(&bad_token, 1), nullptr, false), Error);
+}
+
+TEST(CudaBackend, PromptSaveRestore) {
+  save_restore_case(90, 40);  // chunked pieces
+  save_restore_case(25, 10);  // decode-step pieces
 }
 
 // Sampling on the device (Backend::begin_device_sampling, the sampler inside the decode graph) against the host
