@@ -7,8 +7,9 @@
 // device sampling (Backend::begin_device_sampling) replays a decode graph, the step followed by the sampler,
 // which writes the id into the StepDev of the next step, advances the position and copies {id, position,
 // log-probability} to mapped pinned host memory: per token the host launches a graph (two are queued) and reads
-// 12 bytes (no logits copy, no host sampler). Math: shared/spec/model.md §2; kernels: kernels/gdn_fused.h (a GDN layer's mixer in one persistent launch), kernels/qmat.h (GEMV, the MoE
-// block in one persistent launch, embedding) and kernels/mixers.h (attention, norms, RoPE, the standalone GDN
+// 12 bytes (no logits copy, no host sampler). Math: shared/spec/model.md §2; kernels: kernels/gdn_fused.h (a
+// GDN layer's mixer in one persistent launch), kernels/qmat.h (GEMV, the MoE block in one persistent launch,
+// embedding) and kernels/mixers.h (attention, norms, RoPE, the standalone GDN
 // step), kernels/sampling.h. For the real model the step is 102 launches: embed, per GDN layer 2 (mixer, MoE),
 // per attention layer 4 (q/k/v with the input norm, attention split with the q/k norm + RoPE + KV append,
 // combine, o_proj + MoE), lm_head with the final norm. (The instrumented pass of `lily bench` therefore counts the
