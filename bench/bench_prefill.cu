@@ -1,9 +1,10 @@
 // Benchmark of the prompt path's kernels (kernels/batched.h) on the real Qwen3.6-35B-A3B shapes for one chunk
 // of n tokens: the dense GEMMs of a layer, the MoE's grouped GEMMs (each token's 8 experts drawn at random),
 // the GEMM's input split, the GDN chunk and the attention chunk (at context 0 and 4K).
-// Usage: bench_prefill [tokens per chunk, default 2048]. Each case is captured into a CUDA graph several times over distinct weight copies (>=
-// ~256 MB, beyond the L2) and replayed; the median time per launch is reported with the useful FLOPs (2 x
-// weights x tokens; the GEMM's split input doubles the tensor-core work), TFLOP/s and the weights' GB/s.
+// Usage: bench_prefill [tokens per chunk, default 2048]. Each case is captured into a CUDA graph several times
+// over distinct weight copies (>= ~256 MB, beyond the L2) and replayed; the median time per launch is reported
+// with the useful FLOPs (2 x weights x tokens; the GEMM's split input doubles the tensor-core work), TFLOP/s and
+// the weights' GB/s.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -135,7 +136,8 @@ int main(int argc, char** argv) {
   {
     GemmXBuf xh = x;
     xh.K = H;
-    const double us = time_graph(8, [&](int, cudaStream_t s) { gemm_x_prep(src, H, kN, norm_w, 1e-6f, xh, nullptr, s); });
+    const double us =
+        time_graph(8, [&](int, cudaStream_t s) { gemm_x_prep(src, H, kN, norm_w, 1e-6f, xh, nullptr, s); });
     report("x prep (RMSNorm + split), n x 2048", us, 0, (double)kN * H * 4);
     GemmXBuf xw = x;
     xw.K = 4096;
@@ -180,13 +182,17 @@ int main(int argc, char** argv) {
     const QMat up_probe = [&] { QMat m; m.format = QFormat::q4, m.rows = F, m.cols = H, m.n_mats = E; return m; }();
     const int copies = 3;
     std::vector<QMat> gate, down;
-    for (int i = 0; i < copies; ++i) gate.push_back(qmat(QFormat::q4, F, H, E)), down.push_back(qmat(QFormat::q4, H, F, E));
+    for (int i = 0; i < copies; ++i) {
+      gate.push_back(qmat(QFormat::q4, F, H, E));
+      down.push_back(qmat(QFormat::q4, H, F, E));
+    }
     GemmXBuf xh = x, xf = x;
     xh.K = H, xf.K = F;
     const double us_gate = time_graph(copies, [&](int i, cudaStream_t s) {
       gemm_grouped(gate[i], xh.view(), x_row, off, kN, y, F, s);
     });
-    report("gemm_grouped q4 experts gate / up 256 x 512 x 2048", us_gate, 2.0 * F * H * kN * k, (double)up_probe.bytes());
+    report("gemm_grouped q4 experts gate / up 256 x 512 x 2048", us_gate, 2.0 * F * H * kN * k,
+           (double)up_probe.bytes());
     const double us_down = time_graph(copies, [&](int i, cudaStream_t s) {
       gemm_grouped(down[i], xf.view(), nullptr, off, kN, y, H, s);
     });
@@ -197,7 +203,8 @@ int main(int argc, char** argv) {
   {
     const GdnDims d{16, 32, 128, 128};
     const int C = d.conv_dim(), VD = d.n_v_heads * d.v_dim;
-    float *qkv = fvec((size_t)kN * C), *z = fvec((size_t)kN * VD), *a = fvec((size_t)kN * 32), *b = fvec((size_t)kN * 32);
+    float *qkv = fvec((size_t)kN * C), *z = fvec((size_t)kN * VD);
+    float *a = fvec((size_t)kN * 32), *b = fvec((size_t)kN * 32);
     float *cw = fvec((size_t)C * 4, 0.5f), *al = fvec(32), *dt = fvec(32), *nw = fvec(128), *ring = fvec((size_t)4 * C);
     float* S = fvec((size_t)32 * 128 * 128, 0.1f);
     float* out = static_cast<float*>(dalloc((size_t)kN * VD * sizeof(float)));

@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
         rs[e >> 1] += sc[i][e];
       }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + rs[h];  // (this thread's share; summed over the quad at the end)
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + rs[h];  // this thread's share (the quad's sum at the end)
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) o[i][0] *= corr[0], o[i][1] *= corr[0], o[i][2] *= corr[1], o[i][3] *= corr[1];
     // o += p V, p in two bf16 terms (the score fragments are the A fragments of the 16-key slices)

@@ -209,10 +209,17 @@ void embed_rows(const QMat& E, const int* tokens, int n, float* out, cudaStream_
   LILY_CHECK(E.w && E.n_mats == 1 && (E.format == QFormat::bf16 || E.sb), "embed_rows: matrix not allocated");
   if (n <= 0) return;
   const dim3 grid((E.cols + 255) / 256, n);
+  using detail::embed_rows_kernel;
   switch (E.format) {
-    case QFormat::q4: detail::embed_rows_kernel<QFormat::q4><<<grid, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, tokens, out); break;
-    case QFormat::q8: detail::embed_rows_kernel<QFormat::q8><<<grid, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, tokens, out); break;
-    case QFormat::bf16: detail::embed_rows_kernel<QFormat::bf16><<<grid, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, tokens, out); break;
+    case QFormat::q4:
+      embed_rows_kernel<QFormat::q4><<<grid, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, tokens, out);
+      break;
+    case QFormat::q8:
+      embed_rows_kernel<QFormat::q8><<<grid, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, tokens, out);
+      break;
+    case QFormat::bf16:
+      embed_rows_kernel<QFormat::bf16><<<grid, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, tokens, out);
+      break;
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -65,8 +65,9 @@ void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* of
 // top_k most probable (ties: lower id) renormalised -> idx / w [n][top_k]; sh_scale[t] = sigmoid(gate logit).
 void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
                      cudaStream_t s);
-// Groups the n * top_k (token, choice) pairs by expert (in no fixed order within an expert): offsets [E + 1], x_row[a] = token of slot a,
-// w_slot[a] = its routing weight, slot_of [n][top_k] = the slot of each pair. One block; n * top_k <= 16384.
+// Groups the n * top_k (token, choice) pairs by expert (in no fixed order within an expert): offsets [E + 1],
+// x_row[a] = token of slot a, w_slot[a] = its routing weight, slot_of [n][top_k] = the slot of each pair. One
+// block; n * top_k <= 16384.
 void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* offsets, int* x_row, float* w_slot,
                int* slot_of, cudaStream_t s);
 // act[a][f] = scale[a] * silu(g[a][f]) * u[a][f] for a < n (scale null: 1); g, u, act [n][F].

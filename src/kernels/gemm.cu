@@ -254,7 +254,8 @@ GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat
     const QMat& m = W[i];
     LILY_CHECK(m.w && m.cols == x.K && m.cols % kGroupSize == 0 && (m.format == QFormat::bf16 || m.sb),
                "gemm: matrix [", m.rows, ", ", m.cols, "] does not take inputs of width ", x.K);
-    LILY_CHECK(m.format == W[0].format && m.cols == W[0].cols, "gemm: matrices of one launch differ in format or width");
+    LILY_CHECK(m.format == W[0].format && m.cols == W[0].cols,
+               "gemm: matrices of one launch differ in format or width");
     LILY_CHECK(ldy[i] >= m.rows, "gemm: output stride ", ldy[i], " below the matrix's ", m.rows, " rows");
     LILY_CHECK(mat >= 0 && mat < m.n_mats, "gemm: matrix ", mat, " of a stack of ", m.n_mats);
     GemmPart& p = a.part[i];

@@ -464,7 +464,8 @@ class CudaBackend : public Backend {
       engine_.prefill(tokens.data() + i0, pos_, m);
       auto head = [&](int t, float* dst) {  // the lm_head per token (the GEMV of the decode step)
         engine_.lm_head(engine_.prefill_h(t));
-        if (dst) CUDA_CHECK(cudaMemcpyAsync(dst, engine_.logits(), (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s));
+        if (dst)
+          CUDA_CHECK(cudaMemcpyAsync(dst, engine_.logits(), (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s));
       };
       if (logits && all_logits)
         for (int t = 0; t < m; ++t) head(t, logits + (size_t)(i0 + t) * V);

@@ -1,9 +1,9 @@
 // CudaBackend end to end on tiny checkpoints: transformers float32 logits (golden fixtures, both layouts),
 // the CPU reference backend (both layouts), the chunked prompt path against the decode step token by token, and
-// state save/restore. Synthetic tiny
-// checkpoints (`lily synth`) have a shared-expert FFN wider than the routed one, which the GPU MoE kernels
-// (kernels/moe.cu) do not support: the backend must refuse them with a clear error. The GPU keeps the KV cache in bf16 (the CPU and transformers in fp32), so
-// logits agree to ~1e-3 of their scale rather than bit for bit.
+// state save/restore. Synthetic tiny checkpoints (`lily synth`) have a shared-expert FFN wider than the routed
+// one, which the GPU MoE kernels (kernels/moe.cu) do not support: the backend must refuse them with a clear
+// error. The GPU keeps the KV cache in bf16 (the CPU and transformers in fp32), so logits agree to ~1e-3 of
+// their scale rather than bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>

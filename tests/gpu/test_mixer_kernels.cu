@@ -479,7 +479,8 @@ void run_attention_chunk_case(int n_heads, int n_kv, int d, int before, int n, i
   for (int t = 0; t < n; ++t) {
     if (t % every != 0 && t != n - 1) continue;
     const int pos = before + t;
-    const std::vector<float> qgt(qg.begin() + (size_t)t * n_heads * 2 * d, qg.begin() + (size_t)(t + 1) * n_heads * 2 * d);
+    const size_t row = (size_t)n_heads * 2 * d;
+    const std::vector<float> qgt(qg.begin() + t * row, qg.begin() + (t + 1) * row);
     std::vector<double> q64;
     std::vector<float> q32;
     for (int h = 0; h < n_heads; ++h) {
