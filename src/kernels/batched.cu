@@ -1,5 +1,5 @@
 // The small per-row kernels of the prompt path (kernels/batched.h): the GEMM's input split (with the RMSNorm
-// fused), embedding rows, the MoE's selection, grouping by expert, SwiGLU and the sum of the expert outputs.
+// fused), the MoE's selection, grouping by expert, SwiGLU and the sum of the expert outputs.
 // All arithmetic fp32. Tested by tests/gpu/test_batched.cu.
 #include <cuda_bf16.h>
 
@@ -20,7 +20,6 @@ __device__ __forceinline__ uint16_t bf16_bits(float f) {
   const __nv_bfloat16 b = __float2bfloat16_rn(f);
   return *reinterpret_cast<const uint16_t*>(&b);
 }
-__device__ __forceinline__ float bf16_val(uint16_t u) { return __uint_as_float(static_cast<uint32_t>(u) << 16); }
 
 // One block (256 threads) per row: the RMSNorm's scale, then per 64-element group (a warp each): the value,
 // its hi / lo split and the group's sum.
@@ -50,36 +49,13 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
       const uint16_t h = bf16_bits(v);
       const size_t o = static_cast<size_t>(t) * K + c;
       hi[o] = h;
-      lo[o] = bf16_bits(v - bf16_val(h));
+      lo[o] = bf16_bits(v - bf16_lo(h));
       if (x_out) x_out[o] = v;
       s += v;
     }
     s = warp_sum(s);
     if (lane == 0) gsum[static_cast<size_t>(t) * (K / 64) + g] = s;
   }
-}
-
-template <QFormat F>
-__global__ void embed_rows_kernel(const uint8_t* w, const uint32_t* sb, int rows, int cols, const int* tokens,
-                                  float* out) {
-  const int t = blockIdx.y;
-  const int id = tokens[t];
-  const bool ok = id >= 0 && id < rows;
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  float v = 0.f;
-  if (ok) {
-    const size_t row = static_cast<size_t>(id);
-    if constexpr (F == QFormat::bf16) {
-      v = bf16_val(reinterpret_cast<const uint16_t*>(w)[row * cols + c]);
-    } else {
-      const uint8_t byte = w[(row * cols + c) * static_cast<int>(F) / 8];
-      const uint32_t q = F == QFormat::q4 ? ((c & 1) ? byte >> 4 : byte & 15u) : byte;
-      const uint32_t g = sb[row * (cols / kGroupSize) + c / kGroupSize];
-      v = fmaf(bf16_lo(g), static_cast<float>(q), bf16_hi(g));
-    }
-  }
-  out[static_cast<size_t>(t) * cols + c] = v;
 }
 
 // One warp per token: softmax over E (fp32), top_k by logit (ties: lower id; the same order as by
@@ -202,25 +178,6 @@ void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps,
                  cudaStream_t s) {
   if (n <= 0) return;
   detail::x_prep_kernel<<<n, 256, 0, s>>>(x, ldx, norm_w, eps, out.K, out.hi, out.lo, out.gsum, x_out);
-  CUDA_CHECK_LAUNCH();
-}
-
-void embed_rows(const QMat& E, const int* tokens, int n, float* out, cudaStream_t s) {
-  LILY_CHECK(E.w && E.n_mats == 1 && (E.format == QFormat::bf16 || E.sb), "embed_rows: matrix not allocated");
-  if (n <= 0) return;
-  const dim3 grid((E.cols + 255) / 256, n);
-  using detail::embed_rows_kernel;
-  switch (E.format) {
-    case QFormat::q4:
-      embed_rows_kernel<QFormat::q4><<<grid, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, tokens, out);
-      break;
-    case QFormat::q8:
-      embed_rows_kernel<QFormat::q8><<<grid, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, tokens, out);
-      break;
-    case QFormat::bf16:
-      embed_rows_kernel<QFormat::bf16><<<grid, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, tokens, out);
-      break;
-  }
   CUDA_CHECK_LAUNCH();
 }
 

@@ -94,7 +94,4 @@ size_t attention_chunk_scratch_bytes(int n, int n_heads, int head_dim);
 void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, void* q_scratch, float* out,
                             cudaStream_t s);
 
-// out[t] = embedding row tokens[t] dequantised (fp32 [cols]), t < n; ids outside [0, rows) give zeros.
-void embed_rows(const QMat& E, const int* tokens, int n, float* out, cudaStream_t s);
-
 }  // namespace lily::cuda

@@ -1,6 +1,7 @@
-// Embedding row gather: dequantise row `*token` of embed_tokens (q4 / q8 / bf16 QMat) to fp32 or bf16.
-// The token id is read on the device (e.g. written by the sampler), so decode steps chain without a host sync.
-// Tested by tests/gpu/test_gemv.cu.
+// Embedding row gather: dequantise row `token[t]` of embed_tokens (q4 / q8 / bf16 QMat) to fp32 or bf16 row t of
+// the output, for one token (the decode step) or a prompt chunk's. The ids are read on the device (e.g. written by
+// the sampler), so decode steps chain without a host sync.
+// Tested by tests/gpu/test_gemv.cu (one row) and tests/gpu/test_batched.cu (rows).
 #include "kernels/common.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/qdot.cuh"
@@ -30,12 +31,13 @@ __device__ __forceinline__ uint16_t to_bf16_rne(float f) {
 
 // Launched plainly (it waits for everything before it); it lets the next launch in at entry: the first GDN mixer
 // (programmatic dependent launch) then takes the SMs and requests its constant norm weights while this runs, and
-// waits for this kernel's completion before it reads h.
+// waits for this kernel's completion before it reads h. Grid (column blocks, tokens).
 template <QFormat F, typename OT>
 __global__ void embed_kernel(const uint8_t* w, const uint32_t* sb, int rows, int cols, const int* token, OT* out) {
   dep_trigger();
-  const int t = *token;
+  const int t = token[blockIdx.y];
   const bool ok = t >= 0 && t < rows;
+  out += static_cast<size_t>(blockIdx.y) * cols;
   for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
     const float v = ok ? dequant<F>(w, sb, cols, static_cast<size_t>(t), c) : 0.f;
     if constexpr (sizeof(OT) == 4) out[c] = v;
@@ -44,10 +46,11 @@ __global__ void embed_kernel(const uint8_t* w, const uint32_t* sb, int rows, int
 }
 
 template <typename OT>
-void launch_embed(const QMat& E, const int* token, OT* out, cudaStream_t s) {
+void launch_embed(const QMat& E, const int* token, int n, OT* out, cudaStream_t s) {
   LILY_CHECK(E.w && E.n_mats == 1 && E.cols % kGroupSize == 0 && (E.format == QFormat::bf16 || E.sb),
              "embed_row: embedding matrix not allocated or stacked");
-  const int blocks = (E.cols + 255) / 256;
+  if (n <= 0) return;
+  const dim3 blocks((E.cols + 255) / 256, n);
   switch (E.format) {
     case QFormat::q4: embed_kernel<QFormat::q4, OT><<<blocks, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, token, out); break;
     case QFormat::q8: embed_kernel<QFormat::q8, OT><<<blocks, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, token, out); break;
@@ -59,11 +62,15 @@ void launch_embed(const QMat& E, const int* token, OT* out, cudaStream_t s) {
 }  // namespace detail
 
 void embed_row(const QMat& E, const int* token, float* out, cudaStream_t stream) {
-  detail::launch_embed(E, token, out, stream);
+  detail::launch_embed(E, token, 1, out, stream);
 }
 
 void embed_row_bf16(const QMat& E, const int* token, uint16_t* out, cudaStream_t stream) {
-  detail::launch_embed(E, token, out, stream);
+  detail::launch_embed(E, token, 1, out, stream);
+}
+
+void embed_rows(const QMat& E, const int* tokens, int n, float* out, cudaStream_t stream) {
+  detail::launch_embed(E, tokens, n, out, stream);
 }
 
 }  // namespace lily::cuda

@@ -193,5 +193,7 @@ void persistent_trace_begin();  // LILY_TRACE=1: a new step is being recorded (i
 void embed_row(const QMat& E, const int* token, float* out, cudaStream_t stream);
 // Same, writing bf16 [cols].
 void embed_row_bf16(const QMat& E, const int* token, uint16_t* out, cudaStream_t stream);
+// n rows at once (the prompt path): out[t] = row tokens[t] ([n][cols] fp32), t < n.
+void embed_rows(const QMat& E, const int* tokens, int n, float* out, cudaStream_t stream);
 
 }  // namespace lily::cuda

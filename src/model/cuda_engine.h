@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common.cuh"
 #include "kernels/gdn_fused.h"
 #include "kernels/mixers.h"
 #include "kernels/qmat.h"
@@ -19,6 +21,14 @@
 #include "runtime/backend.h"
 
 namespace lily::cuda {
+
+// cudaMalloc of n elements of T (at least one), checked; the caller cudaFrees it.
+template <typename T>
+T* device_alloc(size_t n) {
+  T* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return p;
+}
 
 struct PrefillBuffers;  // model/prefill_cuda.cu
 struct GemmX;           // kernels/batched.h

@@ -34,13 +34,6 @@ namespace {
 
 constexpr int kPageTokens = 1024;   // KV tokens per page (2 MiB per attention layer for the real model)
 
-template <typename T>
-T* device_alloc(size_t n) {
-  T* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  return p;
-}
-
 }  // namespace
 
 CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int device, bool fused)

@@ -15,12 +15,6 @@
 namespace lily::cuda {
 
 namespace {
-template <typename T>
-T* alloc(size_t n) {
-  T* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  return p;
-}
 // A GemmX of width K over a buffer allocated for a larger width (rows are K apart once prepared at K).
 GemmXBuf at_width(GemmXBuf b, int K) {
   b.K = K;
@@ -29,7 +23,6 @@ GemmXBuf at_width(GemmXBuf b, int K) {
 }  // namespace
 
 struct PrefillBuffers {
-  int n = 0;                    // tokens per chunk (kPrefillChunk)
   int* tokens = nullptr;        // [n] device
   int* host = nullptr;          // [n] pinned staging of the tokens
   float* h = nullptr;           // [n][H] residual stream of the chunk
@@ -61,30 +54,29 @@ void CudaEngine::prefill_alloc() {
   const int gdn_proj = c.conv_dim() + c.value_dim() + 2 * c.lin_v_heads;
   const int attn_proj = c.q_proj_rows() + 2 * c.n_kv_heads * d;
   const int mix = std::max(c.value_dim(), c.n_heads * d);
-  b->n = n;
-  b->tokens = alloc<int>(n);
+  b->tokens = device_alloc<int>(n);
   CUDA_CHECK(cudaMallocHost(&b->host, sizeof(int) * n));
-  b->h = alloc<float>((size_t)n * H);
+  b->h = device_alloc<float>((size_t)n * H);
   // rows of width <= max(H, mix) for the chunk's tokens, or of width F for their n * k expert slots: one
   // allocation of x_elems values (and x_elems / 64 group sums), viewed at each width (at_width)
   const size_t x_elems = std::max((size_t)n * std::max(H, mix), (size_t)n * k * F);
   b->x = gemm_x_alloc((int)(x_elems / 64), 64);
-  b->proj = alloc<float>((size_t)n * std::max(gdn_proj, attn_proj));
-  b->mix = alloc<float>((size_t)n * mix);
-  b->q_scratch = alloc<uint8_t>(attention_chunk_scratch_bytes(n, c.n_heads, d));
-  b->logits = alloc<float>((size_t)n * (c.n_experts + 1));
-  b->idx = alloc<int>((size_t)n * k);
-  b->w = alloc<float>((size_t)n * k);
-  b->sh = alloc<float>(n);
-  b->offsets = alloc<int>(c.n_experts + 1);
-  b->x_row = alloc<int>((size_t)n * k);
-  b->w_slot = alloc<float>((size_t)n * k);
-  b->slot_of = alloc<int>((size_t)n * k);
-  b->g = alloc<float>((size_t)n * (k + 1) * F);
-  b->u = alloc<float>((size_t)n * (k + 1) * F);
-  b->act = alloc<float>((size_t)n * (k + 1) * F);
-  b->yd = alloc<float>((size_t)n * k * H);
-  b->ysh = alloc<float>((size_t)n * H);
+  b->proj = device_alloc<float>((size_t)n * std::max(gdn_proj, attn_proj));
+  b->mix = device_alloc<float>((size_t)n * mix);
+  b->q_scratch = device_alloc<uint8_t>(attention_chunk_scratch_bytes(n, c.n_heads, d));
+  b->logits = device_alloc<float>((size_t)n * (c.n_experts + 1));
+  b->idx = device_alloc<int>((size_t)n * k);
+  b->w = device_alloc<float>((size_t)n * k);
+  b->sh = device_alloc<float>(n);
+  b->offsets = device_alloc<int>(c.n_experts + 1);
+  b->x_row = device_alloc<int>((size_t)n * k);
+  b->w_slot = device_alloc<float>((size_t)n * k);
+  b->slot_of = device_alloc<int>((size_t)n * k);
+  b->g = device_alloc<float>((size_t)n * (k + 1) * F);
+  b->u = device_alloc<float>((size_t)n * (k + 1) * F);
+  b->act = device_alloc<float>((size_t)n * (k + 1) * F);
+  b->yd = device_alloc<float>((size_t)n * k * H);
+  b->ysh = device_alloc<float>((size_t)n * H);
   pf_ = b;
 }
 
