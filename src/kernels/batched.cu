@@ -58,24 +58,17 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
   }
 }
 
-// One warp per token: softmax over E (fp32), top_k by logit (ties: lower id; the same order as by
-// probability), weights renormalised over the chosen; the shared expert's gate through a sigmoid.
+// One warp per token, the decode path's routing (kernels/gemv_impl.cuh route_topk): the softmax is monotonic and
+// its denominator cancels in the renormalisation, so the top_k are chosen by logit (ties: lower id) and weighted
+// exp(l - l_max) / sum over the chosen of exp(l' - l_max); the shared expert's gate through a sigmoid.
 constexpr int kSelMaxK = 16;
 __global__ void select_kernel(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w,
                               float* sh_scale) {
   const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
   if (t >= n) return;
   const float* l = logits + static_cast<size_t>(t) * ld;
-  float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float sum = 0.f;
-  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
-  sum = warp_sum(sum);
   int chosen[kSelMaxK];
-  float p[kSelMaxK];
-  float total = 0.f;
+  float p[kSelMaxK];  // the chosen logits, then exp(l - l_max)
   for (int j = 0; j < top_k; ++j) {
     float best = -INFINITY;
     int bid = 0x7fffffff;
@@ -92,7 +85,12 @@ __global__ void select_kernel(const float* logits, int ld, int n, int E, int top
       if (oi != 0x7fffffff && (bid == 0x7fffffff || ob > best || (ob == best && oi < bid))) best = ob, bid = oi;
     }
     chosen[j] = bid;
-    p[j] = expf(best - mx) / sum;
+    p[j] = best;
+  }
+  const float l0 = p[0];  // the largest chosen logit (rank order)
+  float total = 0.f;
+  for (int j = 0; j < top_k; ++j) {
+    p[j] = expf(p[j] - l0);
     total += p[j];
   }
   if (lane == 0) {

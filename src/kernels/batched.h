@@ -63,6 +63,7 @@ void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* of
 // ---- MoE for n tokens (model.md §2.4) ----
 // logits [n][ld]: the router's E logits then the shared expert gate's. Per token: softmax over E in fp32, the
 // top_k most probable (ties: lower id) renormalised -> idx / w [n][top_k]; sh_scale[t] = sigmoid(gate logit).
+// (Computed as the decode path does: chosen by logit, weights from the chosen logits alone.)
 void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
                      cudaStream_t s);
 // Groups the n * top_k (token, choice) pairs by expert (in no fixed order within an expert): offsets [E + 1],
