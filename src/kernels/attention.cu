@@ -38,6 +38,7 @@
 #include "kernels/grid_barrier.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/mixers.h"
+#include "kernels/mma.cuh"
 #include "kernels/qk_rope.cuh"
 #include "util/bf16.h"
 
@@ -483,11 +484,8 @@ __device__ __forceinline__ void split_run_scalar(const SplitPlan& p, const AttnI
 // the softmax runs in the registers that hold the scores: a quad of lanes shares one head. K rows are B fragments
 // by ldmatrix, V rows A fragments by ldmatrix.trans, both from the swizzled ring (ring_dim). ~110 instructions
 // per warp and step where the scalar path takes ~1300 (it was issue-bound: 71 % of copy bandwidth at 128K).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo_half, float hi_half) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo_half, hi_half);  // .x in the low 16 bits
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-__device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+using mma::bf16_round;
+using mma::pack_bf16x2;
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -28,11 +28,8 @@ constexpr int kRows = 64;      // kQTok x 8 heads (a group has at most 8)
 constexpr int kKeys = 32;      // keys per tile
 constexpr int kThreads = 128;  // 4 warps x 16 rows
 
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-__device__ __forceinline__ float bf16r(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+using mma::bf16_round;
+using mma::pack_bf16x2;
 
 template <int EPL>
 __global__ void chunk_prep_kernel(AttnIn in, KvPages kv, int pos0, int n, int n_heads, uint16_t* qh, uint16_t* ql) {
@@ -53,7 +50,7 @@ __global__ void chunk_prep_kernel(AttnIn in, KvPages kv, int pos0, int n, int n_
     const size_t o = ((size_t)t * n_heads + head) * D + lane * EPL;
 #pragma unroll
     for (int e = 0; e < EPL; ++e) {
-      const float v = x[e] * qscale, h = bf16r(v);
+      const float v = x[e] * qscale, h = bf16_round(v);
       const __nv_bfloat16 hb = __float2bfloat16_rn(h), lb = __float2bfloat16_rn(v - h);
       qh[o + e] = *reinterpret_cast<const uint16_t*>(&hb);
       ql[o + e] = *reinterpret_cast<const uint16_t*>(&lb);
@@ -201,11 +198,14 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
       uint32_t ph[4], pl[4];
       const float* s0 = sc[2 * kk];
       const float* s1 = sc[2 * kk + 1];
-      const float h00 = bf16r(s0[0]), h01 = bf16r(s0[1]), h02 = bf16r(s0[2]), h03 = bf16r(s0[3]);
-      const float h10 = bf16r(s1[0]), h11 = bf16r(s1[1]), h12 = bf16r(s1[2]), h13 = bf16r(s1[3]);
-      ph[0] = pack2(h00, h01), ph[1] = pack2(h02, h03), ph[2] = pack2(h10, h11), ph[3] = pack2(h12, h13);
-      pl[0] = pack2(s0[0] - h00, s0[1] - h01), pl[1] = pack2(s0[2] - h02, s0[3] - h03);
-      pl[2] = pack2(s1[0] - h10, s1[1] - h11), pl[3] = pack2(s1[2] - h12, s1[3] - h13);
+      const float h00 = bf16_round(s0[0]), h01 = bf16_round(s0[1]);
+      const float h02 = bf16_round(s0[2]), h03 = bf16_round(s0[3]);
+      const float h10 = bf16_round(s1[0]), h11 = bf16_round(s1[1]);
+      const float h12 = bf16_round(s1[2]), h13 = bf16_round(s1[3]);
+      ph[0] = pack_bf16x2(h00, h01), ph[1] = pack_bf16x2(h02, h03);
+      ph[2] = pack_bf16x2(h10, h11), ph[3] = pack_bf16x2(h12, h13);
+      pl[0] = pack_bf16x2(s0[0] - h00, s0[1] - h01), pl[1] = pack_bf16x2(s0[2] - h02, s0[3] - h03);
+      pl[2] = pack_bf16x2(s1[0] - h10, s1[1] - h11), pl[3] = pack_bf16x2(s1[2] - h12, s1[3] - h13);
       const int vr = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
       for (int dn = 0; dn < D / 8; dn += 2) {

@@ -1,7 +1,10 @@
 // Tensor-core and asynchronous-copy primitives shared by the prompt path's kernels (kernels/gemm.cu,
-// kernels/attention_chunk.cu): cp.async into shared memory, ldmatrix, and the bf16 mma.sync m16n8k16 with fp32
-// accumulators (PTX ISA fragment layouts: A row-major 16x16, B column-major 16x8, C 16x8).
+// kernels/attention_chunk.cu; attention.cu takes the bf16 packing): cp.async into shared memory, ldmatrix,
+// bf16 packing, and the bf16 mma.sync m16n8k16 with fp32 accumulators (PTX ISA fragment layouts: A row-major
+// 16x16, B column-major 16x8, C 16x8).
 #pragma once
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 namespace lily::cuda::mma {
@@ -31,6 +34,14 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(a));
 }
+
+// Two floats as a bf16x2 register (round to nearest even), the first in the low 16 bits.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo_half, float hi_half) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo_half, hi_half);  // .x in the low 16 bits
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// x rounded to bf16 and back (the hi term of a two-term split; x - bf16_round(x) the lo term).
+__device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 // c += a b (bf16 in, fp32 accumulators)
 __device__ __forceinline__ void bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
