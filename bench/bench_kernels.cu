@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "device_data.cuh"
 #include "graph_time.cuh"
 #include "kernels/common.cuh"
 #include "kernels/mixers.h"
@@ -23,67 +24,11 @@
 #include "kernels/sampling.h"
 
 using namespace lily::cuda;
+using bench::dalloc;
+using bench::make_mat;
+using bench::make_vec;
 
 namespace {
-
-__global__ void fill_words(uint32_t* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint64_t x = seed ^ (i * 0x9e3779b97f4a7c15ull);
-    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 29;
-    p[i] = static_cast<uint32_t>(x);
-  }
-}
-// scale|bias words: bf16 values of magnitude ~0.004..0.008 with random signs.
-__global__ void fill_sb(uint32_t* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint64_t x = seed ^ (i * 0x9e3779b97f4a7c15ull);
-    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
-    const uint32_t s = 0x3b80u | (x & 0x7fu) | ((x >> 8) & 1u) << 15;
-    const uint32_t b = 0x3b80u | ((x >> 16) & 0x7fu) | ((x >> 24) & 1u) << 15;
-    p[i] = s | (b << 16);
-  }
-}
-__global__ void fill_floats(float* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint64_t x = seed ^ (i * 0x9e3779b97f4a7c15ull);
-    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
-    p[i] = static_cast<float>(x >> 40) / 16777216.0f * 2.f - 1.f;
-  }
-}
-
-uint64_t g_seed = 1;
-std::vector<void*> g_allocs;
-
-void* dalloc(size_t bytes) {
-  void* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, bytes));
-  g_allocs.push_back(p);
-  return p;
-}
-
-QMat make_mat(QFormat f, int rows, int cols, int n_mats = 1) {
-  QMat m;
-  m.format = f; m.rows = rows; m.cols = cols; m.n_mats = n_mats;
-  m.w = static_cast<uint8_t*>(dalloc(m.w_bytes()));
-  fill_words<<<1024, 256>>>(reinterpret_cast<uint32_t*>(m.w), m.w_bytes() / 4, g_seed++);
-  if (f != QFormat::bf16) {
-    m.sb = static_cast<uint32_t*>(dalloc(m.sb_bytes()));
-    fill_sb<<<1024, 256>>>(m.sb, m.sb_bytes() / 4, g_seed++);
-  }
-  CUDA_CHECK_LAUNCH();
-  return m;
-}
-
-float* make_vec(size_t n) {
-  float* p = static_cast<float*>(dalloc(n * sizeof(float)));
-  fill_floats<<<64, 256>>>(p, n, g_seed++);
-  CUDA_CHECK_LAUNCH();
-  return p;
-}
 
 struct Result {
   std::string name;
@@ -358,7 +303,7 @@ int main(int argc, char** argv) {
     const int pool_pages = 384;  // 768 MB: 3 copies of a 128K-token cache
     uint16_t* pool = static_cast<uint16_t*>(dalloc(pool_pages * page_elems * 2));
     // finite bf16 pairs (fill_sb's scale|bias words: magnitude ~0.004..0.008, random signs)
-    fill_sb<<<1024, 256>>>(reinterpret_cast<uint32_t*>(pool), pool_pages * page_elems / 2, g_seed++);
+    bench::fill_sb<<<1024, 256>>>(reinterpret_cast<uint32_t*>(pool), pool_pages * page_elems / 2, bench::g_seed++);
     CUDA_CHECK_LAUNCH();
     AttnIn in;  // the current token's raw q|gate, k, v and the norm weights (the split kernel normalises them)
     in.qg = make_vec(kHeads * 2 * kD);
@@ -410,6 +355,6 @@ int main(int argc, char** argv) {
       std::fclose(f);
     }
   }
-  for (void* p : g_allocs) cudaFree(p);
+  bench::free_all();
   return 0;
 }

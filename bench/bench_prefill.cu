@@ -14,56 +14,19 @@
 #include <string>
 #include <vector>
 
+#include "device_data.cuh"
 #include "graph_time.cuh"
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 
 using namespace lily::cuda;
+using bench::dalloc;
+using bench::make_mat;
+using bench::make_vec;
 
 namespace {
 
 int kN = 2048;  // tokens per chunk (CudaEngine::kPrefillChunk; argv[1] for another)
-
-__global__ void fill_u32(uint32_t* p, size_t n, uint64_t seed, uint32_t mask, uint32_t base) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    uint64_t x = seed ^ (i * 0x9e3779b97f4a7c15ull);
-    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 29;
-    p[i] = (static_cast<uint32_t>(x) & mask) | base;
-  }
-}
-__global__ void fill_f32(float* p, size_t n, uint64_t seed, float scale) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    uint64_t x = seed ^ (i * 0x9e3779b97f4a7c15ull);
-    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
-    p[i] = (static_cast<float>(x >> 40) / 16777216.0f * 2.f - 1.f) * scale;
-  }
-}
-
-uint64_t g_seed = 1;
-std::vector<void*> g_allocs;
-void* dalloc(size_t bytes) {
-  void* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, bytes));
-  g_allocs.push_back(p);
-  return p;
-}
-float* fvec(size_t n, float scale = 1.f) {
-  float* p = static_cast<float*>(dalloc(n * sizeof(float)));
-  fill_f32<<<256, 256>>>(p, n, g_seed++, scale);
-  CUDA_CHECK_LAUNCH();
-  return p;
-}
-QMat qmat(QFormat f, int rows, int cols, int n_mats = 1) {
-  QMat m;
-  m.format = f, m.rows = rows, m.cols = cols, m.n_mats = n_mats;
-  m.w = static_cast<uint8_t*>(dalloc(m.w_bytes()));
-  fill_u32<<<1024, 256>>>(reinterpret_cast<uint32_t*>(m.w), m.w_bytes() / 4, g_seed++, 0xffffffffu, 0);
-  m.sb = static_cast<uint32_t*>(dalloc(m.sb_bytes()));
-  fill_u32<<<1024, 256>>>(m.sb, m.sb_bytes() / 4, g_seed++, 0x007f007fu, 0x3b803b80u);  // ~0.004..0.008
-  CUDA_CHECK_LAUNCH();
-  return m;
-}
 
 double time_graph(int copies, const std::function<void(int, cudaStream_t)>& launch) {
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -84,7 +47,7 @@ void dense(const char* name, QFormat f, int rows, int cols, const GemmXBuf& x, f
   const QMat probe = [&] { QMat m; m.format = f, m.rows = rows, m.cols = cols; return m; }();
   const int copies = std::max(2, (int)std::ceil(256e6 / probe.bytes()));
   std::vector<QMat> w;
-  for (int i = 0; i < copies; ++i) w.push_back(qmat(f, rows, cols));
+  for (int i = 0; i < copies; ++i) w.push_back(make_mat(f, rows, cols));
   GemmXBuf xv = x;
   xv.K = cols;
   const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm(w[i], 0, xv.view(), kN, y, rows, false, s); });
@@ -106,7 +69,7 @@ void multi(const char* name, QFormat f, std::vector<int> rows, int cols, const G
     bb.n = (int)rows.size();
     size_t off = 0;
     for (int i = 0; i < bb.n; ++i) {
-      bb.W[i] = qmat(f, rows[i], cols);
+      bb.W[i] = make_mat(f, rows[i], cols);
       bb.y[i] = y + off;
       bb.ldy[i] = rows[i];
       off += (size_t)rows[i] * kN;
@@ -130,9 +93,9 @@ int main(int argc, char** argv) {
   const int H = 2048, E = 256, k = 8, F = 512;
   std::printf("prompt-path kernels, one chunk of n = %d tokens (real shapes; weights beyond the L2)\n", kN);
   GemmXBuf x = gemm_x_alloc(kN * k, 4096);
-  float* src = fvec((size_t)kN * k * 4096);
+  float* src = make_vec((size_t)kN * k * 4096);
   float* y = static_cast<float*>(dalloc((size_t)kN * k * 8192 * sizeof(float)));
-  float* norm_w = fvec(H, 1.f);
+  float* norm_w = make_vec(H);
   {
     GemmXBuf xh = x;
     xh.K = H;
@@ -183,8 +146,8 @@ int main(int argc, char** argv) {
     const int copies = 3;
     std::vector<QMat> gate, down;
     for (int i = 0; i < copies; ++i) {
-      gate.push_back(qmat(QFormat::q4, F, H, E));
-      down.push_back(qmat(QFormat::q4, H, F, E));
+      gate.push_back(make_mat(QFormat::q4, F, H, E));
+      down.push_back(make_mat(QFormat::q4, H, F, E));
     }
     GemmXBuf xh = x, xf = x;
     xh.K = H, xf.K = F;
@@ -203,10 +166,11 @@ int main(int argc, char** argv) {
   {
     const GdnDims d{16, 32, 128, 128};
     const int C = d.conv_dim(), VD = d.n_v_heads * d.v_dim;
-    float *qkv = fvec((size_t)kN * C), *z = fvec((size_t)kN * VD);
-    float *a = fvec((size_t)kN * 32), *b = fvec((size_t)kN * 32);
-    float *cw = fvec((size_t)C * 4, 0.5f), *al = fvec(32), *dt = fvec(32), *nw = fvec(128), *ring = fvec((size_t)4 * C);
-    float* S = fvec((size_t)32 * 128 * 128, 0.1f);
+    float *qkv = make_vec((size_t)kN * C), *z = make_vec((size_t)kN * VD);
+    float *a = make_vec((size_t)kN * 32), *b = make_vec((size_t)kN * 32);
+    float *cw = make_vec((size_t)C * 4, 0.5f), *al = make_vec(32), *dt = make_vec(32), *nw = make_vec(128);
+    float* ring = make_vec((size_t)4 * C);
+    float* S = make_vec((size_t)32 * 128 * 128, 0.1f);
     float* out = static_cast<float*>(dalloc((size_t)kN * VD * sizeof(float)));
     const double us = time_graph(4, [&](int, cudaStream_t s) {
       launch_gdn_chunk(qkv, z, a, b, cw, al, dt, nw, ring, S, out, 4096, kN, d, 1e-6f, s);
@@ -225,8 +189,9 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMemcpy(table, pg.data(), pages * sizeof(uint16_t*), cudaMemcpyHostToDevice));
     KvPages kv{table, P, Hkv, D};
     AttnIn in;
-    in.qg = fvec((size_t)kN * Hq * 2 * D), in.k = fvec((size_t)kN * Hkv * D), in.v = fvec((size_t)kN * Hkv * D);
-    in.q_norm = fvec(D), in.k_norm = fvec(D), in.eps = 1e-6f;
+    in.qg = make_vec((size_t)kN * Hq * 2 * D);
+    in.k = make_vec((size_t)kN * Hkv * D), in.v = make_vec((size_t)kN * Hkv * D);
+    in.q_norm = make_vec(D), in.k_norm = make_vec(D), in.eps = 1e-6f;
     attn_in_rope(in, 64, 1e7);
     void* scratch = dalloc(attention_chunk_scratch_bytes(kN, Hq, D));
     float* out = static_cast<float*>(dalloc((size_t)kN * Hq * D * sizeof(float)));
@@ -238,7 +203,7 @@ int main(int argc, char** argv) {
     const std::string name = "attention chunk after " + std::to_string(ctx);
     report(name.c_str(), us, 4.0 * D * Hq * pairs, 0);
   }
-  for (void* p : g_allocs) cudaFree(p);
+  bench::free_all();
   gemm_x_free(x);
   return 0;
 }

@@ -1,4 +1,4 @@
-// Timing helper of the GPU benchmarks (bench_kernels.cu, bench_stream.cu).
+// Timing helper of the GPU benchmarks (bench_kernels.cu, bench_stream.cu, bench_prefill.cu).
 #pragma once
 #include <cuda_runtime.h>
 
