@@ -20,6 +20,23 @@
 using namespace lily;
 using namespace lily::cuda;
 
+// max |a - b| / max |b| over a position's logits (a non-finite a counts as infinitely far) and where it is.
+struct LogitDiff {
+  double rel = 0, scale = 0;
+  size_t at = 0;
+};
+LogitDiff logit_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  LogitDiff r;
+  double diff = 0;
+  for (size_t v = 0; v < b.size(); ++v) {
+    r.scale = std::max(r.scale, std::fabs(static_cast<double>(b[v])));
+    const double d = std::isfinite(a[v]) ? std::fabs(static_cast<double>(a[v]) - b[v]) : INFINITY;
+    if (!(d <= diff)) diff = d, r.at = v;
+  }
+  r.rel = r.scale > 0 && std::isfinite(r.scale) ? diff / r.scale : INFINITY;
+  return r;
+}
+
 // Runs both engines over `positions` tokens on a full-width model of `layers` layers (3 GDN : 1 attention);
 // returns the worst max|fused - multi| / max|logit| over the positions (printed per position). *persistent:
 // whether the persistent kernels take these layers at all (else both engines run the multi-launch paths).
@@ -59,17 +76,10 @@ double compare_paths(int layers, int positions, uint64_t seed, bool* persistent)
                                multi.stream()));
     CUDA_CHECK(cudaStreamSynchronize(fused.stream()));
     CUDA_CHECK(cudaStreamSynchronize(multi.stream()));
-    double scale = 0, diff = 0;
-    size_t at = 0;
-    for (size_t v = 0; v < b.size(); ++v) {
-      scale = std::max(scale, std::fabs(static_cast<double>(b[v])));
-      const double d = std::isfinite(a[v]) ? std::fabs(static_cast<double>(a[v]) - b[v]) : INFINITY;
-      if (!(d <= diff)) diff = d, at = v;
-    }
-    const double rel = scale > 0 && std::isfinite(scale) ? diff / scale : INFINITY;
-    worst = std::max(worst, rel);
+    const LogitDiff d = logit_diff(a, b);
+    worst = std::max(worst, d.rel);
     std::printf("%2d layers, position %2d: max|fused - multi| / max|logit| = %.3g (max|logit| %.4g, at %zu: %.7g vs %.7g)\n",
-                layers, i, rel, scale, at, a[at], b[at]);
+                layers, i, d.rel, d.scale, d.at, a[d.at], b[d.at]);
   }
   return worst;
 }
@@ -146,13 +156,7 @@ TEST(FullStep, ChunkedPromptMatchesDecodeSteps) {
                                  steps.stream()));
       CUDA_CHECK(cudaStreamSynchronize(chunked.stream()));
       CUDA_CHECK(cudaStreamSynchronize(steps.stream()));
-      double scale = 0, diff = 0;
-      for (size_t v = 0; v < b.size(); ++v) {
-        scale = std::max(scale, std::fabs(static_cast<double>(b[v])));
-        const double d = std::isfinite(a[v]) ? std::fabs(static_cast<double>(a[v]) - b[v]) : INFINITY;
-        diff = std::max(diff, d);
-      }
-      const double rel = scale > 0 ? diff / scale : INFINITY;
+      const double rel = logit_diff(a, b).rel;
       if (!(rel <= worst)) worst = rel, worst_at = t;
       within += rel < 2e-3;
       if (rel >= 2e-3) std::printf("position %d: %.3g\n", t, rel);
