@@ -188,11 +188,7 @@ void CudaEngine::record_step(const FamilyMark* mark, bool head) {
       gemv(pre->W, pre->x, h_, true, stream_);
     }
   }
-  GemvBatch lm;
-  lm.n = 1;
-  lm.W[0] = w_.lm_head;
-  lm.y[0] = logits_;
-  if (head && family("lm_head")) gemv_multi_rmsnorm(lm, h_, w_.norm, c.eps, x_, stream_);
+  if (head && family("lm_head")) lm_head(h_);
   family("end");
   mark_ = nullptr;
 }
