@@ -44,13 +44,13 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
     float s = 0.f;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int c = g * 64 + j * 32 + lane;
+      const int pos = g * 64 + j * 32 + lane, c = g * 64 + gemm_x_col(j * 32 + lane);
       const float v = norm_w ? row[c] * rs * norm_w[c] : row[c];
       const uint16_t h = bf16_bits(v);
-      const size_t o = static_cast<size_t>(t) * K + c;
-      hi[o] = h;
-      lo[o] = bf16_bits(v - bf16_lo(h));
-      if (x_out) x_out[o] = v;
+      const size_t o = static_cast<size_t>(t) * K;
+      hi[o + pos] = h;
+      lo[o + pos] = bf16_bits(v - bf16_lo(h));
+      if (x_out) x_out[o + c] = v;
       s += v;
     }
     s = warp_sum(s);

@@ -16,6 +16,12 @@ namespace lily::cuda {
 // The GEMM's input: rows of x [K] fp32 split as x = hi + lo (both bf16, |x - hi - lo| <= 2^-16 |x|), and
 // the sum of x over each 64-element group (the 4/8-bit weights' bias multiplies it). The weights enter the
 // tensor cores as their integer codes q (exact in bf16), scale and bias apply per group in fp32.
+// Within each 64-element group the rows of hi and lo are stored in the order the GEMM's tensor-core fragments
+// take the weights' 4-bit codes out of 32-bit words: position p holds column gemm_x_col(p) of the group.
+__host__ __device__ constexpr int gemm_x_col(int p) {
+  const int ks = p >> 4, s = p & 15, tq = (s & 7) >> 1, h = s >> 3, e = s & 1, j = 2 * ks + h;
+  return 8 * (2 * tq + (j >> 2)) + (j & 3) + 4 * e;
+}
 struct GemmX {
   const uint16_t* hi = nullptr;  // [n][K] bf16 bits
   const uint16_t* lo = nullptr;  // [n][K]

@@ -3,9 +3,11 @@
 // (0..15 / 0..255, exact in bf16) or, for bf16 weights, as they are; x enters split into two bf16 halves
 // (hi + lo, ~16 bits of mantissa), so the products are fp32-exact but for that split. Per 64-element group the
 // block finishes sum_k q x in fp32 and adds scale * that + bias * sum_k x (the group sums come with x).
-// A block computes 128 weight rows x 64 tokens (8 warps of 16 rows), streaming one group (64 columns) of weights
-// and inputs per stage through shared memory, four stages in flight (cp.async; inputs only for the 16-token
-// pairs that hold a valid token, which is what an expert with few tokens streams).
+// A block computes 128 weight rows x 64 tokens (8 warps of 32 rows x 32 tokens), streaming one group (64
+// columns) of weights and inputs per stage through shared memory, four stages in flight (cp.async; inputs only
+// for the 16-token pairs that hold a valid token, which is what an expert with few tokens streams). x is stored
+// in gemm_x_col's order (kernels/batched.h), so a thread's 4-bit codes for a whole group are one 8-byte read
+// per row and each A register two masks of a word.
 // Dense launches take tokens [0, n); grouped launches (MoE experts) take matrix e for the slots of
 // [offsets[e], offsets[e+1]) and gather their input rows. Tested by tests/gpu/test_batched.cu.
 #include <cuda_bf16.h>
@@ -59,25 +61,29 @@ struct GemmArgs {
   bool accumulate;
 };
 
-// Two weights (columns k, k+1 of a row) as a bf16x2 register, low half = column k.
+// The A fragment's register for k-slots (s, s + 1) of a k-step: the weights of columns c0 and c0 + 4 of a row
+// (c0 = 8 w + j, j < 4; gemm_x_col's order, in which x is stored), low half = column c0, as bf16 codes.
+// q4: one 32-bit word of the row holds columns 8 w .. 8 w + 7 (column c in bits 4 (c % 8)); 0x4300 | q is the
+// bf16 of 128 + q, so subtracting 128 gives q exactly.
+__device__ __forceinline__ uint32_t q4_pair(uint32_t word, int j) {
+  const uint32_t v = ((word >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+  __nv_bfloat162 r = *reinterpret_cast<const __nv_bfloat162*>(&v);
+  r = __hsub2(r, __floats2bfloat162_rn(128.f, 128.f));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
 template <int BITS>
-__device__ __forceinline__ uint32_t a_pair(const uint8_t* row, int k) {
-  if constexpr (BITS == 4) {
-    // one byte: column k in the low nibble; 0x4300 | q is the bf16 of 128 + q, so subtracting 128 gives q exactly
-    const uint32_t b = row[k >> 1];
-    const uint32_t v = ((b & 0xFu) | ((b & 0xF0u) << 12)) | 0x43004300u;
-    __nv_bfloat162 r = *reinterpret_cast<const __nv_bfloat162*>(&v);
-    r = __hsub2(r, __floats2bfloat162_rn(128.f, 128.f));
-    return *reinterpret_cast<uint32_t*>(&r);
-  } else if constexpr (BITS == 8) {
-    const uint32_t b = *reinterpret_cast<const uint16_t*>(row + k);
-    __nv_bfloat162 r = __floats2bfloat162_rn(static_cast<float>(b & 0xFFu), static_cast<float>(b >> 8));
-    return *reinterpret_cast<uint32_t*>(&r);
+__device__ __forceinline__ uint32_t a_pair(const uint8_t* row, int c0) {
+  if constexpr (BITS == 8) {
+    return mma::pack_bf16x2(static_cast<float>(row[c0]), static_cast<float>(row[c0 + 4]));
   } else {
-    return *reinterpret_cast<const uint32_t*>(row + 2 * k);
+    const uint32_t lo = reinterpret_cast<const uint16_t*>(row)[c0], hi = reinterpret_cast<const uint16_t*>(row)[c0 + 4];
+    return lo | (hi << 16);
   }
 }
 
+// Each warp computes 32 rows x 32 tokens of the block's 128 x 64 tile: warp w takes rows 32 (w % 4) .. and
+// tokens 32 (w / 4) .., as 2 x 4 mma tiles. Per k-step (16 k-slots) and thread: the A registers of its 4 rows
+// (r0 + 8 i), the B fragments of 32 tokens (hi and lo), 16 products.
 template <int BITS>
 __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   using T = GemmTile<BITS>;
@@ -102,49 +108,71 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   const uint32_t* sb = part.sb ? part.sb + mat * a.mat_groups : nullptr;
   const size_t row_bytes = static_cast<size_t>(a.cols) * BITS / 8;
 
-  // the rows this thread copies, clamped (rows / tokens past the end load the last one and are not stored)
+  // What this thread copies per group, fixed for the whole loop (rows / tokens past the end load the last
+  // valid one and are not stored): weight chunks tid + 256 i, x chunks likewise over the 16-token pairs that
+  // hold a valid token (hi, then lo), one scale|bias word or one group sum.
+  constexpr int kWCopies = kGemmRows * T::kRowBytes / 16 / kGemmThreads;  // 1 (q4), 2 (q8), 4 (bf16)
+  uint32_t wsrc[kWCopies];  // byte offsets from w
+  int wdst[kWCopies];
+#pragma unroll
+  for (int i = 0; i < kWCopies; ++i) {
+    const int c = tid + i * kGemmThreads, r = c / (T::kRowBytes / 16), piece = c % (T::kRowBytes / 16);
+    wsrc[i] = static_cast<uint32_t>(min(r_base + r, rows - 1) * row_bytes + piece * 16);
+    wdst[i] = r * T::kWStride + piece * 16;
+  }
+  const int x_rows = (t_count + 15) & ~15;
+  int xoff[4], xdst[4];  // element offset of the chunk (in hi, or in lo where lo_bits has bit i); -1: none
+  unsigned lo_bits = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = tid + i * kGemmThreads;
+    xoff[i] = -1;
+    if (c < 2 * x_rows * 8) {
+      const int half = c >= x_rows * 8, rem = c - half * x_rows * 8, t = rem >> 3, piece = rem & 7;
+      const int slot = slot0 + t_base + min(t, t_count - 1);
+      const int row = a.x_row ? a.x_row[slot] : slot;
+      xoff[i] = row * a.cols + piece * 8;
+      lo_bits |= static_cast<unsigned>(half) << i;
+      xdst[i] = T::kWBytes + ((half * kGemmTok + t) * kXStride + piece * 8) * 2;
+    }
+  }
+  const uint32_t* sbsrc = nullptr;
+  const float* gsrc = nullptr;
+  if constexpr (BITS != 16) {
+    if (tid < kGemmRows) {
+      sbsrc = sb + static_cast<size_t>(min(r_base + tid, rows - 1)) * groups;
+    } else if (tid < kGemmRows + kGemmTok) {
+      const int slot = slot0 + t_base + min(tid - kGemmRows, t_count - 1);
+      gsrc = a.xsum + static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * groups;
+    }
+  }
   auto stage = [&](int g, int buf) {
     uint8_t* base = smem + buf * T::kStage;
-    constexpr int wchunks = kGemmRows * T::kRowBytes / 16;
-    for (int c = tid; c < wchunks; c += kGemmThreads) {
-      const int r = c / (T::kRowBytes / 16), piece = c % (T::kRowBytes / 16);
-      const int gr = min(r_base + r, rows - 1);
-      mma::cp16(base + r * T::kWStride + piece * 16,
-                w + gr * row_bytes + static_cast<size_t>(g) * T::kRowBytes + piece * 16);
+#pragma unroll
+    for (int i = 0; i < kWCopies; ++i) mma::cp16(base + wdst[i], w + wsrc[i] + static_cast<size_t>(g) * T::kRowBytes);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (xoff[i] == -1) continue;
+      const uint16_t* src = ((lo_bits >> i) & 1 ? a.xlo : a.xhi) + xoff[i] + g * 64;
+      mma::cp16(base + xdst[i], src);
     }
-    uint8_t* xs = base + T::kWBytes;
-    const int x_rows = (t_count + 15) & ~15;  // the tokens' 16-row pairs that hold a valid token (the rest unread)
-    for (int c = tid; c < 2 * x_rows * 8; c += kGemmThreads) {
-      const int half = c / (x_rows * 8), rem = c % (x_rows * 8);
-      const int t = rem / 8, piece = rem % 8;
-      int slot = slot0 + t_base + min(t, t_count - 1);
-      const int row = a.x_row ? a.x_row[slot] : slot;
-      const uint16_t* src = (half ? a.xlo : a.xhi) + static_cast<size_t>(row) * a.cols + g * 64 + piece * 8;
-      mma::cp16(xs + (half * kGemmTok + t) * kXStride * 2 + piece * 16, src);
-    }
-    float* sbs = reinterpret_cast<float*>(xs + T::kXBytes);
-    if constexpr (BITS != 16) {
-      if (tid < kGemmRows) {
-        const int gr = min(r_base + tid, rows - 1);
-        mma::cp4(sbs + tid, sb + static_cast<size_t>(gr) * groups + g);
-      } else if (tid < kGemmRows + kGemmTok) {
-        const int t = tid - kGemmRows;
-        const int slot = slot0 + t_base + min(t, t_count - 1);
-        const int row = a.x_row ? a.x_row[slot] : slot;
-        mma::cp4(sbs + kGemmRows + t, a.xsum + static_cast<size_t>(row) * groups + g);
-      }
-    }
+    float* sbs = reinterpret_cast<float*>(base + T::kWBytes + T::kXBytes);
+    if (sbsrc) mma::cp4(sbs + tid, sbsrc + g);
+    else if (gsrc) mma::cp4(sbs + tid, gsrc + g);
     mma::commit();
   };
 
-  float acc[8][4];
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
-  const int n_pairs = (t_count + 15) / 16;  // pairs of 8-token tiles with at least one token
+  const int rg = warp & 3, tg = warp >> 2;
   const int gq = lane >> 2, tq = lane & 3;
-  const int r0 = warp * 16 + gq;  // this thread's rows in the tile: r0 and r0 + 8
+  const int r0 = rg * 32 + gq;  // this thread's rows in the tile: r0 + 8 i, i < 4
+  const int n_pairs = min(2, max(0, (t_count - tg * 32 + 15) / 16));  // the warp's 16-token pairs with a token
+  float acc[2][4][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[m][i][j] = 0.f;
 
   for (int g = 0; g < kGemmStages - 1; ++g) {
     if (g < groups) stage(g, g);
@@ -156,72 +184,102 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
     const int next = g + kGemmStages - 1;
     if (next < groups) stage(next, next % kGemmStages);
     else mma::commit();
+    if (n_pairs == 0) continue;
     const uint8_t* base = smem + (g % kGemmStages) * T::kStage;
     const uint8_t* ws = base;
     const uint8_t* xs = base + T::kWBytes;
     const float* sbs = reinterpret_cast<const float*>(xs + T::kXBytes);
-    float cg[8][4];
+    float cg[2][4][4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int m = 0; m < 2; ++m)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) cg[i][j] = 0.f;
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) cg[m][i][j] = 0.f;
+    uint2 aw[4];  // q4: the row's words 2 tq and 2 tq + 1 (columns 16 tq .. 16 tq + 15), rows r0 + 8 i
+    if constexpr (BITS == 4) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) aw[i] = *reinterpret_cast<const uint2*>(ws + (r0 + 8 * i) * T::kWStride + 8 * tq);
+    }
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      const int k = ks * 16 + tq * 2;
-      uint32_t af[4];
-      af[0] = a_pair<BITS>(ws + r0 * T::kWStride, k);
-      af[1] = a_pair<BITS>(ws + (r0 + 8) * T::kWStride, k);
-      af[2] = a_pair<BITS>(ws + r0 * T::kWStride, k + 8);
-      af[3] = a_pair<BITS>(ws + (r0 + 8) * T::kWStride, k + 8);
+      // k-slots (2 tq + 8 h + e) of this k-step hold columns 8 (2 tq + (2 ks + h) / 4) + (2 ks + h) % 4 + 4 e
+      uint32_t af[2][4];
 #pragma unroll
-      for (int p = 0; p < 4; ++p) {
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            const int i = 2 * m + rr, jj = 2 * ks + h;
+            if constexpr (BITS == 4) {
+              af[m][2 * h + rr] = q4_pair((jj >> 2) ? aw[i].y : aw[i].x, jj & 3);
+            } else {
+              af[m][2 * h + rr] = a_pair<BITS>(ws + (r0 + 8 * i) * T::kWStride, 8 * (2 * tq + (jj >> 2)) + (jj & 3));
+            }
+          }
+      uint32_t b[2][2][4];  // [pair][hi, lo]
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
         if (p < n_pairs) {
-          const int n = p * 16 + (lane >> 4) * 8 + (lane & 7);
+          const int n = tg * 32 + p * 16 + (lane >> 4) * 8 + (lane & 7);
           const int kk = ks * 16 + ((lane >> 3) & 1) * 8;
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            uint32_t b[4];
-            mma::ldsm_x4(b, xs + ((half * kGemmTok + n) * kXStride + kk) * 2);
-            mma::bf16_16816(cg[2 * p], af, b[0], b[1]);
-            mma::bf16_16816(cg[2 * p + 1], af, b[2], b[3]);
-          }
+          for (int half = 0; half < 2; ++half) mma::ldsm_x4(b[p][half], xs + ((half * kGemmTok + n) * kXStride + kk) * 2);
+        }
+      }
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        if (p < n_pairs) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              mma::bf16_16816(cg[m][2 * p], af[m], b[p][half][0], b[p][half][1]);
+              mma::bf16_16816(cg[m][2 * p + 1], af[m], b[p][half][2], b[p][half][3]);
+            }
         }
       }
     }
     if constexpr (BITS == 16) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+      for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] += cg[i][j];
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[m][i][j] += cg[m][i][j];
     } else {
-      const uint32_t s0 = __float_as_uint(sbs[r0]), s1 = __float_as_uint(sbs[r0 + 8]);
-      const float sc0 = __uint_as_float(s0 << 16), bi0 = __uint_as_float(s0 & 0xFFFF0000u);
-      const float sc1 = __uint_as_float(s1 << 16), bi1 = __uint_as_float(s1 & 0xFFFF0000u);
-      const float* xsum = sbs + kGemmRows;
+      const float* xsum = sbs + kGemmRows + tg * 32;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float x0 = xsum[i * 8 + tq * 2], x1 = xsum[i * 8 + tq * 2 + 1];
-        acc[i][0] += fmaf(sc0, cg[i][0], bi0 * x0);
-        acc[i][1] += fmaf(sc0, cg[i][1], bi0 * x1);
-        acc[i][2] += fmaf(sc1, cg[i][2], bi1 * x0);
-        acc[i][3] += fmaf(sc1, cg[i][3], bi1 * x1);
+      for (int m = 0; m < 2; ++m) {
+        const uint32_t s0 = __float_as_uint(sbs[r0 + 16 * m]), s1 = __float_as_uint(sbs[r0 + 16 * m + 8]);
+        const float sc0 = __uint_as_float(s0 << 16), bi0 = __uint_as_float(s0 & 0xFFFF0000u);
+        const float sc1 = __uint_as_float(s1 << 16), bi1 = __uint_as_float(s1 & 0xFFFF0000u);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 xv = *reinterpret_cast<const float2*>(xsum + i * 8 + tq * 2);
+          acc[m][i][0] += fmaf(sc0, cg[m][i][0], bi0 * xv.x);
+          acc[m][i][1] += fmaf(sc0, cg[m][i][1], bi0 * xv.y);
+          acc[m][i][2] += fmaf(sc1, cg[m][i][2], bi1 * xv.x);
+          acc[m][i][3] += fmaf(sc1, cg[m][i][3], bi1 * xv.y);
+        }
       }
     }
   }
 
-  const int ra = r_base + r0, rb = ra + 8;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int t = i * 8 + tq * 2 + (j & 1);
-      const int r = (j < 2) ? ra : rb;
-      if (t < t_count && r < rows) {
-        float* dst = part.y + static_cast<size_t>(slot0 + t_base + t) * part.ldy + r;
-        *dst = a.accumulate ? *dst + acc[i][j] : acc[i][j];
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int t = tg * 32 + i * 8 + tq * 2 + (j & 1);
+        const int r = r_base + r0 + 16 * m + (j < 2 ? 0 : 8);
+        if (t < t_count && r < rows) {
+          float* dst = part.y + static_cast<size_t>(slot0 + t_base + t) * part.ldy + r;
+          *dst = a.accumulate ? *dst + acc[m][i][j] : acc[m][i][j];
+        }
       }
-    }
-  }
 }
 
 template <int BITS>
@@ -254,6 +312,7 @@ GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat
     const QMat& m = W[i];
     LILY_CHECK(m.w && m.cols == x.K && m.cols % kGroupSize == 0 && (m.format == QFormat::bf16 || m.sb),
                "gemm: matrix [", m.rows, ", ", m.cols, "] does not take inputs of width ", x.K);
+    LILY_CHECK(m.mat_w_bytes() < (size_t{1} << 32), "gemm: a matrix of ", m.mat_w_bytes(), " bytes (under 4 GiB)");
     LILY_CHECK(m.format == W[0].format && m.cols == W[0].cols,
                "gemm: matrices of one launch differ in format or width");
     LILY_CHECK(ldy[i] >= m.rows, "gemm: output stride ", ldy[i], " below the matrix's ", m.rows, " rows");

@@ -45,7 +45,7 @@ __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(_
 
 // c += a b (bf16 in, fp32 accumulators)
 __device__ __forceinline__ void bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(  // not volatile: registers only, so the compiler may interleave the products with the fragment loads
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])

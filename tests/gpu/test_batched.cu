@@ -57,6 +57,13 @@ std::vector<float> random_x(std::mt19937_64& rng, int n, int ld) {
 }
 
 // x~ = hi + lo of the n rows in b ([n][K]); bad counts the elements outside |x - x~| <= 2^-16 |x| (x [n][ldx]).
+// The storage position of column c of a 64-element group (the inverse of gemm_x_col).
+int pos_of(int c) {
+  for (int p = 0; p < 64; ++p)
+    if (gemm_x_col(p) == c) return p;
+  return -1;
+}
+
 std::vector<double> split_of(const GemmXBuf& b, int n, const std::vector<float>& x, int ldx, size_t& bad) {
   const size_t m = static_cast<size_t>(n) * b.K;
   const std::vector<uint16_t> hi = to_host(b.hi, m), lo = to_host(b.lo, m);
@@ -64,8 +71,9 @@ std::vector<double> split_of(const GemmXBuf& b, int n, const std::vector<float>&
   bad = 0;
   for (int t = 0; t < n; ++t)
     for (int k = 0; k < b.K; ++k) {
-      const size_t i = static_cast<size_t>(t) * b.K + k;
-      xt[i] = static_cast<double>(bf16_to_f32(hi[i])) + bf16_to_f32(lo[i]);
+      const size_t i = static_cast<size_t>(t) * b.K + k;  // column k, stored at position p (batched.h)
+      const size_t p = static_cast<size_t>(t) * b.K + (k / 64) * 64 + pos_of(k % 64);
+      xt[i] = static_cast<double>(bf16_to_f32(hi[p])) + bf16_to_f32(lo[p]);
       const double xv = x[static_cast<size_t>(t) * ldx + k];
       if (!(std::fabs(xv - xt[i]) <= std::ldexp(std::fabs(xv), -16))) ++bad;
     }
