@@ -142,6 +142,10 @@ int main(int argc, char** argv) {
       moe_group(d_idx, d_w, kN, k, E, off, x_row, w_slot, slot_of, s);
     });
     report("moe_group n tokens x 8", us_group, 0, 0);
+    const int max_tiles = gemm_grouped_max_tiles(kN * k, E);
+    int* tiles = static_cast<int*>(dalloc((1 + max_tiles) * sizeof(int)));
+    const double us_tiles = time_graph(8, [&](int, cudaStream_t s) { gemm_grouped_tiles(off, E, tiles, s); });
+    report("gemm_grouped_tiles", us_tiles, 0, 0);
     const QMat up_probe = [&] { QMat m; m.format = QFormat::q4, m.rows = F, m.cols = H, m.n_mats = E; return m; }();
     const int copies = 3;
     std::vector<QMat> gate, down;
@@ -152,12 +156,12 @@ int main(int argc, char** argv) {
     GemmXBuf xh = x, xf = x;
     xh.K = H, xf.K = F;
     const double us_gate = time_graph(copies, [&](int i, cudaStream_t s) {
-      gemm_grouped(gate[i], xh.view(), x_row, off, kN, y, F, s);
+      gemm_grouped(gate[i], xh.view(), x_row, off, tiles, max_tiles, y, F, s);
     });
     report("gemm_grouped q4 experts gate / up 256 x 512 x 2048", us_gate, 2.0 * F * H * kN * k,
            (double)up_probe.bytes());
     const double us_down = time_graph(copies, [&](int i, cudaStream_t s) {
-      gemm_grouped(down[i], xf.view(), nullptr, off, kN, y, H, s);
+      gemm_grouped(down[i], xf.view(), nullptr, off, tiles, max_tiles, y, H, s);
     });
     report("gemm_grouped q4 experts down 256 x 2048 x 512", us_down, 2.0 * F * H * kN * k, (double)up_probe.bytes());
   }
@@ -172,8 +176,9 @@ int main(int argc, char** argv) {
     float* ring = make_vec((size_t)4 * C);
     float* S = make_vec((size_t)32 * 128 * 128, 0.1f);
     float* out = static_cast<float*>(dalloc((size_t)kN * VD * sizeof(float)));
+    void* scratch = dalloc(gdn_chunk_scratch_bytes(kN, d));
     const double us = time_graph(4, [&](int, cudaStream_t s) {
-      launch_gdn_chunk(qkv, z, a, b, cw, al, dt, nw, ring, S, out, 4096, kN, d, 1e-6f, s);
+      launch_gdn_chunk(qkv, z, a, b, cw, al, dt, nw, ring, S, out, scratch, 4096, kN, d, 1e-6f, s);
     });
     report("gdn chunk (Hv 32, Dk = Dv 128)", us, 0, 0);
   }

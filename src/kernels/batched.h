@@ -61,10 +61,14 @@ void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cuda
 
 // Grouped by matrix (the MoE experts): slots [offsets[e], offsets[e+1]) use matrix e (e < W.n_mats); slot a
 // reads x row x_row[a] (x_row null: row a) and writes y row a: y[a][r] = sum_k W_e[r][k] x[x_row[a]][k].
-// offsets [W.n_mats + 1] on the device; max_count bounds every matrix's slot count (the launch's token tiles;
-// e.g. the tokens, when each token picks a matrix at most once).
-void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, int max_count, float* y,
-                  int ldy, cudaStream_t s);
+// offsets [W.n_mats + 1] and the launch's tiles (gemm_grouped_tiles over the same offsets) on the device;
+// max_tiles = gemm_grouped_max_tiles(slots, W.n_mats) for the slots' count (or any larger bound).
+void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, const int* tiles,
+                  int max_tiles, float* y, int ldy, cudaStream_t s);
+// The grouped GEMM's work list: tiles[0] = the count, then (matrix << 16 | tile) for each 64-slot tile of each
+// matrix's slots, matrices in order. tiles: [1 + gemm_grouped_max_tiles(slots, n_mats)] ints; n_mats <= 65535.
+inline int gemm_grouped_max_tiles(int slots, int n_mats) { return slots / 64 + n_mats; }
+void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s);
 
 // ---- MoE for n tokens (model.md §2.4) ----
 // logits [n][ld]: the router's E logits then the shared expert gate's. Per token: softmax over E in fp32, the
@@ -84,12 +88,14 @@ void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh
                  int H, float* h, cudaStream_t s);
 
 // ---- Gated DeltaNet over a chunk (kernels/gdn_chunk.cu) ----
-// launch_gdn_step (kernels/mixers.h) for the n consecutive tokens at positions pos0.. in three launches (the
-// recurrence over the chunk, the gated output norm, the conv ring brought up to date): qkv [n][conv_dim],
-// z [n][Hv*Dv], a, b [n][Hv], out [n][Hv*Dv]; the ring and state as there, updated in place.
+// launch_gdn_step (kernels/mixers.h) for the n consecutive tokens at positions pos0.. in four launches (what
+// does not depend on the state, for every token at once; the recurrence over the chunk; the gated output norm;
+// the conv ring brought up to date): qkv [n][conv_dim], z [n][Hv*Dv], a, b [n][Hv], out [n][Hv*Dv]; the ring and
+// state as there, updated in place. scratch: device, gdn_chunk_scratch_bytes.
+size_t gdn_chunk_scratch_bytes(int n, GdnDims dims);
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
-                      float* out, int pos0, int n, GdnDims dims, float eps, cudaStream_t s);
+                      float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, cudaStream_t s);
 
 // ---- attention over a chunk (kernels/attention_chunk.cu) ----
 // launch_attention_decode (kernels/mixers.h) for the n consecutive tokens at positions pos0.. : in.qg [n][n_heads

@@ -1,15 +1,18 @@
 // The Gated DeltaNet over a prompt chunk (model.md §2.2): the decode step's math (kernels/gdn_core.cuh) for n
-// consecutive tokens at positions pos0.. . Two launches (and a third, small, for the conv ring):
-//   gdn_chunk_kernel   a warp per (value head, 8 value columns), nothing shared between warps, so the chain per
-//                      token has no barrier: every warp redoes the conv, SiLU and L2 norms of its key head's q and
-//                      k for the 4 rows per lane it holds (rows lane + 32 r), keeps its 128 x 8 slice of the state
-//                      in registers for the whole chunk (read once, written once), sums its columns' S^T k and
-//                      S^T q with a reduce-scatter over the lanes (lane j then holds column j's S^T k, lane 8 + j
-//                      its S^T q), and broadcasts the columns' updates back. Its ungated outputs o go to `out`.
+// consecutive tokens at positions pos0.. . Four launches:
+//   gdn_prep_kernel    all that does not depend on the state, for every token at once (a warp per (token, key
+//                      head)): the conv + SiLU of q, k and v, the L2 norms, k . q, beta and the decay, into the
+//                      scratch rows (PrepRow); conv taps before the chunk from the ring.
+//   gdn_chunk_kernel   the recurrence: a warp per (value head, 4 value columns), nothing shared between warps, so
+//                      the chain per token has no barrier: it keeps its 128 x 4 slice of the state in registers
+//                      for the whole chunk (read once, written once; rows lane + 32 r), sums its columns' S^T k
+//                      and S^T q with a reduce-scatter over the lanes (lane j then holds column j's S^T k, lane
+//                      4 + j its S^T q), and broadcasts the columns' updates back. Its ungated outputs o go to
+//                      `out`.
 //   gated_norm_kernel  a warp per (token, value head): out = RMSNorm(o) * norm_w * silu(z), in place.
-// The conv taps of earlier positions come from the chunk's own rows, and from the ring for positions before the
-// chunk (read at entry); the ring is brought up to date once every warp is done with it. Tested against the
-// fp64 / fp32 references token by token in tests/gpu/test_mixer_kernels.cu.
+//   ring_update_kernel the raw qkv of the chunk's last (up to) 4 tokens into the conv ring.
+// The arithmetic and its order are the decode step's, so a chunk and the decode step agree to fp32 rounding.
+// Tested against the fp64 / fp32 references token by token in tests/gpu/test_mixer_kernels.cu.
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/gdn_core.cuh"
@@ -19,9 +22,10 @@ namespace lily::cuda {
 
 namespace {
 
-// 8 value columns per warp: 512 warps for the real model (16 columns: 256 warps, 2,836 us per 2,048-token
-// chunk on the H200; 8: 2,453; 4: 2,598, each warp redoing the q / k work)
-constexpr int kWarpCols = 8;
+// 4 value columns per warp: 1,024 warps for the real model, two per scheduler (H200, a 2,048-token chunk, the
+// recurrence with the q / k work in the prep launch: 8 columns 1,827 us, 4 columns 1,735; with the q / k work
+// redone by every warp: 16 columns 2,836, 8 columns 2,453, 4 columns 2,598)
+constexpr int kWarpCols = 4;
 constexpr int kRowsPerLane = 4;  // Dk <= 128
 constexpr int kChunkWarps = 4;   // warps per block (independent)
 
@@ -38,23 +42,101 @@ __device__ __forceinline__ void scatter_step(float (&x)[V], int lane) {
   }
 }
 
-__global__ void __launch_bounds__(kChunkWarps * 32) gdn_chunk_kernel(
+// Row layout of the prep's output per token (floats): q normed and scaled [Hk][Dk] | k normed [Hk][Dk] |
+// v after conv + SiLU [Hv][Dv] | k . q [Hk] | beta [Hv] | decay [Hv].
+struct PrepRow {
+  int key_dim, vd, n_k, n_v;
+  __host__ __device__ int width() const { return 2 * key_dim + vd + n_k + 2 * n_v; }
+  __host__ __device__ int q(int kh) const { return kh * (key_dim / n_k); }
+  __host__ __device__ int k(int kh) const { return key_dim + q(kh); }
+  __host__ __device__ int v(int h) const { return 2 * key_dim + h * (vd / n_v); }
+  __host__ __device__ int kq(int kh) const { return 2 * key_dim + vd + kh; }
+  __host__ __device__ int beta(int h) const { return 2 * key_dim + vd + n_k + h; }
+  __host__ __device__ int decay(int h) const { return 2 * key_dim + vd + n_k + n_v + h; }
+};
+
+// Everything of a token that does not depend on the state, in parallel over the chunk: a warp per (token, key
+// head) runs the causal conv (the decode step's order: the current tap, then the earlier ones; taps before the
+// chunk from the ring) + SiLU of the head's q and k rows (lane + 32 r) and of its value heads' v channels, the
+// L2 norms and k . q (lane sums, then a butterfly), beta and the decay of its value heads.
+__global__ void __launch_bounds__(256) gdn_prep_kernel(
     const float* __restrict__ qkv, const float* __restrict__ a_in, const float* __restrict__ b_in,
     const float* __restrict__ conv_w, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-    const float* __restrict__ ring, float* __restrict__ state, float* __restrict__ out, int pos0, int n,
-    GdnDims dims) {
+    const float* __restrict__ ring, float* __restrict__ prep, int pos0, int n, GdnDims dims) {
+  const int lane = threadIdx.x % 32;
+  const int wg = blockIdx.x * 8 + threadIdx.x / 32;
+  const int Hk = dims.n_k_heads, Dk = dims.k_dim, Dv = dims.v_dim, Hv = dims.n_v_heads;
+  if (wg >= n * Hk) return;
+  const int t = wg / Hk, kh = wg % Hk, G = Hv / Hk;
+  const int key_dim = Hk * Dk, vd = Hv * Dv, conv_dim = 2 * key_dim + vd;
+  const PrepRow L{key_dim, vd, Hk, Hv};
+  float* out = prep + (size_t)t * L.width();
+  // channel c's input `back` tokens before t: the chunk's row, or the ring before the chunk (0 before position 0)
+  auto tap = [&](int c, int back) {
+    const int tt = t - back;
+    if (tt >= 0) return qkv[(size_t)tt * conv_dim + c];
+    const int p = pos0 + tt;
+    return p >= 0 ? ring[(size_t)(p & 3) * conv_dim + c] : 0.f;
+  };
+  auto conv = [&](int c) {
+    const float* w = conv_w + (size_t)c * 4;
+    float acc = w[3] * qkv[(size_t)t * conv_dim + c];
+    acc += w[2] * tap(c, 1);
+    acc += w[1] * tap(c, 2);
+    acc += w[0] * tap(c, 3);
+    return gdn::silu(acc);
+  };
+  float qn[kRowsPerLane], kn[kRowsPerLane], sq = 0.f, sk = 0.f;
+#pragma unroll
+  for (int r = 0; r < kRowsPerLane; ++r) {
+    const int i = lane + 32 * r;
+    qn[r] = i < Dk ? conv(kh * Dk + i) : 0.f;
+    kn[r] = i < Dk ? conv(key_dim + kh * Dk + i) : 0.f;
+    sq = fmaf(qn[r], qn[r], sq), sk = fmaf(kn[r], kn[r], sk);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    sk += __shfl_xor_sync(0xffffffffu, sk, o);
+  }
+  const float rq = rsqrtf(sq + 1e-6f) * rsqrtf((float)Dk), rk = rsqrtf(sk + 1e-6f);
+  float kq = 0.f;
+#pragma unroll
+  for (int r = 0; r < kRowsPerLane; ++r) {
+    const int i = lane + 32 * r;
+    qn[r] *= rq, kn[r] *= rk;
+    kq = fmaf(kn[r], qn[r], kq);
+    if (i < Dk) out[L.q(kh) + i] = qn[r], out[L.k(kh) + i] = kn[r];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) kq += __shfl_xor_sync(0xffffffffu, kq, o);
+  if (lane == 0) out[L.kq(kh)] = kq;
+  for (int j = lane; j < G * Dv; j += 32) out[L.v(kh * G) + j] = conv(2 * key_dim + kh * G * Dv + j);
+  if (lane < G) {
+    const int h = kh * G + lane;
+    out[L.beta(h)] = gdn::sigmoid(b_in[(size_t)t * Hv + h]);
+    out[L.decay(h)] = __expf(-__expf(a_log[h]) * gdn::softplus(a_in[(size_t)t * Hv + h] + dt_bias[h]));
+  }
+}
+
+// The recurrence: a warp per (value head, kWarpCols value columns), the prep's values of the next token
+// requested before this token's work.
+__global__ void __launch_bounds__(kChunkWarps * 32) gdn_chunk_kernel(const float* __restrict__ prep,
+                                                                      float* __restrict__ state,
+                                                                      float* __restrict__ out, int n, GdnDims dims) {
   const int lane = threadIdx.x % 32;
   const int tiles = (dims.v_dim + kWarpCols - 1) / kWarpCols;
   const int wg = blockIdx.x * kChunkWarps + threadIdx.x / 32;
   if (wg >= dims.n_v_heads * tiles) return;
   const int h = wg / tiles, col0 = (wg % tiles) * kWarpCols;
   const int Dk = dims.k_dim, Dv = dims.v_dim, Hv = dims.n_v_heads;
-  const int kh = h / (Hv / dims.n_k_heads), key_dim = dims.n_k_heads * Dk, vd = Hv * Dv;
-  const int conv_dim = 2 * key_dim + vd;
+  const int kh = h / (Hv / dims.n_k_heads), vd = Hv * Dv;
+  const PrepRow L{dims.n_k_heads * Dk, vd, dims.n_k_heads, Hv};
   const int ncols = min(kWarpCols, Dv - col0);
+  const bool has_v = lane < ncols;
   float* S = state + (size_t)h * Dk * Dv;
 
-  // the lane's rows (lane + 32 r) x the warp's 16 columns of the state
+  // the lane's rows (lane + 32 r) x the warp's columns of the state
   float s[kRowsPerLane][kWarpCols];
 #pragma unroll
   for (int r = 0; r < kRowsPerLane; ++r) {
@@ -62,97 +144,28 @@ __global__ void __launch_bounds__(kChunkWarps * 32) gdn_chunk_kernel(
 #pragma unroll
     for (int j = 0; j < kWarpCols; ++j) s[r][j] = i < Dk && j < ncols ? S[(size_t)i * Dv + col0 + j] : 0.f;
   }
-  // conv channels: q and k of rows lane + 32 r; lanes j < ncols also value column col0 + j
-  float wq[kRowsPerLane][4], wk[kRowsPerLane][4], xq[kRowsPerLane][3], xk[kRowsPerLane][3];
-  float wv[4] = {}, xv[3] = {};
-  const bool has_v = lane < ncols;
-  const int c_v = 2 * key_dim + h * Dv + col0 + lane;
-#pragma unroll
-  for (int r = 0; r < kRowsPerLane; ++r) {
-    const int i = lane + 32 * r;
-    const bool ok = i < Dk;
-    const int cq = kh * Dk + i, ck = key_dim + kh * Dk + i;
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      wq[r][t] = ok ? conv_w[(size_t)cq * 4 + t] : 0.f;
-      wk[r][t] = ok ? conv_w[(size_t)ck * 4 + t] : 0.f;
-    }
-#pragma unroll
-    for (int back = 1; back <= 3; ++back) {
-      const int p = pos0 - back;
-      xq[r][back - 1] = ok && p >= 0 ? ring[(size_t)(p & 3) * conv_dim + cq] : 0.f;
-      xk[r][back - 1] = ok && p >= 0 ? ring[(size_t)(p & 3) * conv_dim + ck] : 0.f;
-    }
-  }
-  if (has_v) {
-#pragma unroll
-    for (int t = 0; t < 4; ++t) wv[t] = conv_w[(size_t)c_v * 4 + t];
-#pragma unroll
-    for (int back = 1; back <= 3; ++back) {
-      const int p = pos0 - back;
-      xv[back - 1] = p >= 0 ? ring[(size_t)(p & 3) * conv_dim + c_v] : 0.f;
-    }
-  }
-  const float A = __expf(a_log[h]), dtb = dt_bias[h];
-  const float scale_q = rsqrtf((float)Dk);
-
-  // token t's raw inputs; the next token's are requested before this token's work
-  float cq[kRowsPerLane], ck[kRowsPerLane], cv = 0.f, cb, ca;
-  auto load = [&](int t, float (&q)[kRowsPerLane], float (&k)[kRowsPerLane], float& v, float& b, float& a) {
-    const float* row = qkv + (size_t)t * conv_dim;
+  struct Tok {
+    float q[kRowsPerLane], k[kRowsPerLane], v, kq, beta, decay;
+  };
+  auto load = [&](int t, Tok& x) {
+    const float* row = prep + (size_t)t * L.width();
 #pragma unroll
     for (int r = 0; r < kRowsPerLane; ++r) {
       const int i = lane + 32 * r;
-      q[r] = i < Dk ? row[kh * Dk + i] : 0.f;
-      k[r] = i < Dk ? row[key_dim + kh * Dk + i] : 0.f;
+      x.q[r] = i < Dk ? row[L.q(kh) + i] : 0.f;
+      x.k[r] = i < Dk ? row[L.k(kh) + i] : 0.f;
     }
-    v = has_v ? row[c_v] : 0.f;
-    b = b_in[(size_t)t * Hv + h];
-    a = a_in[(size_t)t * Hv + h];
+    x.v = has_v ? row[L.v(h) + col0 + lane] : 0.f;
+    x.kq = row[L.kq(kh)];
+    x.beta = row[L.beta(h)];
+    x.decay = row[L.decay(h)];
   };
-  load(0, cq, ck, cv, cb, ca);
+  Tok cur;
+  load(0, cur);
   for (int t = 0; t < n; ++t) {
-    float nq[kRowsPerLane] = {}, nk[kRowsPerLane] = {}, nv = 0.f, nb = 0.f, na = 0.f;
-    if (t + 1 < n) load(t + 1, nq, nk, nv, nb, na);
-    // conv + SiLU (the decode step's order: the current tap, then the earlier ones), the L2 norms
-    float qn[kRowsPerLane], kn[kRowsPerLane], sq = 0.f, sk = 0.f;
-#pragma unroll
-    for (int r = 0; r < kRowsPerLane; ++r) {
-      float aq = wq[r][3] * cq[r], ak = wk[r][3] * ck[r];
-      aq += wq[r][2] * xq[r][0], ak += wk[r][2] * xk[r][0];
-      aq += wq[r][1] * xq[r][1], ak += wk[r][1] * xk[r][1];
-      aq += wq[r][0] * xq[r][2], ak += wk[r][0] * xk[r][2];
-      xq[r][2] = xq[r][1], xq[r][1] = xq[r][0], xq[r][0] = cq[r];
-      xk[r][2] = xk[r][1], xk[r][1] = xk[r][0], xk[r][0] = ck[r];
-      const bool ok = lane + 32 * r < Dk;
-      qn[r] = ok ? gdn::silu(aq) : 0.f;
-      kn[r] = ok ? gdn::silu(ak) : 0.f;
-      sq = fmaf(qn[r], qn[r], sq), sk = fmaf(kn[r], kn[r], sk);
-    }
-    float vcur = 0.f;
-    if (has_v) {
-      float av = wv[3] * cv;
-      av += wv[2] * xv[0];
-      av += wv[1] * xv[1];
-      av += wv[0] * xv[2];
-      xv[2] = xv[1], xv[1] = xv[0], xv[0] = cv;
-      vcur = gdn::silu(av);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      sq += __shfl_xor_sync(0xffffffffu, sq, o);
-      sk += __shfl_xor_sync(0xffffffffu, sk, o);
-    }
-    const float rq = rsqrtf(sq + 1e-6f) * scale_q, rk = rsqrtf(sk + 1e-6f);
-    float kq = 0.f;
-#pragma unroll
-    for (int r = 0; r < kRowsPerLane; ++r) {
-      qn[r] *= rq, kn[r] *= rk;
-      kq = fmaf(kn[r], qn[r], kq);
-    }
-    const float beta = gdn::sigmoid(cb);
-    const float decay = __expf(-A * gdn::softplus(ca + dtb));
-    // decayed state; partial column sums of S^T k (x[j]) and S^T q (x[16 + j]) over the lane's rows
+    Tok nxt{};
+    if (t + 1 < n) load(t + 1, nxt);
+    // decayed state; partial column sums of S^T k (x[j]) and S^T q (x[kWarpCols + j]) over the lane's rows
     float x[2 * kWarpCols];
 #pragma unroll
     for (int j = 0; j < 2 * kWarpCols; ++j) x[j] = 0.f;
@@ -160,13 +173,13 @@ __global__ void __launch_bounds__(kChunkWarps * 32) gdn_chunk_kernel(
     for (int r = 0; r < kRowsPerLane; ++r)
 #pragma unroll
       for (int j = 0; j < kWarpCols; ++j) {
-        s[r][j] *= decay;
-        x[j] = fmaf(s[r][j], kn[r], x[j]);
-        x[kWarpCols + j] = fmaf(s[r][j], qn[r], x[kWarpCols + j]);
+        s[r][j] *= cur.decay;
+        x[j] = fmaf(s[r][j], cur.k[r], x[j]);
+        x[kWarpCols + j] = fmaf(s[r][j], cur.q[r], x[kWarpCols + j]);
       }
     // reduce-scatter: at each step a lane keeps the half of the values its lane bit selects and adds its
-    // partner's copy of that half; lane l ends with the warp's total of value l
-    constexpr int V = 2 * kWarpCols;  // lane l ends with value l % V; lanes l and l ^ V (V < 32) add theirs
+    // partner's copy of that half; lane l ends with the warp's total of value l % V
+    constexpr int V = 2 * kWarpCols;
     if constexpr (V >= 32) scatter_step<16>(x, lane);
     if constexpr (V >= 16) scatter_step<8>(x, lane);
     scatter_step<4>(x, lane);
@@ -174,23 +187,19 @@ __global__ void __launch_bounds__(kChunkWarps * 32) gdn_chunk_kernel(
     scatter_step<1>(x, lane);
     if constexpr (V <= 8) x[0] += __shfl_xor_sync(0xffffffffu, x[0], 8);
     if constexpr (V <= 16) x[0] += __shfl_xor_sync(0xffffffffu, x[0], 16);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) kq += __shfl_xor_sync(0xffffffffu, kq, o);
     // lane j < kWarpCols: column j's S^T k -> its update dlt_j = beta (v_j - mem_j); lane kWarpCols + j: column
     // j's S^T q
-    const float dlt = lane < kWarpCols ? beta * (vcur - x[0]) : 0.f;
+    const float dlt = lane < kWarpCols ? cur.beta * (cur.v - x[0]) : 0.f;
     const float dlt_of_mine = __shfl_sync(0xffffffffu, dlt, lane & (kWarpCols - 1));
     if (lane >= kWarpCols && lane - kWarpCols < ncols)  // o = S'^T q = (decay S)^T q + (k . q) dlt
-      out[(size_t)t * vd + (size_t)h * Dv + col0 + lane - kWarpCols] = fmaf(kq, dlt_of_mine, x[0]);
+      out[(size_t)t * vd + (size_t)h * Dv + col0 + lane - kWarpCols] = fmaf(cur.kq, dlt_of_mine, x[0]);
 #pragma unroll
     for (int j = 0; j < kWarpCols; ++j) {
       const float d = __shfl_sync(0xffffffffu, dlt, j);
 #pragma unroll
-      for (int r = 0; r < kRowsPerLane; ++r) s[r][j] = fmaf(kn[r], d, s[r][j]);
+      for (int r = 0; r < kRowsPerLane; ++r) s[r][j] = fmaf(cur.k[r], d, s[r][j]);
     }
-#pragma unroll
-    for (int r = 0; r < kRowsPerLane; ++r) cq[r] = nq[r], ck[r] = nk[r];
-    cv = nv, cb = nb, ca = na;
+    cur = nxt;
   }
 #pragma unroll
   for (int r = 0; r < kRowsPerLane; ++r) {
@@ -225,17 +234,26 @@ __global__ void ring_update_kernel(const float* qkv, float* ring, int pos0, int 
 
 }  // namespace
 
+size_t gdn_chunk_scratch_bytes(int n, GdnDims dims) {
+  const int key_dim = dims.n_k_heads * dims.k_dim, vd = dims.n_v_heads * dims.v_dim;
+  return sizeof(float) * (size_t)n * PrepRow{key_dim, vd, dims.n_k_heads, dims.n_v_heads}.width();
+}
+
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
-                      float* out, int pos0, int n, GdnDims dims, float eps, cudaStream_t s) {
+                      float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, cudaStream_t s) {
   LILY_CHECK(dims.k_dim >= 1 && dims.k_dim <= 32 * kRowsPerLane && dims.v_dim >= 1 && dims.n_k_heads > 0 &&
                  dims.n_v_heads % dims.n_k_heads == 0 && pos0 >= 0,
              "gdn_chunk: unsupported dims Dk=", dims.k_dim, " Dv=", dims.v_dim, " Hk=", dims.n_k_heads,
              " Hv=", dims.n_v_heads);
   if (n <= 0) return;
+  float* prep = static_cast<float*>(scratch);
+  const int prep_warps = n * dims.n_k_heads;
+  gdn_prep_kernel<<<(prep_warps + 7) / 8, 256, 0, s>>>(qkv, a, b, conv_w, a_log, dt_bias, conv_ring, prep, pos0, n,
+                                                      dims);
+  CUDA_CHECK_LAUNCH();
   const int warps = dims.n_v_heads * ((dims.v_dim + kWarpCols - 1) / kWarpCols);
-  gdn_chunk_kernel<<<(warps + kChunkWarps - 1) / kChunkWarps, kChunkWarps * 32, 0, s>>>(
-      qkv, a, b, conv_w, a_log, dt_bias, conv_ring, state, out, pos0, n, dims);
+  gdn_chunk_kernel<<<(warps + kChunkWarps - 1) / kChunkWarps, kChunkWarps * 32, 0, s>>>(prep, state, out, n, dims);
   CUDA_CHECK_LAUNCH();
   const int rows = n * dims.n_v_heads;
   gated_norm_kernel<<<(rows + 7) / 8, 256, 0, s>>>(out, z, norm_w, n, dims.n_v_heads, dims.v_dim, eps);

@@ -12,6 +12,8 @@
 // [offsets[e], offsets[e+1]) and gather their input rows. Tested by tests/gpu/test_batched.cu.
 #include <cuda_bf16.h>
 
+#include <cub/block/block_scan.cuh>
+
 #include <cstring>
 
 #include "kernels/batched.h"
@@ -57,6 +59,7 @@ struct GemmArgs {
   const float* xsum;
   const int* x_row;      // grouped: input row of each slot (null: the slot itself)
   const int* offsets;    // grouped: [n_mats + 1] slot ranges; null: dense over [0, n)
+  const int* tiles;      // grouped: the work list (gemm_grouped_tiles), tile blockIdx.y
   int n;                 // dense: tokens
   bool accumulate;
 };
@@ -94,13 +97,15 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   const GemmPart& part = a.part[pi];
   const int r_base = (blockIdx.x - (pi ? a.part[pi - 1].tile_end : 0)) * kGemmRows;
   const int rows = part.rows;
-  int mat = 0, slot0 = 0, count = a.n;
+  int mat = 0, slot0 = 0, count = a.n, t_base = blockIdx.z * kGemmTok;  // t_base: within this matrix's slots
   if (a.offsets) {
-    mat = blockIdx.y;
+    if (static_cast<int>(blockIdx.y) >= a.tiles[0]) return;
+    const int tile = a.tiles[1 + blockIdx.y];
+    mat = tile >> 16;
+    t_base = (tile & 0xFFFF) * kGemmTok;
     slot0 = a.offsets[mat];
     count = a.offsets[mat + 1] - slot0;
   }
-  const int t_base = blockIdx.z * kGemmTok;  // within this matrix's slots
   if (t_base >= count) return;
   const int t_count = min(kGemmTok, count - t_base);
   const int groups = a.cols / 64;
@@ -109,31 +114,25 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   const size_t row_bytes = static_cast<size_t>(a.cols) * BITS / 8;
 
   // What this thread copies per group, fixed for the whole loop (rows / tokens past the end load the last
-  // valid one and are not stored): weight chunks tid + 256 i, x chunks likewise over the 16-token pairs that
-  // hold a valid token (hi, then lo), one scale|bias word or one group sum.
+  // valid one and are not stored): weight chunks tid + 256 i; the x chunks (token, piece) tid + 256 i of the
+  // 16-token pairs that hold a valid token, hi and lo; one scale|bias word or one group sum.
   constexpr int kWCopies = kGemmRows * T::kRowBytes / 16 / kGemmThreads;  // 1 (q4), 2 (q8), 4 (bf16)
+  constexpr int kPieces = T::kRowBytes / 16;
   uint32_t wsrc[kWCopies];  // byte offsets from w
-  int wdst[kWCopies];
 #pragma unroll
   for (int i = 0; i < kWCopies; ++i) {
-    const int c = tid + i * kGemmThreads, r = c / (T::kRowBytes / 16), piece = c % (T::kRowBytes / 16);
-    wsrc[i] = static_cast<uint32_t>(min(r_base + r, rows - 1) * row_bytes + piece * 16);
-    wdst[i] = r * T::kWStride + piece * 16;
+    const int c = tid + i * kGemmThreads;
+    wsrc[i] = static_cast<uint32_t>(min(r_base + c / kPieces, rows - 1) * row_bytes + (c % kPieces) * 16);
   }
   const int x_rows = (t_count + 15) & ~15;
-  int xoff[4], xdst[4];  // element offset of the chunk (in hi, or in lo where lo_bits has bit i); -1: none
-  unsigned lo_bits = 0;
+  int xoff[2];  // element offset of the chunk's row and piece in hi / lo; -1: none
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c = tid + i * kGemmThreads;
+  for (int i = 0; i < 2; ++i) {
+    const int c = tid + i * kGemmThreads, t = c >> 3;
     xoff[i] = -1;
-    if (c < 2 * x_rows * 8) {
-      const int half = c >= x_rows * 8, rem = c - half * x_rows * 8, t = rem >> 3, piece = rem & 7;
+    if (t < x_rows) {
       const int slot = slot0 + t_base + min(t, t_count - 1);
-      const int row = a.x_row ? a.x_row[slot] : slot;
-      xoff[i] = row * a.cols + piece * 8;
-      lo_bits |= static_cast<unsigned>(half) << i;
-      xdst[i] = T::kWBytes + ((half * kGemmTok + t) * kXStride + piece * 8) * 2;
+      xoff[i] = (a.x_row ? a.x_row[slot] : slot) * a.cols + (c & 7) * 8;
     }
   }
   const uint32_t* sbsrc = nullptr;
@@ -149,12 +148,18 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   auto stage = [&](int g, int buf) {
     uint8_t* base = smem + buf * T::kStage;
 #pragma unroll
-    for (int i = 0; i < kWCopies; ++i) mma::cp16(base + wdst[i], w + wsrc[i] + static_cast<size_t>(g) * T::kRowBytes);
+    for (int i = 0; i < kWCopies; ++i) {
+      const int c = tid + i * kGemmThreads;
+      mma::cp16(base + (c / kPieces) * T::kWStride + (c % kPieces) * 16,
+                w + wsrc[i] + static_cast<size_t>(g) * T::kRowBytes);
+    }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (xoff[i] == -1) continue;
-      const uint16_t* src = ((lo_bits >> i) & 1 ? a.xlo : a.xhi) + xoff[i] + g * 64;
-      mma::cp16(base + xdst[i], src);
+    for (int i = 0; i < 2; ++i) {
+      if (xoff[i] < 0) continue;
+      const int c = tid + i * kGemmThreads;
+      uint8_t* dst = base + T::kWBytes + ((c >> 3) * kXStride + (c & 7) * 8) * 2;
+      mma::cp16(dst, a.xhi + xoff[i] + g * 64);
+      mma::cp16(dst + kGemmTok * kXStride * 2, a.xlo + xoff[i] + g * 64);
     }
     float* sbs = reinterpret_cast<float*>(base + T::kWBytes + T::kXBytes);
     if (sbsrc) mma::cp4(sbs + tid, sbsrc + g);
@@ -229,17 +234,17 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
         }
       }
 #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        if (p < n_pairs) {
+      for (int half = 0; half < 2; ++half)  // (an accumulator's two products 8 apart)
 #pragma unroll
-          for (int half = 0; half < 2; ++half)
+        for (int p = 0; p < 2; ++p) {
+          if (p < n_pairs) {
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
               mma::bf16_16816(cg[m][2 * p], af[m], b[p][half][0], b[p][half][1]);
               mma::bf16_16816(cg[m][2 * p + 1], af[m], b[p][half][2], b[p][half][3]);
             }
+          }
         }
-      }
     }
     if constexpr (BITS == 16) {
 #pragma unroll
@@ -282,22 +287,41 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
       }
 }
 
+// One block: per matrix the number of its 64-slot tiles, an exclusive scan over the matrices (in rounds of
+// kTileThreads), each matrix's tiles written at its place.
+constexpr int kTileThreads = 256;
+__global__ void __launch_bounds__(kTileThreads) tiles_kernel(const int* offsets, int n_mats, int* tiles) {
+  using Scan = cub::BlockScan<int, kTileThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  int base = 0;
+  for (int e0 = 0; e0 < n_mats; e0 += kTileThreads) {
+    const int e = e0 + static_cast<int>(threadIdx.x);
+    const int n = e < n_mats ? (offsets[e + 1] - offsets[e] + kGemmTok - 1) / kGemmTok : 0;
+    int first, total;
+    Scan(tmp).ExclusiveSum(n, first, total);
+    for (int j = 0; j < n; ++j) tiles[1 + base + first + j] = (e << 16) | j;
+    base += total;
+    __syncthreads();  // (tmp is reused by the next round)
+  }
+  if (threadIdx.x == 0) tiles[0] = base;
+}
+
 template <int BITS>
-void launch_gemm(const GemmArgs& a, int n_mats_grid, int max_tokens, cudaStream_t s) {
+void launch_gemm(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) {
   // set on every call (cheap, not a stream operation): no static state, any device, any thread
   CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   GemmTile<BITS>::kSmem));
-  const dim3 grid(a.part[a.parts - 1].tile_end, n_mats_grid, (max_tokens + kGemmTok - 1) / kGemmTok);
+  const dim3 grid(a.part[a.parts - 1].tile_end, grid_y, (max_tokens + kGemmTok - 1) / kGemmTok);
   gemm_kernel<BITS><<<grid, kGemmThreads, GemmTile<BITS>::kSmem, s>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
-void run(QFormat f, GemmArgs& a, int n_mats_grid, int max_tokens, cudaStream_t s) {
+void run(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) {
   if (max_tokens <= 0 || a.part[a.parts - 1].tile_end == 0) return;
   switch (f) {
-    case QFormat::q4: launch_gemm<4>(a, n_mats_grid, max_tokens, s); break;
-    case QFormat::q8: launch_gemm<8>(a, n_mats_grid, max_tokens, s); break;
-    case QFormat::bf16: launch_gemm<16>(a, n_mats_grid, max_tokens, s); break;
+    case QFormat::q4: launch_gemm<4>(a, grid_y, max_tokens, s); break;
+    case QFormat::q8: launch_gemm<8>(a, grid_y, max_tokens, s); break;
+    case QFormat::bf16: launch_gemm<16>(a, grid_y, max_tokens, s); break;
   }
 }
 
@@ -352,13 +376,21 @@ void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cuda
   detail::run(b.W[0].format, a, 1, n, s);
 }
 
-void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, int max_count, float* y,
-                  int ldy, cudaStream_t s) {
-  LILY_CHECK(offsets, "gemm_grouped: no slot offsets");
+void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, const int* tiles,
+                  int max_tiles, float* y, int ldy, cudaStream_t s) {
+  LILY_CHECK(offsets && tiles && max_tiles >= 1 && max_tiles <= 65535, "gemm_grouped: no slot offsets or tiles, or ",
+             max_tiles, " tiles (1..65535)");
   detail::GemmArgs a = detail::args_for(&W, &y, &ldy, 1, 0, x);
   a.x_row = x_row;
   a.offsets = offsets;
-  detail::run(W.format, a, W.n_mats, max_count, s);
+  a.tiles = tiles;
+  detail::run(W.format, a, max_tiles, 1, s);
+}
+
+void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s) {
+  LILY_CHECK(n_mats >= 1 && n_mats <= 65535, "gemm_grouped_tiles: ", n_mats, " matrices");
+  detail::tiles_kernel<<<1, detail::kTileThreads, 0, s>>>(offsets, n_mats, tiles);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace lily::cuda

@@ -29,12 +29,13 @@ struct PrefillBuffers {
   GemmXBuf x;                   // GEMM inputs: [n][<= max(H, mixer width)] or [n * top_k][F]
   float* proj = nullptr;        // [n][max(gdn proj, attn proj)] projections, one matrix after the other
   float* mix = nullptr;         // [n][max(Hv*Dv, Hq*d)] mixer outputs
-  void* q_scratch = nullptr;    // attention_chunk_scratch_bytes(n, Hq, d)
+  void* scratch = nullptr;      // max(attention_chunk_scratch_bytes(n, Hq, d), gdn_chunk_scratch_bytes(n, dims))
   float* logits = nullptr;      // [n][E + 1] router | shared gate
   int* idx = nullptr;           // [n][top_k]
   float* w = nullptr;           // [n][top_k]
   float* sh = nullptr;          // [n] sigmoid(shared gate)
   int* offsets = nullptr;       // [E + 1]
+  int* tiles = nullptr;         // [1 + gemm_grouped_max_tiles(n * top_k, E)] the grouped GEMMs' work list
   int* x_row = nullptr;         // [n * top_k] token of each slot
   float* w_slot = nullptr;      // [n * top_k]
   int* slot_of = nullptr;       // [n][top_k]
@@ -63,12 +64,15 @@ void CudaEngine::prefill_alloc() {
   b->x = gemm_x_alloc((int)(x_elems / 64), 64);
   b->proj = device_alloc<float>((size_t)n * std::max(gdn_proj, attn_proj));
   b->mix = device_alloc<float>((size_t)n * mix);
-  b->q_scratch = device_alloc<uint8_t>(attention_chunk_scratch_bytes(n, c.n_heads, d));
+  const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
+  b->scratch = device_alloc<uint8_t>(
+      std::max(attention_chunk_scratch_bytes(n, c.n_heads, d), gdn_chunk_scratch_bytes(n, dims)));
   b->logits = device_alloc<float>((size_t)n * (c.n_experts + 1));
   b->idx = device_alloc<int>((size_t)n * k);
   b->w = device_alloc<float>((size_t)n * k);
   b->sh = device_alloc<float>(n);
   b->offsets = device_alloc<int>(c.n_experts + 1);
+  b->tiles = device_alloc<int>(1 + gemm_grouped_max_tiles(n * k, c.n_experts));
   b->x_row = device_alloc<int>((size_t)n * k);
   b->w_slot = device_alloc<float>((size_t)n * k);
   b->slot_of = device_alloc<int>((size_t)n * k);
@@ -83,8 +87,8 @@ void CudaEngine::prefill_alloc() {
 void CudaEngine::prefill_free() {
   if (!pf_) return;
   PrefillBuffers& b = *pf_;
-  for (void* p : {(void*)b.tokens, (void*)b.h, (void*)b.proj, (void*)b.mix, b.q_scratch, (void*)b.logits,
-                  (void*)b.idx, (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.x_row, (void*)b.w_slot,
+  for (void* p : {(void*)b.tokens, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits,
+                  (void*)b.idx, (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles, (void*)b.x_row, (void*)b.w_slot,
                   (void*)b.slot_of, (void*)b.g, (void*)b.u, (void*)b.act, (void*)b.yd, (void*)b.ysh})
     if (p) cudaFree(p);
   if (b.host) cudaFreeHost(b.host);
@@ -155,8 +159,8 @@ void CudaEngine::prefill_gdn(int layer, int pos0, int n) {
   gemm_x_prep(b.h, H, n, w_.layers[layer].input_norm, c.eps, xh, nullptr, stream_);
   project({{&g.qkv, qkv, cd}, {&g.z, z, vd}, {&g.b, bb, Hv}, {&g.a, a, Hv}}, xh.view(), n);
   if (runs("gdn_core"))
-    launch_gdn_chunk(qkv, z, a, bb, g.conv_w, g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], b.mix, pos0, n,
-                     dims, c.eps, stream_);
+    launch_gdn_chunk(qkv, z, a, bb, g.conv_w, g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], b.mix, b.scratch,
+                     pos0, n, dims, c.eps, stream_);
   const GemmXBuf xm = at_width(b.x, vd);
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
   gemm(g.out, 0, xm.view(), n, b.h, H, true, stream_);
@@ -182,7 +186,7 @@ void CudaEngine::prefill_attention(int layer, int pos0, int n) {
   in.q_norm = at.q_norm, in.k_norm = at.k_norm, in.eps = c.eps;
   attn_in_rope(in, c.rope_dim, c.rope_theta);
   in.qg = qg, in.k = k, in.v = v;
-  if (runs("attn_core")) launch_attention_chunk(in, kv, pos0, n, c.n_heads, b.q_scratch, b.mix, stream_);
+  if (runs("attn_core")) launch_attention_chunk(in, kv, pos0, n, c.n_heads, b.scratch, b.mix, stream_);
   const GemmXBuf xm = at_width(b.x, od);
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
   gemm(at.o, 0, xm.view(), n, b.h, H, true, stream_);
@@ -198,12 +202,14 @@ void CudaEngine::prefill_moe(int layer, int n) {
   project({{&m.router, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
   moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
   moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
+  gemm_grouped_tiles(b.offsets, E, b.tiles, stream_);
+  const int max_tiles = gemm_grouped_max_tiles(n * k, E);
   // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer
   project({{&m.sh_gate, b.g, Fs}, {&m.sh_up, b.u, Fs}}, xh.view(), n);
   swiglu_rows(b.g, b.u, nullptr, n, Fs, b.act, stream_);
   // routed experts: each token's rows go to its 8 experts' slots (x_row); one launch per matrix for all experts
-  gemm_grouped(m.gate, xh.view(), b.x_row, b.offsets, n, b.g + (size_t)n * Fs, F, stream_);
-  gemm_grouped(m.up, xh.view(), b.x_row, b.offsets, n, b.u + (size_t)n * Fs, F, stream_);
+  gemm_grouped(m.gate, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.g + (size_t)n * Fs, F, stream_);
+  gemm_grouped(m.up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.u + (size_t)n * Fs, F, stream_);
   float* act = b.act + (size_t)n * Fs;
   swiglu_rows(b.g + (size_t)n * Fs, b.u + (size_t)n * Fs, b.w_slot, n * k, F, act, stream_);
   const GemmXBuf xs = at_width(b.x, Fs);  // the shared expert's activations, then the routed ones after them
@@ -211,7 +217,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   gemm(m.sh_down, 0, xs.view(), n, b.ysh, H, false, stream_);
   const GemmXBuf xr = at_width(b.x, F);
   gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
-  gemm_grouped(m.down, xr.view(), nullptr, b.offsets, n, b.yd, H, stream_);
+  gemm_grouped(m.down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
   moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);
 }
 

@@ -283,7 +283,7 @@ TEST(GemmXPrep, SplitGroupSumsAndRmsNorm) {
 
 // A stack of 9 experts [rows x K]: slots by expert with counts including zeros (the last expert too) and one
 // over a 64-token tile. gather: slot a reads row x_row[a] of a 40-row x (rows repeat); else row a of an x with
-// one row per slot, and max_count the loose bound "all slots".
+// one row per slot, and the tiles' bound 3x the needed one.
 void run_grouped(QFormat fmt, bool gather, uint64_t seed, int rows = 100, int K = 128) {
   const std::string name = std::string("gemm_grouped ") + fmt_name(fmt) + (gather ? " x_row" : " x_row=null") +
                            " [" + std::to_string(rows) + " x " + std::to_string(K) + "]";
@@ -305,8 +305,10 @@ void run_grouped(QFormat fmt, bool gather, uint64_t seed, int rows = 100, int K 
   dy.poison();
   XBuf xb(n_x, K);
   gemm_x_prep(dx.p, K, n_x, nullptr, 0.f, xb.b, nullptr, nullptr);
-  const int max_count = gather ? *std::max_element(counts.begin(), counts.end()) : S;
-  gemm_grouped(d.m, xb.b.view(), gather ? drow.p : nullptr, doff.p, max_count, dy.p, rows, nullptr);
+  const int max_tiles = gemm_grouped_max_tiles(S, E) * (gather ? 1 : 3);  // the bound, or a loose one
+  DevBuf<int> dtiles(std::vector<int>(1 + max_tiles, -1));
+  gemm_grouped_tiles(doff.p, E, dtiles.p, nullptr);
+  gemm_grouped(d.m, xb.b.view(), gather ? drow.p : nullptr, doff.p, dtiles.p, max_tiles, dy.p, rows, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   size_t bad_split = 0;
   const std::vector<double> xt = split_of(xb.b, n_x, x, K, bad_split);

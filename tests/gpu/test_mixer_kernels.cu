@@ -264,7 +264,9 @@ void run_gdn_chunk_case(GdnDims dm, int before, int n, uint32_t seed) {
     o64.insert(o64.end(), e64.begin(), e64.end()), o32.insert(o32.end(), e32.begin(), e32.end());
   }
   float *dqkv = to_dev(qkv), *dz = to_dev(z), *da = to_dev(a), *db = to_dev(b), *dout = poisoned((size_t)n * VD);
-  launch_gdn_chunk(dqkv, dz, da, db, dcw, dal, ddt, dnw, ring, dS, dout, before, n, dm, 1e-6f, 0);
+  void* scratch = nullptr;
+  CUDA_CHECK(cudaMalloc(&scratch, gdn_chunk_scratch_bytes(n, dm)));
+  launch_gdn_chunk(dqkv, dz, da, db, dcw, dal, ddt, dnw, ring, dS, dout, scratch, before, n, dm, 1e-6f, 0);
   CUDA_CHECK(cudaDeviceSynchronize());
   char name[96];
   std::snprintf(name, sizeof name, "gdn chunk Dk%d Dv%d +%d x%d", dm.k_dim, Dv, before, n);
@@ -275,6 +277,7 @@ void run_gdn_chunk_case(GdnDims dm, int before, int n, uint32_t seed) {
   one_step(before + n, name);
   for (float* p : {dqkv, dz, da, db, dout, dcw, dal, ddt, dnw, dS, ring}) cudaFree(p);
   cudaFree(dpos);
+  cudaFree(scratch);
 }
 
 TEST(MixerKernels, GdnChunkRealShape) {
