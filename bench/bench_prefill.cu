@@ -118,6 +118,13 @@ int main(int argc, char** argv) {
   multi("gemm_multi q4 attention q|k|v", QFormat::q4, {8192, 512, 512}, H, x, y);
   multi("gemm_multi q8 router|shared expert gate", QFormat::q8, {256, 1}, H, x, y);
   multi("gemm_multi q4 shared expert gate|up", QFormat::q4, {512, 512}, H, x, y);
+  {
+    const QMat g = make_mat(QFormat::q4, 512, H), u = make_mat(QFormat::q4, 512, H);
+    GemmXBuf xh = x;
+    xh.K = H;
+    const double us = time_graph(1, [&](int, cudaStream_t s) { gemm_swiglu(g, u, xh.view(), kN, y, 512, s); });
+    report("gemm_swiglu q4 shared expert gate|up", us, 4.0 * 512 * H * kN, 2.0 * g.bytes());
+  }
 
   // routed experts: each token's 8 distinct experts at random, grouped as moe_group does
   {
@@ -160,6 +167,12 @@ int main(int argc, char** argv) {
     });
     report("gemm_grouped q4 experts gate / up 256 x 512 x 2048", us_gate, 2.0 * F * H * kN * k,
            (double)up_probe.bytes());
+    std::vector<QMat> up;
+    for (int i = 0; i < copies; ++i) up.push_back(make_mat(QFormat::q4, F, H, E));
+    const double us_pair = time_graph(copies, [&](int i, cudaStream_t s) {
+      gemm_grouped_swiglu(gate[i], up[i], xh.view(), x_row, off, tiles, max_tiles, w_slot, y, F, s);
+    });
+    report("gemm_grouped_swiglu q4 experts gate|up", us_pair, 4.0 * F * H * kN * k, 2.0 * up_probe.bytes());
     const double us_down = time_graph(copies, [&](int i, cudaStream_t s) {
       gemm_grouped(down[i], xf.view(), nullptr, off, tiles, max_tiles, y, H, s);
     });

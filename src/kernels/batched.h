@@ -70,6 +70,13 @@ void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* of
 inline int gemm_grouped_max_tiles(int slots, int n_mats) { return slots / 64 + n_mats; }
 void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s);
 
+// SwiGLU of two projections of one shape sharing x (gate, up: the MoE's experts), in one launch:
+// act[t][r] = scale * silu(gate x[t])[r] * (up x[t])[r], row stride ldact. Dense over tokens [0, n) (scale 1),
+// or grouped as gemm_grouped (scale[a] per slot, null: 1).
+void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float* act, int ldact, cudaStream_t s);
+void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const int* x_row, const int* offsets,
+                         const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s);
+
 // ---- MoE for n tokens (model.md §2.4) ----
 // logits [n][ld]: the router's E logits then the shared expert gate's. Per token: softmax over E in fp32, the
 // top_k most probable (ties: lower id) renormalised -> idx / w [n][top_k]; sh_scale[t] = sigmoid(gate logit).

@@ -62,6 +62,7 @@ struct GemmArgs {
   const int* tiles;      // grouped: the work list (gemm_grouped_tiles), tile blockIdx.y
   int n;                 // dense: tokens
   bool accumulate;
+  const float* scale;    // paired: per output row (slot) factor, null: 1
 };
 
 // The A fragment's register for k-slots (s, s + 1) of a k-step: the weights of columns c0 and c0 + 4 of a row
@@ -84,19 +85,25 @@ __device__ __forceinline__ uint32_t a_pair(const uint8_t* row, int c0) {
   }
 }
 
-// Each warp computes 32 rows x 32 tokens of the block's 128 x 64 tile: warp w takes rows 32 (w % 4) .. and
+// Each warp computes 32 rows x 32 tokens of the block's 128 x 64 tile: warp w takes tile rows 32 (w % 4) .. and
 // tokens 32 (w / 4) .., as 2 x 4 mma tiles. Per k-step (16 k-slots) and thread: the A registers of its 4 rows
 // (r0 + 8 i), the B fragments of 32 tokens (hi and lo), 16 products.
-template <int BITS>
+// PAIRED (SwiGLU): part 0 is a gate, part 1 an up projection of the same shape; a block takes 64 rows of each,
+// tile row 32 q + 16 m + i being row 16 q + i of part m, so every thread holds the gate and up values of the same
+// rows and tokens and writes scale * silu(gate) * up.
+template <int BITS, bool PAIRED>
 __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   using T = GemmTile<BITS>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   int pi = 0;
-  while (pi + 1 < a.parts && static_cast<int>(blockIdx.x) >= a.part[pi].tile_end) ++pi;
+  while (!PAIRED && pi + 1 < a.parts && static_cast<int>(blockIdx.x) >= a.part[pi].tile_end) ++pi;
   const GemmPart& part = a.part[pi];
-  const int r_base = (blockIdx.x - (pi ? a.part[pi - 1].tile_end : 0)) * kGemmRows;
+  const int r_base = (blockIdx.x - (pi ? a.part[pi - 1].tile_end : 0)) * (PAIRED ? kGemmRows / 2 : kGemmRows);
   const int rows = part.rows;
+  // tile row -> (part, row of that part)
+  auto tile_part = [](int tr) { return PAIRED ? (tr >> 4) & 1 : 0; };
+  auto tile_row = [&](int tr) { return min(PAIRED ? r_base + (tr >> 5) * 16 + (tr & 15) : r_base + tr, rows - 1); };
   int mat = 0, slot0 = 0, count = a.n, t_base = blockIdx.z * kGemmTok;  // t_base: within this matrix's slots
   if (a.offsets) {
     if (static_cast<int>(blockIdx.y) >= a.tiles[0]) return;
@@ -111,6 +118,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   const int groups = a.cols / 64;
   const uint8_t* w = part.w + mat * a.mat_w_bytes;
   const uint32_t* sb = part.sb ? part.sb + mat * a.mat_groups : nullptr;
+  const uint8_t* w1 = PAIRED ? a.part[1].w + mat * a.mat_w_bytes : nullptr;  // the up projection
+  const uint32_t* sb1 = PAIRED && a.part[1].sb ? a.part[1].sb + mat * a.mat_groups : nullptr;
   const size_t row_bytes = static_cast<size_t>(a.cols) * BITS / 8;
 
   // What this thread copies per group, fixed for the whole loop (rows / tokens past the end load the last
@@ -118,11 +127,11 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   // 16-token pairs that hold a valid token, hi and lo; one scale|bias word or one group sum.
   constexpr int kWCopies = kGemmRows * T::kRowBytes / 16 / kGemmThreads;  // 1 (q4), 2 (q8), 4 (bf16)
   constexpr int kPieces = T::kRowBytes / 16;
-  uint32_t wsrc[kWCopies];  // byte offsets from w
+  uint32_t wsrc[kWCopies];  // byte offsets from w (w1 for the up projection's tile rows)
 #pragma unroll
   for (int i = 0; i < kWCopies; ++i) {
     const int c = tid + i * kGemmThreads;
-    wsrc[i] = static_cast<uint32_t>(min(r_base + c / kPieces, rows - 1) * row_bytes + (c % kPieces) * 16);
+    wsrc[i] = static_cast<uint32_t>(tile_row(c / kPieces) * row_bytes + (c % kPieces) * 16);
   }
   const int x_rows = (t_count + 15) & ~15;
   int xoff[2];  // element offset of the chunk's row and piece in hi / lo; -1: none
@@ -139,7 +148,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   const float* gsrc = nullptr;
   if constexpr (BITS != 16) {
     if (tid < kGemmRows) {
-      sbsrc = sb + static_cast<size_t>(min(r_base + tid, rows - 1)) * groups;
+      sbsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups;
     } else if (tid < kGemmRows + kGemmTok) {
       const int slot = slot0 + t_base + min(tid - kGemmRows, t_count - 1);
       gsrc = a.xsum + static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * groups;
@@ -151,7 +160,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
     for (int i = 0; i < kWCopies; ++i) {
       const int c = tid + i * kGemmThreads;
       mma::cp16(base + (c / kPieces) * T::kWStride + (c % kPieces) * 16,
-                w + wsrc[i] + static_cast<size_t>(g) * T::kRowBytes);
+                (tile_part(c / kPieces) ? w1 : w) + wsrc[i] + static_cast<size_t>(g) * T::kRowBytes);
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -272,19 +281,34 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
     }
   }
 
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
+  if constexpr (PAIRED) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int t = tg * 32 + i * 8 + tq * 2 + (j & 1);
-        const int r = r_base + r0 + 16 * m + (j < 2 ? 0 : 8);
+        const int r = r_base + rg * 16 + gq + (j < 2 ? 0 : 8);
         if (t < t_count && r < rows) {
-          float* dst = part.y + static_cast<size_t>(slot0 + t_base + t) * part.ldy + r;
-          *dst = a.accumulate ? *dst + acc[m][i][j] : acc[m][i][j];
+          const int slot = slot0 + t_base + t;
+          const float gv = acc[0][i][j], f = a.scale ? a.scale[slot] : 1.f;
+          part.y[static_cast<size_t>(slot) * part.ldy + r] = f * (gv / (1.f + expf(-gv))) * acc[1][i][j];
         }
       }
+  } else {
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int t = tg * 32 + i * 8 + tq * 2 + (j & 1);
+          const int r = r_base + r0 + 16 * m + (j < 2 ? 0 : 8);
+          if (t < t_count && r < rows) {
+            float* dst = part.y + static_cast<size_t>(slot0 + t_base + t) * part.ldy + r;
+            *dst = a.accumulate ? *dst + acc[m][i][j] : acc[m][i][j];
+          }
+        }
+  }
 }
 
 // One block: per matrix the number of its 64-slot tiles, an exclusive scan over the matrices (in rounds of
@@ -306,23 +330,29 @@ __global__ void __launch_bounds__(kTileThreads) tiles_kernel(const int* offsets,
   if (threadIdx.x == 0) tiles[0] = base;
 }
 
-template <int BITS>
+template <int BITS, bool PAIRED>
 void launch_gemm(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) {
   // set on every call (cheap, not a stream operation): no static state, any device, any thread
-  CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BITS, PAIRED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   GemmTile<BITS>::kSmem));
   const dim3 grid(a.part[a.parts - 1].tile_end, grid_y, (max_tokens + kGemmTok - 1) / kGemmTok);
-  gemm_kernel<BITS><<<grid, kGemmThreads, GemmTile<BITS>::kSmem, s>>>(a);
+  gemm_kernel<BITS, PAIRED><<<grid, kGemmThreads, GemmTile<BITS>::kSmem, s>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
-void run(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) {
-  if (max_tokens <= 0 || a.part[a.parts - 1].tile_end == 0) return;
+template <bool PAIRED>
+void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) {
   switch (f) {
-    case QFormat::q4: launch_gemm<4>(a, grid_y, max_tokens, s); break;
-    case QFormat::q8: launch_gemm<8>(a, grid_y, max_tokens, s); break;
-    case QFormat::bf16: launch_gemm<16>(a, grid_y, max_tokens, s); break;
+    case QFormat::q4: launch_gemm<4, PAIRED>(a, grid_y, max_tokens, s); break;
+    case QFormat::q8: launch_gemm<8, PAIRED>(a, grid_y, max_tokens, s); break;
+    case QFormat::bf16: launch_gemm<16, PAIRED>(a, grid_y, max_tokens, s); break;
   }
+}
+
+void run(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s, bool paired = false) {
+  if (max_tokens <= 0 || a.part[a.parts - 1].tile_end == 0) return;
+  if (paired) run_as<true>(f, a, grid_y, max_tokens, s);
+  else run_as<false>(f, a, grid_y, max_tokens, s);
 }
 
 // The launch's arguments for matrices W[0..n) (same format and cols) with outputs y[i] (row stride ldy[i]),
@@ -360,7 +390,38 @@ GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat
   return a;
 }
 
+// A paired (SwiGLU) launch's arguments: gate and up of one shape, output act [ldact per row], 64-row tiles.
+GemmArgs paired_args(const QMat& gate, const QMat& up, const GemmX& x, float* act, int ldact) {
+  LILY_CHECK(gate.rows == up.rows && gate.cols == up.cols && gate.format == up.format && gate.n_mats == up.n_mats,
+             "gemm swiglu: gate [", gate.rows, ", ", gate.cols, "] and up [", up.rows, ", ", up.cols,
+             "] differ in shape, format or stack");
+  const QMat W[2] = {gate, up};
+  float* y[2] = {act, act};
+  const int ld[2] = {ldact, ldact};
+  GemmArgs a = args_for(W, y, ld, 2, 0, x);
+  a.part[0].tile_end = a.part[1].tile_end = (gate.rows + kGemmRows / 2 - 1) / (kGemmRows / 2);
+  return a;
+}
+
 }  // namespace detail
+
+void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float* act, int ldact, cudaStream_t s) {
+  detail::GemmArgs a = detail::paired_args(gate, up, x, act, ldact);
+  a.n = n;
+  detail::run(gate.format, a, 1, n, s, true);
+}
+
+void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const int* x_row, const int* offsets,
+                         const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s) {
+  LILY_CHECK(offsets && tiles && max_tiles >= 1 && max_tiles <= 65535, "gemm_grouped_swiglu: no slot offsets or "
+             "tiles, or ", max_tiles, " tiles (1..65535)");
+  detail::GemmArgs a = detail::paired_args(gate, up, x, act, ldact);
+  a.x_row = x_row;
+  a.offsets = offsets;
+  a.tiles = tiles;
+  a.scale = scale;
+  detail::run(gate.format, a, max_tiles, 1, s, true);
+}
 
 void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s) {
   detail::GemmArgs a = detail::args_for(&W, &y, &ldy, 1, mat, x);

@@ -39,10 +39,10 @@ struct PrefillBuffers {
   int* x_row = nullptr;         // [n * top_k] token of each slot
   float* w_slot = nullptr;      // [n * top_k]
   int* slot_of = nullptr;       // [n][top_k]
-  float* g = nullptr;           // [n][Fs] shared expert, then [n * top_k][F] routed (F, Fs <= max(F, Fs))
-  float* u = nullptr;           // the same
-  float* act = nullptr;         // the same
-  float* yd = nullptr;          // [n * top_k][H] routed experts' outputs
+  float* act = nullptr;         // [n][Fs] shared expert's SwiGLU, then [n * top_k][F] the routed experts'
+                                // (F, Fs <= max(F, Fs))
+  float* yd = nullptr;          // [n * top_k][H] routed experts' outputs (before: gate / up scratch if their
+                                // formats differ, 2 x [n * top_k][F])
   float* ysh = nullptr;         // [n][H] shared expert's output
 };
 
@@ -76,10 +76,8 @@ void CudaEngine::prefill_alloc() {
   b->x_row = device_alloc<int>((size_t)n * k);
   b->w_slot = device_alloc<float>((size_t)n * k);
   b->slot_of = device_alloc<int>((size_t)n * k);
-  b->g = device_alloc<float>((size_t)n * (k + 1) * F);
-  b->u = device_alloc<float>((size_t)n * (k + 1) * F);
   b->act = device_alloc<float>((size_t)n * (k + 1) * F);
-  b->yd = device_alloc<float>((size_t)n * k * H);
+  b->yd = device_alloc<float>((size_t)n * k * std::max(H, 2 * F));  // (2 F: the unpaired gate / up scratch)
   b->ysh = device_alloc<float>((size_t)n * H);
   pf_ = b;
 }
@@ -89,7 +87,7 @@ void CudaEngine::prefill_free() {
   PrefillBuffers& b = *pf_;
   for (void* p : {(void*)b.tokens, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits,
                   (void*)b.idx, (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles, (void*)b.x_row, (void*)b.w_slot,
-                  (void*)b.slot_of, (void*)b.g, (void*)b.u, (void*)b.act, (void*)b.yd, (void*)b.ysh})
+                  (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh})
     if (p) cudaFree(p);
   if (b.host) cudaFreeHost(b.host);
   gemm_x_free(b.x);
@@ -204,14 +202,27 @@ void CudaEngine::prefill_moe(int layer, int n) {
   moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
   gemm_grouped_tiles(b.offsets, E, b.tiles, stream_);
   const int max_tiles = gemm_grouped_max_tiles(n * k, E);
-  // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer
-  project({{&m.sh_gate, b.g, Fs}, {&m.sh_up, b.u, Fs}}, xh.view(), n);
-  swiglu_rows(b.g, b.u, nullptr, n, Fs, b.act, stream_);
-  // routed experts: each token's rows go to its 8 experts' slots (x_row); one launch per matrix for all experts
-  gemm_grouped(m.gate, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.g + (size_t)n * Fs, F, stream_);
-  gemm_grouped(m.up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.u + (size_t)n * Fs, F, stream_);
+  // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer;
+  // gate and up in one launch each (kernels/gemm.cu, paired), or two GEMMs into the yd scratch where their
+  // formats differ
+  const bool paired = m.sh_gate.format == m.sh_up.format && m.gate.format == m.up.format;
+  float* g = b.yd;
+  float* u = b.yd + (size_t)n * k * std::max(F, Fs);
+  if (paired) {
+    gemm_swiglu(m.sh_gate, m.sh_up, xh.view(), n, b.act, Fs, stream_);
+  } else {
+    project({{&m.sh_gate, g, Fs}, {&m.sh_up, u, Fs}}, xh.view(), n);
+    swiglu_rows(g, u, nullptr, n, Fs, b.act, stream_);
+  }
+  // routed experts: each token's rows go to its 8 experts' slots (x_row), weighted by the routing weight
   float* act = b.act + (size_t)n * Fs;
-  swiglu_rows(b.g + (size_t)n * Fs, b.u + (size_t)n * Fs, b.w_slot, n * k, F, act, stream_);
+  if (paired) {
+    gemm_grouped_swiglu(m.gate, m.up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act, F, stream_);
+  } else {
+    gemm_grouped(m.gate, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, g, F, stream_);
+    gemm_grouped(m.up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_);
+    swiglu_rows(g, u, b.w_slot, n * k, F, act, stream_);
+  }
   const GemmXBuf xs = at_width(b.x, Fs);  // the shared expert's activations, then the routed ones after them
   gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
   gemm(m.sh_down, 0, xs.view(), n, b.ysh, H, false, stream_);

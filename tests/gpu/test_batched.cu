@@ -4,6 +4,7 @@
 //                   row stride above the rows (padding left alone), one matrix of a stack;
 //   gemm_x_prep     the hi + lo split, the group sums, the fused RMSNorm;
 //   gemm_grouped    a stack of experts with empty and > 64-slot ones, gathered (repeated) input rows or none;
+//   gemm_swiglu, gemm_grouped_swiglu  bit for bit the two GEMMs and swiglu_rows;
 //   moe_select_rows top-k by logit with ties to the lower id, renormalised softmax weights, the shared gate;
 //   moe_group       offsets, slots, their token and weight, slot_of a permutation;
 //   swiglu_rows, moe_combine, embed_rows (out-of-range ids give zero rows).
@@ -338,6 +339,67 @@ TEST(GemmGrouped, ExpertsWithGatheredRows) {
   // more groups than pipeline stages and more rows than one tile (the experts' real K is 2048, down's rows 2048)
   run_grouped(QFormat::q4, true, seed++, 300, 2048);
   run_grouped(QFormat::q4, true, seed++, 200, 512);
+}
+
+// ---- gemm_swiglu, gemm_grouped_swiglu ----
+
+// The paired launch computes each gate and up value with the arithmetic of a gemm / gemm_grouped launch (the same
+// fragments, products and group order) and SwiGLU as swiglu_rows does, so it must equal those three launches
+// (checked above against the references) bit for bit. Rows off the 64-row paired tile, tokens off the 64-token
+// tile; grouped: the experts of run_grouped, gathered rows, a routing weight per slot.
+void run_swiglu(QFormat fmt, int rows, int K, int n, bool grouped, uint64_t seed) {
+  const std::string name = std::string(grouped ? "gemm_grouped_swiglu " : "gemm_swiglu ") + fmt_name(fmt) + " [" +
+                           std::to_string(rows) + " x " + std::to_string(K) + "] n " + std::to_string(n);
+  std::mt19937_64 rng(seed);
+  const int E = grouped ? 9 : 1;
+  const std::vector<int> counts = grouped ? std::vector<int>{5, 0, 77, 1, 0, 13, 33, 2, 0} : std::vector<int>{n};
+  std::vector<int> offsets(E + 1, 0);
+  for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  const int S = offsets[E], X = grouped ? 40 : n;
+  DevMat gate(random_mat(rng, fmt, E, rows, K)), up(random_mat(rng, fmt, E, rows, K));
+  const std::vector<float> x = random_x(rng, X, K), sc = random_vec(rng, S, 0.05f, 1.f);
+  std::vector<int> x_row(S);
+  std::uniform_int_distribution<int> pick(0, X - 1);
+  for (int a = 0; a < S; ++a) x_row[a] = grouped ? pick(rng) : a;
+  DevBuf<float> dx(x), dsc(sc), dg(static_cast<size_t>(S) * rows), du(dg.n), want(dg.n), got(dg.n);
+  DevBuf<int> doff(offsets), drow(x_row);
+  const int max_tiles = gemm_grouped_max_tiles(S, E);
+  DevBuf<int> dtiles(std::vector<int>(1 + max_tiles, -1));
+  got.poison();
+  XBuf xb(X, K);
+  gemm_x_prep(dx.p, K, X, nullptr, 0.f, xb.b, nullptr, nullptr);
+  if (grouped) {
+    gemm_grouped_tiles(doff.p, E, dtiles.p, nullptr);
+    gemm_grouped(gate.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, dg.p, rows, nullptr);
+    gemm_grouped(up.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, du.p, rows, nullptr);
+    swiglu_rows(dg.p, du.p, dsc.p, S, rows, want.p, nullptr);
+    gemm_grouped_swiglu(gate.m, up.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, dsc.p, got.p, rows, nullptr);
+  } else {
+    gemm(gate.m, 0, xb.b.view(), n, dg.p, rows, false, nullptr);
+    gemm(up.m, 0, xb.b.view(), n, du.p, rows, false, nullptr);
+    swiglu_rows(dg.p, du.p, nullptr, n, rows, want.p, nullptr);
+    gemm_swiglu(gate.m, up.m, xb.b.view(), n, got.p, rows, nullptr);
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> a = got.download(), e = want.download();
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &e[i], sizeof(float)) != 0 && differ++ == 0) first = i;
+  EXPECT_EQ(differ, 0u) << name << ": " << differ << " of " << a.size() << " values differ from gemm + swiglu_rows"
+                        << " (first: slot " << first / rows << " row " << first % rows << ": " << a[first]
+                        << " vs " << e[first] << ")";
+}
+
+TEST(GemmSwiglu, EqualsGemmsThenSwigluRows) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 4500;
+  for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16}) {
+    run_swiglu(f, 100, 128, 70, false, seed++);
+    run_swiglu(f, 37, 192, 5, false, seed++);
+    run_swiglu(f, 129, 128, 0, true, seed++);
+  }
+  run_swiglu(QFormat::q4, 512, 2048, 130, false, seed++);  // the real experts' shape, more groups than stages
+  run_swiglu(QFormat::q4, 512, 2048, 0, true, seed++);
 }
 
 // ---- MoE selection, grouping, SwiGLU, combine ----
