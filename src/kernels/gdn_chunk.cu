@@ -3,12 +3,14 @@
 //   gdn_prep_kernel    all that does not depend on the state, for every token at once (a warp per (token, key
 //                      head)): the conv + SiLU of q, k and v, the L2 norms, k . q, beta and the decay, into the
 //                      scratch rows (PrepRow); conv taps before the chunk from the ring.
-//   gdn_chunk_kernel   the recurrence: a warp per (value head, 4 value columns), nothing shared between warps, so
-//                      the chain per token has no barrier: it keeps its 128 x 4 slice of the state in registers
-//                      for the whole chunk (read once, written once; rows lane + 32 r), sums its columns' S^T k
-//                      and S^T q with a reduce-scatter over the lanes (lane j then holds column j's S^T k, lane
-//                      4 + j its S^T q), and broadcasts the columns' updates back. Its ungated outputs o go to
-//                      `out`.
+//   gdn_chunk_kernel   the recurrence: a warp per (value head, 4 value columns), no barrier in the chain per
+//                      token: it keeps its 128 x 4 slice of the state in registers for the whole chunk (read
+//                      once, written once; rows lane + 32 r), sums its columns' S^T k and S^T q with a
+//                      reduce-scatter over the lanes (lane j then holds column j's S^T k, lane 4 + j its S^T q),
+//                      and broadcasts the columns' updates back. A block's 8 warps share a value head; the prep's
+//                      values come into shared memory 16 tokens at a time, double-buffered, so the chain reads
+//                      them there (from L2 a token ahead, every warp its own copy: 1,731 us per 2,048-token chunk
+//                      on the H200; staged: 939). Its ungated outputs o go to `out`.
 //   gated_norm_kernel  a warp per (token, value head): out = RMSNorm(o) * norm_w * silu(z), in place.
 //   ring_update_kernel the raw qkv of the chunk's last (up to) 4 tokens into the conv ring.
 // The arithmetic and its order are the decode step's, so a chunk and the decode step agree to fp32 rounding.
@@ -17,17 +19,17 @@
 #include "kernels/common.cuh"
 #include "kernels/gdn_core.cuh"
 #include "kernels/launch.cuh"
+#include "kernels/mma.cuh"
 
 namespace lily::cuda {
 
 namespace {
 
-// 4 value columns per warp: 1,024 warps for the real model, two per scheduler (H200, a 2,048-token chunk, the
-// recurrence with the q / k work in the prep launch: 8 columns 1,827 us, 4 columns 1,735; with the q / k work
+// 4 value columns per warp: 1,024 warps for the real model, two per scheduler (H200, a 2,048-token chunk, before
+// the staging: with the q / k work in the prep launch, 8 columns 1,827 us, 4 columns 1,735; with the q / k work
 // redone by every warp: 16 columns 2,836, 8 columns 2,453, 4 columns 2,598)
 constexpr int kWarpCols = 4;
 constexpr int kRowsPerLane = 4;  // Dk <= 128
-constexpr int kChunkWarps = 4;   // warps per block (independent)
 
 // One step of the reduce-scatter over 2 M values: lanes with bit M set keep the upper M, the others the lower M,
 // each adding its partner's (lane ^ M) copy of the half it keeps.
@@ -119,22 +121,49 @@ __global__ void __launch_bounds__(256) gdn_prep_kernel(
   }
 }
 
-// The recurrence: a warp per (value head, kWarpCols value columns), the prep's values of the next token
-// requested before this token's work.
-__global__ void __launch_bounds__(kChunkWarps * 32) gdn_chunk_kernel(const float* __restrict__ prep,
+// The recurrence: a warp per (value head, kWarpCols value columns); a block's warps share the value head, and
+// the prep's values of kBatch tokens at a time (q, k, the block's v columns, k . q, beta, decay) come into
+// shared memory (cp.async, double-buffered) while the warps work through the previous batch.
+constexpr int kStageWarps = 8;
+constexpr int kBatch = 16;
+constexpr int kBlockCols = kStageWarps * kWarpCols;
+constexpr int kTokFloats = 2 * 32 * kRowsPerLane + kBlockCols + 3;  // q | k | v | k . q, beta, decay
+
+__global__ void __launch_bounds__(kStageWarps * 32) gdn_chunk_kernel(const float* __restrict__ prep,
                                                                       float* __restrict__ state,
                                                                       float* __restrict__ out, int n, GdnDims dims) {
-  const int lane = threadIdx.x % 32;
-  const int tiles = (dims.v_dim + kWarpCols - 1) / kWarpCols;
-  const int wg = blockIdx.x * kChunkWarps + threadIdx.x / 32;
-  if (wg >= dims.n_v_heads * tiles) return;
-  const int h = wg / tiles, col0 = (wg % tiles) * kWarpCols;
+  __shared__ __align__(16) float buf[2][kBatch * kTokFloats];
+  const int tid = threadIdx.x, lane = tid % 32;
   const int Dk = dims.k_dim, Dv = dims.v_dim, Hv = dims.n_v_heads;
-  const int kh = h / (Hv / dims.n_k_heads), vd = Hv * Dv;
-  const PrepRow L{dims.n_k_heads * Dk, vd, dims.n_k_heads, Hv};
-  const int ncols = min(kWarpCols, Dv - col0);
+  const int h = blockIdx.y, kh = h / (Hv / dims.n_k_heads), vd = Hv * Dv;
+  const int bcol0 = blockIdx.x * kBlockCols, bcols = min(kBlockCols, Dv - bcol0);
+  const int col0 = bcol0 + (tid / 32) * kWarpCols;
+  const int ncols = max(0, min(kWarpCols, Dv - col0));  // 0: a warp past the head's columns (stages, syncs)
   const bool has_v = lane < ncols;
+  const PrepRow L{dims.n_k_heads * Dk, vd, dims.n_k_heads, Hv};
+  constexpr int kQ = 0, kK = 32 * kRowsPerLane, kV = 2 * kK, kS = kV + kBlockCols;  // offsets in a token's slot
   float* S = state + (size_t)h * Dk * Dv;
+
+  auto stage = [&](int b) {
+    float* B = buf[b & 1];
+    const int t0 = b * kBatch, cnt = min(kBatch, n - t0);
+    for (int e = tid; e < cnt * Dk; e += kStageWarps * 32) {
+      const int i = e / Dk, d = e % Dk;
+      const float* row = prep + (size_t)(t0 + i) * L.width();
+      mma::cp4(B + i * kTokFloats + kQ + d, row + L.q(kh) + d);
+      mma::cp4(B + i * kTokFloats + kK + d, row + L.k(kh) + d);
+    }
+    for (int e = tid; e < cnt * bcols; e += kStageWarps * 32) {
+      const int i = e / bcols, c = e % bcols;
+      mma::cp4(B + i * kTokFloats + kV + c, prep + (size_t)(t0 + i) * L.width() + L.v(h) + bcol0 + c);
+    }
+    for (int e = tid; e < cnt * 3; e += kStageWarps * 32) {
+      const int i = e / 3, f = e % 3;
+      const float* row = prep + (size_t)(t0 + i) * L.width();
+      mma::cp4(B + i * kTokFloats + kS + f, row + (f == 0 ? L.kq(kh) : f == 1 ? L.beta(h) : L.decay(h)));
+    }
+    mma::commit();
+  };
 
   // the lane's rows (lane + 32 r) x the warp's columns of the state
   float s[kRowsPerLane][kWarpCols];
@@ -144,62 +173,61 @@ __global__ void __launch_bounds__(kChunkWarps * 32) gdn_chunk_kernel(const float
 #pragma unroll
     for (int j = 0; j < kWarpCols; ++j) s[r][j] = i < Dk && j < ncols ? S[(size_t)i * Dv + col0 + j] : 0.f;
   }
-  struct Tok {
-    float q[kRowsPerLane], k[kRowsPerLane], v, kq, beta, decay;
-  };
-  auto load = [&](int t, Tok& x) {
-    const float* row = prep + (size_t)t * L.width();
+  const int batches = (n + kBatch - 1) / kBatch;
+  stage(0);
+  for (int b = 0; b < batches; ++b) {
+    mma::wait<0>();
+    __syncthreads();  // batch b has landed; every warp is done with batch b - 1's buffer
+    if (b + 1 < batches) stage(b + 1);
+    if (ncols == 0) continue;
+    const float* B = buf[b & 1];
+    const int t0 = b * kBatch, cnt = min(kBatch, n - t0);
+    for (int tt = 0; tt < cnt; ++tt) {
+      const float* tok = B + tt * kTokFloats;
+      float q[kRowsPerLane], k[kRowsPerLane];
 #pragma unroll
-    for (int r = 0; r < kRowsPerLane; ++r) {
-      const int i = lane + 32 * r;
-      x.q[r] = i < Dk ? row[L.q(kh) + i] : 0.f;
-      x.k[r] = i < Dk ? row[L.k(kh) + i] : 0.f;
-    }
-    x.v = has_v ? row[L.v(h) + col0 + lane] : 0.f;
-    x.kq = row[L.kq(kh)];
-    x.beta = row[L.beta(h)];
-    x.decay = row[L.decay(h)];
-  };
-  Tok cur;
-  load(0, cur);
-  for (int t = 0; t < n; ++t) {
-    Tok nxt{};
-    if (t + 1 < n) load(t + 1, nxt);
-    // decayed state; partial column sums of S^T k (x[j]) and S^T q (x[kWarpCols + j]) over the lane's rows
-    float x[2 * kWarpCols];
+      for (int r = 0; r < kRowsPerLane; ++r) {
+        const int i = lane + 32 * r;
+        q[r] = i < Dk ? tok[kQ + i] : 0.f;
+        k[r] = i < Dk ? tok[kK + i] : 0.f;
+      }
+      const float v = has_v ? tok[kV + col0 - bcol0 + lane] : 0.f;
+      const float kq = tok[kS], beta = tok[kS + 1], decay = tok[kS + 2];
+      // decayed state; partial column sums of S^T k (x[j]) and S^T q (x[kWarpCols + j]) over the lane's rows
+      float x[2 * kWarpCols];
 #pragma unroll
-    for (int j = 0; j < 2 * kWarpCols; ++j) x[j] = 0.f;
+      for (int j = 0; j < 2 * kWarpCols; ++j) x[j] = 0.f;
 #pragma unroll
-    for (int r = 0; r < kRowsPerLane; ++r)
+      for (int r = 0; r < kRowsPerLane; ++r)
+#pragma unroll
+        for (int j = 0; j < kWarpCols; ++j) {
+          s[r][j] *= decay;
+          x[j] = fmaf(s[r][j], k[r], x[j]);
+          x[kWarpCols + j] = fmaf(s[r][j], q[r], x[kWarpCols + j]);
+        }
+      // reduce-scatter: at each step a lane keeps the half of the values its lane bit selects and adds its
+      // partner's copy of that half; lane l ends with the warp's total of value l % V
+      constexpr int V = 2 * kWarpCols;
+      if constexpr (V >= 32) scatter_step<16>(x, lane);
+      if constexpr (V >= 16) scatter_step<8>(x, lane);
+      scatter_step<4>(x, lane);
+      scatter_step<2>(x, lane);
+      scatter_step<1>(x, lane);
+      if constexpr (V <= 8) x[0] += __shfl_xor_sync(0xffffffffu, x[0], 8);
+      if constexpr (V <= 16) x[0] += __shfl_xor_sync(0xffffffffu, x[0], 16);
+      // lane j < kWarpCols: column j's S^T k -> its update dlt_j = beta (v_j - mem_j); lane kWarpCols + j:
+      // column j's S^T q
+      const float dlt = lane < kWarpCols ? beta * (v - x[0]) : 0.f;
+      const float dlt_of_mine = __shfl_sync(0xffffffffu, dlt, lane & (kWarpCols - 1));
+      if (lane >= kWarpCols && lane - kWarpCols < ncols)  // o = S'^T q = (decay S)^T q + (k . q) dlt
+        out[(size_t)(t0 + tt) * vd + (size_t)h * Dv + col0 + lane - kWarpCols] = fmaf(kq, dlt_of_mine, x[0]);
 #pragma unroll
       for (int j = 0; j < kWarpCols; ++j) {
-        s[r][j] *= cur.decay;
-        x[j] = fmaf(s[r][j], cur.k[r], x[j]);
-        x[kWarpCols + j] = fmaf(s[r][j], cur.q[r], x[kWarpCols + j]);
+        const float d = __shfl_sync(0xffffffffu, dlt, j);
+#pragma unroll
+        for (int r = 0; r < kRowsPerLane; ++r) s[r][j] = fmaf(k[r], d, s[r][j]);
       }
-    // reduce-scatter: at each step a lane keeps the half of the values its lane bit selects and adds its
-    // partner's copy of that half; lane l ends with the warp's total of value l % V
-    constexpr int V = 2 * kWarpCols;
-    if constexpr (V >= 32) scatter_step<16>(x, lane);
-    if constexpr (V >= 16) scatter_step<8>(x, lane);
-    scatter_step<4>(x, lane);
-    scatter_step<2>(x, lane);
-    scatter_step<1>(x, lane);
-    if constexpr (V <= 8) x[0] += __shfl_xor_sync(0xffffffffu, x[0], 8);
-    if constexpr (V <= 16) x[0] += __shfl_xor_sync(0xffffffffu, x[0], 16);
-    // lane j < kWarpCols: column j's S^T k -> its update dlt_j = beta (v_j - mem_j); lane kWarpCols + j: column
-    // j's S^T q
-    const float dlt = lane < kWarpCols ? cur.beta * (cur.v - x[0]) : 0.f;
-    const float dlt_of_mine = __shfl_sync(0xffffffffu, dlt, lane & (kWarpCols - 1));
-    if (lane >= kWarpCols && lane - kWarpCols < ncols)  // o = S'^T q = (decay S)^T q + (k . q) dlt
-      out[(size_t)t * vd + (size_t)h * Dv + col0 + lane - kWarpCols] = fmaf(cur.kq, dlt_of_mine, x[0]);
-#pragma unroll
-    for (int j = 0; j < kWarpCols; ++j) {
-      const float d = __shfl_sync(0xffffffffu, dlt, j);
-#pragma unroll
-      for (int r = 0; r < kRowsPerLane; ++r) s[r][j] = fmaf(cur.k[r], d, s[r][j]);
     }
-    cur = nxt;
   }
 #pragma unroll
   for (int r = 0; r < kRowsPerLane; ++r) {
@@ -252,8 +280,8 @@ void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const fl
   gdn_prep_kernel<<<(prep_warps + 7) / 8, 256, 0, s>>>(qkv, a, b, conv_w, a_log, dt_bias, conv_ring, prep, pos0, n,
                                                       dims);
   CUDA_CHECK_LAUNCH();
-  const int warps = dims.n_v_heads * ((dims.v_dim + kWarpCols - 1) / kWarpCols);
-  gdn_chunk_kernel<<<(warps + kChunkWarps - 1) / kChunkWarps, kChunkWarps * 32, 0, s>>>(prep, state, out, n, dims);
+  const dim3 grid((dims.v_dim + kBlockCols - 1) / kBlockCols, dims.n_v_heads);
+  gdn_chunk_kernel<<<grid, kStageWarps * 32, 0, s>>>(prep, state, out, n, dims);
   CUDA_CHECK_LAUNCH();
   const int rows = n * dims.n_v_heads;
   gated_norm_kernel<<<(rows + 7) / 8, 256, 0, s>>>(out, z, norm_w, n, dims.n_v_heads, dims.v_dim, eps);
