@@ -272,10 +272,10 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const float2 xv = *reinterpret_cast<const float2*>(xsum + i * 8 + tq * 2);
-          acc[m][i][0] += fmaf(sc0, cg[m][i][0], bi0 * xv.x);
-          acc[m][i][1] += fmaf(sc0, cg[m][i][1], bi0 * xv.y);
-          acc[m][i][2] += fmaf(sc1, cg[m][i][2], bi1 * xv.x);
-          acc[m][i][3] += fmaf(sc1, cg[m][i][3], bi1 * xv.y);
+          acc[m][i][0] = fmaf(bi0, xv.x, fmaf(sc0, cg[m][i][0], acc[m][i][0]));
+          acc[m][i][1] = fmaf(bi0, xv.y, fmaf(sc0, cg[m][i][1], acc[m][i][1]));
+          acc[m][i][2] = fmaf(bi1, xv.x, fmaf(sc1, cg[m][i][2], acc[m][i][2]));
+          acc[m][i][3] = fmaf(bi1, xv.y, fmaf(sc1, cg[m][i][3], acc[m][i][3]));
         }
       }
     }

@@ -246,7 +246,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     // prompts through forward() (the chunked prompt path, model/prefill_cuda.cu; LILY_PREFILL=0: token by token;
     // only the last token's lm_head), after a warm-up prompt that allocates and configures that path
     bool warm = false;
-    for (int n : {64, 32, 48, 64, 512, 4096, 16384}) {
+    for (int n : {64, 16, 24, 32, 48, 64, 512, 4096, 16384}) {
       std::vector<int32_t> prompt(n);
       for (int i = 0; i < n; ++i) prompt[i] = (i * 7919) % cfg.vocab;
       be->reset();

@@ -416,7 +416,7 @@ class CudaBackend : public Backend {
     const int V = cfg_.vocab;
     for (int32_t t : tokens) LILY_CHECK(t >= 0 && t < V, "CUDA backend: token id ", t, " outside [0, ", V, ")");
     cudaStream_t s = engine_.stream();
-    if (n >= kPrefillMin && chunked_) {
+    if (n >= prefill_min_ && chunked_) {
       forward_chunks(tokens, logits, all_logits);
       return;
     }
@@ -467,9 +467,10 @@ class CudaBackend : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(engine_.step(), staging_, sizeof(StepDev), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
   }
-  // shorter prompts: the decode step per token (a chunk costs ~35 ms of launches and GEMM latency plus ~0.1 ms
-  // per token on the H200, a decode step ~1.1 ms: even at ~35 tokens)
-  static constexpr int kPrefillMin = 32;
+  // shorter prompts: the decode step per token (H200: a chunk of 24 tokens 24.9 ms, of 32 27.2 ms, the decode
+  // step 1.08 ms per token: even at ~23 tokens); LILY_PREFILL_MIN (benchmarks) moves it
+  static constexpr int kPrefillMin = 24;
+  const int prefill_min_ = std::max(1, env_int("LILY_PREFILL_MIN", kPrefillMin));
 
   // ---- sampling on the device (kernels/sampling.h) ----
   bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs) override {
