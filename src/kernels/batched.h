@@ -44,18 +44,9 @@ void gemm_x_free(GemmXBuf& b);
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s);
 
-// Device scratch for a dense launch's partial sums when it splits its K dimension (a launch with few blocks: few
-// rows and tokens); too small or null: no split. kGemmWorkFloats covers every launch of up to 2,048 tokens.
-struct GemmWork {
-  float* p = nullptr;
-  size_t floats = 0;
-};
-inline constexpr size_t kGemmWorkFloats = size_t{4} << 20;
-
 // Dense: y[t][r] (= or +=) sum_k W_mat[r][k] x[t][k] for t < n, r < W.rows; y row stride ldy (floats).
 // W q4 / q8 / bf16, W.cols == x.K.
-void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s,
-          const GemmWork& work = {});
+void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s);
 
 // Up to kMaxGemmParts matrices of one format and width sharing x, in one launch (e.g. GDN in_proj_qkv, _z, _b,
 // _a): y[i] (= or +=) W[i] x over tokens [0, n), row stride ldy[i].
@@ -66,8 +57,7 @@ struct GemmBatch {
   float* y[kMaxGemmParts] = {};
   int ldy[kMaxGemmParts] = {};
 };
-void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s,
-                const GemmWork& work = {});
+void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s);
 
 // Grouped by matrix (the MoE experts): slots [offsets[e], offsets[e+1]) use matrix e (e < W.n_mats); slot a
 // reads x row x_row[a] (x_row null: row a) and writes y row a: y[a][r] = sum_k W_e[r][k] x[x_row[a]][k].

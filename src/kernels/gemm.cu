@@ -14,7 +14,6 @@
 
 #include <cub/block/block_scan.cuh>
 
-#include <algorithm>
 #include <cstring>
 
 #include "kernels/batched.h"
@@ -48,7 +47,6 @@ struct GemmPart {        // one matrix of a launch (several share x: gemm_multi)
   float* y;
   int ldy;
   int tile_end;          // row tiles of this and the earlier parts (blockIdx.x below it: this part)
-  int work_off;          // split over K: this part's first column in the partial sums' rows
 };
 
 struct GemmArgs {
@@ -65,9 +63,6 @@ struct GemmArgs {
   int n;                 // dense: tokens
   bool accumulate;
   const float* scale;    // paired: per output row (slot) factor, null: 1
-  int ksplit;            // dense: the groups split over blockIdx.y (1: none)
-  float* work;           // ksplit > 1: partial sums [ksplit][n][work_ld]
-  int work_ld;           // the parts' rows together
 };
 
 // The A fragment's register for k-slots (s, s + 1) of a k-step: the weights of columns c0 and c0 + 4 of a row
@@ -120,10 +115,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   }
   if (t_base >= count) return;
   const int t_count = min(kGemmTok, count - t_base);
-  const int all_groups = a.cols / 64;
-  // split over K (dense launches): this block's groups [g_first, g_first + groups)
-  const int split = a.offsets ? 0 : blockIdx.y, per_split = (all_groups + a.ksplit - 1) / a.ksplit;
-  const int g_first = split * per_split, groups = max(0, min(all_groups - g_first, per_split));
+  const int groups = a.cols / 64;
   const uint8_t* w = part.w + mat * a.mat_w_bytes;
   const uint32_t* sb = part.sb ? part.sb + mat * a.mat_groups : nullptr;
   const uint8_t* w1 = PAIRED ? a.part[1].w + mat * a.mat_w_bytes : nullptr;  // the up projection
@@ -139,8 +131,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
 #pragma unroll
   for (int i = 0; i < kWCopies; ++i) {
     const int c = tid + i * kGemmThreads;
-    wsrc[i] = static_cast<uint32_t>(tile_row(c / kPieces) * row_bytes + (c % kPieces) * 16 +
-                                    static_cast<size_t>(g_first) * T::kRowBytes);
+    wsrc[i] = static_cast<uint32_t>(tile_row(c / kPieces) * row_bytes + (c % kPieces) * 16);
   }
   const int x_rows = (t_count + 15) & ~15;
   int xoff[2];  // element offset of the chunk's row and piece in hi / lo; -1: none
@@ -150,17 +141,17 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
     xoff[i] = -1;
     if (t < x_rows) {
       const int slot = slot0 + t_base + min(t, t_count - 1);
-      xoff[i] = (a.x_row ? a.x_row[slot] : slot) * a.cols + g_first * 64 + (c & 7) * 8;
+      xoff[i] = (a.x_row ? a.x_row[slot] : slot) * a.cols + (c & 7) * 8;
     }
   }
   const uint32_t* sbsrc = nullptr;
   const float* gsrc = nullptr;
   if constexpr (BITS != 16) {
     if (tid < kGemmRows) {
-      sbsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * all_groups + g_first;
+      sbsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups;
     } else if (tid < kGemmRows + kGemmTok) {
       const int slot = slot0 + t_base + min(tid - kGemmRows, t_count - 1);
-      gsrc = a.xsum + static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * all_groups + g_first;
+      gsrc = a.xsum + static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * groups;
     }
   }
   auto stage = [&](int g, int buf) {
@@ -313,12 +304,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
           const int t = tg * 32 + i * 8 + tq * 2 + (j & 1);
           const int r = r_base + r0 + 16 * m + (j < 2 ? 0 : 8);
           if (t < t_count && r < rows) {
-            if (a.ksplit > 1) {  // (dense: slot0 = 0)
-              a.work[(static_cast<size_t>(split) * a.n + t_base + t) * a.work_ld + part.work_off + r] = acc[m][i][j];
-            } else {
-              float* dst = part.y + static_cast<size_t>(slot0 + t_base + t) * part.ldy + r;
-              *dst = a.accumulate ? *dst + acc[m][i][j] : acc[m][i][j];
-            }
+            float* dst = part.y + static_cast<size_t>(slot0 + t_base + t) * part.ldy + r;
+            *dst = a.accumulate ? *dst + acc[m][i][j] : acc[m][i][j];
           }
         }
   }
@@ -341,19 +328,6 @@ __global__ void __launch_bounds__(kTileThreads) tiles_kernel(const int* offsets,
     __syncthreads();  // (tmp is reused by the next round)
   }
   if (threadIdx.x == 0) tiles[0] = base;
-}
-
-// y (= or +=) the sum of the K splits' partial sums, in split order (deterministic): a thread per (token, column
-// of the parts' rows together).
-__global__ void split_sum_kernel(GemmArgs a) {
-  const int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= a.work_ld) return;
-  int p = 0;
-  while (p + 1 < a.parts && c >= a.part[p + 1].work_off) ++p;
-  float sum = 0.f;
-  for (int sp = 0; sp < a.ksplit; ++sp) sum += a.work[(static_cast<size_t>(sp) * a.n + t) * a.work_ld + c];
-  float* dst = a.part[p].y + static_cast<size_t>(t) * a.part[p].ldy + (c - a.part[p].work_off);
-  *dst = a.accumulate ? *dst + sum : sum;
 }
 
 template <int BITS, bool PAIRED>
@@ -379,30 +353,6 @@ void run(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s, boo
   if (max_tokens <= 0 || a.part[a.parts - 1].tile_end == 0) return;
   if (paired) run_as<true>(f, a, grid_y, max_tokens, s);
   else run_as<false>(f, a, grid_y, max_tokens, s);
-}
-
-// A dense launch over n tokens: with a work area, a launch of fewer than kSplitBlocks blocks splits its groups
-// over up to kMaxSplit block rows (at least kMinSplitGroups groups each), the partial sums summed by a second
-// launch; each block's groups run one after the other, so few blocks leave most SMs idle.
-constexpr int kSplitBlocks = 256, kMaxSplit = 8, kMinSplitGroups = 4;
-void run_dense(QFormat f, GemmArgs& a, int n, const GemmWork& work, cudaStream_t s) {
-  if (n <= 0) return;
-  const int blocks = a.part[a.parts - 1].tile_end * ((n + kGemmTok - 1) / kGemmTok);
-  int ksplit = std::min({kMaxSplit, kSplitBlocks / std::max(blocks, 1), a.cols / 64 / kMinSplitGroups});
-  int ld = 0;
-  for (int i = 0; i < a.parts; ++i) a.part[i].work_off = ld, ld += a.part[i].rows;
-  while (ksplit > 1 && static_cast<size_t>(ksplit) * n * ld > work.floats) --ksplit;
-  if (ksplit <= 1 || !work.p) {
-    a.ksplit = 1;
-    run(f, a, 1, n, s);
-    return;
-  }
-  a.ksplit = ksplit;
-  a.work = work.p;
-  a.work_ld = ld;
-  run(f, a, ksplit, n, s);
-  split_sum_kernel<<<dim3((ld + 255) / 256, n), 256, 0, s>>>(a);
-  CUDA_CHECK_LAUNCH();
 }
 
 // The launch's arguments for matrices W[0..n) (same format and cols) with outputs y[i] (row stride ldy[i]),
@@ -437,7 +387,6 @@ GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat
   a.xhi = x.hi;
   a.xlo = x.lo;
   a.xsum = x.gsum;
-  a.ksplit = 1;
   return a;
 }
 
@@ -474,19 +423,18 @@ void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const
   detail::run(gate.format, a, max_tiles, 1, s, true);
 }
 
-void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s,
-          const GemmWork& work) {
+void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s) {
   detail::GemmArgs a = detail::args_for(&W, &y, &ldy, 1, mat, x);
   a.n = n;
   a.accumulate = accumulate;
-  detail::run_dense(W.format, a, n, work, s);
+  detail::run(W.format, a, 1, n, s);
 }
 
-void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s, const GemmWork& work) {
+void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s) {
   detail::GemmArgs a = detail::args_for(b.W, b.y, b.ldy, b.n, 0, x);
   a.n = n;
   a.accumulate = accumulate;
-  detail::run_dense(b.W[0].format, a, n, work, s);
+  detail::run(b.W[0].format, a, 1, n, s);
 }
 
 void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, const int* tiles,

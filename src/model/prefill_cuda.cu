@@ -44,7 +44,6 @@ struct PrefillBuffers {
   float* yd = nullptr;          // [n * top_k][H] routed experts' outputs (before: gate / up scratch if their
                                 // formats differ, 2 x [n * top_k][F])
   float* ysh = nullptr;         // [n][H] shared expert's output
-  GemmWork work;                // partial sums of GEMMs split over K (kGemmWorkFloats)
 };
 
 void CudaEngine::prefill_alloc() {
@@ -80,7 +79,6 @@ void CudaEngine::prefill_alloc() {
   b->act = device_alloc<float>((size_t)n * (k + 1) * F);
   b->yd = device_alloc<float>((size_t)n * k * std::max(H, 2 * F));  // (2 F: the unpaired gate / up scratch)
   b->ysh = device_alloc<float>((size_t)n * H);
-  b->work = GemmWork{device_alloc<float>(kGemmWorkFloats), kGemmWorkFloats};
   pf_ = b;
 }
 
@@ -89,7 +87,7 @@ void CudaEngine::prefill_free() {
   PrefillBuffers& b = *pf_;
   for (void* p : {(void*)b.tokens, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits,
                   (void*)b.idx, (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles, (void*)b.x_row, (void*)b.w_slot,
-                  (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh, (void*)b.work.p})
+                  (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh})
     if (p) cudaFree(p);
   if (b.host) cudaFreeHost(b.host);
   gemm_x_free(b.x);
@@ -137,12 +135,12 @@ void CudaEngine::project(std::initializer_list<PrefillOut> outs, const GemmX& x,
   GemmBatch b;
   for (const PrefillOut& o : outs) {
     if (b.n == kMaxGemmParts || (b.n > 0 && (o.W->format != b.W[0].format || o.W->cols != b.W[0].cols))) {
-      gemm_multi(b, x, n, false, stream_, pf_->work);
+      gemm_multi(b, x, n, false, stream_);
       b.n = 0;
     }
     b.W[b.n] = *o.W, b.y[b.n] = o.y, b.ldy[b.n++] = o.ldy;
   }
-  if (b.n > 0) gemm_multi(b, x, n, false, stream_, pf_->work);
+  if (b.n > 0) gemm_multi(b, x, n, false, stream_);
 }
 
 void CudaEngine::prefill_gdn(int layer, int pos0, int n) {
@@ -163,7 +161,7 @@ void CudaEngine::prefill_gdn(int layer, int pos0, int n) {
                      pos0, n, dims, c.eps, stream_);
   const GemmXBuf xm = at_width(b.x, vd);
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
-  gemm(g.out, 0, xm.view(), n, b.h, H, true, stream_, b.work);
+  gemm(g.out, 0, xm.view(), n, b.h, H, true, stream_);
 }
 
 void CudaEngine::prefill_attention(int layer, int pos0, int n) {
@@ -189,11 +187,8 @@ void CudaEngine::prefill_attention(int layer, int pos0, int n) {
   if (runs("attn_core")) launch_attention_chunk(in, kv, pos0, n, c.n_heads, b.scratch, b.mix, stream_);
   const GemmXBuf xm = at_width(b.x, od);
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
-  gemm(at.o, 0, xm.view(), n, b.h, H, true, stream_, b.work);
+  gemm(at.o, 0, xm.view(), n, b.h, H, true, stream_);
 }
-
-// Tokens from which the shared expert's gate and up take one paired launch (fewer: split GEMMs + SwiGLU).
-constexpr int kPairedSharedMin = 512;
 
 void CudaEngine::prefill_moe(int layer, int n) {
   PrefillBuffers& b = *pf_;
@@ -209,12 +204,11 @@ void CudaEngine::prefill_moe(int layer, int n) {
   const int max_tiles = gemm_grouped_max_tiles(n * k, E);
   // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer;
   // gate and up in one launch each (kernels/gemm.cu, paired), or two GEMMs into the yd scratch where their
-  // formats differ; the shared expert's also for short chunks, where the paired launch would have a few blocks
-  // and the unpaired GEMMs split over K
+  // formats differ
   const bool paired = m.sh_gate.format == m.sh_up.format && m.gate.format == m.up.format;
   float* g = b.yd;
   float* u = b.yd + (size_t)n * k * std::max(F, Fs);
-  if (paired && n >= kPairedSharedMin) {
+  if (paired) {
     gemm_swiglu(m.sh_gate, m.sh_up, xh.view(), n, b.act, Fs, stream_);
   } else {
     project({{&m.sh_gate, g, Fs}, {&m.sh_up, u, Fs}}, xh.view(), n);
@@ -231,7 +225,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   }
   const GemmXBuf xs = at_width(b.x, Fs);  // the shared expert's activations, then the routed ones after them
   gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
-  gemm(m.sh_down, 0, xs.view(), n, b.ysh, H, false, stream_, b.work);
+  gemm(m.sh_down, 0, xs.view(), n, b.ysh, H, false, stream_);
   const GemmXBuf xr = at_width(b.x, F);
   gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
   gemm_grouped(m.down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);

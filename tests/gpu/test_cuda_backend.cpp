@@ -222,7 +222,7 @@ TEST(CudaBackend, ChunkedPromptEqualsDecodeSteps) {
 // Save at `at`, run on, restore, the continuation repeats exactly: with the snapshot in device memory (the
 // default budget) and in host memory (budget 0); `all` is the whole prompt in one forward(). Either every piece
 // takes the chunked path (a token's results do not depend on the chunk it is in) or every piece the decode step
-// (kPrefillMin is 16): bit for bit either way.
+// (kPrefillMin is 24): bit for bit either way.
 void save_restore_case(int T, int at) {
   SCOPED_TRACE(T);
   const Model& model = golden_model("mlx");
@@ -266,7 +266,7 @@ void save_restore_case(int T, int at) {
 
 TEST(CudaBackend, PromptSaveRestore) {
   save_restore_case(90, 40);  // chunked pieces
-  save_restore_case(15, 6);  // decode-step pieces
+  save_restore_case(23, 10);  // decode-step pieces
 }
 
 // Sampling on the device (Backend::begin_device_sampling, the sampler inside the decode graph) against the host
