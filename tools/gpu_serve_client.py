@@ -143,20 +143,26 @@ def robustness():
     # The two take different ways through the layers: the resumed turn's new tokens the decode step, the request
     # from scratch (from 24 tokens) the chunked prompt path, whose logits agree with the decode step's to ~1e-3
     # relative (0.03-0.06 in log-probability here, random weights). So the replies match token for token with
-    # log-probabilities within 0.25 up to where they part, and they may part only at a near tie (top-2 gap under
-    # 0.1); a wrong resumed state (the stop id consumed twice, say) is another context altogether.
+    # log-probabilities within 0.25 up to where they part, and they may part only at a near tie (each reply's token
+    # the other's runner-up, top-2 gaps under 0.1); a wrong resumed state (the stop id consumed twice, say) is
+    # another context altogether.
     lp2, lp3 = (r["choices"][0]["logprobs"]["content"] for r in (r2, r3))
     n_common = min(len(lp2), len(lp3))
     part = next((i for i in range(n_common) if lp2[i]["token"] != lp3[i]["token"]), None)
     upto = n_common if part is None else part
     worst = max([abs(lp2[i]["logprob"] - lp3[i]["logprob"]) for i in range(upto)] or [0.0])
-    gap = lambda lp: lp["top_logprobs"][0]["logprob"] - lp["top_logprobs"][1]["logprob"]
-    tie = part is not None and min(gap(lp2[part]), gap(lp3[part])) < 0.1
+    top2 = lambda lp: lp["top_logprobs"][:2] if len(lp["top_logprobs"]) >= 2 else None
+    gap = lambda lp: top2(lp)[0]["logprob"] - top2(lp)[1]["logprob"] if top2(lp) else float("inf")
+    # a near tie: the two replies' tokens there are each other's runner-up, both by a small margin
+    runner_up = lambda lp: top2(lp)[1]["token"] if top2(lp) else None
+    tie = (part is not None and runner_up(lp2[part]) == lp3[part]["token"] and
+           runner_up(lp3[part]) == lp2[part]["token"] and max(gap(lp2[part]), gap(lp3[part])) < 0.1)
     check(worst < 0.25 and (text(r3) == text(r2) or tie),
           "the resumed turn equals the same request from scratch (cached %d): %s, log-probabilities within %.2g%s" %
           (r3["usage"]["prompt_tokens_details"]["cached_tokens"],
-           "the same reply" if text(r3) == text(r2) else "parting at token %d" % part, worst,
-           ", a near tie there (top-2 gaps %.3g / %.3g)" % (gap(lp2[part]), gap(lp3[part])) if part is not None else ""))
+           "the same reply" if text(r3) == text(r2) else "parting at token %s" % part, worst,
+           ", a near tie there (top-2 gaps %.3g / %.3g)" % (gap(lp2[part]), gap(lp3[part]))
+           if part is not None else ""))
     # a stop string: the host ends the generation (its queued step is drained)
     r = chat("Stop string", max_tokens=300, temperature=0.9, seed=3, stop=["e"], **NO_THINK)
     check(r["choices"][0]["finish_reason"] == "stop" and "e" not in (r["choices"][0]["message"]["content"] or ""),

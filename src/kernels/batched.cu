@@ -138,7 +138,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, const float* scale
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float gv = g[i];
     const float s = scale ? scale[i / F] : 1.f;
-    act[i] = s * (gv / (1.f + expf(-gv))) * u[i];
+    act[i] = swiglu_value(s, gv, u[i]);
   }
 }
 

@@ -22,6 +22,8 @@ __host__ __device__ constexpr int gemm_x_col(int p) {
   const int ks = p >> 4, s = p & 15, tq = (s & 7) >> 1, h = s >> 3, e = s & 1, j = 2 * ks + h;
   return 8 * (2 * tq + (j >> 2)) + (j & 3) + 4 * e;
 }
+// x's rows times K stay below 2^31 (32-bit element offsets; checked for dense launches, where the rows are the
+// tokens; a grouped launch's x_row values must keep to it).
 struct GemmX {
   const uint16_t* hi = nullptr;  // [n][K] bf16 bits
   const uint16_t* lo = nullptr;  // [n][K]
@@ -66,7 +68,7 @@ void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cuda
 void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, const int* tiles,
                   int max_tiles, float* y, int ldy, cudaStream_t s);
 // The grouped GEMM's work list: tiles[0] = the count, then (matrix << 16 | tile) for each 64-slot tile of each
-// matrix's slots, matrices in order. tiles: [1 + gemm_grouped_max_tiles(slots, n_mats)] ints; n_mats <= 65535.
+// matrix's slots, matrices in order. tiles: [1 + gemm_grouped_max_tiles(slots, n_mats)] ints; n_mats <= 32767.
 inline int gemm_grouped_max_tiles(int slots, int n_mats) { return slots / 64 + n_mats; }
 void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s);
 
@@ -89,6 +91,12 @@ void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* 
 void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* offsets, int* x_row, float* w_slot,
                int* slot_of, cudaStream_t s);
 // act[a][f] = scale[a] * silu(g[a][f]) * u[a][f] for a < n (scale null: 1); g, u, act [n][F].
+#ifdef __CUDACC__
+// scale * silu(g) * u in fp32, as swiglu_rows and the paired GEMMs compute it (test_batched: bit for bit).
+__device__ __forceinline__ float swiglu_value(float scale, float g, float u) {
+  return scale * (g / (1.f + expf(-g))) * u;
+}
+#endif
 void swiglu_rows(const float* g, const float* u, const float* scale, int n, int F, float* act, cudaStream_t s);
 // h[t][i] += sum_j y[slot_of[t][j]][i] + sh_scale[t] * ysh[t][i]   (t < n, i < H; j in order).
 void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh, const float* sh_scale, int n,

@@ -271,7 +271,7 @@ void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const fl
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
                       float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, cudaStream_t s) {
   LILY_CHECK(dims.k_dim >= 1 && dims.k_dim <= 32 * kRowsPerLane && dims.v_dim >= 1 && dims.n_k_heads > 0 &&
-                 dims.n_v_heads % dims.n_k_heads == 0 && pos0 >= 0,
+                 dims.n_v_heads % dims.n_k_heads == 0 && dims.n_v_heads / dims.n_k_heads <= 32 && pos0 >= 0,
              "gdn_chunk: unsupported dims Dk=", dims.k_dim, " Dv=", dims.v_dim, " Hk=", dims.n_k_heads,
              " Hv=", dims.n_v_heads);
   if (n <= 0) return;

@@ -23,8 +23,8 @@
 namespace lily::cuda {
 namespace detail {
 
-constexpr int kGemmRows = 128;    // weight rows per block (8 warps x 16)
-constexpr int kGemmTok = 64;      // tokens per block (8 n-tiles of 8)
+constexpr int kGemmRows = 128;    // weight rows per block (4 row groups of warps x 32 rows)
+constexpr int kGemmTok = 64;      // tokens per block (2 token groups of warps x 32 tokens)
 constexpr int kGemmThreads = 256;
 constexpr int kGemmStages = 4;    // groups in flight through shared memory (3 requested while one is computed)
 constexpr int kXStride = 64 + 8;  // bf16 per staged x row: 144 bytes, so ldmatrix's 8 rows hit distinct banks
@@ -33,7 +33,7 @@ constexpr int kGemmMaxParts = kMaxGemmParts;
 template <int BITS>
 struct GemmTile {
   static constexpr int kRowBytes = 64 * BITS / 8;     // one group of one weight row
-  static constexpr int kWStride = kRowBytes + 16;     // staged row stride: conflict-free fragment reads
+  static constexpr int kWStride = kRowBytes + 16;     // staged row stride (16 bytes of padding)
   static constexpr int kWBytes = kGemmRows * kWStride;
   static constexpr int kXBytes = 2 * kGemmTok * kXStride * 2;  // hi and lo
   static constexpr int kStage = kWBytes + kXBytes + kGemmRows * 4 + kGemmTok * 4;  // + scale|bias, group sums
@@ -239,7 +239,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
           const int n = tg * 32 + p * 16 + (lane >> 4) * 8 + (lane & 7);
           const int kk = ks * 16 + ((lane >> 3) & 1) * 8;
 #pragma unroll
-          for (int half = 0; half < 2; ++half) mma::ldsm_x4(b[p][half], xs + ((half * kGemmTok + n) * kXStride + kk) * 2);
+          for (int half = 0; half < 2; ++half)
+            mma::ldsm_x4(b[p][half], xs + ((half * kGemmTok + n) * kXStride + kk) * 2);
         }
       }
 #pragma unroll
@@ -291,7 +292,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
         if (t < t_count && r < rows) {
           const int slot = slot0 + t_base + t;
           const float gv = acc[0][i][j], f = a.scale ? a.scale[slot] : 1.f;
-          part.y[static_cast<size_t>(slot) * part.ldy + r] = f * (gv / (1.f + expf(-gv))) * acc[1][i][j];
+          part.y[static_cast<size_t>(slot) * part.ldy + r] = swiglu_value(f, gv, acc[1][i][j]);
         }
       }
   } else {
@@ -403,9 +404,21 @@ GemmArgs paired_args(const QMat& gate, const QMat& up, const GemmX& x, float* ac
   return a;
 }
 
+// The grouped launches' work list and their bound on it (a grid dimension).
+void check_grouped(const int* offsets, const int* tiles, int max_tiles, const char* what) {
+  LILY_CHECK(offsets && tiles && max_tiles >= 1 && max_tiles <= 65535, what, ": no slot offsets or tiles, or ",
+             max_tiles, " tiles (1..65535)");
+}
+// x's element offsets are 32-bit: rows x K below 2^31 (a dense launch's rows are its n tokens).
+void check_rows(int n, const GemmX& x, const char* what) {
+  LILY_CHECK(static_cast<size_t>(n) * x.K < (size_t{1} << 31), what, ": ", n, " rows of width ", x.K,
+             " (under 2^31 elements)");
+}
+
 }  // namespace detail
 
 void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float* act, int ldact, cudaStream_t s) {
+  detail::check_rows(n, x, "gemm_swiglu");
   detail::GemmArgs a = detail::paired_args(gate, up, x, act, ldact);
   a.n = n;
   detail::run(gate.format, a, 1, n, s, true);
@@ -413,8 +426,7 @@ void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float*
 
 void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const int* x_row, const int* offsets,
                          const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s) {
-  LILY_CHECK(offsets && tiles && max_tiles >= 1 && max_tiles <= 65535, "gemm_grouped_swiglu: no slot offsets or "
-             "tiles, or ", max_tiles, " tiles (1..65535)");
+  detail::check_grouped(offsets, tiles, max_tiles, "gemm_grouped_swiglu");
   detail::GemmArgs a = detail::paired_args(gate, up, x, act, ldact);
   a.x_row = x_row;
   a.offsets = offsets;
@@ -424,6 +436,7 @@ void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const
 }
 
 void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s) {
+  detail::check_rows(n, x, "gemm");
   detail::GemmArgs a = detail::args_for(&W, &y, &ldy, 1, mat, x);
   a.n = n;
   a.accumulate = accumulate;
@@ -431,6 +444,7 @@ void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool
 }
 
 void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s) {
+  detail::check_rows(n, x, "gemm_multi");
   detail::GemmArgs a = detail::args_for(b.W, b.y, b.ldy, b.n, 0, x);
   a.n = n;
   a.accumulate = accumulate;
@@ -439,8 +453,7 @@ void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cuda
 
 void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, const int* tiles,
                   int max_tiles, float* y, int ldy, cudaStream_t s) {
-  LILY_CHECK(offsets && tiles && max_tiles >= 1 && max_tiles <= 65535, "gemm_grouped: no slot offsets or tiles, or ",
-             max_tiles, " tiles (1..65535)");
+  detail::check_grouped(offsets, tiles, max_tiles, "gemm_grouped");
   detail::GemmArgs a = detail::args_for(&W, &y, &ldy, 1, 0, x);
   a.x_row = x_row;
   a.offsets = offsets;
@@ -449,7 +462,7 @@ void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* of
 }
 
 void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s) {
-  LILY_CHECK(n_mats >= 1 && n_mats <= 65535, "gemm_grouped_tiles: ", n_mats, " matrices");
+  LILY_CHECK(n_mats >= 1 && n_mats <= 32767, "gemm_grouped_tiles: ", n_mats, " matrices (1..32767)");
   detail::tiles_kernel<<<1, detail::kTileThreads, 0, s>>>(offsets, n_mats, tiles);
   CUDA_CHECK_LAUNCH();
 }

@@ -86,8 +86,8 @@ void CudaEngine::prefill_free() {
   if (!pf_) return;
   PrefillBuffers& b = *pf_;
   for (void* p : {(void*)b.tokens, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits,
-                  (void*)b.idx, (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles, (void*)b.x_row, (void*)b.w_slot,
-                  (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh})
+                  (void*)b.idx, (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles, (void*)b.x_row,
+                  (void*)b.w_slot, (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh})
     if (p) cudaFree(p);
   if (b.host) cudaFreeHost(b.host);
   gemm_x_free(b.x);
@@ -205,10 +205,9 @@ void CudaEngine::prefill_moe(int layer, int n) {
   // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer;
   // gate and up in one launch each (kernels/gemm.cu, paired), or two GEMMs into the yd scratch where their
   // formats differ
-  const bool paired = m.sh_gate.format == m.sh_up.format && m.gate.format == m.up.format;
   float* g = b.yd;
   float* u = b.yd + (size_t)n * k * std::max(F, Fs);
-  if (paired) {
+  if (m.sh_gate.format == m.sh_up.format) {
     gemm_swiglu(m.sh_gate, m.sh_up, xh.view(), n, b.act, Fs, stream_);
   } else {
     project({{&m.sh_gate, g, Fs}, {&m.sh_up, u, Fs}}, xh.view(), n);
@@ -216,7 +215,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   }
   // routed experts: each token's rows go to its 8 experts' slots (x_row), weighted by the routing weight
   float* act = b.act + (size_t)n * Fs;
-  if (paired) {
+  if (m.gate.format == m.up.format) {
     gemm_grouped_swiglu(m.gate, m.up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act, F, stream_);
   } else {
     gemm_grouped(m.gate, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, g, F, stream_);

@@ -57,7 +57,6 @@ std::vector<float> random_x(std::mt19937_64& rng, int n, int ld) {
   return x;
 }
 
-// x~ = hi + lo of the n rows in b ([n][K]); bad counts the elements outside |x - x~| <= 2^-16 |x| (x [n][ldx]).
 // The storage position of column c of a 64-element group (the inverse of gemm_x_col).
 int pos_of(int c) {
   for (int p = 0; p < 64; ++p)
@@ -65,6 +64,7 @@ int pos_of(int c) {
   return -1;
 }
 
+// x~ = hi + lo of the n rows in b ([n][K]); bad counts the elements outside |x - x~| <= 2^-16 |x| (x [n][ldx]).
 std::vector<double> split_of(const GemmXBuf& b, int n, const std::vector<float>& x, int ldx, size_t& bad) {
   const size_t m = static_cast<size_t>(n) * b.K;
   const std::vector<uint16_t> hi = to_host(b.hi, m), lo = to_host(b.lo, m);
@@ -282,6 +282,9 @@ TEST(GemmXPrep, SplitGroupSumsAndRmsNorm) {
 
 // ---- gemm_grouped ----
 
+// Slots per expert of the grouped cases: empty experts (the last too), one over a 64-slot tile.
+const std::vector<int> kExpertSlots = {5, 0, 77, 1, 0, 13, 33, 2, 0};
+
 // A stack of 9 experts [rows x K]: slots by expert with counts including zeros (the last expert too) and one
 // over a 64-token tile. gather: slot a reads row x_row[a] of a 40-row x (rows repeat); else row a of an x with
 // one row per slot, and the tiles' bound 3x the needed one.
@@ -290,7 +293,7 @@ void run_grouped(QFormat fmt, bool gather, uint64_t seed, int rows = 100, int K 
                            " [" + std::to_string(rows) + " x " + std::to_string(K) + "]";
   std::mt19937_64 rng(seed);
   const int E = 9, X = 40;
-  const std::vector<int> counts = {5, 0, 77, 1, 0, 13, 33, 2, 0};
+  const std::vector<int> counts = kExpertSlots;
   std::vector<int> offsets(E + 1, 0);
   for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
   const int S = offsets[E];
@@ -352,7 +355,7 @@ void run_swiglu(QFormat fmt, int rows, int K, int n, bool grouped, uint64_t seed
                            std::to_string(rows) + " x " + std::to_string(K) + "] n " + std::to_string(n);
   std::mt19937_64 rng(seed);
   const int E = grouped ? 9 : 1;
-  const std::vector<int> counts = grouped ? std::vector<int>{5, 0, 77, 1, 0, 13, 33, 2, 0} : std::vector<int>{n};
+  const std::vector<int> counts = grouped ? kExpertSlots : std::vector<int>{n};
   std::vector<int> offsets(E + 1, 0);
   for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
   const int S = offsets[E], X = grouped ? 40 : n;
