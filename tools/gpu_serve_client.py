@@ -141,7 +141,7 @@ def robustness():
     chat("Something unrelated", max_tokens=8, temperature=0)
     r3 = post("/v1/chat/completions", dict(second, **NO_THINK))
     # The two take different ways through the layers: the resumed turn's new tokens the decode step, the request
-    # from scratch (from 24 tokens) the chunked prompt path, whose logits agree with the decode step's to ~1e-3
+    # from scratch (from 16 tokens) the chunked prompt path, whose logits agree with the decode step's to ~1e-3
     # relative (0.03-0.06 in log-probability here, random weights). So the replies match token for token with
     # log-probabilities within 0.25 up to where they part, and they may part only at a near tie (each reply's token
     # the other's runner-up, top-2 gaps under 0.1); a wrong resumed state (the stop id consumed twice, say) is

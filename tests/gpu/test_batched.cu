@@ -1,7 +1,8 @@
 // GPU tests of the prompt path's launchers (kernels/batched.h; kernels/gemm.cu, kernels/batched.cu) against CPU
 // references on seeded random inputs:
 //   gemm            dense q4 / q8 / bf16, rows and tokens off the 128 x 64 tile, K 64..2048, y = and +=, a
-//                   row stride above the rows (padding left alone), one matrix of a stack;
+//                   row stride above the rows (padding left alone), one matrix of a stack; a token's outputs the
+//                   same bits whatever the launch's token count (the q4 kernel's tile shapes);
 //   gemm_x_prep     the hi + lo split, the group sums, the fused RMSNorm;
 //   gemm_grouped    a stack of experts with empty and > 64-slot ones, gathered (repeated) input rows or none;
 //   gemm_swiglu, gemm_grouped_swiglu  bit for bit the two GEMMs and swiglu_rows;
@@ -176,6 +177,35 @@ TEST(Gemm, DenseAccumulate) {
   uint64_t seed = 2000;
   for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16})
     for (const GemmCase& c : kGemmCases) run_gemm(f, c, true, seed++);
+}
+
+// A token's outputs must not depend on how many tokens share its launch (a prompt resumed from a prefix
+// snapshot repeats the whole prompt's logits bit for bit): the q4 launches pick the tensor-core shape by the
+// tile's token count (16 / 32 / 64 columns), so the first n tokens of a 1,200-token launch must equal launches
+// of n tokens alone.
+TEST(Gemm, TokenResultsIndependentOfLaunchSize) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16}) {
+    std::mt19937_64 rng(3500 + static_cast<int>(f));
+    const int rows = 4096, K = 256, n_all = 1200;
+    DevMat d(random_mat(rng, f, 1, rows, K));
+    const std::vector<float> x = random_x(rng, n_all, K);
+    DevBuf<float> dx(x);
+    XBuf xb(n_all, K);
+    gemm_x_prep(dx.p, K, n_all, nullptr, 0.f, xb.b, nullptr, nullptr);
+    DevBuf<float> all(std::vector<float>(static_cast<size_t>(n_all) * rows, 0.f));
+    gemm(d.m, 0, xb.b.view(), n_all, all.p, rows, false, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> ya = all.download();
+    for (int n : {1, 5, 16, 17, 33, 64, 70}) {
+      DevBuf<float> part(std::vector<float>(static_cast<size_t>(n) * rows, 0.f));
+      gemm(d.m, 0, xb.b.view(), n, part.p, rows, false, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> yp = part.download();
+      EXPECT_EQ(0, std::memcmp(yp.data(), ya.data(), yp.size() * sizeof(float)))
+          << fmt_name(f) << ": the first " << n << " tokens alone differ from the same tokens among " << n_all;
+    }
+  }
 }
 
 // gemm_multi: matrices of several sizes (off the 128-row tile, one of a single row) sharing x in one launch, each

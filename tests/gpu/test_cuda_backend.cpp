@@ -212,17 +212,17 @@ double prompt_vs_decode(const Model& model, const std::vector<int32_t>& tokens, 
 TEST(CudaBackend, ChunkedPromptEqualsDecodeSteps) {
   const Model& model = golden_model("mlx");
   const int V = model.config.vocab;
-  // one chunk; then 2,200 tokens: 20 through the decode step, then 2,180 in one forward() of two chunks (2,048
-  // and 132) with history before them
+  // one chunk; then 2,200 tokens: 12 through the decode step, then 2,188 in one forward() of two chunks (2,048
+  // and 140) with history before them
   prompt_vs_decode(model, random_tokens(37, V, 8), {37});
-  prompt_vs_decode(model, random_tokens(2200, V, 9), {20, 2180});
+  prompt_vs_decode(model, random_tokens(2200, V, 9), {12, 2188});
   prompt_vs_decode(golden_model("hf"), random_tokens(100, V, 10), {100});  // bf16 weights
 }
 
 // Save at `at`, run on, restore, the continuation repeats exactly: with the snapshot in device memory (the
 // default budget) and in host memory (budget 0); `all` is the whole prompt in one forward(). Either every piece
 // takes the chunked path (a token's results do not depend on the chunk it is in) or every piece the decode step
-// (kPrefillMin is 24): bit for bit either way.
+// (kPrefillMin is 16): bit for bit either way.
 void save_restore_case(int T, int at) {
   SCOPED_TRACE(T);
   const Model& model = golden_model("mlx");
@@ -266,7 +266,7 @@ void save_restore_case(int T, int at) {
 
 TEST(CudaBackend, PromptSaveRestore) {
   save_restore_case(90, 40);  // chunked pieces
-  save_restore_case(23, 10);  // decode-step pieces
+  save_restore_case(15, 6);   // decode-step pieces
 }
 
 // Sampling on the device (Backend::begin_device_sampling, the sampler inside the decode graph) against the host
