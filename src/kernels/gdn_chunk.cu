@@ -5,15 +5,17 @@
 //                      scratch rows (PrepRow); conv taps before the chunk from the ring.
 //   gdn_chunk_kernel   the recurrence: a warp per (value head, 4 value columns), no barrier in the chain per
 //                      token: it keeps its 128 x 4 slice of the state in registers for the whole chunk (read
-//                      once, written once; rows lane + 32 r), sums its columns' S^T k and S^T q with a
-//                      reduce-scatter over the lanes (lane j then holds column j's S^T k, lane 4 + j its S^T q),
-//                      and broadcasts the columns' updates back. A block's 8 warps share a value head; the prep's
-//                      values come into shared memory 16 tokens at a time, double-buffered, so the chain reads
-//                      them there (from L2 a token ahead, every warp its own copy: 1,731 us per 2,048-token chunk
-//                      on the H200; staged: 939). Its ungated outputs o go to `out`.
+//                      once, written once), each half-warp two columns over 16 lanes of 8 rows, sums its columns'
+//                      S^T k and S^T q with a reduce-scatter over the lanes, and broadcasts the columns' updates
+//                      back. A block's 8 warps share a value head; the prep's values come into shared memory 16
+//                      tokens at a time, double-buffered, so the chain reads them there (from L2 a token ahead,
+//                      every warp its own copy: 1,731 us per 2,048-token chunk on the H200; staged: 939; 16-lane
+//                      sums, q and k as 16-byte reads, the output store without a branch: 807). Its ungated
+//                      outputs o go to `out`.
 //   gated_norm_kernel  a warp per (token, value head): out = RMSNorm(o) * norm_w * silu(z), in place.
 //   ring_update_kernel the raw qkv of the chunk's last (up to) 4 tokens into the conv ring.
-// The arithmetic and its order are the decode step's, so a chunk and the decode step agree to fp32 rounding.
+// The arithmetic is the decode step's (sums in another order), so a chunk and the decode step agree to fp32
+// rounding.
 // Tested against the fp64 / fp32 references token by token in tests/gpu/test_mixer_kernels.cu.
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
@@ -124,26 +126,32 @@ __global__ void __launch_bounds__(256) gdn_prep_kernel(
 // The recurrence: a warp per (value head, kWarpCols value columns); a block's warps share the value head, and
 // the prep's values of kBatch tokens at a time (q, k, the block's v columns, k . q, beta, decay) come into
 // shared memory (cp.async, double-buffered) while the warps work through the previous batch.
+// Within a warp, half f = lane / 16 takes columns 2 f, 2 f + 1 and lane i = lane % 16 of the half the state rows
+// 4 i .. 4 i + 3 and 64 + 4 i .. 64 + 4 i + 3 (q and k as two 16-byte reads each, conflict-free): a column's sums
+// S^T k and S^T q reduce over 16 lanes (4 shuffle steps, not 5).
 constexpr int kStageWarps = 8;
 constexpr int kBatch = 16;
 constexpr int kBlockCols = kStageWarps * kWarpCols;
-constexpr int kTokFloats = 2 * 32 * kRowsPerLane + kBlockCols + 3;  // q | k | v | k . q, beta, decay
+constexpr int kDkMax = 128;  // q and k slots hold 128 floats (zero past Dk)
+constexpr int kTokFloats = (2 * kDkMax + kBlockCols + 3 + 3) & ~3;  // q | k | v | k . q, beta, decay (16-byte slots)
+static_assert(kWarpCols == 4, "two columns per half-warp");
 
 __global__ void __launch_bounds__(kStageWarps * 32) gdn_chunk_kernel(const float* __restrict__ prep,
                                                                       float* __restrict__ state,
                                                                       float* __restrict__ out, int n, GdnDims dims) {
   __shared__ __align__(16) float buf[2][kBatch * kTokFloats];
-  const int tid = threadIdx.x, lane = tid % 32;
+  const int tid = threadIdx.x, lane = tid % 32, half = lane >> 4, li = lane & 15;
   const int Dk = dims.k_dim, Dv = dims.v_dim, Hv = dims.n_v_heads;
   const int h = blockIdx.y, kh = h / (Hv / dims.n_k_heads), vd = Hv * Dv;
   const int bcol0 = blockIdx.x * kBlockCols, bcols = min(kBlockCols, Dv - bcol0);
   const int col0 = bcol0 + (tid / 32) * kWarpCols;
   const int ncols = max(0, min(kWarpCols, Dv - col0));  // 0: a warp past the head's columns (stages, syncs)
-  const bool has_v = lane < ncols;
   const PrepRow L{dims.n_k_heads * Dk, vd, dims.n_k_heads, Hv};
-  constexpr int kQ = 0, kK = 32 * kRowsPerLane, kV = 2 * kK, kS = kV + kBlockCols;  // offsets in a token's slot
+  constexpr int kQ = 0, kK = kDkMax, kV = 2 * kDkMax, kS = kV + kBlockCols;  // offsets in a token's slot
   float* S = state + (size_t)h * Dk * Dv;
 
+  for (int e = tid; e < 2 * kBatch * kTokFloats; e += kStageWarps * 32) (&buf[0][0])[e] = 0.f;  // (the pads)
+  __syncthreads();
   auto stage = [&](int b) {
     float* B = buf[b & 1];
     const int t0 = b * kBatch, cnt = min(kBatch, n - t0);
@@ -165,14 +173,20 @@ __global__ void __launch_bounds__(kStageWarps * 32) gdn_chunk_kernel(const float
     mma::commit();
   };
 
-  // the lane's rows (lane + 32 r) x the warp's columns of the state
-  float s[kRowsPerLane][kWarpCols];
+  // the lane's rows (row_of(r), r < 8) x its half's two columns of the state
+  auto row_of = [&](int r) { return (r >> 2) * 64 + 4 * li + (r & 3); };
+  const int my_col = 2 * half + (lane & 1);  // the column whose update (lane % 4 < 2) or output (>= 2) it makes
+  float s[8][2];
 #pragma unroll
-  for (int r = 0; r < kRowsPerLane; ++r) {
-    const int i = lane + 32 * r;
+  for (int r = 0; r < 8; ++r)
 #pragma unroll
-    for (int j = 0; j < kWarpCols; ++j) s[r][j] = i < Dk && j < ncols ? S[(size_t)i * Dv + col0 + j] : 0.f;
-  }
+    for (int c = 0; c < 2; ++c) {
+      const int i = row_of(r), j = 2 * half + c;
+      s[r][c] = i < Dk && j < ncols ? S[(size_t)i * Dv + col0 + j] : 0.f;
+    }
+  // lanes 16 f + 2, + 3 store column 2 f, 2 f + 1's output (one copy per column)
+  const bool stores = (lane & 15) >= 2 && (lane & 15) < 4 && my_col < ncols;
+  float* o_ptr = out + (size_t)h * Dv + col0 + my_col;
   const int batches = (n + kBatch - 1) / kBatch;
   stage(0);
   for (int b = 0; b < batches; ++b) {
@@ -181,61 +195,50 @@ __global__ void __launch_bounds__(kStageWarps * 32) gdn_chunk_kernel(const float
     if (b + 1 < batches) stage(b + 1);
     if (ncols == 0) continue;
     const float* B = buf[b & 1];
-    const int t0 = b * kBatch, cnt = min(kBatch, n - t0);
-    for (int tt = 0; tt < cnt; ++tt) {
+    const int cnt = min(kBatch, n - b * kBatch);
+    for (int tt = 0; tt < cnt; ++tt, o_ptr += vd) {
       const float* tok = B + tt * kTokFloats;
-      float q[kRowsPerLane], k[kRowsPerLane];
-#pragma unroll
-      for (int r = 0; r < kRowsPerLane; ++r) {
-        const int i = lane + 32 * r;
-        q[r] = i < Dk ? tok[kQ + i] : 0.f;
-        k[r] = i < Dk ? tok[kK + i] : 0.f;
-      }
-      const float v = has_v ? tok[kV + col0 - bcol0 + lane] : 0.f;
+      float q[8], k[8];
+      *reinterpret_cast<float4*>(q) = *reinterpret_cast<const float4*>(tok + kQ + 4 * li);
+      *reinterpret_cast<float4*>(q + 4) = *reinterpret_cast<const float4*>(tok + kQ + 64 + 4 * li);
+      *reinterpret_cast<float4*>(k) = *reinterpret_cast<const float4*>(tok + kK + 4 * li);
+      *reinterpret_cast<float4*>(k + 4) = *reinterpret_cast<const float4*>(tok + kK + 64 + 4 * li);
+      const float v = tok[kV + col0 - bcol0 + min(my_col, ncols - 1)];
       const float kq = tok[kS], beta = tok[kS + 1], decay = tok[kS + 2];
-      // decayed state; partial column sums of S^T k (x[j]) and S^T q (x[kWarpCols + j]) over the lane's rows
-      float x[2 * kWarpCols];
+      // decayed state; partial column sums of S^T k (x[c]) and S^T q (x[2 + c]) over the lane's rows
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int j = 0; j < 2 * kWarpCols; ++j) x[j] = 0.f;
+      for (int r = 0; r < 8; ++r)
 #pragma unroll
-      for (int r = 0; r < kRowsPerLane; ++r)
-#pragma unroll
-        for (int j = 0; j < kWarpCols; ++j) {
-          s[r][j] *= decay;
-          x[j] = fmaf(s[r][j], k[r], x[j]);
-          x[kWarpCols + j] = fmaf(s[r][j], q[r], x[kWarpCols + j]);
+        for (int c = 0; c < 2; ++c) {
+          s[r][c] *= decay;
+          x[c] = fmaf(s[r][c], k[r], x[c]);
+          x[2 + c] = fmaf(s[r][c], q[r], x[2 + c]);
         }
-      // reduce-scatter: at each step a lane keeps the half of the values its lane bit selects and adds its
-      // partner's copy of that half; lane l ends with the warp's total of value l % V
-      constexpr int V = 2 * kWarpCols;
-      if constexpr (V >= 32) scatter_step<16>(x, lane);
-      if constexpr (V >= 16) scatter_step<8>(x, lane);
-      scatter_step<4>(x, lane);
+      // reduce-scatter over lane bits 1, 0 (lane keeps value lane % 4), then the sum over lane bits 2, 3
       scatter_step<2>(x, lane);
       scatter_step<1>(x, lane);
-      if constexpr (V <= 8) x[0] += __shfl_xor_sync(0xffffffffu, x[0], 8);
-      if constexpr (V <= 16) x[0] += __shfl_xor_sync(0xffffffffu, x[0], 16);
-      // lane j < kWarpCols: column j's S^T k -> its update dlt_j = beta (v_j - mem_j); lane kWarpCols + j:
-      // column j's S^T q
-      const float dlt = lane < kWarpCols ? beta * (v - x[0]) : 0.f;
-      const float dlt_of_mine = __shfl_sync(0xffffffffu, dlt, lane & (kWarpCols - 1));
-      if (lane >= kWarpCols && lane - kWarpCols < ncols)  // o = S'^T q = (decay S)^T q + (k . q) dlt
-        out[(size_t)(t0 + tt) * vd + (size_t)h * Dv + col0 + lane - kWarpCols] = fmaf(kq, dlt_of_mine, x[0]);
+      x[0] += __shfl_xor_sync(0xffffffffu, x[0], 4);
+      x[0] += __shfl_xor_sync(0xffffffffu, x[0], 8);
+      // lane % 4 = c < 2: column 2 f + c's S^T k -> its update dlt = beta (v - mem); lane % 4 = 2 + c: its S^T q
+      const float dlt = (lane & 3) < 2 ? beta * (v - x[0]) : 0.f;
+      const float dlt_of_mine = __shfl_sync(0xffffffffu, dlt, lane & ~2);
+      if (stores) *o_ptr = fmaf(kq, dlt_of_mine, x[0]);  // o = S'^T q = (decay S)^T q + (k . q) dlt
 #pragma unroll
-      for (int j = 0; j < kWarpCols; ++j) {
-        const float d = __shfl_sync(0xffffffffu, dlt, j);
+      for (int c = 0; c < 2; ++c) {
+        const float d = __shfl_sync(0xffffffffu, dlt, 16 * half + c);
 #pragma unroll
-        for (int r = 0; r < kRowsPerLane; ++r) s[r][j] = fmaf(k[r], d, s[r][j]);
+        for (int r = 0; r < 8; ++r) s[r][c] = fmaf(k[r], d, s[r][c]);
       }
     }
   }
 #pragma unroll
-  for (int r = 0; r < kRowsPerLane; ++r) {
-    const int i = lane + 32 * r;
+  for (int r = 0; r < 8; ++r)
 #pragma unroll
-    for (int j = 0; j < kWarpCols; ++j)
-      if (i < Dk && j < ncols) S[(size_t)i * Dv + col0 + j] = s[r][j];
-  }
+    for (int c = 0; c < 2; ++c) {
+      const int i = row_of(r), j = 2 * half + c;
+      if (i < Dk && j < ncols) S[(size_t)i * Dv + col0 + j] = s[r][c];
+    }
 }
 
 // out[t][h] = RMSNorm(o[t][h]) * norm_w * silu(z[t][h]) in place, a warp per (token, head).
@@ -270,7 +273,7 @@ size_t gdn_chunk_scratch_bytes(int n, GdnDims dims) {
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
                       float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, cudaStream_t s) {
-  LILY_CHECK(dims.k_dim >= 1 && dims.k_dim <= 32 * kRowsPerLane && dims.v_dim >= 1 && dims.n_k_heads > 0 &&
+  LILY_CHECK(dims.k_dim >= 1 && dims.k_dim <= kDkMax && dims.v_dim >= 1 && dims.n_k_heads > 0 &&
                  dims.n_v_heads % dims.n_k_heads == 0 && dims.n_v_heads / dims.n_k_heads <= 32 && pos0 >= 0,
              "gdn_chunk: unsupported dims Dk=", dims.k_dim, " Dv=", dims.v_dim, " Hk=", dims.n_k_heads,
              " Hv=", dims.n_v_heads);
