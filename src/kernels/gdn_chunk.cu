@@ -273,8 +273,8 @@ size_t gdn_chunk_scratch_bytes(int n, GdnDims dims) {
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
                       float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, cudaStream_t s) {
-  LILY_CHECK(dims.k_dim >= 1 && dims.k_dim <= kDkMax && dims.v_dim >= 1 && dims.n_k_heads > 0 &&
-                 dims.n_v_heads % dims.n_k_heads == 0 && dims.n_v_heads / dims.n_k_heads <= 32 && pos0 >= 0,
+  LILY_CHECK(dims.k_dim >= 1 && dims.k_dim <= kDkMax && dims.v_dim >= 4 && dims.v_dim % 4 == 0 &&
+                 dims.n_k_heads > 0 && dims.n_v_heads % dims.n_k_heads == 0 && dims.n_v_heads / dims.n_k_heads <= 32 && pos0 >= 0,
              "gdn_chunk: unsupported dims Dk=", dims.k_dim, " Dv=", dims.v_dim, " Hk=", dims.n_k_heads,
              " Hv=", dims.n_v_heads);
   if (n <= 0) return;

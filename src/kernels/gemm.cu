@@ -89,6 +89,33 @@ __device__ __forceinline__ uint32_t a_pair(const uint8_t* row, int c0) {
   }
 }
 
+// The block's share of a launch: its matrix part and first row (blockIdx.x), the stack's matrix and the slots of
+// its 64-token tile (grouped: blockIdx.y's entry of the work list; dense: tokens from 64 blockIdx.z); false when
+// the tile holds no token.
+struct BlockWork {
+  int pi, r_base, mat, slot0, t_base, t_count;  // t_base: within the matrix's slots
+};
+template <bool PAIRED>
+__device__ __forceinline__ bool block_work(const GemmArgs& a, BlockWork& b) {
+  int pi = 0;
+  while (!PAIRED && pi + 1 < a.parts && static_cast<int>(blockIdx.x) >= a.part[pi].tile_end) ++pi;
+  b.pi = pi;
+  b.r_base = (blockIdx.x - (pi ? a.part[pi - 1].tile_end : 0)) * (PAIRED ? kGemmRows / 2 : kGemmRows);
+  int count = a.n;
+  b.mat = 0, b.slot0 = 0, b.t_base = blockIdx.z * kGemmTok;
+  if (a.offsets) {
+    if (static_cast<int>(blockIdx.y) >= a.tiles[0]) return false;
+    const int tile = a.tiles[1 + blockIdx.y];
+    b.mat = tile >> 16;
+    b.t_base = (tile & 0xFFFF) * kGemmTok;
+    b.slot0 = a.offsets[b.mat];
+    count = a.offsets[b.mat + 1] - b.slot0;
+  }
+  if (b.t_base >= count) return false;
+  b.t_count = min(kGemmTok, count - b.t_base);
+  return true;
+}
+
 // Each warp computes 32 rows x 32 tokens of the block's 128 x 64 tile: warp w takes tile rows 32 (w % 4) .. and
 // tokens 32 (w / 4) .., as 2 x 4 mma tiles. Per k-step (16 k-slots) and thread: the A registers of its 4 rows
 // (r0 + 8 i), the B fragments of 32 tokens (hi and lo), 16 products.
@@ -100,25 +127,14 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   using T = GemmTile<BITS>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  int pi = 0;
-  while (!PAIRED && pi + 1 < a.parts && static_cast<int>(blockIdx.x) >= a.part[pi].tile_end) ++pi;
-  const GemmPart& part = a.part[pi];
-  const int r_base = (blockIdx.x - (pi ? a.part[pi - 1].tile_end : 0)) * (PAIRED ? kGemmRows / 2 : kGemmRows);
-  const int rows = part.rows;
+  BlockWork bw;
+  if (!block_work<PAIRED>(a, bw)) return;
+  const GemmPart& part = a.part[bw.pi];
+  const int r_base = bw.r_base, rows = part.rows, mat = bw.mat, slot0 = bw.slot0, t_base = bw.t_base;
+  const int t_count = bw.t_count;
   // tile row -> (part, row of that part)
   auto tile_part = [](int tr) { return PAIRED ? (tr >> 4) & 1 : 0; };
   auto tile_row = [&](int tr) { return min(PAIRED ? r_base + (tr >> 5) * 16 + (tr & 15) : r_base + tr, rows - 1); };
-  int mat = 0, slot0 = 0, count = a.n, t_base = blockIdx.z * kGemmTok;  // t_base: within this matrix's slots
-  if (a.offsets) {
-    if (static_cast<int>(blockIdx.y) >= a.tiles[0]) return;
-    const int tile = a.tiles[1 + blockIdx.y];
-    mat = tile >> 16;
-    t_base = (tile & 0xFFFF) * kGemmTok;
-    slot0 = a.offsets[mat];
-    count = a.offsets[mat + 1] - slot0;
-  }
-  if (t_base >= count) return;
-  const int t_count = min(kGemmTok, count - t_base);
   const int groups = a.cols / 64;
   const uint8_t* w = part.w + mat * a.mat_w_bytes;
   const uint32_t* sb = part.sb ? part.sb + mat * a.mat_groups : nullptr;
@@ -339,24 +355,13 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  int pi = 0;
-  while (!PAIRED && pi + 1 < a.parts && static_cast<int>(blockIdx.x) >= a.part[pi].tile_end) ++pi;
-  const GemmPart& part = a.part[pi];
-  const int r_base = (blockIdx.x - (pi ? a.part[pi - 1].tile_end : 0)) * (PAIRED ? kGemmRows / 2 : kGemmRows);
-  const int rows = part.rows;
+  BlockWork bw;
+  if (!block_work<PAIRED>(a, bw)) return;
+  const GemmPart& part = a.part[bw.pi];
+  const int r_base = bw.r_base, rows = part.rows, mat = bw.mat, slot0 = bw.slot0, t_base = bw.t_base;
+  const int t_count = bw.t_count;
   auto tile_part = [](int tr) { return PAIRED ? (tr >> 3) & 1 : 0; };
   auto tile_row = [&](int tr) { return min(PAIRED ? r_base + (tr >> 4) * 8 + (tr & 7) : r_base + tr, rows - 1); };
-  int mat = 0, slot0 = 0, count = a.n, t_base = blockIdx.z * kGemmTok;
-  if (a.offsets) {
-    if (static_cast<int>(blockIdx.y) >= a.tiles[0]) return;
-    const int tile = a.tiles[1 + blockIdx.y];
-    mat = tile >> 16;
-    t_base = (tile & 0xFFFF) * kGemmTok;
-    slot0 = a.offsets[mat];
-    count = a.offsets[mat + 1] - slot0;
-  }
-  if (t_base >= count) return;
-  const int t_count = min(kGemmTok, count - t_base);
   const int groups = a.cols / 64;
   const uint8_t* w = part.w + mat * a.mat_w_bytes;
   const uint32_t* sb = part.sb + mat * a.mat_groups;

@@ -467,8 +467,8 @@ class CudaBackend : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(engine_.step(), staging_, sizeof(StepDev), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
   }
-  // shorter prompts: the decode step per token (H200, the wgmma GEMMs: a chunk of 16 tokens 16.9 ms, of 24
-  // 19.6 ms, the decode step 1.09 ms per token: even at ~15 tokens); LILY_PREFILL_MIN (benchmarks) moves it
+  // shorter prompts: the decode step per token (H200, `eaf5e76`: a chunk of 16 tokens 15.4 ms, of 24 18.0 ms, the
+  // decode step 1.09 ms per token: even at ~14 tokens); LILY_PREFILL_MIN (benchmarks) moves it
   static constexpr int kPrefillMin = 16;
   const int prefill_min_ = std::max(1, env_int("LILY_PREFILL_MIN", kPrefillMin));
 

@@ -5,7 +5,8 @@
 //                   same bits whatever the launch's token count (the q4 kernel's tile shapes);
 //   gemm_x_prep     the hi + lo split, the group sums, the fused RMSNorm;
 //   gemm_grouped    a stack of experts with empty and > 64-slot ones, gathered (repeated) input rows or none;
-//   gemm_swiglu, gemm_grouped_swiglu  bit for bit the two GEMMs and swiglu_rows;
+//   gemm_swiglu, gemm_grouped_swiglu  bit for bit the two GEMMs and swiglu_rows; an expert's slots the same
+//                   bits whether its tile is full or nearly empty;
 //   moe_select_rows top-k by logit with ties to the lower id, renormalised softmax weights, the shared gate;
 //   moe_group       offsets, slots, their token and weight, slot_of a permutation;
 //   swiglu_rows, moe_combine, embed_rows (out-of-range ids give zero rows).
@@ -433,6 +434,40 @@ TEST(GemmSwiglu, EqualsGemmsThenSwigluRows) {
   }
   run_swiglu(QFormat::q4, 512, 2048, 130, false, seed++);  // the real experts' shape, more groups than stages
   run_swiglu(QFormat::q4, 512, 2048, 0, true, seed++);
+}
+
+// An expert's slots give the same bits whether its tile is full or holds a few slots (the q4 kernel's 16 / 32 / 64
+// column shapes; an expert's slot count depends on the chunk): the first 5 of 70 slots of expert 0 against the
+// same 5 slots alone, with the same rows of x and routing weights.
+TEST(GemmSwiglu, SlotResultsIndependentOfExpertFill) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(4600);
+  const int rows = 96, K = 256, X = 80, E = 2;
+  DevMat gate(random_mat(rng, QFormat::q4, E, rows, K)), up(random_mat(rng, QFormat::q4, E, rows, K));
+  const std::vector<float> x = random_x(rng, X, K), sc = random_vec(rng, 73, 0.05f, 1.f);
+  DevBuf<float> dx(x);
+  XBuf xb(X, K);
+  gemm_x_prep(dx.p, K, X, nullptr, 0.f, xb.b, nullptr, nullptr);
+  // slots [0, n0) of expert 0 read x rows 0.., then 3 slots of expert 1 read rows 77, 3, 50
+  auto launch = [&](int n0) {
+    std::vector<int> offsets{0, n0, n0 + 3}, x_row(n0 + 3);
+    std::vector<float> w(n0 + 3);
+    for (int a = 0; a < n0; ++a) x_row[a] = a, w[a] = sc[a];
+    for (int i = 0; i < 3; ++i) x_row[n0 + i] = std::vector<int>{77, 3, 50}[i], w[n0 + i] = sc[70 + i];
+    DevBuf<int> doff(offsets), drow(x_row);
+    DevBuf<float> dw(w), act(static_cast<size_t>(n0 + 3) * rows);
+    const int max_tiles = gemm_grouped_max_tiles(n0 + 3, E);
+    DevBuf<int> dtiles(std::vector<int>(1 + max_tiles, -1));
+    gemm_grouped_tiles(doff.p, E, dtiles.p, nullptr);
+    gemm_grouped_swiglu(gate.m, up.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, dw.p, act.p, rows, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return act.download();
+  };
+  const std::vector<float> full = launch(70), few = launch(5);
+  EXPECT_EQ(0, std::memcmp(few.data(), full.data(), sizeof(float) * 5 * rows))
+      << "expert 0's first 5 slots alone differ from the same slots in a full tile";
+  EXPECT_EQ(0, std::memcmp(few.data() + 5 * rows, full.data() + 70 * rows, sizeof(float) * 3 * rows))
+      << "expert 1's slots differ between the two launches";
 }
 
 // ---- MoE selection, grouping, SwiGLU, combine ----
