@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
   const size_t row_bytes = static_cast<size_t>(a.cols) / 2;
 
   // Per group and thread: one 16-byte piece of the weights (row tid / 2), kXCopies of hi and of lo (token
-  // (tid + kThreads i) / 8, chunk tid % 8), one scale|bias word or one group sum.
+  // (tid + 256 i) / 8, chunk tid % 8), one scale|bias word or one group sum.
   const uint8_t* wsrc = (tile_part(tid >> 1) ? w1 : w) + tile_row(tid >> 1) * row_bytes + (tid & 1) * 16;
   const int x_rows = (t_count + 15) & ~15;
   int xoff[T::kXCopies];
