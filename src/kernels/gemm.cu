@@ -116,6 +116,39 @@ __device__ __forceinline__ bool block_work(const GemmArgs& a, BlockWork& b) {
   return true;
 }
 
+// Element offsets in hi / lo of the x chunks this thread copies per group: chunk tid + 256 i is piece tid % 8 of
+// the tile's token (tid + 256 i) / 8, for the 16-token pairs that hold a valid token (past the tile's last
+// token: that token again); -1: none.
+__device__ __forceinline__ void x_offsets(const GemmArgs& a, const BlockWork& bw, int tid, int (&xoff)[2]) {
+  const int x_rows = (bw.t_count + 15) & ~15;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int t = (tid + i * kGemmThreads) >> 3;
+    xoff[i] = -1;
+    if (t < x_rows) {
+      const int slot = bw.slot0 + bw.t_base + min(t, bw.t_count - 1);
+      xoff[i] = (a.x_row ? a.x_row[slot] : slot) * a.cols + (tid & 7) * 8;
+    }
+  }
+}
+// The group sums thread tid (kGemmRows <= tid < kGemmRows + kGemmTok) copies: token tid - kGemmRows's (past the
+// tile's last token: that token's).
+__device__ __forceinline__ const float* gsum_row(const GemmArgs& a, const BlockWork& bw, int tid) {
+  const int slot = bw.slot0 + bw.t_base + min(tid - kGemmRows, bw.t_count - 1);
+  return a.xsum + static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * (a.cols / 64);
+}
+// The tile's output for token t, row r of the part: scale * silu(v) * up (PAIRED: v the gate, up the up
+// projection) or v (y = or +=); nothing past the tile's tokens or the part's rows.
+template <bool PAIRED>
+__device__ __forceinline__ void store_out(const GemmArgs& a, const GemmPart& part, const BlockWork& bw, int t, int r,
+                                          float v, float up) {
+  if (t >= bw.t_count || r >= part.rows) return;
+  const int slot = bw.slot0 + bw.t_base + t;
+  float* dst = part.y + static_cast<size_t>(slot) * part.ldy + r;
+  if constexpr (PAIRED) *dst = swiglu_value(a.scale ? a.scale[slot] : 1.f, v, up);
+  else *dst = a.accumulate ? *dst + v : v;
+}
+
 // Each warp computes 32 rows x 32 tokens of the block's 128 x 64 tile: warp w takes tile rows 32 (w % 4) .. and
 // tokens 32 (w / 4) .., as 2 x 4 mma tiles. Per k-step (16 k-slots) and thread: the A registers of its 4 rows
 // (r0 + 8 i), the B fragments of 32 tokens (hi and lo), 16 products.
@@ -130,8 +163,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   BlockWork bw;
   if (!block_work<PAIRED>(a, bw)) return;
   const GemmPart& part = a.part[bw.pi];
-  const int r_base = bw.r_base, rows = part.rows, mat = bw.mat, slot0 = bw.slot0, t_base = bw.t_base;
-  const int t_count = bw.t_count;
+  const int r_base = bw.r_base, rows = part.rows, mat = bw.mat, t_count = bw.t_count;
   // tile row -> (part, row of that part)
   auto tile_part = [](int tr) { return PAIRED ? (tr >> 4) & 1 : 0; };
   auto tile_row = [&](int tr) { return min(PAIRED ? r_base + (tr >> 5) * 16 + (tr & 15) : r_base + tr, rows - 1); };
@@ -153,26 +185,13 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
     const int c = tid + i * kGemmThreads;
     wsrc[i] = static_cast<uint32_t>(tile_row(c / kPieces) * row_bytes + (c % kPieces) * 16);
   }
-  const int x_rows = (t_count + 15) & ~15;
-  int xoff[2];  // element offset of the chunk's row and piece in hi / lo; -1: none
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int c = tid + i * kGemmThreads, t = c >> 3;
-    xoff[i] = -1;
-    if (t < x_rows) {
-      const int slot = slot0 + t_base + min(t, t_count - 1);
-      xoff[i] = (a.x_row ? a.x_row[slot] : slot) * a.cols + (c & 7) * 8;
-    }
-  }
+  int xoff[2];
+  x_offsets(a, bw, tid, xoff);
   const uint32_t* sbsrc = nullptr;
   const float* gsrc = nullptr;
   if constexpr (BITS != 16) {
-    if (tid < kGemmRows) {
-      sbsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups;
-    } else if (tid < kGemmRows + kGemmTok) {
-      const int slot = slot0 + t_base + min(tid - kGemmRows, t_count - 1);
-      gsrc = a.xsum + static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * groups;
-    }
+    if (tid < kGemmRows) sbsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups;
+    else if (tid < kGemmRows + kGemmTok) gsrc = gsum_row(a, bw, tid);
   }
   auto stage = [&](int g, int buf) {
     uint8_t* base = smem + buf * T::kStage;
@@ -302,34 +321,19 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
     }
   }
 
-  if constexpr (PAIRED) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int t = tg * 32 + i * 8 + tq * 2 + (j & 1);
-        const int r = r_base + rg * 16 + gq + (j < 2 ? 0 : 8);
-        if (t < t_count && r < rows) {
-          const int slot = slot0 + t_base + t;
-          const float gv = acc[0][i][j], f = a.scale ? a.scale[slot] : 1.f;
-          part.y[static_cast<size_t>(slot) * part.ldy + r] = swiglu_value(f, gv, acc[1][i][j]);
-        }
+    for (int j = 0; j < 4; ++j) {
+      const int t = tg * 32 + i * 8 + tq * 2 + (j & 1);
+      if constexpr (PAIRED) {
+        store_out<true>(a, part, bw, t, r_base + rg * 16 + gq + (j < 2 ? 0 : 8), acc[0][i][j], acc[1][i][j]);
+      } else {
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+          store_out<false>(a, part, bw, t, r_base + r0 + 16 * m + (j < 2 ? 0 : 8), acc[m][i][j], 0.f);
       }
-  } else {
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int t = tg * 32 + i * 8 + tq * 2 + (j & 1);
-          const int r = r_base + r0 + 16 * m + (j < 2 ? 0 : 8);
-          if (t < t_count && r < rows) {
-            float* dst = part.y + static_cast<size_t>(slot0 + t_base + t) * part.ldy + r;
-            *dst = a.accumulate ? *dst + acc[m][i][j] : acc[m][i][j];
-          }
-        }
-  }
+    }
 }
 
 // The 4-bit weights on Hopper's warpgroup tensor cores (wgmma): gemm_kernel's tile (128 weight rows x 64
@@ -345,9 +349,9 @@ struct WgTile {
   static constexpr int kWBytes = kGemmRows * 32;  // one group of the block's q4 rows
   static constexpr int kStage = (2 * kWgBTile + kWBytes + kGemmRows * 4 + kGemmTok * 4 + 1023) & ~1023;
   static constexpr int kSmem = kGemmStages * kStage + 1024;  // + the slack to align the base to 1 KB
-  static constexpr int kXCopies = kGemmTok * 8 / kGemmThreads;  // 16-byte chunks of hi (and of lo) per thread
 };
 static_assert(kGemmThreads == 2 * 128 && kGemmRows == 2 * 64, "two warpgroups of 64 rows");
+static_assert(kGemmTok * 8 == 2 * kGemmThreads, "two 16-byte x chunks (of hi, of lo) per thread (x_offsets)");
 
 template <bool PAIRED>
 __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs a) {
@@ -358,8 +362,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
   BlockWork bw;
   if (!block_work<PAIRED>(a, bw)) return;
   const GemmPart& part = a.part[bw.pi];
-  const int r_base = bw.r_base, rows = part.rows, mat = bw.mat, slot0 = bw.slot0, t_base = bw.t_base;
-  const int t_count = bw.t_count;
+  const int r_base = bw.r_base, rows = part.rows, mat = bw.mat, t_count = bw.t_count;
   auto tile_part = [](int tr) { return PAIRED ? (tr >> 3) & 1 : 0; };
   auto tile_row = [&](int tr) { return min(PAIRED ? r_base + (tr >> 4) * 8 + (tr & 7) : r_base + tr, rows - 1); };
   const int groups = a.cols / 64;
@@ -369,32 +372,19 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
   const uint32_t* sb1 = PAIRED ? a.part[1].sb + mat * a.mat_groups : nullptr;
   const size_t row_bytes = static_cast<size_t>(a.cols) / 2;
 
-  // Per group and thread: one 16-byte piece of the weights (row tid / 2), kXCopies of hi and of lo (token
+  // Per group and thread: one 16-byte piece of the weights (row tid / 2), two of hi and of lo (token
   // (tid + 256 i) / 8, chunk tid % 8), one scale|bias word or one group sum.
   const uint8_t* wsrc = (tile_part(tid >> 1) ? w1 : w) + tile_row(tid >> 1) * row_bytes + (tid & 1) * 16;
-  const int x_rows = (t_count + 15) & ~15;
-  int xoff[T::kXCopies];
-#pragma unroll
-  for (int i = 0; i < T::kXCopies; ++i) {
-    const int t = (tid + i * kGemmThreads) >> 3;
-    xoff[i] = -1;
-    if (t < x_rows) {
-      const int slot = slot0 + t_base + min(t, t_count - 1);
-      xoff[i] = (a.x_row ? a.x_row[slot] : slot) * a.cols + (tid & 7) * 8;
-    }
-  }
+  int xoff[2];
+  x_offsets(a, bw, tid, xoff);
   const uint32_t* sbsrc = nullptr;
   const float* gsrc = nullptr;
-  if (tid < kGemmRows) {
-    sbsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups;
-  } else if (tid < kGemmRows + kGemmTok) {
-    const int slot = slot0 + t_base + min(tid - kGemmRows, t_count - 1);
-    gsrc = a.xsum + static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * groups;
-  }
+  if (tid < kGemmRows) sbsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups;
+  else if (tid < kGemmRows + kGemmTok) gsrc = gsum_row(a, bw, tid);
   auto stage = [&](int g, int buf) {
     uint8_t* base = smem + buf * T::kStage;
 #pragma unroll
-    for (int i = 0; i < T::kXCopies; ++i) {
+    for (int i = 0; i < 2; ++i) {
       if (xoff[i] < 0) continue;
       const int off = wgmma::b_chunk_offset((tid + i * kGemmThreads) >> 3, tid & 7);
       mma::cp16(base + off, a.xhi + xoff[i] + g * 64);
@@ -472,18 +462,9 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
       for (int e = 0; e < 4; ++e) {
         const int t = 8 * j + 2 * tq + (e & 1);
         if constexpr (PAIRED) {
-          const int r = r_base + (tr0 >> 4) * 8 + gq;
-          if (e < 2 && t < t_count && r < rows) {
-            const int slot = slot0 + t_base + t;
-            const float f = a.scale ? a.scale[slot] : 1.f;
-            part.y[static_cast<size_t>(slot) * part.ldy + r] = swiglu_value(f, acc[4 * j + e], acc[4 * j + e + 2]);
-          }
+          if (e < 2) store_out<true>(a, part, bw, t, r_base + (tr0 >> 4) * 8 + gq, acc[4 * j + e], acc[4 * j + e + 2]);
         } else {
-          const int r = r_base + tr0 + 8 * (e >> 1);
-          if (t < t_count && r < rows) {
-            float* dst = part.y + static_cast<size_t>(slot0 + t_base + t) * part.ldy + r;
-            *dst = a.accumulate ? *dst + acc[4 * j + e] : acc[4 * j + e];
-          }
+          store_out<false>(a, part, bw, t, r_base + tr0 + 8 * (e >> 1), acc[4 * j + e], 0.f);
         }
       }
   };

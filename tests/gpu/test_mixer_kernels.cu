@@ -329,6 +329,48 @@ std::vector<T> attention_ref(const std::vector<T>& q, const std::vector<float>& 
   return out;
 }
 
+// A random bf16 cache in `cache`'s pages (P tokens each), with its host copy for the references.
+std::vector<std::vector<uint16_t>> random_cache(const PagedCache& cache, int P, int n_kv, int d, std::mt19937& g) {
+  const size_t elems = kv_page_elems(P, n_kv, d);
+  std::vector<std::vector<uint16_t>> host(cache.pages.size(), std::vector<uint16_t>(elems));
+  std::uniform_real_distribution<float> kd(-2.f, 2.f);
+  for (size_t p = 0; p < host.size(); ++p) {
+    for (auto& x : host[p]) x = f32_to_bf16(kd(g));
+    CUDA_CHECK(cudaMemcpy(cache.pages[p], host[p].data(), elems * 2, cudaMemcpyHostToDevice));
+  }
+  return host;
+}
+
+// The K and V rows the kernel appended for KV head kh at pos (from raw k [d], v [d]): K against the reference
+// norm + RoPE within one bf16 rounding step, V exactly; then copied into the host cache for the references.
+void check_appended(const PagedCache& cache, std::vector<std::vector<uint16_t>>& host, int P, const float* k,
+                    const float* v, const std::vector<float>& kn, int d, int rope, int pos, double theta, int kh) {
+  auto kr = norm_rope_ref<double>(k, kn.data(), d, rope, pos, theta);
+  auto kr32 = norm_rope_ref<float>(k, kn.data(), d, rope, pos, theta);
+  double e32 = 0;  // fp32 angles at large positions cost ~1e-3 (the same in both fp32 computations)
+  for (int i = 0; i < d; ++i) e32 = std::max(e32, std::fabs(kr32[i] - kr[i]));
+  auto kg = from_dev(cache.pages[pos / P] + cache.offset(0, kh, pos), d);
+  auto vg = from_dev(cache.pages[pos / P] + cache.offset(1, kh, pos), d);
+  for (int i = 0; i < d; ++i) {
+    ASSERT_NEAR(bf16_to_f32(kg[i]), kr[i], std::fabs(kr[i]) * (1.0 / 256) + 2 * e32 + 1e-6)
+        << "k head " << kh << " " << i << " pos " << pos;
+    ASSERT_EQ(vg[i], f32_to_bf16(v[i])) << "v head " << kh << " " << i << " pos " << pos;
+  }
+  std::copy(kg.begin(), kg.end(), host[pos / P].begin() + cache.offset(0, kh, pos));
+  std::copy(vg.begin(), vg.end(), host[pos / P].begin() + cache.offset(1, kh, pos));
+}
+
+// Every head's q normed and rotated at pos (from one token's q|gate rows), fp64 and fp32.
+void q_refs(const float* qg, const std::vector<float>& qn, int n_heads, int d, int rope, int pos, double theta,
+            std::vector<double>& q64, std::vector<float>& q32) {
+  for (int h = 0; h < n_heads; ++h) {
+    auto a = norm_rope_ref<double>(&qg[(size_t)h * 2 * d], qn.data(), d, rope, pos, theta);
+    auto b = norm_rope_ref<float>(&qg[(size_t)h * 2 * d], qn.data(), d, rope, pos, theta);
+    q64.insert(q64.end(), a.begin(), a.end());
+    q32.insert(q32.end(), b.begin(), b.end());
+  }
+}
+
 // The attention of the token at len - 1 from its raw inputs (q|gate, k, v; the kernel normalises and rotates q
 // and k and appends k, v to the cache) over a random bf16 cache: the appended row against the reference norm +
 // RoPE, then the output against a reference over the cache as the kernel left it.
@@ -337,13 +379,7 @@ void run_attention_case(int n_heads, int n_kv, int d, int len, int splits, int c
   const int P = 1024, rope = d / 4, pos = len - 1;
   const double theta = d == 256 ? 1e7 : 1e6;
   PagedCache cache(len, P, n_kv, d);
-  const size_t elems = kv_page_elems(P, n_kv, d);
-  std::vector<std::vector<uint16_t>> host(cache.pages.size(), std::vector<uint16_t>(elems));
-  std::uniform_real_distribution<float> kd(-2.f, 2.f);
-  for (size_t p = 0; p < host.size(); ++p) {
-    for (auto& x : host[p]) x = f32_to_bf16(kd(g));
-    CUDA_CHECK(cudaMemcpy(cache.pages[p], host[p].data(), elems * 2, cudaMemcpyHostToDevice));
-  }
+  std::vector<std::vector<uint16_t>> host = random_cache(cache, P, n_kv, d, g);
   auto qg = randv((size_t)n_heads * 2 * d, g, -2, 2), k = randv((size_t)n_kv * d, g, -2, 2);
   auto v = randv((size_t)n_kv * d, g), qn = randv(d, g, 0.5f, 1.5f), kn = randv(d, g, 0.5f, 1.5f);
   const int group = n_heads / n_kv;
@@ -362,31 +398,12 @@ void run_attention_case(int n_heads, int n_kv, int d, int len, int splits, int c
     CUDA_CHECK(cudaDeviceSynchronize());
     if (rep == 0) first = from_dev(dout, (size_t)n_heads * d);
   }
-  // the appended K and V rows: bf16 of the reference within one bf16 rounding step (k) and exactly (v)
-  std::vector<uint16_t>& page = host[pos / P];
-  for (int kh = 0; kh < n_kv; ++kh) {
-    auto kr = norm_rope_ref<double>(&k[(size_t)kh * d], kn.data(), d, rope, pos, theta);
-    auto kr32 = norm_rope_ref<float>(&k[(size_t)kh * d], kn.data(), d, rope, pos, theta);
-    double e32 = 0;  // fp32 angles at large positions cost ~1e-3 (the same in both fp32 computations)
-    for (int i = 0; i < d; ++i) e32 = std::max(e32, std::fabs(kr32[i] - kr[i]));
-    auto kg = from_dev(cache.pages[pos / P] + cache.offset(0, kh, pos), d);
-    auto vg = from_dev(cache.pages[pos / P] + cache.offset(1, kh, pos), d);
-    for (int i = 0; i < d; ++i) {
-      ASSERT_NEAR(bf16_to_f32(kg[i]), kr[i], std::fabs(kr[i]) * (1.0 / 256) + 2 * e32 + 1e-6)
-          << "k head " << kh << " " << i << " len " << len;
-      ASSERT_EQ(vg[i], f32_to_bf16(v[(size_t)kh * d + i])) << "v head " << kh << " " << i << " len " << len;
-    }
-    std::copy(kg.begin(), kg.end(), page.begin() + cache.offset(0, kh, pos));
-    std::copy(vg.begin(), vg.end(), page.begin() + cache.offset(1, kh, pos));
-  }
+  for (int kh = 0; kh < n_kv; ++kh)  // the appended K and V rows
+    ASSERT_NO_FATAL_FAILURE(
+        check_appended(cache, host, P, &k[(size_t)kh * d], &v[(size_t)kh * d], kn, d, rope, pos, theta, kh));
   std::vector<double> q64;
   std::vector<float> q32;
-  for (int h = 0; h < n_heads; ++h) {
-    auto a = norm_rope_ref<double>(&qg[(size_t)h * 2 * d], qn.data(), d, rope, pos, theta);
-    auto b = norm_rope_ref<float>(&qg[(size_t)h * 2 * d], qn.data(), d, rope, pos, theta);
-    q64.insert(q64.end(), a.begin(), a.end());
-    q32.insert(q32.end(), b.begin(), b.end());
-  }
+  q_refs(qg.data(), qn, n_heads, d, rope, pos, theta, q64, q32);
   const int h1 = std::min(n_heads, check_heads);
   auto r64 = attention_ref<double>(q64, qg, host, cache, len, n_heads, 0, h1);
   auto r32 = attention_ref<float>(q32, qg, host, cache, len, n_heads, 0, h1);
@@ -437,13 +454,7 @@ void run_attention_chunk_case(int n_heads, int n_kv, int d, int before, int n, i
   const int P = 1024, rope = d / 4, len = before + n;
   const double theta = d == 256 ? 1e7 : 1e6;
   PagedCache cache(len, P, n_kv, d);
-  const size_t elems = kv_page_elems(P, n_kv, d);
-  std::vector<std::vector<uint16_t>> host(cache.pages.size(), std::vector<uint16_t>(elems));
-  std::uniform_real_distribution<float> kd(-2.f, 2.f);
-  for (size_t p = 0; p < host.size(); ++p) {
-    for (auto& x : host[p]) x = f32_to_bf16(kd(g));
-    CUDA_CHECK(cudaMemcpy(cache.pages[p], host[p].data(), elems * 2, cudaMemcpyHostToDevice));
-  }
+  std::vector<std::vector<uint16_t>> host = random_cache(cache, P, n_kv, d, g);
   auto qg = randv((size_t)n * n_heads * 2 * d, g, -2, 2), k = randv((size_t)n * n_kv * d, g, -2, 2);
   auto v = randv((size_t)n * n_kv * d, g), qn = randv(d, g, 0.5f, 1.5f), kn = randv(d, g, 0.5f, 1.5f);
   AttnIn in;
@@ -465,19 +476,8 @@ void run_attention_chunk_case(int n_heads, int n_kv, int d, int before, int n, i
   for (int t = 0; t < n; ++t) {  // the appended rows, copied into the host cache for the reference
     const int pos = before + t;
     for (int kh = 0; kh < n_kv; ++kh) {
-      auto kr = norm_rope_ref<double>(&k[((size_t)t * n_kv + kh) * d], kn.data(), d, rope, pos, theta);
-      auto kr32 = norm_rope_ref<float>(&k[((size_t)t * n_kv + kh) * d], kn.data(), d, rope, pos, theta);
-      double e32 = 0;  // fp32 angles at large positions (as in the kernel) cost up to ~1e-3
-      for (int i = 0; i < d; ++i) e32 = std::max(e32, std::fabs(kr32[i] - kr[i]));
-      auto kg = from_dev(cache.pages[pos / P] + cache.offset(0, kh, pos), d);
-      auto vg = from_dev(cache.pages[pos / P] + cache.offset(1, kh, pos), d);
-      for (int i = 0; i < d; ++i) {
-        ASSERT_NEAR(bf16_to_f32(kg[i]), kr[i], std::fabs(kr[i]) * (1.0 / 256) + 2 * e32 + 1e-6)
-            << "k " << t << " " << kh;
-        ASSERT_EQ(vg[i], f32_to_bf16(v[((size_t)t * n_kv + kh) * d + i])) << "v " << t << " " << kh << " " << i;
-      }
-      std::copy(kg.begin(), kg.end(), host[pos / P].begin() + cache.offset(0, kh, pos));
-      std::copy(vg.begin(), vg.end(), host[pos / P].begin() + cache.offset(1, kh, pos));
+      const size_t at = ((size_t)t * n_kv + kh) * d;
+      ASSERT_NO_FATAL_FAILURE(check_appended(cache, host, P, &k[at], &v[at], kn, d, rope, pos, theta, kh));
     }
   }
   std::vector<float> gsel, r32sel;
@@ -489,12 +489,7 @@ void run_attention_chunk_case(int n_heads, int n_kv, int d, int before, int n, i
     const std::vector<float> qgt(qg.begin() + t * row, qg.begin() + (t + 1) * row);
     std::vector<double> q64;
     std::vector<float> q32;
-    for (int h = 0; h < n_heads; ++h) {
-      auto a = norm_rope_ref<double>(&qgt[(size_t)h * 2 * d], qn.data(), d, rope, pos, theta);
-      auto b = norm_rope_ref<float>(&qgt[(size_t)h * 2 * d], qn.data(), d, rope, pos, theta);
-      q64.insert(q64.end(), a.begin(), a.end());
-      q32.insert(q32.end(), b.begin(), b.end());
-    }
+    q_refs(qgt.data(), qn, n_heads, d, rope, pos, theta, q64, q32);
     auto r64 = attention_ref<double>(q64, qgt, host, cache, pos + 1, n_heads, 0, n_heads);
     auto r32 = attention_ref<float>(q32, qgt, host, cache, pos + 1, n_heads, 0, n_heads);
     gsel.insert(gsel.end(), got.begin() + (size_t)t * n_heads * d, got.begin() + (size_t)(t + 1) * n_heads * d);
