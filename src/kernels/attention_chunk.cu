@@ -3,12 +3,13 @@
 //   chunk_prep_kernel    grid (n, heads / 8), a warp per head: q/k RMSNorm + partial RoPE (kernels/qk_rope.cuh,
 //                        the decode path's math); q pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2) and
 //                        split into two bf16 terms; k and v appended to the paged cache as bf16
-//   chunk_attn_kernel    grid (token tiles of 16, n_kv), 8 warps: a KV head's group of query heads for 16
-//                        tokens as 128 rows (token-major), flash attention over 32-key tiles of the cache on the
-//                        tensor cores (mma.sync bf16, fp32 sums; q and p in two bf16 terms each, as the decode
-//                        split kernel), online softmax in registers, K/V tiles double-buffered through cp.async;
-//                        every K/V row read once per 16 tokens for all heads of the group (8 tokens, 4 warps:
-//                        1,970 us for a 2,048-token chunk after 4,096 on the H200). Then / l and the sigmoid gate.
+//   chunk_attn_kernel    grid (n_kv, token tiles of 16, the last tile first), 8 warps: a KV head's group of query
+//                        heads for 16 tokens as 128 rows (token-major), flash attention over 32-key tiles of the
+//                        cache on the tensor cores (mma.sync bf16, fp32 sums; q and p in two bf16 terms each, as
+//                        the decode split kernel), online softmax in registers, K/V tiles double-buffered through
+//                        cp.async; every K/V row read once per 16 tokens for all heads of the group (8 tokens, 4
+//                        warps: 1,970 us for a 2,048-token chunk after 4,096 on the H200). Then / l and the
+//                        sigmoid gate.
 // Deterministic (fixed summation order). Tested against the decode attention token by token in
 // tests/gpu/test_mixer_kernels.cu.
 #include <cuda_bf16.h>
@@ -92,8 +93,12 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
   uint16_t* sq = sm;                 // [2][kRows][S] q hi, q lo
   uint16_t* skv = sm + 2 * SM::kQ;   // [2 stages][K, V][kKeys][S]
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane >> 2, tq = lane & 3;
-  const int g = blockIdx.y, group = n_heads / kv.n_kv;
-  const int t0 = blockIdx.x * kQTok;
+  // blocks in order of decreasing work: the token tiles from the chunk's end (the most keys) to its start, the KV
+  // heads side by side; blocks start in that order and the shortest fill the SMs that free up first (longest
+  // first scheduling; in tile order an SM that ran a short tile was then handed a long one: H200, 2,048-token
+  // chunk after 0 / 4,096 tokens 562 / 1,570 us in tile order, 396 / 1,348 last tile first)
+  const int g = blockIdx.x, group = n_heads / kv.n_kv;
+  const int t0 = (gridDim.y - 1 - blockIdx.y) * kQTok;
   const int t_last = min(n, t0 + kQTok) - 1;
   const int n_keys = pos0 + t_last + 1;  // keys [0, n_keys) are needed by some row of this block
   const int n_tiles = (n_keys + kKeys - 1) / kKeys;
@@ -256,7 +261,7 @@ void launch_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, ui
   CUDA_CHECK_LAUNCH();
   constexpr size_t smem = ChunkSmem<D>::kBytes;
   CUDA_CHECK(cudaFuncSetAttribute(chunk_attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  chunk_attn_kernel<D><<<dim3((n + kQTok - 1) / kQTok, kv.n_kv), kThreads, smem, s>>>(in, kv, pos0, n, n_heads, qh,
+  chunk_attn_kernel<D><<<dim3(kv.n_kv, (n + kQTok - 1) / kQTok), kThreads, smem, s>>>(in, kv, pos0, n, n_heads, qh,
                                                                                       ql, out);
   CUDA_CHECK_LAUNCH();
 }
