@@ -7,11 +7,12 @@
 //                      token: it keeps its 128 x 4 slice of the state in registers for the whole chunk (read
 //                      once, written once), each half-warp two columns over 16 lanes of 8 rows, sums its columns'
 //                      S^T k and S^T q with a reduce-scatter over the lanes, and broadcasts the columns' updates
-//                      back. A block's 8 warps share a value head; the prep's values come into shared memory 16
+//                      back. A block's 8 warps share a value head; the prep's values come into shared memory 32
 //                      tokens at a time, double-buffered, so the chain reads them there (from L2 a token ahead,
-//                      every warp its own copy: 1,731 us per 2,048-token chunk on the H200; staged: 939; 16-lane
-//                      sums, q and k as 16-byte reads, the output store without a branch: 807). Its ungated
-//                      outputs o go to `out`.
+//                      every warp its own copy: 1,731 us per 2,048-token chunk on the H200, the four launches;
+//                      staged: 939; 16-lane sums, q and k as 16-byte reads, the output store without a branch:
+//                      807; staged by 16-byte copies: 698, of which the recurrence ~510 and the prep ~150). Its
+//                      ungated outputs o go to `out`.
 //   gated_norm_kernel  a warp per (token, value head): out = RMSNorm(o) * norm_w * silu(z), in place.
 //   ring_update_kernel the raw qkv of the chunk's last (up to) 4 tokens into the conv ring.
 // The arithmetic is the decode step's (sums in another order), so a chunk and the decode step agree to fp32
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(256) gdn_prep_kernel(
 // 4 i .. 4 i + 3 and 64 + 4 i .. 64 + 4 i + 3 (q and k as two 16-byte reads each, conflict-free): a column's sums
 // S^T k and S^T q reduce over 16 lanes (4 shuffle steps, not 5).
 constexpr int kStageWarps = 8;
-constexpr int kBatch = 16;
+constexpr int kBatch = 32;  // tokens per staged batch (H200, 2,048-token chunk: 16 705 us, 32 698)
 constexpr int kBlockCols = kStageWarps * kWarpCols;
 constexpr int kDkMax = 128;  // q and k slots hold 128 floats (zero past Dk)
 constexpr int kTokFloats = (2 * kDkMax + kBlockCols + 3 + 3) & ~3;  // q | k | v | k . q, beta, decay (16-byte slots)
@@ -152,18 +153,34 @@ __global__ void __launch_bounds__(kStageWarps * 32) gdn_chunk_kernel(const float
 
   for (int e = tid; e < 2 * kBatch * kTokFloats; e += kStageWarps * 32) (&buf[0][0])[e] = 0.f;  // (the pads)
   __syncthreads();
+  // the real model's shapes (Dk = 128, whole 32-column slices; the prep rows' q, k and v offsets are then
+  // multiples of 4 floats): q, k and v by 16-byte copies
+  const bool fast = Dk == kDkMax && bcols == kBlockCols && L.width() % 4 == 0 && L.v(h) % 4 == 0;
   auto stage = [&](int b) {
     float* B = buf[b & 1];
     const int t0 = b * kBatch, cnt = min(kBatch, n - t0);
-    for (int e = tid; e < cnt * Dk; e += kStageWarps * 32) {
-      const int i = e / Dk, d = e % Dk;
-      const float* row = prep + (size_t)(t0 + i) * L.width();
-      mma::cp4(B + i * kTokFloats + kQ + d, row + L.q(kh) + d);
-      mma::cp4(B + i * kTokFloats + kK + d, row + L.k(kh) + d);
-    }
-    for (int e = tid; e < cnt * bcols; e += kStageWarps * 32) {
-      const int i = e / bcols, c = e % bcols;
-      mma::cp4(B + i * kTokFloats + kV + c, prep + (size_t)(t0 + i) * L.width() + L.v(h) + bcol0 + c);
+    if (fast) {  // 16-byte copies, index arithmetic by shifts
+      constexpr int kQ4 = kDkMax / 4, kV4 = kBlockCols / 4;  // float4 per q (or k), per v slice
+      for (int e = tid; e < cnt * 2 * kQ4; e += kStageWarps * 32) {
+        const int i = e / (2 * kQ4), r = e % (2 * kQ4), is_k = r / kQ4, d = 4 * (r % kQ4);
+        const float* row = prep + (size_t)(t0 + i) * L.width();
+        mma::cp16(B + i * kTokFloats + (is_k ? kK : kQ) + d, row + (is_k ? L.k(kh) : L.q(kh)) + d);
+      }
+      for (int e = tid; e < cnt * kV4; e += kStageWarps * 32) {
+        const int i = e / kV4, c = 4 * (e % kV4);
+        mma::cp16(B + i * kTokFloats + kV + c, prep + (size_t)(t0 + i) * L.width() + L.v(h) + bcol0 + c);
+      }
+    } else {
+      for (int e = tid; e < cnt * Dk; e += kStageWarps * 32) {
+        const int i = e / Dk, d = e % Dk;
+        const float* row = prep + (size_t)(t0 + i) * L.width();
+        mma::cp4(B + i * kTokFloats + kQ + d, row + L.q(kh) + d);
+        mma::cp4(B + i * kTokFloats + kK + d, row + L.k(kh) + d);
+      }
+      for (int e = tid; e < cnt * bcols; e += kStageWarps * 32) {
+        const int i = e / bcols, c = e % bcols;
+        mma::cp4(B + i * kTokFloats + kV + c, prep + (size_t)(t0 + i) * L.width() + L.v(h) + bcol0 + c);
+      }
     }
     for (int e = tid; e < cnt * 3; e += kStageWarps * 32) {
       const int i = e / 3, f = e % 3;
