@@ -286,6 +286,7 @@ void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n
   LILY_CHECK(in.rope_dim > 0 && in.rope_dim <= kv.head_dim && (in.rope_dim / 2) % std::max(kv.head_dim / 32, 1) == 0,
              "attention_chunk: rope_dim ", in.rope_dim, " with head_dim ", kv.head_dim);
   if (n <= 0) return;
+  LILY_CHECK((n + kQTok - 1) / kQTok <= 65535, "attention_chunk: ", n, " tokens in one chunk (grid y)");
   uint16_t* q = static_cast<uint16_t*>(q_scratch);
   switch (kv.head_dim) {
     case 256: launch_chunk<256>(in, kv, pos0, n, n_heads, q, out, s); break;

@@ -1,8 +1,9 @@
 // The Gated DeltaNet over a prompt chunk (model.md §2.2): the decode step's math (kernels/gdn_core.cuh) for n
 // consecutive tokens at positions pos0.. . Four launches:
 //   gdn_prep_kernel    all that does not depend on the state, for every token at once (a thread per channel
-//                      over 32 tokens): the conv + SiLU of q, k and v, the L2 norms, k . q, beta and the
-//                      decay, into the scratch rows (PrepRow); conv taps before the chunk from the ring.
+//                      over 32 tokens, then a warp per token for the norms): the conv + SiLU of q, k and v, the
+//                      L2 norms, k . q, beta and the decay, into the scratch rows (PrepRow); conv taps before
+//                      the chunk from the ring.
 //   gdn_chunk_kernel   the recurrence: a warp per (value head, 4 value columns), no barrier in the chain per
 //                      token: it keeps its 128 x 4 slice of the state in registers for the whole chunk (read
 //                      once, written once), each half-warp two columns over 16 lanes of 8 rows, sums its columns'
@@ -11,8 +12,8 @@
 //                      tokens at a time, double-buffered, so the chain reads them there (from L2 a token ahead,
 //                      every warp its own copy: 1,731 us per 2,048-token chunk on the H200, the four launches;
 //                      staged: 939; 16-lane sums, q and k as 16-byte reads, the output store without a branch:
-//                      807; staged by 16-byte copies: 698, of which the recurrence ~510 and the prep ~150). Its
-//                      ungated outputs o go to `out`.
+//                      807; staged by 16-byte copies: 698, of which the recurrence ~510 and the prep ~150; the
+//                      prep reading each input row once: 593). Its ungated outputs o go to `out`.
 //   gated_norm_kernel  a warp per (token, value head): out = RMSNorm(o) * norm_w * silu(z), in place.
 //   ring_update_kernel the raw qkv of the chunk's last (up to) 4 tokens into the conv ring.
 // The arithmetic is the decode step's (sums in another order), so a chunk and the decode step agree to fp32
@@ -174,12 +175,15 @@ constexpr int kStageWarps = 8;
 constexpr int kBatch = 32;  // tokens per staged batch (H200, 2,048-token chunk: 16 705 us, 32 698)
 constexpr int kBlockCols = kStageWarps * kWarpCols;
 constexpr int kDkMax = 128;  // q and k slots hold 128 floats (zero past Dk)
+static_assert(kQkMax >= kDkMax, "the prep kernel's q / k threads cover every Dk the launcher accepts");
 constexpr int kTokFloats = (2 * kDkMax + kBlockCols + 3 + 3) & ~3;  // q | k | v | k . q, beta, decay (16-byte slots)
 static_assert(kWarpCols == 4, "two columns per half-warp");
 
 __global__ void __launch_bounds__(kStageWarps * 32) gdn_chunk_kernel(const float* __restrict__ prep,
                                                                       float* __restrict__ state,
                                                                       float* __restrict__ out, int n, GdnDims dims) {
+  // 74,752 bytes of static shared memory: above the 48 KB other architectures allow, fine for sm_90a (the only
+  // target of the GPU build)
   __shared__ __align__(16) float buf[2][kBatch * kTokFloats];
   const int tid = threadIdx.x, lane = tid % 32, half = lane >> 4, li = lane & 15;
   const int Dk = dims.k_dim, Dv = dims.v_dim, Hv = dims.n_v_heads;
@@ -335,6 +339,7 @@ void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const fl
              "gdn_chunk: unsupported dims Dk=", dims.k_dim, " Dv=", dims.v_dim, " Hk=", dims.n_k_heads,
              " Hv=", dims.n_v_heads);
   if (n <= 0) return;
+  LILY_CHECK(reinterpret_cast<uintptr_t>(scratch) % 16 == 0, "gdn_chunk: scratch not 16-byte aligned");  // (cp16)
   float* prep = static_cast<float*>(scratch);
   const dim3 prep_grid((n + kPrepTok - 1) / kPrepTok,
                        dims.n_k_heads + (dims.n_v_heads * dims.v_dim + kPrepThreads - 1) / kPrepThreads);

@@ -283,7 +283,7 @@ void run_gdn_chunk_case(GdnDims dm, int before, int n, uint32_t seed) {
 TEST(MixerKernels, GdnChunkRealShape) {
   run_gdn_chunk_case(GdnDims{16, 32, 128, 128}, 0, 37, 6);
   run_gdn_chunk_case(GdnDims{16, 32, 128, 128}, 5, 2, 7);
-  run_gdn_chunk_case(GdnDims{16, 32, 128, 128}, 5, 200, 10);  // 13 staged 16-token batches, the last of 8
+  run_gdn_chunk_case(GdnDims{16, 32, 128, 128}, 5, 200, 10);  // 7 staged (and prep) 32-token batches, the last of 8
 }
 TEST(MixerKernels, GdnChunkTinyAndOddShapes) {
   run_gdn_chunk_case(GdnDims{2, 4, 32, 32}, 2, 9, 8);
