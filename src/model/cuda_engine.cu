@@ -1,0 +1,298 @@
+// CudaEngine: the device weights, one sequence's state (GDN conv rings and recurrent states, a paged bf16 KV
+// cache grown on demand) and the decode step captured once as a CUDA graph. The step reads its token and
+// position from device memory (StepDev), so the graph replays unchanged. For the real model the step is 102
+// launches: embed, per GDN layer 2 (mixer, MoE), per attention layer 4 (q/k/v with the input norm, attention
+// split with the q/k norm + RoPE + KV append, combine, o_proj + MoE), lm_head with the final norm.
+// The CUDA Backend over it is model/cuda_backend.cu; the prompt path model/prefill_cuda.cu.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "kernels/common.cuh"
+#include "kernels/gdn_fused.h"
+#include "model/cuda_engine.h"
+
+namespace lily::cuda {
+
+namespace {
+
+constexpr int kPageTokens = 1024;   // KV tokens per page (2 MiB per attention layer for the real model)
+
+}  // namespace
+
+CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int device, bool fused)
+    : cfg_(c), w_(std::move(w)), fused_(fused), max_context_(max_context) {
+  CUDA_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (const char* e = std::getenv("LILY_SKIP")) skip_ = e;
+  gdn_scratch_ = device_alloc<float>(gdn_mixer_scratch_floats());
+  gdn_barrier_ = device_alloc<unsigned>(kGridBarrierWords);
+  CUDA_CHECK(cudaMemsetAsync(gdn_barrier_, 0, kGridBarrierWords * sizeof(unsigned), stream_));
+  const int H = c.hidden, d = c.head_dim;
+  const int gdn_proj = c.conv_dim() + c.value_dim() + 2 * c.lin_v_heads;
+  const int attn_proj = c.q_proj_rows() + 2 * c.n_kv_heads * d;
+  step_ = device_alloc<StepDev>(1);
+  h_ = device_alloc<float>(H);
+  x_ = device_alloc<float>(H);
+  proj_ = device_alloc<float>(std::max(gdn_proj, attn_proj));
+  mix_ = device_alloc<float>(std::max(c.value_dim(), c.n_heads * d));
+  logits_ = device_alloc<float>(c.vocab);
+  moe_ = moe_scratch_alloc(c.n_experts, c.top_k, c.moe_ffn);
+
+  attn_index_.assign(c.n_layers, -1);
+  ring_.assign(c.n_layers, nullptr);
+  S_.assign(c.n_layers, nullptr);
+  const size_t ring_floats = (size_t)4 * c.conv_dim();
+  const size_t s_floats = (size_t)c.lin_v_heads * c.lin_k_dim * c.lin_v_dim;
+  int n_gdn = 0, n_attn = 0;
+  for (int i = 0; i < c.n_layers; ++i) (c.is_attention(i) ? n_attn : n_gdn)++;
+  gdn_state_bytes_ = (size_t)n_gdn * (ring_floats + s_floats) * sizeof(float);
+  gdn_state_ = device_alloc<uint8_t>(gdn_state_bytes_);
+  float* p = static_cast<float*>(gdn_state_);
+  for (int i = 0; i < c.n_layers; ++i) {
+    if (c.is_attention(i)) {
+      attn_index_[i] = (int)page_table_.size();
+      page_table_.push_back(nullptr);
+      continue;
+    }
+    ring_[i] = p;
+    S_[i] = p + ring_floats;
+    p += ring_floats + s_floats;
+  }
+  page_tokens_ = kPageTokens;
+  const int max_pages = (max_context_ + page_tokens_ - 1) / page_tokens_;
+  for (auto& t : page_table_) {
+    t = device_alloc<uint16_t*>(max_pages);
+    CUDA_CHECK(cudaMemsetAsync(t, 0, max_pages * sizeof(uint16_t*), stream_));
+  }
+  if (n_attn > 0) {
+    attn_.max_splits = kAttnMaxSplits;
+    attn_.partial = device_alloc<float>(attn_scratch_floats(c.n_kv_heads, kAttnMaxSplits, c.n_heads / c.n_kv_heads, d));
+    // one split block per SM (the split kernel holds a whole SM: 192 KB of K/V rings, ~200 registers)
+    // (LILY_ATTN_SPLITS=n: n split blocks per KV head at most instead, for benchmarks)
+    attn_splits_ = std::clamp(env_int("LILY_ATTN_SPLITS", sm_count() / c.n_kv_heads), 1, kAttnMaxSplits);
+  }
+  reset_state();
+  ensure_kv(1);
+  // Capture the plain decode step once.
+  graph_ = capture({});
+  graph_nohead_ = capture({}, false);
+}
+
+CudaEngine::~CudaEngine() {
+  cudaStreamSynchronize(stream_);
+  prefill_free();
+  if (graph_) cudaGraphExecDestroy(graph_);
+  if (graph_nohead_) cudaGraphExecDestroy(graph_nohead_);
+  for (void* p : {(void*)step_, (void*)h_, (void*)x_, (void*)proj_, (void*)mix_, (void*)logits_,
+                  gdn_state_, (void*)attn_.partial, (void*)gdn_scratch_, (void*)gdn_barrier_})
+    if (p) cudaFree(p);
+  for (auto* t : page_table_) cudaFree(t);
+  for (void* b : page_blocks_) cudaFree(b);
+  moe_scratch_free(moe_);
+  free_weights(w_);
+  cudaStreamDestroy(stream_);
+}
+
+void CudaEngine::reset_state() {
+  CUDA_CHECK(cudaMemsetAsync(gdn_state_, 0, gdn_state_bytes_, stream_));
+}
+
+// One page index for every attention layer: a single allocation cut into per-layer pages.
+void CudaEngine::add_page(int page) {
+  const size_t elems = kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim);
+  const size_t n_attn = page_table_.size();
+  uint16_t* block = device_alloc<uint16_t>(elems * n_attn);
+  page_blocks_.push_back(block);
+  for (size_t a = 0; a < n_attn; ++a) {
+    uint16_t* ptr = block + a * elems;
+    CUDA_CHECK(cudaMemcpyAsync(page_table_[a] + page, &ptr, sizeof(ptr), cudaMemcpyHostToDevice, stream_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // &ptr is a host stack variable; pages are added rarely
+}
+
+void CudaEngine::ensure_kv(int n_tokens) {
+  if (page_table_.empty()) return;
+  LILY_CHECK(n_tokens <= max_context_, "CUDA backend: context of ", n_tokens, " tokens exceeds the maximum ",
+             max_context_);
+  const int need = (n_tokens + page_tokens_ - 1) / page_tokens_;
+  while (pages_ < need) add_page(pages_++);
+}
+
+size_t CudaEngine::kv_bytes_to_come() const {
+  const int max_pages = (max_context_ + page_tokens_ - 1) / page_tokens_;
+  return static_cast<size_t>(max_pages - pages_) * kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim) *
+         page_table_.size() * sizeof(uint16_t);
+}
+
+void CudaEngine::fill_kv_random(int n_tokens, uint64_t seed) {
+  ensure_kv(n_tokens);
+  const size_t elems = kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim) * page_table_.size();
+  const int used = (n_tokens + page_tokens_ - 1) / page_tokens_;
+  for (int p = 0; p < used; ++p) fill_random_bf16(static_cast<uint16_t*>(page_blocks_[p]), elems, seed + p, stream_);
+}
+
+// ---- the decode step, in the order of model.md §2.0 ----
+// Every launch of the step goes through family(): it marks the family for the instrumented pass and lets
+// benchmarks leave families out (LILY_SKIP=moe,attn_core,...: the step then computes garbage, but the
+// graph time without a family is its marginal cost in the real pipeline).
+bool CudaEngine::family(const char* name) {
+  if (mark_) (*mark_)(name);
+  return runs(name);
+}
+
+bool CudaEngine::runs(const char* name) const {
+  return skip_.empty() || ("," + skip_ + ",").find("," + std::string(name) + ",") == std::string::npos;
+}
+
+void CudaEngine::record_step(const FamilyMark* mark, bool head) {
+  mark_ = mark;
+  persistent_trace_begin();
+  const Config& c = cfg_;
+  if (family("embed")) embed_row(w_.embed, &step_->token, h_, stream_);
+  // Every RMSNorm is fused into the prologue of the kernel that consumes it (mixer in_proj, router, lm_head);
+  // where a later kernel reads the normed x (the MoE experts of the multi-launch path) it is stored to x_.
+  // Residual adds are fused into the kernels that produce h's updates (out_proj, the down projections).
+  for (int i = 0; i < c.n_layers; ++i) {
+    const LayerDev& l = w_.layers[i];
+    // attention layers: the o_proj (h += o_proj(attention(norm(h)))) runs as the first phase of the MoE launch
+    ResidualProj o_proj;
+    const bool attn = c.is_attention(i);
+    // the GDN mixer's launch adds the fused MoE block's router sums (kernels/router_partial.cuh)
+    const RouterSums sums = runs("moe") && fused_ ? moe_router_sums(l.moe, l.post_norm, moe_) : RouterSums{};
+    bool sums_added = false;
+    if (attn)
+      attention(i, l.input_norm, o_proj);
+    else
+      sums_added = gdn(i, l.input_norm, sums);  // h += out_proj(gdn(norm(h)))
+    const ResidualProj* pre = attn && family("attn_out_proj") ? &o_proj : nullptr;
+    if (family("moe")) {
+      moe_block(l.moe, h_, l.post_norm, c.eps, x_, moe_, stream_, fused_, pre, sums_added);  // h += MoE(norm(h))
+    } else if (pre) {
+      gemv(pre->W, pre->x, h_, true, stream_);
+    }
+  }
+  if (head && family("lm_head")) lm_head(h_);
+  family("end");
+  mark_ = nullptr;
+}
+
+// Projections that share the normed input: the first launch normalises h (and stores x_), later ones (another
+// format) read x_.
+void CudaEngine::project(const GemvBatch& b, const float* norm_w, bool& normed) {
+  if (normed) {
+    gemv_multi(b, x_, false, stream_);
+  } else {
+    gemv_multi_rmsnorm(b, h_, norm_w, cfg_.eps, x_, stream_);
+    normed = true;
+  }
+}
+
+bool CudaEngine::gdn(int layer, const float* norm_w, const RouterSums& next) {
+  const Config& c = cfg_;
+  const GdnMixerDev& g = w_.layers[layer].gdn;
+  const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
+  if (fused_ && gdn_mixer_fused_supported(g, dims)) {  // one persistent launch (kernels/gdn_fused.cu)
+    if (!family("gdn")) return false;
+    launch_gdn_mixer_fused(g, dims, h_, norm_w, c.eps, nullptr, proj_, gdn_scratch_, gdn_barrier_, ring_[layer],
+                           S_[layer], &step_->pos, stream_, &next);
+    return next.acc != nullptr;
+  }
+  const int Hv = c.lin_v_heads;
+  float* qkv = proj_;
+  float* z = qkv + c.conv_dim();
+  float* b = z + c.value_dim();
+  float* a = b + Hv;
+  GemvBatch batch;
+  batch.n = 0;
+  bool normed = false;
+  auto add = [&](const QMat& W, float* y) {
+    if (batch.n > 0 && (W.format != batch.W[0].format || W.cols != batch.W[0].cols)) {
+      project(batch, norm_w, normed);
+      batch.n = 0;
+    }
+    batch.W[batch.n] = W;
+    batch.y[batch.n++] = y;
+  };
+  add(g.qkv, qkv);
+  add(g.z, z);
+  add(g.b, b);
+  add(g.a, a);
+  if (family("gdn_in_proj")) project(batch, norm_w, normed);
+  if (family("gdn_core"))
+    launch_gdn_step(qkv, z, a, b, g.conv_w, g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], mix_,
+                    &step_->pos, dims, c.eps, stream_);
+  if (family("gdn_out_proj")) gemv(g.out, mix_, h_, true, stream_);
+  return false;
+}
+
+// Attention up to the heads' outputs in mix_; o_proj is returned for the MoE launch that follows.
+void CudaEngine::attention(int layer, const float* norm_w, ResidualProj& o_proj) {
+  const Config& c = cfg_;
+  const AttnDev& at = w_.layers[layer].attn;
+  const int d = c.head_dim;
+  float* qg = proj_;
+  float* k = qg + c.q_proj_rows();
+  float* v = k + c.n_kv_heads * d;
+  GemvBatch batch;
+  batch.n = 3;
+  batch.W[0] = at.q, batch.W[1] = at.k, batch.W[2] = at.v;
+  batch.y[0] = qg, batch.y[1] = k, batch.y[2] = v;
+  bool normed = false;
+  if (!family("attn_in_proj")) {
+  } else if (at.q.format == at.k.format && at.k.format == at.v.format && at.q.cols == at.k.cols &&
+             at.k.cols == at.v.cols) {
+    project(batch, norm_w, normed);
+  } else {
+    for (int j = 0; j < 3; ++j) {
+      GemvBatch one;
+      one.n = 1;
+      one.W[0] = batch.W[j];
+      one.y[0] = batch.y[j];
+      project(one, norm_w, normed);
+    }
+  }
+  KvPages kv;
+  kv.pages = page_table_[attn_index_[layer]];
+  kv.page_tokens = page_tokens_;
+  kv.n_kv = c.n_kv_heads;
+  kv.head_dim = d;
+  AttnIn in;  // the split kernel normalises and rotates q and k itself and appends k, v to the cache
+  in.qg = qg, in.k = k, in.v = v, in.q_norm = at.q_norm, in.k_norm = at.k_norm, in.eps = c.eps;
+  attn_in_rope(in, c.rope_dim, c.rope_theta);
+  if (family("attn_core")) launch_attention_decode(in, kv, &step_->pos, mix_, attn_, attn_splits_, c.n_heads, stream_);
+  o_proj.W = at.o;
+  o_proj.x = mix_;
+}
+
+cudaGraphExec_t CudaEngine::capture(const std::function<void()>& tail, bool head) {
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    record_step(nullptr, head);
+    if (tail) tail();
+  } catch (...) {  // a launcher rejected a shape: end the capture so this thread can use CUDA again
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    throw;
+  }
+  CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  return exec;
+}
+
+void CudaEngine::lm_head(const float* h) {
+  GemvBatch lm;
+  lm.n = 1;
+  lm.W[0] = w_.lm_head;
+  lm.y[0] = logits_;
+  gemv_multi_rmsnorm(lm, h, w_.norm, cfg_.eps, x_, stream_);
+}
+
+void CudaEngine::launch_step(bool head) { CUDA_CHECK(cudaGraphLaunch(head ? graph_ : graph_nohead_, stream_)); }
+
+}  // namespace lily::cuda
