@@ -1,10 +1,10 @@
 // --device selection for CLI commands (see backend_select.h).
 #include "cli/backend_select.h"
 
-#include "model/forward_cpu.h"
+#include "runtime/cpu_backend.h"
 #include "util/check.h"
 #ifdef LILY_HAVE_CUDA
-#include "model/forward_cuda.h"
+#include "runtime/cuda_backend.h"
 #endif
 
 namespace lily::cli {

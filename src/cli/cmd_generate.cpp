@@ -76,8 +76,8 @@ CommandRegistrar reg{Command{
         const Config& cfg = model.config;
         GenerateOptions g;
         g.max_tokens = o->max_tokens;
-        g.ignore_eos = o->ignore_eos;
-        SamplingParams& s = g.sampling;
+        if (!o->ignore_eos) g.stop_ids = cfg.eos_token_ids;
+        SamplingParams& s = g.sampling.params;
         s.temperature = temp->count() ? o->temperature : cfg.gen_temperature;
         s.top_k = topk->count() ? o->top_k : cfg.gen_top_k;
         s.top_p = topp->count() ? o->top_p : cfg.gen_top_p;
@@ -101,13 +101,13 @@ CommandRegistrar reg{Command{
         auto t_first = t0;
         std::optional<StreamDecoder> stream;
         if (!o->print_ids) stream.emplace(*tok, /*skip_special=*/true);
-        g.on_token = [&t_first, &stream](const SampleResult& r, int index) {
+        g.on_token = [&t_first, &stream](const SampledToken& r, int index, bool) {
           if (index == 0) t_first = clock::now();
           if (stream) {
             std::fputs(stream->push(r.token).c_str(), stdout);
             std::fflush(stdout);
           }
-          return true;
+          return FinishReason::none;
         };
         GenerateResult r = generate(*backend, prompt, g);
         const auto t_end = clock::now();
@@ -117,7 +117,7 @@ CommandRegistrar reg{Command{
           std::printf("%s\n", stream->flush().c_str());
         } else {
           std::string line;
-          for (size_t i = 0; i < r.tokens.size(); ++i) line += (i ? " " : "") + std::to_string(r.tokens[i]);
+          for (size_t i = 0; i < r.tokens.size(); ++i) line += (i ? " " : "") + std::to_string(r.tokens[i].token);
           std::printf("%s\n", line.c_str());
         }
         std::fprintf(stderr,

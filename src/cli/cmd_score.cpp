@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "runtime/generate.h"
 #include "cli/token_args.h"
 #include "util/npy.h"
 
@@ -35,7 +36,10 @@ CommandRegistrar reg{Command{
         auto t1 = std::chrono::steady_clock::now();
         const int64_t V = model.config.vocab;
         std::vector<float> logits(tokens.size() * V);
-        backend->forward(tokens, logits.data(), true);
+        GenerateOptions g;  // the generation loop, prompt only: every position's logits
+        g.max_tokens = 0;
+        g.prompt_logits = logits.data();
+        generate(*backend, tokens, 0, g);
         auto t2 = std::chrono::steady_clock::now();
         write_npy_f32(o->out, logits.data(), {static_cast<int64_t>(tokens.size()), V});
         const double load_s = std::chrono::duration<double>(t1 - t0).count();

@@ -218,7 +218,7 @@ __device__ int sorted_best_candidates(const uint32_t* cand_key, const int* cand_
 }
 
 // The top log-probabilities from a sorted list of n: entries [0, n_out), those past n as id -1 / -inf (the host
-// Sampler's SampleResult::top after its filter).
+// Sampler's SampledToken::top after its filter).
 __device__ void write_top(const uint32_t* sk, const int* sid, int n, int n_out, float zmax, float total, int* ids,
                           float* lps) {
   const int t = static_cast<int>(threadIdx.x);

@@ -60,7 +60,7 @@ size_t sampling_scratch_bytes(int vocab);
 // update_counts is ignored); rng [2] device uint64 {draw counter, seed} (the seed in device memory: one captured
 // graph serves every seed); out_token [1] device int32.
 // out_logprob (device, may be null): the token's log-probability under the processed distribution before the
-// truncations, z_token - log(sum_i exp z_i) (the host Sampler's SampleResult::logprob). advance (device, may be
+// truncations, z_token - log(sum_i exp z_i) (the host Sampler's SampledToken::logprob). advance (device, may be
 // null): incremented once the token is written (a decode loop's position, without a kernel of its own).
 // top_n > 0: also top_logprobs()'s output into top_ids / top_logprobs (device, [top_n]), from the sampler's own
 // candidates where its path keeps them (top_k in 1..kSampleFastTopK or greedy), else by top_logprobs() first.
@@ -72,7 +72,7 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream);
 // The n (1..kMaxTopLogprobs, at most n_valid) most likely ids under the distribution sample() draws from before
 // its truncations (penalties from counts, mask, temperature), descending (ties: lower id first), and their
-// log-probabilities, into out_ids / out_logprobs (device, [n]): the host Sampler's SampleResult::top. Launch it
+// log-probabilities, into out_ids / out_logprobs (device, [n]): the host Sampler's SampledToken::top. Launch it
 // before a sample() that updates the counts. scratch: a sample() scratch (sampling_scratch_bytes), reusable by
 // the sample() launched after it on the same stream.
 void top_logprobs(const float* logits, int vocab, const SamplingParams& p, const int* counts, int n, int* out_ids,

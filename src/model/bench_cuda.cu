@@ -14,7 +14,6 @@
 #include "model/cuda_engine.h"
 #include "model/forward_cuda.h"
 #include "model/synth.h"
-#include "runtime/generate.h"
 
 namespace lily {
 
@@ -78,28 +77,6 @@ double bytes_per_token(const Config& c, const DeviceWeights& w, int n) {
     b += (double)(m.gate.bytes() + m.up.bytes() + m.down.bytes()) / c.n_experts * c.top_k;
   }
   return b;
-}
-
-// Decode µs per token of generate() on `be` from a 1-token prompt: host sampling (a logits copy per token, the
-// host Sampler) or device sampling (the sampler inside the decode graph).
-double loop_us(Backend& be, const lily::SamplingParams& sp, bool host_sampling, int steps, bool logprobs = false) {
-  using clock = std::chrono::steady_clock;
-  be.reset();
-  GenerateOptions g;
-  g.max_tokens = steps + 1;
-  g.ignore_eos = true;
-  g.sampling = sp;
-  g.host_sampling = host_sampling;
-  g.logprobs = logprobs;
-  clock::time_point first, last;
-  g.on_token = [&](const SampleResult&, int i) {
-    (i == 0 ? first : last) = clock::now();
-    return true;
-  };
-  const std::vector<int32_t> prompt{1000};
-  const GenerateResult r = generate(be, prompt, g);
-  LILY_CHECK(r.tokens.size() == static_cast<size_t>(steps + 1), "lily bench: the loop stopped early");
-  return std::chrono::duration<double, std::micro>(last - first).count() / steps;
 }
 
 }  // namespace
@@ -211,70 +188,6 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
   CUDA_CHECK(cudaGraphExecDestroy(loop));
   CUDA_CHECK(cudaFree(scratch));
   CUDA_CHECK(cudaFree(rng));
-  }
-  if (opt.loops) {
-    cudaStream_t s2;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-    DeviceWeights w2 = model ? upload_weights(*model, false, false, s2) : synthetic_weights(cfg, 1234, s2);
-    CUDA_CHECK(cudaStreamSynchronize(s2));
-    CUDA_CHECK(cudaStreamDestroy(s2));
-    std::unique_ptr<Backend> be =
-        make_cuda_backend(cfg, std::move(w2), std::max(opt.steps + opt.warmup + 8, 16392), opt.device);
-    lily::SamplingParams greedy;
-    greedy.temperature = 0;
-    lily::SamplingParams sampled;  // the server's chat defaults without thinking (server/job_setup.cpp)
-    sampled.temperature = 0.7f;
-    sampled.top_k = 20;
-    sampled.top_p = 0.8f;
-    sampled.presence_penalty = 1.5f;
-    sampled.seed = 1;
-    loop_us(*be, greedy, false, opt.warmup);  // warm-up (captures the decode graph)
-    {  // what a request costs before its first token: with another sampling configuration (the decode graphs
-       // captured), and with only another seed (no capture: the seed is in device memory)
-      const std::vector<int32_t> one{1000};
-      const auto setup_us = [&](lily::SamplingParams p) {
-        const auto t0 = std::chrono::steady_clock::now();
-        LILY_CHECK(be->begin_device_sampling(p, one, false), "lily bench: device sampling refused");
-        return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      };
-      rep.sampler_setup_us = setup_us(sampled);  // after the greedy warm-up: another configuration
-      lily::SamplingParams reseeded = sampled;
-      reseeded.seed = 987654321;
-      rep.seed_setup_us = setup_us(reseeded);
-      rep.cached_setup_us = setup_us(greedy);  // the warm-up's configuration again
-    }
-    // prompts through forward() (the chunked prompt path, model/prefill_cuda.cu; LILY_PREFILL=0: token by token;
-    // only the last token's lm_head), after a warm-up prompt that allocates and configures that path
-    bool warm = false;
-    for (int n : {64, 16, 24, 32, 48, 64, 512, 4096, 16384}) {
-      std::vector<int32_t> prompt(n);
-      for (int i = 0; i < n; ++i) prompt[i] = (i * 7919) % cfg.vocab;
-      be->reset();
-      const auto t0 = std::chrono::steady_clock::now();
-      be->forward(prompt, nullptr, false);
-      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      if (!warm) {  // the first: a warm-up
-        warm = true;
-        continue;
-      }
-      rep.loops.push_back({"prompt of " + std::to_string(n) + " tokens through forward(), per token", us / n});
-    }
-    for (bool host : {true, false}) {
-      const char* where = host ? "host sampling (logits copied)" : "device sampling";
-      rep.loops.push_back({std::string("greedy, ") + where, loop_us(*be, greedy, host, opt.steps)});
-      rep.loops.push_back({std::string("chat defaults (T 0.7, top-k 20, top-p 0.8, presence 1.5), ") + where,
-                           loop_us(*be, sampled, host, opt.steps)});
-    }
-    lily::SamplingParams with_top = sampled;
-    with_top.top_logprobs = 5;
-    rep.loops.push_back({"chat defaults with logprobs and top_logprobs 5, device sampling",
-                         loop_us(*be, with_top, false, opt.steps, true)});
-    lily::SamplingParams nucleus = sampled;  // top_k off: the sampler's full-vocabulary path
-    nucleus.top_k = 0;
-    nucleus.top_p = 0.95f;
-    nucleus.temperature = 1.0f;
-    rep.loops.push_back({"top-p 0.95 alone (T 1, top-k off, presence 1.5), device sampling",
-                         loop_us(*be, nucleus, false, opt.steps)});
   }
   return rep;
 }

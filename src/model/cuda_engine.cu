@@ -3,7 +3,7 @@
 // position from device memory (StepDev), so the graph replays unchanged. For the real model the step is 102
 // launches: embed, per GDN layer 2 (mixer, MoE), per attention layer 4 (q/k/v with the input norm, attention
 // split with the q/k norm + RoPE + KV append, combine, o_proj + MoE), lm_head with the final norm.
-// The CUDA Backend over it is model/cuda_backend.cu; the prompt path model/prefill_cuda.cu.
+// The CUDA Backend over it is runtime/cuda_backend.cu; the prompt path model/prefill_cuda.cu.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +12,7 @@
 #include "kernels/common.cuh"
 #include "kernels/gdn_fused.h"
 #include "model/cuda_engine.h"
+#include "model/forward_cuda.h"
 
 namespace lily::cuda {
 
@@ -296,3 +297,21 @@ void CudaEngine::lm_head(const float* h) {
 void CudaEngine::launch_step(bool head) { CUDA_CHECK(cudaGraphLaunch(head ? graph_ : graph_nohead_, stream_)); }
 
 }  // namespace lily::cuda
+
+namespace lily {
+
+bool cuda_device_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string cuda_device_description(int device) {
+  cudaDeviceProp p{};
+  if (!cuda_device_available() || cudaGetDeviceProperties(&p, device) != cudaSuccess) return "";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s, %d SMs, %.1f GiB", p.name, p.multiProcessorCount,
+                p.totalGlobalMem / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+}  // namespace lily

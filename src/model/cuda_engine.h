@@ -1,4 +1,4 @@
-// Internals of the CUDA backend shared by forward_cuda.cu (the Backend and the captured decode step),
+// Internals of the CUDA backend shared by cuda_engine.cu (the captured decode step), cuda_backend.cu (the Backend),
 // cuda_weights.cu (upload from a checkpoint, synthetic full-size weights) and bench_cuda.cu (lily bench).
 // Everything lives in an explicit CudaEngine context: stream, graph, device buffers — no globals.
 #pragma once
@@ -18,7 +18,6 @@
 #include "kernels/qmat.h"
 #include "model/config.h"
 #include "model/weights.h"
-#include "runtime/backend.h"
 
 namespace lily::cuda {
 
@@ -68,10 +67,6 @@ uint64_t checkpoint_matrix_bytes(const Model& model);
 // Random full-size weights in the MLX 4-bit layout (8-bit router / shared gate) generated on the GPU.
 DeviceWeights synthetic_weights(const Config& c, uint64_t seed, cudaStream_t s);
 void free_weights(DeviceWeights& w);
-
-// The CUDA Backend on weights already on the device (the engine takes them), e.g. synthetic ones (benchmarks).
-std::unique_ptr<Backend> make_cuda_backend(const Config& c, DeviceWeights w, int max_context, int device,
-                                           long long snapshot_device_bytes = -1);
 
 // Fills n bf16 values with random numbers in [-1, 1) (seeded), e.g. a benchmark's KV pages.
 void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, cudaStream_t s);

@@ -1,4 +1,4 @@
-// CpuBackend: the fp32 reference forward pass (shared/spec/model.md §2), one function per block.
+// CpuForward: the fp32 reference forward pass (shared/spec/model.md §2), one function per block.
 // note: every matrix product goes through matmul_rows, whose per-row results do not depend on how many
 // tokens are processed together, and every other step is per token in a fixed order, so chunked prefill
 // and token-by-token decode give bit-identical logits.
@@ -70,7 +70,7 @@ void add_into(float* x, const float* y, int64_t n) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(const Model& model, int max_context, ThreadPool* pool)
+CpuForward::CpuForward(const Model& model, int max_context, ThreadPool* pool)
     : model_(model), cfg_(model.config), own_pool_(pool) {
   check_weights(model);
   max_context_ = max_context > 0 ? max_context : cfg_.max_position_embeddings;
@@ -79,7 +79,7 @@ CpuBackend::CpuBackend(const Model& model, int max_context, ThreadPool* pool)
   reset();
 }
 
-void CpuBackend::reset() {
+void CpuForward::reset() {
   pos_ = 0;
   for (int i = 0; i < cfg_.n_layers; ++i) {
     LayerState& st = state_[i];
@@ -92,7 +92,7 @@ void CpuBackend::reset() {
   }
 }
 
-void CpuBackend::forward(std::span<const int32_t> tokens, float* logits, bool all_logits) {
+void CpuForward::forward(std::span<const int32_t> tokens, float* logits, bool all_logits) {
   const int64_t n_total = static_cast<int64_t>(tokens.size());
   if (n_total == 0) return;
   LILY_CHECK(pos_ + n_total <= max_context_, "cpu backend: ", pos_, " + ", n_total,
@@ -111,7 +111,7 @@ void CpuBackend::forward(std::span<const int32_t> tokens, float* logits, bool al
 }
 
 // h = embed; per layer: norm -> mixer -> residual -> norm -> MoE -> residual; final norm -> lm_head.
-void CpuBackend::forward_chunk(const int32_t* tokens, int n, float* logits, bool all_logits) {
+void CpuForward::forward_chunk(const int32_t* tokens, int n, float* logits, bool all_logits) {
   const int64_t H = cfg_.hidden;
   std::vector<float> x(n * H), r(n * H), mix(n * H);  // [n][H] residual stream, normed input, block output
   embed(tokens, n, x.data());
@@ -131,17 +131,17 @@ void CpuBackend::forward_chunk(const int32_t* tokens, int n, float* logits, bool
   else head(x.data() + (n - 1) * H, 1, logits);
 }
 
-void CpuBackend::embed(const int32_t* tokens, int n, float* x) {
+void CpuForward::embed(const int32_t* tokens, int n, float* x) {
   for (int t = 0; t < n; ++t)
     gather_row(model_.weights.embed_tokens, tokens[t], x + static_cast<int64_t>(t) * cfg_.hidden);
 }
 
-void CpuBackend::norm_rows(const float* x, const std::vector<float>& w, int n, float* y) {
+void CpuForward::norm_rows(const float* x, const std::vector<float>& w, int n, float* y) {
   const int64_t H = cfg_.hidden;
   for (int t = 0; t < n; ++t) rms_norm(x + t * H, w.data(), H, cfg_.eps, y + t * H);
 }
 
-void CpuBackend::head(const float* x, int n, float* logits) {
+void CpuForward::head(const float* x, int n, float* logits) {
   const int64_t H = cfg_.hidden;
   std::vector<float> xn(n * H);
   norm_rows(x, model_.weights.norm, n, xn.data());
@@ -149,7 +149,7 @@ void CpuBackend::head(const float* x, int n, float* logits) {
 }
 
 // Gated DeltaNet (§2.2): projections, causal depthwise conv + SiLU, per-head delta rule, gated norm, out_proj.
-void CpuBackend::gdn(int layer, const float* x, int n, float* out) {
+void CpuForward::gdn(int layer, const float* x, int n, float* out) {
   const GdnWeights& w = model_.weights.layers[layer].gdn;
   LayerState& st = state_[layer];
   const int64_t H = cfg_.hidden, C = cfg_.conv_dim(), kd = cfg_.key_dim(), vd = cfg_.value_dim();
@@ -209,7 +209,7 @@ void CpuBackend::gdn(int layer, const float* x, int n, float* out) {
 
 // Gated full attention (§2.3): per-head [query | gate] split, q/k norms, partial RoPE, causal softmax over
 // the KV cache, sigmoid output gate, o_proj.
-void CpuBackend::attention(int layer, const float* x, int n, float* out) {
+void CpuForward::attention(int layer, const float* x, int n, float* out) {
   const AttnWeights& w = model_.weights.layers[layer].attn;
   LayerState& st = state_[layer];
   const int64_t H = cfg_.hidden, Hq = cfg_.n_heads, d = cfg_.head_dim;
@@ -254,7 +254,7 @@ void CpuBackend::attention(int layer, const float* x, int n, float* out) {
 
 // Sparse MoE (§2.4): softmax router over all experts, top-k renormalised, SwiGLU experts (tokens grouped by
 // expert so each expert's weights are read once per chunk), plus the sigmoid-gated shared expert.
-void CpuBackend::moe(int layer, const float* x, int n, float* out) {
+void CpuForward::moe(int layer, const float* x, int n, float* out) {
   const MoeWeights& w = model_.weights.layers[layer].moe;
   const int64_t H = cfg_.hidden, E = cfg_.n_experts, K = cfg_.top_k, F = cfg_.moe_ffn, Fs = cfg_.shared_ffn;
   std::vector<float> router(n * E);            // [n][E]
@@ -302,42 +302,41 @@ void CpuBackend::moe(int layer, const float* x, int n, float* out) {
 }
 
 // Snapshot layout: for each GDN layer in order, conv [Kc-1][conv_dim] then S [Hv][Dk][Dv], all fp32.
-StateSnapshot CpuBackend::save_state() const {
-  StateSnapshot s;
-  s.position = pos_;
+std::vector<uint8_t> CpuForward::save_state() const {
+  std::vector<uint8_t> bytes;
   for (int i = 0; i < cfg_.n_layers; ++i) {
     if (cfg_.is_attention(i)) continue;
     for (const auto* vec : {&state_[i].conv, &state_[i].S}) {
       const auto* p = reinterpret_cast<const uint8_t*>(vec->data());
-      s.bytes.insert(s.bytes.end(), p, p + vec->size() * sizeof(float));
+      bytes.insert(bytes.end(), p, p + vec->size() * sizeof(float));
     }
   }
-  return s;
+  return bytes;
 }
 
-void CpuBackend::restore_state(const StateSnapshot& s) {
+void CpuForward::restore_state(int position, std::span<const uint8_t> bytes) {
   size_t expected = 0;
   for (int i = 0; i < cfg_.n_layers; ++i)
     if (!cfg_.is_attention(i)) expected += (state_[i].conv.size() + state_[i].S.size()) * sizeof(float);
-  LILY_CHECK(s.bytes.size() == expected, "cpu backend: state snapshot has ", s.bytes.size(), " bytes, expected ",
+  LILY_CHECK(bytes.size() == expected, "cpu backend: state snapshot has ", bytes.size(), " bytes, expected ",
              expected);
-  LILY_CHECK(s.position >= 0 && s.position <= pos_, "cpu backend: snapshot position ", s.position,
+  LILY_CHECK(position >= 0 && position <= pos_, "cpu backend: snapshot position ", position,
              " is beyond the cached ", pos_, " tokens");
   const int64_t kvw = static_cast<int64_t>(cfg_.n_kv_heads) * cfg_.head_dim;
   size_t off = 0;
   for (int i = 0; i < cfg_.n_layers; ++i) {
     LayerState& st = state_[i];
     if (cfg_.is_attention(i)) {
-      st.k.resize(s.position * kvw);
-      st.v.resize(s.position * kvw);
+      st.k.resize(position * kvw);
+      st.v.resize(position * kvw);
       continue;
     }
     for (auto* vec : {&st.conv, &st.S}) {
-      std::memcpy(vec->data(), s.bytes.data() + off, vec->size() * sizeof(float));
+      std::memcpy(vec->data(), bytes.data() + off, vec->size() * sizeof(float));
       off += vec->size() * sizeof(float);
     }
   }
-  pos_ = s.position;
+  pos_ = position;
 }
 
 }  // namespace lily

@@ -1,35 +1,36 @@
-// The CPU reference backend: the exact fp32 forward pass of shared/spec/model.md §2 over the checkpoint's
-// stored matrices (bf16 or MLX affine, dequantized a few rows at a time), multi-threaded over all cores.
+// The CPU reference: the exact fp32 forward pass of shared/spec/model.md §2 over the checkpoint's stored matrices (bf16 or MLX affine, dequantized a few rows at a time), multi-threaded over all cores.
 // Holds one sequence's state: per attention layer a KV cache (fp32, grown on demand), per GDN layer the
 // conv state (last Kc-1 raw qkv rows) and the recurrent state S [Hv][Dk][Dv] (fp32).
 // A prompt is processed in chunks of up to kPromptChunk tokens so each weight row is read once per chunk;
-// the result is bit-identical to feeding the same tokens one at a time.
+// the result is bit-identical to feeding the same tokens one at a time. runtime/cpu_backend.h adapts it to the
+// runtime's Backend.
 #pragma once
+#include <cstdint>
 #include <span>
 #include <vector>
 
 #include "model/weights.h"
-#include "runtime/backend.h"
 #include "util/thread_pool.h"
 
 namespace lily {
 
-class CpuBackend : public Backend {
+class CpuForward {
  public:
   static constexpr int kPromptChunk = 128;
 
-  // `model` must outlive the backend. max_context <= 0: config.max_position_embeddings. pool: null = the
+  // `model` must outlive this object. max_context <= 0: config.max_position_embeddings. pool: null = the
   // global pool, looked up at each forward() (so ThreadPool::set_global_threads between calls is safe).
-  explicit CpuBackend(const Model& model, int max_context = 0, ThreadPool* pool = nullptr);
+  explicit CpuForward(const Model& model, int max_context = 0, ThreadPool* pool = nullptr);
 
-  const Config& config() const override { return cfg_; }
-  std::string name() const override { return "cpu"; }
-  int max_context() const override { return max_context_; }
-  int position() const override { return pos_; }
-  void reset() override;
-  void forward(std::span<const int32_t> tokens, float* logits, bool all_logits) override;
-  StateSnapshot save_state() const override;
-  void restore_state(const StateSnapshot& s) override;
+  const Config& config() const { return cfg_; }
+  int max_context() const { return max_context_; }
+  int position() const { return pos_; }
+  void reset();
+  void forward(std::span<const int32_t> tokens, float* logits, bool all_logits);
+  // The recurrent state (for each GDN layer in order: conv [Kc-1][conv_dim] then S [Hv][Dk][Dv], fp32), and
+  // its restoration at `position` <= position() (KV entries [0, position) are kept).
+  std::vector<uint8_t> save_state() const;
+  void restore_state(int position, std::span<const uint8_t> bytes);
 
  private:
   struct LayerState {

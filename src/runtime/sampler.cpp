@@ -45,8 +45,11 @@ void Sampler::add_generated(int32_t token) {
   in_context_[token] = 1;
 }
 
-void Sampler::process(const float* logits, float* z) const {
+void Sampler::process(const float* logits, float* z, const uint32_t* allowed) const {
   std::copy(logits, logits + vocab_, z);
+  if (allowed)
+    for (int i = 0; i < vocab_; ++i)
+      if (!((allowed[i >> 5] >> (i & 31)) & 1u)) z[i] = -INFINITY;
   for (const auto& [id, bias] : p_.logit_bias)
     if (id >= 0 && id < vocab_) z[id] += bias;
   const float rep = p_.repetition_penalty;
@@ -62,9 +65,9 @@ void Sampler::process(const float* logits, float* z) const {
     for (int i = 0; i < n_valid_; ++i) z[i] /= p_.temperature;
 }
 
-SampleResult Sampler::sample(const float* logits) {
+SampledToken Sampler::sample(const float* logits, const uint32_t* allowed) {
   float* z = z_.data();
-  process(logits, z);
+  process(logits, z, allowed);
   // Greedy pick and the maximum: ties go to the lowest id. A NaN fails the step (never a token).
   int32_t best = -1;
   for (int i = 0; i < n_valid_; ++i) {
@@ -123,7 +126,7 @@ SampleResult Sampler::sample(const float* logits) {
     }
   }
 
-  SampleResult r;
+  SampledToken r;
   r.token = token;
   r.logprob = static_cast<float>(z[token] - log_total);
   if (p_.top_logprobs > 0) {

@@ -1,5 +1,5 @@
 // Token sampling on the host (the CPU backend's sampler and the reference for the GPU one). Steps, in order:
-//   logit_bias -> repetition penalty (HF: over prompt + generated ids, z > 0 ? z / p : z * p)
+//   allowed-token mask (structured output) -> logit_bias -> repetition penalty (HF: over prompt + generated ids, z > 0 ? z / p : z * p)
 //   -> presence / frequency penalties (OpenAI: over generated ids, z -= frequency * count + presence * [count > 0])
 //   -> padding mask (ids >= n_valid get -inf) -> temperature (<= 0: greedy argmax, ties to the lowest id)
 //   -> top_k -> top_p -> min_p -> draw.
@@ -35,7 +35,7 @@ struct SamplingParams {
   std::map<int32_t, float> logit_bias;  // id -> added to its logit
   uint64_t seed = 0;
   int n_valid = 0;                 // ids >= n_valid are padding (the tokenizer's size); <= 0: the whole vocab
-  int top_logprobs = 0;            // how many alternatives SampleResult::top lists
+  int top_logprobs = 0;            // how many alternatives SampledToken::top lists
 };
 
 struct TokenLogprob {
@@ -43,9 +43,11 @@ struct TokenLogprob {
   float logprob = 0;
 };
 
-struct SampleResult {
+// One generated token as every layer sees it (backends, the generation loop, the server's sessions).
+struct SampledToken {
   int32_t token = 0;
-  float logprob = 0;               // log-softmax of the processed logits (see Sampler::process) at `token`
+  float logprob = 0;               // log-softmax of the processed logits (see Sampler::process) at `token`; NaN
+                                   // when the backend was not asked for log-probabilities
   std::vector<TokenLogprob> top;   // the top_logprobs most likely ids, descending (ties: lower id first)
 };
 
@@ -64,12 +66,13 @@ class Sampler {
   void add_generated(int32_t token);
 
   // Chooses the next id from logits [vocab] (not modified) and records it as generated. Throws NanLogitsError
-  // when a logit (of a valid id) is NaN.
-  SampleResult sample(const float* logits);
+  // when a logit (of a valid id) is NaN. `allowed` (optional, TokenFilter's bitmask [ceil(vocab / 32)]): ids
+  // whose bit is clear get -inf before anything else, so log-probabilities refer to the constrained distribution.
+  SampledToken sample(const float* logits, const uint32_t* allowed = nullptr);
 
   // z [vocab] = logits after logit_bias, penalties, padding mask and temperature (skipped when greedy): the
   // distribution the log-probabilities refer to, before top_k / top_p / min_p truncation.
-  void process(const float* logits, float* z) const;
+  void process(const float* logits, float* z, const uint32_t* allowed = nullptr) const;
 
  private:
   SamplingParams p_;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <span>
 
+#include "runtime/generate.h"
 #include "runtime/sampler.h"
 #include "server/api_error.h"
 #include "util/check.h"
@@ -22,7 +23,6 @@ double ms_since(Clock::time_point t) {
 Engine::Engine(Backend& backend, Metrics& metrics, EngineOptions options)
     : backend_(backend), metrics_(metrics), opt_(options), cache_(options.cache_bytes) {
   max_context_ = backend_.max_context();
-  vocab_ = backend_.config().vocab;
   start_over();
   thread_ = std::thread([this] { loop(); });
 }
@@ -166,35 +166,6 @@ int Engine::prepare_prefix(GenJob& job) {
   return 0;
 }
 
-// Prefill prompt[from, n) in chunks that end at checkpoint positions; leaves the last position's logits in
-// `logits` (null: on the backend, for device sampling).
-bool Engine::prefill(GenJob& job, int from, float* logits) {
-  const auto& p = job.prompt;
-  const int n = static_cast<int>(p.size());
-  std::vector<int> cuts;
-  for (int c : job.checkpoints)
-    if (c > from && c < n) cuts.push_back(c);
-  if (opt_.checkpoint_interval > 0)
-    for (int c = (from / opt_.checkpoint_interval + 1) * opt_.checkpoint_interval; c < n; c += opt_.checkpoint_interval)
-      cuts.push_back(c);
-  std::sort(cuts.begin(), cuts.end());
-  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  int pos = from;
-  size_t next_cut = 0;
-  while (pos < n) {
-    if (job.cancel.load() || Clock::now() > job.deadline) return false;
-    int end = std::min(n, pos + opt_.prefill_chunk);
-    bool at_cut = next_cut < cuts.size() && cuts[next_cut] <= end;
-    if (at_cut) end = cuts[next_cut++];
-    std::span<const int32_t> chunk(p.data() + pos, static_cast<size_t>(end - pos));
-    backend_.forward(chunk, end == n ? logits : nullptr, false);
-    resident_.insert(resident_.end(), chunk.begin(), chunk.end());
-    pos = end;
-    if (at_cut && opt_.prefix_cache) cache_.insert(std::span(p.data(), static_cast<size_t>(pos)), backend_.save_state());
-  }
-  return true;
-}
-
 void Engine::run(GenJob& job) {
   const auto start = Clock::now();
   job.queue_ms = std::chrono::duration<double, std::milli>(start - job.arrival).count();
@@ -203,107 +174,82 @@ void Engine::run(GenJob& job) {
   const int n = static_cast<int>(job.prompt.size());
   LILY_CHECK(n >= 1 && n < max_context_, "prompt of ", n, " tokens does not fit the context of ", max_context_);
 
-  Sampler sampler(job.sampling, vocab_);  // also validates the parameters on the device path
-  sampler.add_prompt(job.prompt);
-  // sampling next to the logits where the backend can (no logits copy per token); host sampling otherwise
-  const bool dev = backend_.begin_device_sampling(job.sampling, job.prompt, job.logprobs);
-  std::vector<float> logits(dev ? 0 : static_cast<size_t>(vocab_));
-  job.n_cached = prepare_prefix(job);
-  if (!prefill(job, job.n_cached, dev ? nullptr : logits.data())) {
-    // Interrupted prefill: the resident tokens are exactly what was consumed, so they stay reusable.
-    return finish(job, job.cancel.load() ? FinishReason::cancelled : FinishReason::length);
-  }
-  job.prompt_ms = ms_since(start);
-  if (n > job.n_cached && job.prompt_ms > 0)
-    metrics_.observe_prefill_rate(double(n - job.n_cached) / (job.prompt_ms / 1000.0));
-
-  TokenEvent pending = dev ? backend_.sample_device() : TokenEvent{};  // device path: sampled, not consumed
-  const auto gen_start = Clock::now();
-  auto last = gen_start;
-  FinishReason reason = FinishReason::length;
-  // Device path: the step of id i + 1 is queued behind the step of id i once on_token has taken id i, before
-  // this thread has seen id i + 1, so the device never waits for its turnaround. The step of a stop id (or of
-  // the id a request ends at) has then run too: resident_ records every id a step consumed.
-  const auto room = [&] { return backend_.position() + 1 < max_context_; };
-  bool queued = dev && job.max_tokens > 1 && room();  // the step of the pending id is queued
-  if (queued) backend_.decode_device_launch();
-  // A look-ahead sample that is thrown away may be NaN (the step after the last token kept): the request still
-  // ends as it would have, but the state after that step is not finite, so it is neither kept nor cached.
-  bool poisoned = false;
-  const auto wait_discard = [&] {
-    try {
-      backend_.decode_device_wait();
-    } catch (const NanLogitsError& e) {
-      log::warn("engine: a discarded look-ahead sample was NaN (", e.what(), "); the state is reset");
-      poisoned = true;
-    }
+  GenerateOptions g;
+  g.max_tokens = job.max_tokens;
+  g.stop_ids = job.stop_ids;
+  g.sampling.params = job.sampling;
+  g.sampling.logprobs = job.logprobs;
+  g.sampling.filter = job.filter.get();
+  g.prefill_chunk = opt_.prefill_chunk;
+  g.checkpoints = job.checkpoints;
+  if (opt_.checkpoint_interval > 0)
+    for (int c = opt_.checkpoint_interval; c < n; c += opt_.checkpoint_interval) g.checkpoints.push_back(c);
+  if (opt_.prefix_cache)
+    g.on_checkpoint = [&](int pos) { cache_.insert(std::span(job.prompt.data(), static_cast<size_t>(pos)), backend_.save_state()); };
+  g.on_prefilled = [&] {
+    job.prompt_ms = ms_since(start);
+    if (n > job.n_cached && job.prompt_ms > 0)
+      metrics_.observe_prefill_rate(double(n - job.n_cached) / (job.prompt_ms / 1000.0));
   };
-  const auto forget_if_poisoned = [&] {
-    if (poisoned) start_over();
-  };
-  const auto drain = [&](int32_t t) {  // the queued step consumed t; its sample is not used
-    if (!queued) return;
-    wait_discard();
-    if (!poisoned) resident_.push_back(t);
-    queued = false;
-  };
-  for (;;) {
-    if (job.cancel.load()) { reason = FinishReason::cancelled; drain(pending.token); break; }
+  g.interrupt = [&] {
+    if (job.cancel.load()) return FinishReason::cancelled;
     if (Clock::now() > job.deadline) {
       log::warn("engine: request hit its time limit after ", job.n_generated, " tokens");
-      reason = FinishReason::length;
-      drain(pending.token);
-      break;
+      return FinishReason::length;
     }
-    const TokenEvent ev = dev ? pending : sampler.sample(logits.data());
+    return FinishReason::none;
+  };
+  Clock::time_point gen_start, last;
+  g.on_token = [&](const SampledToken& t, int index, bool stop_id) {
     const auto now = Clock::now();
-    if (job.n_generated == 0) metrics_.observe_ttft(std::chrono::duration<double>(now - job.arrival).count());
-    else metrics_.observe_inter_token(std::chrono::duration<double>(now - last).count());
+    if (index == 0) {
+      gen_start = now;
+      metrics_.observe_ttft(std::chrono::duration<double>(now - job.arrival).count());
+    } else {
+      metrics_.observe_inter_token(std::chrono::duration<double>(now - last).count());
+    }
     last = now;
-    if (std::find(job.stop_ids.begin(), job.stop_ids.end(), ev.token) != job.stop_ids.end()) {
-      reason = FinishReason::stop;
-      job.stopped_by_id = true;
-      const bool consumed = queued;  // the stop id's step ran ahead
-      drain(ev.token);
-      job.gen_ms = ms_since(gen_start);
-      finish(job, reason);
-      forget_if_poisoned();
-      // Put the state where the next turn of this conversation starts, then remember it.
-      if (opt_.prefix_cache && !poisoned && !job.turn_tail.empty() && ev.token == job.turn_tail.front() &&
-          backend_.position() + static_cast<int>(job.turn_tail.size()) < max_context_) {
-        const std::span<const int32_t> tail(job.turn_tail.data() + (consumed ? 1 : 0),
-                                            job.turn_tail.size() - (consumed ? 1 : 0));
-        if (!tail.empty()) backend_.forward(tail, nullptr, false);
-        resident_.insert(resident_.end(), tail.begin(), tail.end());
-        cache_.insert(resident_, backend_.save_state());
-      }
-      return;
-    }
+    if (stop_id) return FinishReason::none;  // not emitted; the loop ends on it
     job.n_generated++;
-    const int32_t t = ev.token;
-    const bool keep = !job.on_token || job.on_token(ev);
-    if (dev) {
-      const bool stepped = queued;  // t's step ran: there is a next id
-      queued = stepped && keep && job.n_generated + 1 < job.max_tokens && room();
-      if (queued) backend_.decode_device_launch();  // the next id's step
-      if (stepped) {
-        if (keep) pending = backend_.decode_device_wait();  // used next: a NaN fails the request
-        else wait_discard();
-        if (!poisoned) resident_.push_back(t);
-      }
-      if (!keep) { reason = FinishReason::stop; break; }
-      if (!stepped) { reason = FinishReason::length; break; }
-      continue;
-    }
-    const bool at_end = job.n_generated >= job.max_tokens || !room();
-    if (!keep) { reason = FinishReason::stop; break; }
-    if (at_end) { reason = FinishReason::length; break; }
-    backend_.forward(std::span(&t, 1), logits.data(), false);
-    resident_.push_back(t);
+    return !job.on_token || job.on_token(t) ? FinishReason::none : FinishReason::stop;
+  };
+
+  job.n_cached = prepare_prefix(job);
+  GenerateResult r;
+  try {
+    r = generate(backend_, job.prompt, job.n_cached, g);
+  } catch (...) {
+    resident_.clear();  // the backend state is unknown: run() fails and start_over() follows
+    throw;
   }
-  job.gen_ms = ms_since(gen_start);
-  finish(job, reason);
-  forget_if_poisoned();
+  // What the backend consumed: the prompt, then the generated ids whose steps ran (look-ahead steps included).
+  std::vector<int32_t> seq = job.prompt;
+  for (const SampledToken& t : r.tokens) seq.push_back(t.token);
+  seq.resize(static_cast<size_t>(backend_.position()));
+  resident_ = std::move(seq);
+  if (!r.prefilled) {
+    // Interrupted prefill: the resident tokens are exactly what was consumed, so they stay reusable.
+    return finish(job, r.finish);
+  }
+  job.gen_ms = ms_since(r.tokens.empty() ? start : gen_start);
+  job.stopped_by_id = r.stopped_by_id;
+  finish(job, r.finish);
+  if (!r.state_valid) {
+    log::warn("engine: a discarded look-ahead sample was NaN; the state is reset");
+    start_over();
+    return;
+  }
+  // After a stop id, put the state where the next turn of this conversation starts, then remember it.
+  if (r.stopped_by_id && opt_.prefix_cache && !job.turn_tail.empty() && r.tokens.back().token == job.turn_tail.front()) {
+    const bool consumed = backend_.position() == n + static_cast<int>(r.tokens.size());  // the stop id's step ran
+    const std::span<const int32_t> tail(job.turn_tail.data() + (consumed ? 1 : 0),
+                                        job.turn_tail.size() - (consumed ? 1 : 0));
+    if (backend_.position() + static_cast<int>(tail.size()) < max_context_) {
+      if (!tail.empty()) backend_.forward(tail, nullptr, false);
+      resident_.insert(resident_.end(), tail.begin(), tail.end());
+      cache_.insert(resident_, backend_.save_state());
+    }
+  }
 }
 
 }  // namespace lily::server

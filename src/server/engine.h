@@ -1,8 +1,9 @@
 // The engine thread: the only thread that touches the Backend and the prefix cache. HTTP threads submit
 // GenJobs into a bounded FIFO (full -> 429 queue_full with Retry-After); the engine runs one job at a time:
-// restore the longest usable prefix (live state or a PrefixCache snapshot), prefill the rest in chunks with
-// state checkpoints, then decode token by token. Every prefill chunk and every decode step checks the job's
-// cancel flag and deadline, so a client disconnect frees the engine within one step (api.md §10.1 rows 6-7).
+// restore the longest usable prefix (live state or a PrefixCache snapshot), then the runtime's generation loop
+// (runtime/generate.h) prefills the rest in pieces with state checkpoints and decodes. Every prefill piece and
+// every decode step checks the job's cancel flag and deadline, so a client disconnect frees the engine within
+// one step (api.md §10.1 rows 6-7).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -18,19 +19,15 @@
 #include <vector>
 
 #include "runtime/backend.h"
+#include "runtime/generate.h"
 #include "runtime/sampler.h"
+#include "runtime/token_filter.h"
 #include "server/metrics.h"
 #include "server/prefix_cache.h"
 
 namespace lily::server {
 
 using Clock = std::chrono::steady_clock;
-
-// What the engine reports per generated token (called on the engine thread): the id, its log-probability
-// under the processed distribution and, when requested, the top alternatives.
-using TokenEvent = SampleResult;
-
-enum class FinishReason { none, stop, length, cancelled, error };
 
 struct GenJob {
   // ---- input, set before submit ----
@@ -44,7 +41,8 @@ struct GenJob {
   Clock::time_point arrival = Clock::now();
   Clock::time_point deadline = Clock::time_point::max();
   // Per generated token, on the engine thread; returns false to end generation (a stop string matched).
-  std::function<bool(const TokenEvent&)> on_token;
+  std::function<bool(const SampledToken&)> on_token;
+  std::shared_ptr<TokenFilter> filter;  // structured output: the allowed ids per position (null: free)
   // Called once on the engine thread when the job ends (any reason), after the result fields are set.
   std::function<void()> on_done;
 
@@ -92,7 +90,6 @@ class Engine {
   void loop();
   void run(GenJob& job);
   int prepare_prefix(GenJob& job);
-  bool prefill(GenJob& job, int from, float* logits);
   void finish(GenJob& job, FinishReason reason);
   void update_gauges();
   void start_over();  // backend at position 0, nothing resident
@@ -101,7 +98,6 @@ class Engine {
   Metrics& metrics_;
   EngineOptions opt_;
   int max_context_ = 0;
-  int vocab_ = 0;                       // backend logits width
   PrefixCache cache_;
   std::vector<int32_t> resident_;       // tokens whose KV (and, at the end, live state) the backend holds
 

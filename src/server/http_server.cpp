@@ -407,19 +407,19 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Reque
   if (opt_.timeout_s > 0)
     job.deadline = g->arrival + std::chrono::milliseconds(static_cast<int64_t>(opt_.timeout_s * 1000));
   std::shared_ptr<Session> s = g->session;
-  job.on_token = [s](const TokenEvent& ev) { return s->on_token(ev); };
+  job.on_token = [s](const SampledToken& ev) { return s->on_token(ev); };
   job.on_done = [s, j = g->job.get()] { s->on_done(*j); };
   g->fd = find_connection_fd(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
   engine_->submit(g->job);  // throws 429 / 503 before any byte is sent
   in_flight_.fetch_add(1);
 
   // Waits for events; polls the client socket; cancels the job when the client is gone.
-  auto pump = [this, g](const std::function<bool(std::vector<OutEvent>&, std::vector<LogprobEntry>&)>& write,
+  auto pump = [this, g](const std::function<bool(std::vector<OutEvent>&, std::vector<SampledToken>&)>& write,
                         const std::function<bool()>& ping) {
     auto last_write = Clock::now();
     for (;;) {
       std::vector<OutEvent> ev;
-      std::vector<LogprobEntry> lps;
+      std::vector<SampledToken> lps;
       bool done = g->session->take(ev, lps, kPoll);
       if (!ev.empty() || !lps.empty()) {
         if (!write(ev, lps)) break;
@@ -482,7 +482,7 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Reque
         auto put = [&sink](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
         bool ok = put(fmt.start());
         if (ok) {
-          ok = pump([&](std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps) { return put(fmt.events(ev, lps)); },
+          ok = pump([&](std::vector<OutEvent>& ev, std::vector<SampledToken>& lps) { return put(fmt.events(ev, lps)); },
                     [&] { return put(": ping\n\n"); });
         }
         if (!ok) {

@@ -12,7 +12,7 @@ ojson bytes_of(const std::string& s) {
   return b;
 }
 
-ojson chat_logprobs(const std::vector<LogprobEntry>& lps, const Tokenizer& tok) {
+ojson chat_logprobs(const std::vector<SampledToken>& lps, const Tokenizer& tok) {
   ojson content = ojson::array();
   for (const auto& e : lps) {
     std::string raw = tok.token_text(e.token);
@@ -26,7 +26,7 @@ ojson chat_logprobs(const std::vector<LogprobEntry>& lps, const Tokenizer& tok) 
   return {{"content", content}};
 }
 
-ojson completion_logprobs(const std::vector<LogprobEntry>& lps, const Tokenizer& tok, size_t offset0) {
+ojson completion_logprobs(const std::vector<SampledToken>& lps, const Tokenizer& tok, size_t offset0) {
   ojson tokens = ojson::array(), lp = ojson::array(), top = ojson::array(), offs = ojson::array();
   size_t off = offset0;
   for (const auto& e : lps) {
@@ -124,7 +124,7 @@ std::string StreamFormatter::start() {
   return {};
 }
 
-std::string StreamFormatter::events(std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps) {
+std::string StreamFormatter::events(std::vector<OutEvent>& ev, std::vector<SampledToken>& lps) {
   if (info_.logprobs) lps_.insert(lps_.end(), lps.begin(), lps.end());
   std::string out;
   if (!info_.chat) {

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/forward_cpu.h"
+#include "runtime/cpu_backend.h"
 #include "model/synth.h"
 #include "util/check.h"
 #include "util/log.h"

@@ -76,7 +76,7 @@ void Session::route(const chat::ParserEvent& e) {
   }
 }
 
-bool Session::on_token(const TokenEvent& ev) {
+bool Session::on_token(const SampledToken& ev) {
   if (parser_) {
     scratch_.clear();
     parser_->feed(ev.token, tok_.token_text(ev.token), scratch_);
@@ -110,7 +110,7 @@ void Session::on_done(const GenJob& job) {
   cv_.notify_all();
 }
 
-bool Session::take(std::vector<OutEvent>& events, std::vector<LogprobEntry>& lps, std::chrono::milliseconds timeout) {
+bool Session::take(std::vector<OutEvent>& events, std::vector<SampledToken>& lps, std::chrono::milliseconds timeout) {
   std::unique_lock l(mu_);
   cv_.wait_for(l, timeout, [&] { return done_ || !pending_.empty() || !pending_lp_.empty(); });
   events.insert(events.end(), std::make_move_iterator(pending_.begin()), std::make_move_iterator(pending_.end()));

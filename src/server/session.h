@@ -26,8 +26,6 @@ struct OutEvent {
   std::string id, name;    // tool_header
 };
 
-// One logprobs entry (one generated token).
-using LogprobEntry = SampleResult;
 
 struct ToolCallOut {
   std::string id, name, arguments;
@@ -47,17 +45,17 @@ class Session {
   Session(const Tokenizer& tok, SessionOptions opt);
 
   // Engine thread.
-  bool on_token(const TokenEvent& ev);
+  bool on_token(const SampledToken& ev);
   void on_done(const GenJob& job);
 
   // HTTP thread: waits up to `timeout` for news; moves pending events/logprobs out. Returns true when the
   // job has finished (everything produced has been handed out by this call or earlier).
-  bool take(std::vector<OutEvent>& events, std::vector<LogprobEntry>& lps, std::chrono::milliseconds timeout);
+  bool take(std::vector<OutEvent>& events, std::vector<SampledToken>& lps, std::chrono::milliseconds timeout);
 
   // Accumulated results (complete once take() returned true).
   std::string reasoning, content, text;
   std::vector<ToolCallOut> tool_calls;
-  std::vector<LogprobEntry> all_logprobs;
+  std::vector<SampledToken> all_logprobs;
   int reasoning_tokens = 0;
   bool stop_string_hit = false;
 
@@ -79,7 +77,7 @@ class Session {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<OutEvent> pending_;
-  std::vector<LogprobEntry> pending_lp_;
+  std::vector<SampledToken> pending_lp_;
   bool done_ = false;
 };
 

@@ -20,8 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/forward_cpu.h"
-#include "model/forward_cuda.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/cuda_backend.h"
 #include "model/synth.h"
 #include "runtime/generate.h"
 #include "util/check.h"
@@ -269,7 +269,7 @@ TEST(CudaBackend, PromptSaveRestore) {
   save_restore_case(15, 6);   // decode-step pieces
 }
 
-// Sampling on the device (Backend::begin_device_sampling, the sampler inside the decode graph) against the host
+// Sampling on the device (the sampler inside the decode graph) against the host
 // Sampler on the logits copied out, through generate(): the same ids for greedy and for seeded sampling with
 // every supported setting (same semantics and RNG stream; a mismatch is a semantic difference, not rounding:
 // the logits are bit-identical and the draws cross a boundary only with probability ~1e-7 per token), the same
@@ -305,32 +305,34 @@ TEST(CudaBackend, DeviceSamplingMatchesHostSampling) {
   for (size_t c : order) {
     GenerateOptions g;
     g.max_tokens = 40;
-    g.ignore_eos = true;
-    g.sampling = cases[c];
+    g.sampling.params = cases[c];
     host->reset();
     dev->reset();
-    g.host_sampling = true;
+    g.sampling.host = true;
+    g.sampling.logprobs = true;
     const GenerateResult a = generate(*host, prompt, g);
-    g.host_sampling = false;
-    g.logprobs = c % 2 == 0 && c != 8;  // half the cases with log-probabilities from the device
+    EXPECT_FALSE(host->samples_on_device());
+    g.sampling.host = false;
+    g.sampling.logprobs = c % 2 == 0 && c != 8;  // half the cases with log-probabilities from the device
     const GenerateResult b = generate(*dev, prompt, g);
-    EXPECT_EQ(a.tokens, b.tokens) << "case " << c;
+    EXPECT_TRUE(dev->samples_on_device());
+    EXPECT_EQ(a.ids(), b.ids()) << "case " << c;
     double lp_err = 0;
-    for (size_t i = 0; i < std::min(a.samples.size(), b.samples.size()); ++i) {
-      if (!g.logprobs) {
-        EXPECT_TRUE(std::isnan(b.samples[i].logprob)) << "case " << c << ": no logprob asked for";
+    for (size_t i = 0; i < std::min(a.tokens.size(), b.tokens.size()); ++i) {
+      if (!g.sampling.logprobs) {
+        EXPECT_TRUE(std::isnan(b.tokens[i].logprob)) << "case " << c << ": no logprob asked for";
         break;
       }
       // the host sums exp in fp64, the device in fp32 per 1,024-logit block: agreement to ~1e-5 of |lse|
-      lp_err = std::max(lp_err, std::fabs(static_cast<double>(b.samples[i].logprob) - a.samples[i].logprob));
+      lp_err = std::max(lp_err, std::fabs(static_cast<double>(b.tokens[i].logprob) - a.tokens[i].logprob));
     }
-    if (g.logprobs) {
+    if (g.sampling.logprobs) {
       std::printf("case %zu: max |device - host| logprob = %.3g\n", c, lp_err);
       EXPECT_LT(lp_err, 1e-4) << "case " << c;
     }
     double top_err = 0;
-    for (size_t i = 0; i < std::min(a.samples.size(), b.samples.size()); ++i) {
-      const auto &ta = a.samples[i].top, &tb = b.samples[i].top;
+    for (size_t i = 0; i < std::min(a.tokens.size(), b.tokens.size()); ++i) {
+      const auto &ta = a.tokens[i].top, &tb = b.tokens[i].top;
       ASSERT_EQ(tb.size(), ta.size()) << "case " << c << ", token " << i;
       for (size_t j = 0; j < ta.size(); ++j) {
         EXPECT_EQ(tb[j].token, ta[j].token) << "case " << c << ", token " << i << ", rank " << j;
@@ -344,36 +346,37 @@ TEST(CudaBackend, DeviceSamplingMatchesHostSampling) {
     EXPECT_EQ(host->position(), static_cast<int>(prompt.size() + a.tokens.size() - 1)) << "case " << c;
     EXPECT_EQ(dev->position(), host->position()) << "case " << c;
     std::vector<float> la(V), lb(V);
-    const int32_t t = a.tokens.back();
+    const int32_t t = a.tokens.back().token;
     host->forward(std::span<const int32_t>(&t, 1), la.data(), false);
     dev->forward(std::span<const int32_t>(&t, 1), lb.data(), false);
     EXPECT_LE(compare(lb, la).rel, 1e-6) << "case " << c << ": the states differ after generation";
   }
-  {  // a stop id: the device path has queued its step before seeing it (consumed, unlike the host path)
+  {  // a stop id: both paths have queued its step before seeing it (consumed)
     GenerateOptions g;
     g.max_tokens = 40;
-    g.ignore_eos = true;
-    g.sampling = cases[0];
+    g.sampling.params = cases[0];
     host->reset();
-    g.host_sampling = true;
+    g.sampling.host = true;
     const GenerateResult full = generate(*host, prompt, g);
-    g.extra_stop_ids = {full.tokens[6]};
+    g.stop_ids = {full.tokens[6].token};
     host->reset();
     dev->reset();
     const GenerateResult a = generate(*host, prompt, g);
-    g.host_sampling = false;
+    g.sampling.host = false;
     const GenerateResult b = generate(*dev, prompt, g);
-    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_EQ(a.ids(), b.ids());
     ASSERT_EQ(b.finish, FinishReason::stop);
-    EXPECT_EQ(dev->position(), host->position() + 1);
-    const int32_t seq[2] = {a.tokens.back(), prompt[1]};
+    EXPECT_EQ(dev->position(), static_cast<int>(prompt.size() + b.tokens.size()));
+    EXPECT_EQ(dev->position(), host->position());
     std::vector<float> la(V), lb(V);
-    host->forward(std::span<const int32_t>(seq, 2), la.data(), false);
-    dev->forward(std::span<const int32_t>(seq + 1, 1), lb.data(), false);
+    host->forward(std::span<const int32_t>(&prompt[1], 1), la.data(), false);
+    dev->forward(std::span<const int32_t>(&prompt[1], 1), lb.data(), false);
     EXPECT_LE(compare(lb, la).rel, 1e-6) << "the states differ after a stop";
   }
-  // settings the device sampler cannot reproduce: the caller samples on the host
-  lily::SamplingParams top;
-  top.top_logprobs = 21;  // beyond OpenAI's 20
-  EXPECT_FALSE(dev->begin_device_sampling(top, prompt, true));
+  // settings the device sampler cannot reproduce: the backend samples on the host
+  SamplingSetup top;
+  top.params.top_logprobs = 21;  // beyond OpenAI's 20
+  dev->reset();
+  dev->begin_sampling(top, prompt);
+  EXPECT_FALSE(dev->samples_on_device());
 }

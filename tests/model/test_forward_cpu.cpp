@@ -1,4 +1,4 @@
-// CpuBackend end to end: transformers float32 logits on the tiny golden checkpoints (both layouts),
+// CpuForward end to end: transformers float32 logits on the tiny golden checkpoints (both layouts),
 // chunked prefill vs token-by-token decode on synthetic checkpoints (both layouts), and state save/restore.
 #include <gtest/gtest.h>
 
@@ -45,7 +45,7 @@ void check_golden(const std::string& layout) {
   const std::string dir = kGolden + layout;
   Model model = load_model(dir);
   ThreadPool pool(2);
-  CpuBackend be(model, 0, &pool);
+  CpuForward be(model, 0, &pool);
   std::ifstream f(dir + "/golden/golden.json");
   nlohmann::json g = nlohmann::json::parse(f);
   const int V = g["vocab"];
@@ -112,9 +112,9 @@ void check_prefill_equals_decode(CheckpointLayout layout) {
   const int V = model.config.vocab;
   ThreadPool pool(2);
   // Longer than one prompt chunk, so the chunk boundary is crossed.
-  const int T = CpuBackend::kPromptChunk + 13;
+  const int T = CpuForward::kPromptChunk + 13;
   std::vector<int32_t> tokens = random_tokens(T, V, 3);
-  CpuBackend a(model, 0, &pool), b(model, 0, &pool);
+  CpuForward a(model, 0, &pool), b(model, 0, &pool);
   std::vector<float> all(static_cast<size_t>(T) * V), one(V);
   a.forward(tokens, all.data(), true);
   EXPECT_EQ(a.position(), T);
@@ -131,7 +131,7 @@ void check_prefill_equals_decode(CheckpointLayout layout) {
   }
   EXPECT_LE(worst, 1e-5) << "worst at token " << worst_t;
   // Uneven pieces and last-only logits give the same last row.
-  CpuBackend c(model, 0, &pool);
+  CpuForward c(model, 0, &pool);
   std::vector<float> last(V);
   c.forward(std::span<const int32_t>(tokens.data(), 3), nullptr, false);
   c.forward(std::span<const int32_t>(tokens.data() + 3, 1), last.data(), false);
@@ -152,39 +152,36 @@ TEST(ForwardCpu, SaveRestoreRoundTrip) {
     const Model& model = synth_model(layout);
     const int V = model.config.vocab;
     ThreadPool pool(2);
-    CpuBackend be(model, 0, &pool);
+    CpuForward be(model, 0, &pool);
     std::vector<int32_t> a = random_tokens(20, V, 11), b = random_tokens(7, V, 12), c = random_tokens(5, V, 13);
     be.forward(a, nullptr, false);
-    StateSnapshot snap = be.save_state();
-    EXPECT_EQ(snap.position, 20);
+    const std::vector<uint8_t> snap = be.save_state();
     std::vector<float> lb1(7 * V), lb2(7 * V), lc(V);
     be.forward(b, lb1.data(), true);
     be.forward(c, lc.data(), false);  // move further on, then roll back
-    be.restore_state(snap);
+    be.restore_state(20, snap);
     EXPECT_EQ(be.position(), 20);
     be.forward(b, lb2.data(), true);
     EXPECT_EQ(lb1, lb2);
     // A fresh backend fed a + b gives the same logits for b.
-    CpuBackend fresh(model, 0, &pool);
+    CpuForward fresh(model, 0, &pool);
     std::vector<float> lab(27 * V);
     std::vector<int32_t> ab = a;
     ab.insert(ab.end(), b.begin(), b.end());
     fresh.forward(ab, lab.data(), true);
     EXPECT_TRUE(std::equal(lb2.begin(), lb2.end(), lab.begin() + 20 * V));
     // Malformed snapshots are rejected.
-    StateSnapshot bad = snap;
-    bad.bytes.pop_back();
-    EXPECT_THROW(be.restore_state(bad), Error);
-    bad = snap;
-    bad.position = be.position() + 1;
-    EXPECT_THROW(be.restore_state(bad), Error);
+    std::vector<uint8_t> bad = snap;
+    bad.pop_back();
+    EXPECT_THROW(be.restore_state(20, bad), Error);
+    EXPECT_THROW(be.restore_state(be.position() + 1, snap), Error);
   }
 }
 
 TEST(ForwardCpu, RejectsBadTokensAndContextOverflow) {
   const Model& model = synth_model(CheckpointLayout::hf_bf16);
   ThreadPool pool(1);
-  CpuBackend be(model, 8, &pool);
+  CpuForward be(model, 8, &pool);
   const int32_t bad = model.config.vocab;
   EXPECT_THROW(be.forward(std::span<const int32_t>(&bad, 1), nullptr, false), Error);
   const int32_t mixed[3] = {1, 2, -1};  // rejected before any token is consumed
@@ -200,13 +197,13 @@ TEST(ForwardCpu, GlobalPoolMayBeResizedBetweenCalls) {
   const int V = model.config.vocab;
   std::vector<int32_t> a = random_tokens(9, V, 21), b = random_tokens(4, V, 22);
   ThreadPool::set_global_threads(2);
-  CpuBackend global_be(model);  // global pool
+  CpuForward global_be(model);  // global pool
   global_be.forward(a, nullptr, false);
   ThreadPool::set_global_threads(1);
   std::vector<float> l1(V), l2(V);
   global_be.forward(b, l1.data(), false);
   ThreadPool pool(3);
-  CpuBackend own(model, 0, &pool);
+  CpuForward own(model, 0, &pool);
   own.forward(a, nullptr, false);
   own.forward(b, l2.data(), false);
   EXPECT_EQ(l1, l2);  // thread count does not change a single bit

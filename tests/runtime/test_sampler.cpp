@@ -89,7 +89,7 @@ TEST(Sampler, GreedyLogprobsAreLogSoftmax) {
   p.top_logprobs = 2;
   Sampler s(p, 3);
   const float logits[3] = {0.0f, std::log(3.0f), 0.0f};
-  SampleResult r = s.sample(logits);
+  SampledToken r = s.sample(logits);
   EXPECT_EQ(r.token, 1);
   EXPECT_NEAR(r.logprob, std::log(0.6), 1e-6);
   ASSERT_EQ(r.top.size(), 2u);

@@ -34,12 +34,12 @@ Output run_output(const Tokenizer& tok, const std::vector<int32_t>& out, const o
   GenJob job;
   job.prompt = {1, 2, 3};
   for (int32_t id : out) {
-    SampleResult ev;
+    SampledToken ev;
     ev.token = id;
     if (!s.on_token(ev)) break;
     job.n_generated++;
   }
-  job.finish = server::FinishReason::stop;
+  job.finish = FinishReason::stop;
   job.stopped_by_id = true;
   s.on_done(job);
   ResponseInfo info;
@@ -50,7 +50,7 @@ Output run_output(const Tokenizer& tok, const std::vector<int32_t>& out, const o
   StreamFormatter fmt(info, tok);
   std::string sse = fmt.start();
   std::vector<OutEvent> ev;
-  std::vector<LogprobEntry> lps;
+  std::vector<SampledToken> lps;
   s.take(ev, lps, std::chrono::milliseconds(0));
   sse += fmt.events(ev, lps);
   sse += fmt.finish(s, job);

@@ -339,22 +339,30 @@ class ScriptBackend : public Backend {
   }
   StateSnapshot save_state() const override { return {position(), {}}; }
   void restore_state(const StateSnapshot& s) override { fed.resize(s.position); }
-  bool begin_device_sampling(const SamplingParams& p, std::span<const int32_t>, bool) override {
-    return device_ && p.temperature <= 0 && ++begun > 0;
+  void begin_sampling(const SamplingSetup& s, std::span<const int32_t> prompt) override {
+    on_device_ = device_ && s.params.temperature <= 0 && ++begun > 0;
+    if (!on_device_) Backend::begin_sampling(s, prompt);
   }
-  SampleResult sample_device() override {
+  void prefill(std::span<const int32_t> tokens, bool last) override {
+    if (!on_device_) return Backend::prefill(tokens, last);
+    forward(tokens, nullptr, false);
+  }
+  SampledToken sample() override {
+    if (!on_device_) return Backend::sample();
     next_ = (fed.back() + 1) % cfg_.vocab;
     return {next_, 0.f, {}};
   }
   // a launch consumes the id the previous sample produced, up to two queued
-  void decode_device_launch() override {
+  void decode_launch() override {
+    if (!on_device_) return Backend::decode_launch();
     EXPECT_LT(queue_.size(), 2u);
     forward(std::span<const int32_t>(&next_, 1), nullptr, false);
     next_ = (next_ + 1) % cfg_.vocab;
     queue_.push_back(next_);
     max_queued = std::max(max_queued, static_cast<int>(queue_.size()));
   }
-  SampleResult decode_device_wait() override {
+  SampledToken decode_wait() override {
+    if (!on_device_) return Backend::decode_wait();
     EXPECT_FALSE(queue_.empty());
     const int32_t t = queue_.front();
     queue_.pop_front();
@@ -372,6 +380,7 @@ class ScriptBackend : public Backend {
  private:
   Config cfg_;
   bool device_;
+  bool on_device_ = false;
   int32_t next_ = -1;
   std::deque<int32_t> queue_;
 };
@@ -401,7 +410,7 @@ EngineRun run_engine(bool device, bool logprobs, int max_tokens, int32_t cut, in
     job->max_tokens = max_tokens;
     job->stop_ids = {9};
     std::promise<void> done;
-    job->on_token = [&](const TokenEvent& ev) {
+    job->on_token = [&](const SampledToken& ev) {
       out.tokens.push_back(ev.token);
       return ev.token != cut;
     };
@@ -420,18 +429,16 @@ EngineRun run_engine(bool device, bool logprobs, int max_tokens, int32_t cut, in
 }
 }  // namespace
 
-// The engine's device-sampling path against its host path on the same script: the same ids and finish
-// reasons; the last id is not consumed, except that the device path queues the next id's step before the engine
-// has seen the id (two steps queued), so a stop id is consumed, as is an id after which on_token ends the
-// generation (its step ran while on_token handled it).
+// The engine's device-sampling path against its host path on the same script: the same ids, finish reasons and
+// consumed ids (both queue the next id's step before the engine has seen the id, two steps deep, so a stop id is
+// consumed, as is an id after which on_token ends the generation: its step ran while on_token handled it).
 TEST(ServerEngine, DeviceSamplingPathMatchesHostPath) {
   for (int max_tokens : {3, 20}) {
     const EngineRun h = run_engine(false, false, max_tokens, -1), d = run_engine(true, false, max_tokens, -1);
     EXPECT_EQ(d.tokens, h.tokens);
     EXPECT_EQ(d.finish, h.finish);
-    std::vector<int32_t> fed = h.fed;
-    if (h.finish == FinishReason::stop) fed.push_back(9);  // the stop id's step ran ahead
-    EXPECT_EQ(d.fed, fed);
+    EXPECT_EQ(d.fed, h.fed);
+    if (h.finish == FinishReason::stop) EXPECT_EQ(h.fed.back(), 9);  // the stop id's step ran ahead
     EXPECT_EQ(d.begun, 1);
     EXPECT_EQ(d.max_queued, 2);
   }
@@ -439,8 +446,8 @@ TEST(ServerEngine, DeviceSamplingPathMatchesHostPath) {
   EXPECT_EQ(run_engine(false, false, 20, -1).finish, FinishReason::stop);
   const EngineRun h = run_engine(false, false, 20, 6), d = run_engine(true, false, 20, 6);
   EXPECT_EQ(d.tokens, h.tokens);
-  EXPECT_EQ(h.fed, (std::vector<int32_t>{2, 3, 4, 5}));
-  EXPECT_EQ(d.fed, (std::vector<int32_t>{2, 3, 4, 5, 6}));
+  EXPECT_EQ(h.fed, (std::vector<int32_t>{2, 3, 4, 5, 6}));
+  EXPECT_EQ(d.fed, h.fed);
   EXPECT_EQ(run_engine(true, true, 20, -1).begun, 1);  // logprobs: the device path reports them
 }
 

@@ -14,7 +14,8 @@
 #include "kernels/common.cuh"
 #include "kernels/sampling.h"
 #include "model/cuda_engine.h"
-#include "model/forward_cuda.h"
+#include "model/synth.h"
+#include "runtime/cuda_backend.h"
 
 namespace lily::cuda {
 
@@ -181,7 +182,61 @@ class CudaBackend : public Backend {
   const int prefill_min_ = std::max(1, env_int("LILY_PREFILL_MIN", kPrefillMin));
 
   // ---- sampling on the device (kernels/sampling.h) ----
-  bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs) override {
+  // ---- the generation protocol: on the device where the sampler can be (else the host's, Backend's) ----
+  void begin_sampling(const SamplingSetup& setup, std::span<const int32_t> prompt) override {
+    lily::Sampler(setup.params, cfg_.vocab);  // validates the parameters whichever side samples
+    device_ = !setup.host && !setup.filter && begin_device_sampling(setup.params, prompt, setup.logprobs);
+    if (!device_) host_begin(setup, prompt);
+  }
+  void prefill(std::span<const int32_t> tokens, bool last) override {
+    if (device_) forward(tokens, nullptr, false);  // the last token's logits stay on the device
+    else host_prefill(tokens, last);
+  }
+  lily::SampledToken sample() override { return device_ ? sample_device() : host_sample(); }
+  void decode_launch() override {
+    if (device_) decode_device_launch();
+    else host_launch();
+  }
+  lily::SampledToken decode_wait() override { return device_ ? decode_device_wait() : host_wait(); }
+  bool samples_on_device() const override { return device_; }
+
+  StateSnapshot save_state() const override {
+    StateSnapshot snap;
+    snap.position = pos_;
+    const size_t n = engine_.gdn_state_bytes();
+    if (void* p = pool_->get()) {  // ordered before the next step on the stream: no synchronisation
+      CUDA_CHECK(cudaMemcpyAsync(p, engine_.gdn_state(), n, cudaMemcpyDeviceToDevice, engine_.stream()));
+      snap.device = std::shared_ptr<void>(p, [pool = pool_](void* q) { pool->put(q); });
+      snap.device_bytes = n;
+      return snap;
+    }
+    snap.bytes.resize(n);
+    CUDA_CHECK(cudaMemcpyAsync(snap.bytes.data(), engine_.gdn_state(), snap.bytes.size(), cudaMemcpyDeviceToHost,
+                               engine_.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
+    return snap;
+  }
+
+  void restore_state(const StateSnapshot& snap) override {
+    LILY_CHECK(snap.size() == engine_.gdn_state_bytes() && snap.position >= 0 && snap.position <= pos_,
+               "CUDA backend: state snapshot of ", snap.size(), " bytes at position ", snap.position,
+               " does not match this sequence (", engine_.gdn_state_bytes(), " bytes, position ", pos_, ")");
+    if (snap.device) {  // on the stream, before the next step (the block is reused only by a later copy)
+      CUDA_CHECK(cudaMemcpyAsync(engine_.gdn_state(), snap.device.get(), snap.device_bytes, cudaMemcpyDeviceToDevice,
+                                 engine_.stream()));
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(engine_.gdn_state(), snap.bytes.data(), snap.bytes.size(), cudaMemcpyHostToDevice,
+                                 engine_.stream()));
+      CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
+    }
+    pos_ = snap.position;  // KV entries [0, position) are kept
+  }
+
+ private:
+  // Sampling next to the logits (no vocab-sized copy to the host and no host sampler per token, the sampled id
+  // written straight into the next step's input); false when these parameters cannot be sampled there with the
+  // host Sampler's semantics.
+  bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs) {
     const int V = cfg_.vocab;
     if (p.top_logprobs > kMaxTopLogprobs || V > kSampleMaxVocab) return false;  // the host samples
     cudaStream_t s = engine_.stream();
@@ -262,7 +317,9 @@ class CudaBackend : public Backend {
     return true;
   }
 
-  lily::SampleResult sample_device() override {
+  // The next id from the logits of the last consumed position (consumed with forward(..., nullptr, false): the
+  // logits stay on the device). It becomes the pending id; position() is unchanged.
+  lily::SampledToken sample_device() {
     LILY_CHECK(sampling_ && queued_ == 0,
                "CUDA backend: sample_device without begin_device_sampling, or with steps queued");
     sample_tail(0);  // from the logits of position pos_ - 1: the step on the device is {its id, pos_ - 1}
@@ -270,7 +327,8 @@ class CudaBackend : public Backend {
     return sampled(0);
   }
 
-  void decode_device_launch() override {
+  // Consumes the pending id and samples the next one; up to two launches queued, waited for in order.
+  void decode_device_launch() {
     LILY_CHECK(sampling_ && queued_ < 2,
                "CUDA backend: decode_device_launch without begin_device_sampling, or a third");
     LILY_CHECK(pos_ + 1 <= engine_.max_context(), "CUDA backend: ", pos_ + 1, " tokens exceed the context of ",
@@ -283,44 +341,12 @@ class CudaBackend : public Backend {
     ++queued_;
   }
 
-  lily::SampleResult decode_device_wait() override {
+  lily::SampledToken decode_device_wait() {
     LILY_CHECK(queued_ > 0, "CUDA backend: decode_device_wait without decode_device_launch");
     const int k = queued_ == 2 ? slot_ : slot_ ^ 1;  // the older launch's slot
     CUDA_CHECK(cudaEventSynchronize(done_[k]));
     --queued_;
     return sampled(k);
-  }
-
-  StateSnapshot save_state() const override {
-    StateSnapshot snap;
-    snap.position = pos_;
-    const size_t n = engine_.gdn_state_bytes();
-    if (void* p = pool_->get()) {  // ordered before the next step on the stream: no synchronisation
-      CUDA_CHECK(cudaMemcpyAsync(p, engine_.gdn_state(), n, cudaMemcpyDeviceToDevice, engine_.stream()));
-      snap.device = std::shared_ptr<void>(p, [pool = pool_](void* q) { pool->put(q); });
-      snap.device_bytes = n;
-      return snap;
-    }
-    snap.bytes.resize(n);
-    CUDA_CHECK(cudaMemcpyAsync(snap.bytes.data(), engine_.gdn_state(), snap.bytes.size(), cudaMemcpyDeviceToHost,
-                               engine_.stream()));
-    CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
-    return snap;
-  }
-
-  void restore_state(const StateSnapshot& snap) override {
-    LILY_CHECK(snap.size() == engine_.gdn_state_bytes() && snap.position >= 0 && snap.position <= pos_,
-               "CUDA backend: state snapshot of ", snap.size(), " bytes at position ", snap.position,
-               " does not match this sequence (", engine_.gdn_state_bytes(), " bytes, position ", pos_, ")");
-    if (snap.device) {  // on the stream, before the next step (the block is reused only by a later copy)
-      CUDA_CHECK(cudaMemcpyAsync(engine_.gdn_state(), snap.device.get(), snap.device_bytes, cudaMemcpyDeviceToDevice,
-                                 engine_.stream()));
-    } else {
-      CUDA_CHECK(cudaMemcpyAsync(engine_.gdn_state(), snap.bytes.data(), snap.bytes.size(), cudaMemcpyHostToDevice,
-                                 engine_.stream()));
-      CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
-    }
-    pos_ = snap.position;  // KV entries [0, position) are kept
   }
 
  private:
@@ -345,7 +371,7 @@ class CudaBackend : public Backend {
     int* counts = d.update_counts ? counts_ : nullptr;
     StepDev* step = engine_.step();
     add_logit_bias(engine_.logits(), cfg_.vocab, bias_ids_, bias_vals_, c.n_bias, s);
-    sample(engine_.logits(), cfg_.vocab, d, counts, rng_, &step->token, sample_scratch_, s,
+    lily::cuda::sample(engine_.logits(), cfg_.vocab, d, counts, rng_, &step->token, sample_scratch_, s,
            c.logprobs ? &step->logprob : nullptr, &step->pos, c.top_n, top_dev_ ? top_dev_->ids : nullptr,
            top_dev_ ? top_dev_->logprobs : nullptr);
     static_assert(sizeof(StepDev) % 4 == 0 && sizeof(TopDev) % 4 == 0, "copied as 32-bit words");
@@ -354,12 +380,12 @@ class CudaBackend : public Backend {
                    c.top_n > 0 ? words(top_host_dev_ + slot) : nullptr, words(top_dev_),
                    c.top_n > 0 ? sizeof(TopDev) / 4 : 0, s);
   }
-  lily::SampleResult sampled(int slot) const {
+  lily::SampledToken sampled(int slot) const {
     const SampleConfig& c = sample_config_;
     const StepDev& st = host_step_[slot];
     if (st.token == kSampleNanToken)
       throw lily::NanLogitsError("CUDA sampler: NaN logits (the model's output is not finite)");
-    lily::SampleResult r;
+    lily::SampledToken r;
     r.token = st.token;
     r.logprob = c.logprobs ? st.logprob : std::numeric_limits<float>::quiet_NaN();
     for (int j = 0; j < c.top_n; ++j)
@@ -385,6 +411,7 @@ class CudaBackend : public Backend {
     float logprobs[kMaxTopLogprobs];
   };
   bool sampling_ = false;                 // begin_device_sampling succeeded (until the backend goes away)
+  bool device_ = false;                   // this generation samples on the device
   bool chunked_ = true;                    // prompts of >= kPrefillMin tokens through forward_chunks
   int queued_ = 0;                        // decode_device_launch calls not yet waited for (<= 2)
   int slot_ = 0;                          // host slot of the next launch (launches alternate 0, 1)
@@ -420,20 +447,6 @@ class CudaBackend : public Backend {
 
 namespace lily {
 
-bool cuda_device_available() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-std::string cuda_device_description(int device) {
-  cudaDeviceProp p{};
-  if (!cuda_device_available() || cudaGetDeviceProperties(&p, device) != cudaSuccess) return "";
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%s, %d SMs, %.1f GiB", p.name, p.multiProcessorCount,
-                p.totalGlobalMem / (1024.0 * 1024 * 1024));
-  return buf;
-}
-
 namespace cuda {
 std::unique_ptr<Backend> make_cuda_backend(const Config& c, DeviceWeights w, int max_context, int device,
                                            long long snapshot_device_bytes) {
@@ -446,6 +459,28 @@ std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions
   LILY_CHECK(c.shared_ffn == c.moe_ffn, "CUDA backend: the shared expert's FFN (", c.shared_ffn,
              ") must equal the routed experts' FFN (", c.moe_ffn, "); kernels/moe.cu fuses them");
   return std::make_unique<cuda::CudaBackend>(model, opt);
+}
+
+std::unique_ptr<Backend> make_bench_cuda_backend(const std::string& model_dir, int max_context, int device) {
+  CUDA_CHECK(cudaSetDevice(device));
+  if (!model_dir.empty()) {
+    const Model model = load_model(model_dir);
+    CudaOptions o;
+    o.device = device;
+    o.max_context = max_context;
+    o.progress = false;
+    return make_cuda_backend(model, o);
+  }
+  SynthOptions so;
+  so.preset = "full";
+  so.layout = CheckpointLayout::mlx_affine;
+  const Config cfg = synth_config(so);
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cuda::DeviceWeights w = cuda::synthetic_weights(cfg, 1234, s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaStreamDestroy(s));
+  return cuda::make_cuda_backend(cfg, std::move(w), max_context, device);
 }
 
 }  // namespace lily

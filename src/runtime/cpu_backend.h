@@ -1,0 +1,45 @@
+// The CPU backend: the reference forward pass (model/forward_cpu.h) behind the runtime's Backend, with the
+// host implementation of the generation protocol (the Sampler over its logits).
+#pragma once
+#include <memory>
+#include <span>
+
+#include "model/forward_cpu.h"
+#include "runtime/backend.h"
+#include "util/check.h"
+
+namespace lily {
+
+class CpuBackend : public Backend {
+ public:
+  static constexpr int kPromptChunk = CpuForward::kPromptChunk;
+
+  // `model` must outlive the backend. max_context <= 0: config.max_position_embeddings. pool: null = the
+  // global pool, looked up at each forward().
+  explicit CpuBackend(const Model& model, int max_context = 0, ThreadPool* pool = nullptr)
+      : f_(model, max_context, pool) {}
+
+  const Config& config() const override { return f_.config(); }
+  std::string name() const override { return "cpu"; }
+  int max_context() const override { return f_.max_context(); }
+  int position() const override { return f_.position(); }
+  void reset() override { f_.reset(); }
+  void forward(std::span<const int32_t> tokens, float* logits, bool all_logits) override {
+    f_.forward(tokens, logits, all_logits);
+  }
+  StateSnapshot save_state() const override {
+    StateSnapshot s;
+    s.position = f_.position();
+    s.bytes = f_.save_state();
+    return s;
+  }
+  void restore_state(const StateSnapshot& s) override {
+    LILY_CHECK(!s.device, "cpu backend: a device snapshot cannot be restored here");
+    f_.restore_state(s.position, s.bytes);
+  }
+
+ private:
+  CpuForward f_;
+};
+
+}  // namespace lily

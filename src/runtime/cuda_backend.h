@@ -1,0 +1,42 @@
+// The CUDA backend's public face, usable from code compiled without nvcc (the CLI, the server): factories for
+// the Backend over CudaEngine (model/cuda_engine.h). Only available when the build has CUDA (LILY_HAVE_CUDA);
+// callers guard their use with #ifdef LILY_HAVE_CUDA.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "model/forward_cuda.h"
+#include "model/weights.h"
+#include "runtime/backend.h"
+
+namespace lily {
+
+struct CudaOptions {
+  int device = 0;            // CUDA device ordinal
+  int max_context = 0;       // <= 0: config.max_position_embeddings (KV pages are allocated on demand)
+  bool progress = true;      // progress bar on stderr while uploading weights
+  bool quantize_bf16 = false;  // HF bf16 checkpoints: false = run bf16 GEMV (exact), true = MLX 4-bit on the GPU
+  // Prefix-cache snapshots (save_state) kept in device memory up to this many bytes, beyond it in host memory.
+  // -1: what is free once the weights, the engine and the full context's KV cache are counted, less 2 GiB.
+  long long snapshot_device_bytes = -1;
+  // Prompts of 16 tokens or more through the chunked prompt path (model/prefill_cuda.cu: GEMMs over up to 2048
+  // tokens at a time); false, or LILY_PREFILL=0: token by token through the decode step.
+  bool chunked_prompts = true;
+};
+
+// Uploads the model's weights (repacked on the GPU) and captures the decode step as one CUDA graph.
+// `model` must outlive the backend only during construction (weights are copied to the device).
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions& opt = {});
+
+namespace cuda {
+struct DeviceWeights;
+// The CUDA Backend on weights already on the device (the engine takes them), e.g. synthetic ones (benchmarks).
+std::unique_ptr<Backend> make_cuda_backend(const Config& c, DeviceWeights w, int max_context, int device,
+                                           long long snapshot_device_bytes = -1);
+}  // namespace cuda
+
+// For `lily bench`: the CUDA Backend over the checkpoint in `model_dir`, or (empty) over synthetic full-size
+// weights in the MLX 4-bit layout generated on the GPU.
+std::unique_ptr<Backend> make_bench_cuda_backend(const std::string& model_dir, int max_context, int device);
+
+}  // namespace lily
