@@ -100,6 +100,7 @@ class CudaEngine {
 
   // Makes KV pages exist for tokens [0, n_tokens).
   void ensure_kv(int n_tokens);
+  int page_tokens() const { return page_tokens_; }  // tokens per KV page
   // Device bytes of the KV pages not allocated yet, up to max_context() (what ensure_kv may still take).
   size_t kv_bytes_to_come() const;
   // Fills the KV pages for tokens [0, n_tokens) with random bf16 (benchmarks).

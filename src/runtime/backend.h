@@ -38,6 +38,13 @@ struct SamplingSetup {
   bool host = false;                  // sample on the host even where the backend could on its device (tests, bench)
 };
 
+// What a backend's resource pools hold now (runtime/resources.h), for /metrics and a scheduler's admission.
+struct ResourceUse {
+  int kv_pages = 0, kv_pages_total = 0;    // KV pages held by sequences / in the pool
+  int kv_page_tokens = 0;                  // tokens per page
+  int state_slots = 0, state_slots_total = 0;  // recurrent-state slots held / in the pool
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -46,6 +53,7 @@ class Backend {
   virtual int max_context() const = 0;      // tokens the caches can hold
   virtual int position() const = 0;         // tokens consumed so far by this sequence
   virtual void reset() = 0;                 // empty sequence at position 0
+  virtual ResourceUse resources() const { return {}; }
 
   // Consume `tokens` at positions position()..position()+n-1. Writes float32 logits [n, vocab] to
   // `logits` when all_logits, else only the last position's [vocab]; `logits` may be null.

@@ -6,6 +6,7 @@
 
 #include "model/forward_cpu.h"
 #include "runtime/backend.h"
+#include "runtime/resources.h"
 #include "util/check.h"
 
 namespace lily {
@@ -17,14 +18,25 @@ class CpuBackend : public Backend {
   // `model` must outlive the backend. max_context <= 0: config.max_position_embeddings. pool: null = the
   // global pool, looked up at each forward().
   explicit CpuBackend(const Model& model, int max_context = 0, ThreadPool* pool = nullptr)
-      : f_(model, max_context, pool) {}
+      : f_(model, max_context, pool), kv_pool_(PageTable::pages_for(f_.max_context(), kPageTokens)) {
+    state_slots_.alloc();  // this sequence's (the forward pass holds one state)
+  }
 
   const Config& config() const override { return f_.config(); }
   std::string name() const override { return "cpu"; }
   int max_context() const override { return f_.max_context(); }
   int position() const override { return f_.position(); }
-  void reset() override { f_.reset(); }
+  void reset() override {
+    f_.reset();
+    kv_.release(kv_pool_);
+  }
+  ResourceUse resources() const override {
+    return {kv_pool_.in_use(), kv_pool_.capacity(), kPageTokens, state_slots_.in_use(), state_slots_.capacity()};
+  }
   void forward(std::span<const int32_t> tokens, float* logits, bool all_logits) override {
+    const int n = f_.position() + static_cast<int>(tokens.size());
+    LILY_CHECK(n <= f_.max_context() && kv_.reserve(kv_pool_, n), "cpu backend: ", n,
+               " tokens exceed the context limit of ", f_.max_context());
     f_.forward(tokens, logits, all_logits);
   }
   StateSnapshot save_state() const override {
@@ -36,10 +48,15 @@ class CpuBackend : public Backend {
   void restore_state(const StateSnapshot& s) override {
     LILY_CHECK(!s.device, "cpu backend: a device snapshot cannot be restored here");
     f_.restore_state(s.position, s.bytes);
+    kv_.truncate(kv_pool_, s.position);
   }
 
  private:
+  static constexpr int kPageTokens = 256;  // KV accounting granularity (the vectors grow per token)
   CpuForward f_;
+  IdPool kv_pool_;                 // this backend's KV pages (accounting: the forward pass owns the memory)
+  PageTable kv_{kPageTokens};
+  IdPool state_slots_{1};
 };
 
 }  // namespace lily

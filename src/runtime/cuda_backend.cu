@@ -1,8 +1,7 @@
 // The CUDA Backend: adapts CudaEngine (model/cuda_engine.cu) to the Backend interface: token staging, the
 // chunked prompt path (model/prefill_cuda.cu) for prompts of kPrefillMin tokens or more, sampling on the device
-// (the decode graph followed by the sampler, which writes the id into the next step's StepDev, advances the
-// position and copies {id, position, log-probability} to mapped pinned host memory: per token the host launches
-// a graph (two are queued) and reads 12 bytes), and the device pool of prefix-cache snapshots.
+// (runtime/device_sampler.cuh) with the host's protocol as the fallback, and prefix-cache snapshots in a device
+// pool (runtime/snapshot_pool.cuh).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -12,58 +11,17 @@
 #include <string>
 
 #include "kernels/common.cuh"
-#include "kernels/sampling.h"
 #include "model/cuda_engine.h"
 #include "model/synth.h"
+#include "runtime/device_sampler.cuh"
+#include "runtime/resources.h"
+#include "runtime/snapshot_pool.cuh"
 #include "runtime/cuda_backend.h"
 
 namespace lily::cuda {
 
 // ---- Backend adapter ----
 namespace {
-
-// Device memory for prefix-cache snapshots (every snapshot is one GDN state, gdn_state_bytes): blocks are
-// allocated up to a byte budget and recycled, never freed while the pool lives (cudaFree would synchronise the
-// device). A snapshot holds its block through a shared_ptr whose deleter returns it here; the pool lives until
-// the last one is gone. Saving and restoring are device-to-device copies on the engine's stream (~30 us for the
-// real model's 64 MB), where a host snapshot cost tens of ms per prompt (pageable copies of the whole state).
-class SnapshotPool {
- public:
-  SnapshotPool(size_t block, size_t budget, int device) : block_(block), budget_(budget), device_(device) {}
-  ~SnapshotPool() {
-    cudaSetDevice(device_);
-    for (void* p : free_) cudaFree(p);  // errors ignored: may run at exit, after the runtime is gone
-  }
-  // A block, or null when the budget is spent or the device has no memory left (then: a host snapshot).
-  void* get() {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!free_.empty()) {
-      void* p = free_.back();
-      free_.pop_back();
-      return p;
-    }
-    if (allocated_ + block_ > budget_) return nullptr;
-    void* p = nullptr;
-    CUDA_CHECK(cudaSetDevice(device_));
-    if (cudaMalloc(&p, block_) != cudaSuccess) {
-      cudaGetLastError();  // clear the allocation error; the caller falls back to host memory
-      budget_ = allocated_;
-      return nullptr;
-    }
-    allocated_ += block_;
-    return p;
-  }
-  void put(void* p) {
-    std::lock_guard<std::mutex> lk(mu_);
-    free_.push_back(p);
-  }
-
- private:
-  std::mutex mu_;
-  size_t block_, budget_, allocated_ = 0;
-  int device_;
-  std::vector<void*> free_;
-};
 
 class CudaBackend : public Backend {
  public:
@@ -76,9 +34,6 @@ class CudaBackend : public Backend {
       : cfg_(c), engine_(c, std::move(w), max_context, device),
         chunked_(chunked_prompts && env_flag("LILY_PREFILL", true)) {
     CUDA_CHECK(cudaMallocHost(&staging_, sizeof(StepDev) * kStaging));
-    CUDA_CHECK(cudaHostAlloc(&host_step_, 2 * sizeof(StepDev), cudaHostAllocMapped));
-    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_step_dev_), host_step_, 0));
-    for (cudaEvent_t& e : done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     d_steps_ = device_alloc<StepDev>(kStaging);
     chunked_ = chunked_ && engine_.prefill_supported();
     if (chunked_) engine_.prefill_alloc();  // before the snapshots' budget is taken from what is free
@@ -93,28 +48,22 @@ class CudaBackend : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(engine_.stream());
-    for (SampleGraphs& e : sample_graphs_)
-      for (cudaGraphExec_t g : e.graph)
-        if (g) cudaGraphExecDestroy(g);
-    for (cudaEvent_t e : done_) cudaEventDestroy(e);
-    for (void* p : {(void*)d_steps_, (void*)counts_, (void*)rng_, sample_scratch_, (void*)d_prompt_, (void*)bias_ids_,
-                    (void*)bias_vals_, (void*)top_dev_})
-      cudaFree(p);
-    if (top_host_) cudaFreeHost(top_host_);
+    cudaFree(d_steps_);
     cudaFreeHost(staging_);
-    cudaFreeHost(host_step_);
   }
 
   const Config& config() const override { return cfg_; }
   std::string name() const override { return "cuda"; }
+  ResourceUse resources() const override {
+    return {kv_pool_.in_use(), kv_pool_.capacity(), engine_.page_tokens(), state_slots_.in_use(),
+            state_slots_.capacity()};
+  }
   int max_context() const override { return engine_.max_context(); }
   int position() const override { return pos_; }
   void reset() override {
-    if (queued_ > 0) {  // steps a failed generation left queued: finished and forgotten
-      CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
-      queued_ = 0;
-    }
+    sampler_.drop_queued();  // steps a failed generation left queued: finished and forgotten
     engine_.reset_state();
+    kv_.release(kv_pool_);
     pos_ = 0;
   }
 
@@ -124,6 +73,7 @@ class CudaBackend : public Backend {
                engine_.max_context());
     const int V = cfg_.vocab;
     for (int32_t t : tokens) LILY_CHECK(t >= 0 && t < V, "CUDA backend: token id ", t, " outside [0, ", V, ")");
+    reserve_kv(pos_ + n);
     cudaStream_t s = engine_.stream();
     if (n >= prefill_min_ && chunked_) {
       forward_chunks(tokens, logits, all_logits);
@@ -181,23 +131,26 @@ class CudaBackend : public Backend {
   static constexpr int kPrefillMin = 16;
   const int prefill_min_ = std::max(1, env_int("LILY_PREFILL_MIN", kPrefillMin));
 
-  // ---- sampling on the device (kernels/sampling.h) ----
   // ---- the generation protocol: on the device where the sampler can be (else the host's, Backend's) ----
   void begin_sampling(const SamplingSetup& setup, std::span<const int32_t> prompt) override {
     lily::Sampler(setup.params, cfg_.vocab);  // validates the parameters whichever side samples
-    device_ = !setup.host && !setup.filter && begin_device_sampling(setup.params, prompt, setup.logprobs);
+    device_ = !setup.host && !setup.filter && sampler_.begin(setup.params, prompt, setup.logprobs);
     if (!device_) host_begin(setup, prompt);
   }
   void prefill(std::span<const int32_t> tokens, bool last) override {
     if (device_) forward(tokens, nullptr, false);  // the last token's logits stay on the device
     else host_prefill(tokens, last);
   }
-  lily::SampledToken sample() override { return device_ ? sample_device() : host_sample(); }
+  lily::SampledToken sample() override { return device_ ? sampler_.sample() : host_sample(); }
   void decode_launch() override {
-    if (device_) decode_device_launch();
-    else host_launch();
+    if (!device_) return host_launch();
+    LILY_CHECK(pos_ + 1 <= engine_.max_context(), "CUDA backend: ", pos_ + 1, " tokens exceed the context of ",
+               engine_.max_context());
+    reserve_kv(pos_ + 1);
+    sampler_.launch();  // consumes {pending id, pos_}
+    ++pos_;
   }
-  lily::SampledToken decode_wait() override { return device_ ? decode_device_wait() : host_wait(); }
+  lily::SampledToken decode_wait() override { return device_ ? sampler_.wait() : host_wait(); }
   bool samples_on_device() const override { return device_; }
 
   StateSnapshot save_state() const override {
@@ -230,126 +183,15 @@ class CudaBackend : public Backend {
       CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
     }
     pos_ = snap.position;  // KV entries [0, position) are kept
+    kv_.truncate(kv_pool_, pos_);
   }
 
  private:
-  // Sampling next to the logits (no vocab-sized copy to the host and no host sampler per token, the sampled id
-  // written straight into the next step's input); false when these parameters cannot be sampled there with the
-  // host Sampler's semantics.
-  bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs) {
-    const int V = cfg_.vocab;
-    if (p.top_logprobs > kMaxTopLogprobs || V > kSampleMaxVocab) return false;  // the host samples
-    cudaStream_t s = engine_.stream();
-    if (!sample_scratch_) {
-      sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(V));
-      counts_ = device_alloc<int>(V);
-      rng_ = device_alloc<uint64_t>(2);
-      CUDA_CHECK(cudaHostAlloc(&top_host_, 2 * sizeof(TopDev), cudaHostAllocMapped));
-      CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&top_host_dev_), top_host_, 0));
-      top_dev_ = device_alloc<TopDev>(1);
-    }
-    CUDA_CHECK(cudaStreamSynchronize(s));  // launches an earlier generation left (its caller threw before waiting)
-    queued_ = 0;
-    SampleConfig c;
-    SamplingParams& d = c.params;
-    d.temperature = p.temperature;
-    d.top_k = p.top_k;
-    d.top_p = p.top_p;
-    d.min_p = p.min_p;
-    d.presence = p.presence_penalty;
-    d.frequency = p.frequency_penalty;
-    d.repetition = p.repetition_penalty;
-    d.n_valid = p.n_valid > 0 && p.n_valid < V ? p.n_valid : 0;
-    d.update_counts = has_penalties(d);
-    c.logprobs = logprobs;
-    c.top_n = p.top_logprobs;
-    const uint64_t rng[2] = {0, p.seed};  // draw counter, seed: in device memory, so the graph serves every seed
-    CUDA_CHECK(cudaMemcpyAsync(rng_, rng, sizeof rng, cudaMemcpyHostToDevice, s));
-    if (d.update_counts) CUDA_CHECK(cudaMemsetAsync(counts_, 0, (size_t)V * sizeof(int), s));
-    if (d.repetition != 1.0f && !prompt.empty()) {  // the prompt counts for the repetition penalty only
-      for (int32_t t : prompt) LILY_CHECK(t >= 0 && t < V, "CUDA backend: token id ", t, " outside [0, ", V, ")");
-      if ((int)prompt.size() > prompt_cap_) {
-        cudaFree(d_prompt_);
-        prompt_cap_ = (int)prompt.size();
-        d_prompt_ = device_alloc<int32_t>(prompt_cap_);
-      }
-      CUDA_CHECK(cudaMemcpyAsync(d_prompt_, prompt.data(), prompt.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-      mark_context(counts_, V, d_prompt_, (int)prompt.size(), s);
-    }
-    // logit_bias: its (id, bias) pairs with an id in [0, V) (the host Sampler ignores the others), at most V
-    std::vector<int> bias_ids;
-    std::vector<float> bias_vals;
-    for (const auto& [id, b] : p.logit_bias)
-      if (id >= 0 && id < V) bias_ids.push_back(id), bias_vals.push_back(b);
-    c.n_bias = (int)bias_ids.size();
-    if (c.n_bias > 0) {
-      if (!bias_ids_) {
-        bias_ids_ = device_alloc<int>(V);
-        bias_vals_ = device_alloc<float>(V);
-      }
-      CUDA_CHECK(cudaMemcpyAsync(bias_ids_, bias_ids.data(), c.n_bias * sizeof(int), cudaMemcpyHostToDevice, s));
-      CUDA_CHECK(cudaMemcpyAsync(bias_vals_, bias_vals.data(), c.n_bias * sizeof(float), cudaMemcpyHostToDevice, s));
-    }
-    CUDA_CHECK(cudaStreamSynchronize(s));  // the host copies' sources go away
-    // the decode graphs (step + bias + this sampler + the id to host slot 0 or 1), captured once per configuration
-    // and kept for the kSampleGraphCache configurations used last (a server alternating between, say, the thinking
-    // and non-thinking defaults captures each once: ~1.4 ms per capture on the H200)
-    auto hit = std::find_if(sample_graphs_.begin(), sample_graphs_.end(),
-                            [&](const SampleGraphs& e) { return e.config == c; });
-    sample_config_ = c;  // (sample_tail reads it, also while capturing)
-    if (hit == sample_graphs_.end()) {
-      if (sample_graphs_.size() == kSampleGraphCache) {  // the least recently used goes
-        auto lru = std::min_element(sample_graphs_.begin(), sample_graphs_.end(),
-                                    [](const SampleGraphs& a, const SampleGraphs& b) { return a.used < b.used; });
-        for (cudaGraphExec_t g : lru->graph) CUDA_CHECK(cudaGraphExecDestroy(g));
-        sample_graphs_.erase(lru);
-      }
-      SampleGraphs e;
-      e.config = c;
-      for (int k = 0; k < 2; ++k) e.graph[k] = engine_.capture([&] { sample_tail(k); });
-      sample_graphs_.push_back(e);
-      hit = sample_graphs_.end() - 1;
-    }
-    hit->used = ++sample_uses_;
-    for (int k = 0; k < 2; ++k) sample_graph_[k] = hit->graph[k];
-    slot_ = 0;
-    sampling_ = true;
-    return true;
-  }
-
-  // The next id from the logits of the last consumed position (consumed with forward(..., nullptr, false): the
-  // logits stay on the device). It becomes the pending id; position() is unchanged.
-  lily::SampledToken sample_device() {
-    LILY_CHECK(sampling_ && queued_ == 0,
-               "CUDA backend: sample_device without begin_device_sampling, or with steps queued");
-    sample_tail(0);  // from the logits of position pos_ - 1: the step on the device is {its id, pos_ - 1}
-    CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
-    return sampled(0);
-  }
-
-  // Consumes the pending id and samples the next one; up to two launches queued, waited for in order.
-  void decode_device_launch() {
-    LILY_CHECK(sampling_ && queued_ < 2,
-               "CUDA backend: decode_device_launch without begin_device_sampling, or a third");
-    LILY_CHECK(pos_ + 1 <= engine_.max_context(), "CUDA backend: ", pos_ + 1, " tokens exceed the context of ",
-               engine_.max_context());
-    engine_.ensure_kv(pos_ + 1);
-    CUDA_CHECK(cudaGraphLaunch(sample_graph_[slot_], engine_.stream()));  // consumes {pending id, pos_}
-    CUDA_CHECK(cudaEventRecord(done_[slot_], engine_.stream()));
-    slot_ ^= 1;
-    ++pos_;
-    ++queued_;
-  }
-
-  lily::SampledToken decode_device_wait() {
-    LILY_CHECK(queued_ > 0, "CUDA backend: decode_device_wait without decode_device_launch");
-    const int k = queued_ == 2 ? slot_ : slot_ ^ 1;  // the older launch's slot
-    CUDA_CHECK(cudaEventSynchronize(done_[k]));
-    --queued_;
-    return sampled(k);
-  }
-
  private:
+  void reserve_kv(int n_tokens) {
+    LILY_CHECK(kv_.reserve(kv_pool_, n_tokens), "CUDA backend: no KV pages left for ", n_tokens, " tokens");
+    engine_.ensure_kv(n_tokens);
+  }
   static constexpr int kStaging = 4096;  // {token, pos} pairs staged per host->device copy
 
   static DeviceWeights upload(const Model& model, const CudaOptions& opt) {
@@ -361,83 +203,20 @@ class CudaBackend : public Backend {
     return w;
   }
 
-  // The sampler on the logits, the id (and its log-probability) into the step's input (read by the next step's
-  // embedding), the position advanced, the step copied to mapped pinned host memory: one launch sequence, plain
-  // or inside the decode graph.
-  void sample_tail(int slot) {
-    cudaStream_t s = engine_.stream();
-    const SampleConfig& c = sample_config_;
-    const SamplingParams& d = c.params;
-    int* counts = d.update_counts ? counts_ : nullptr;
-    StepDev* step = engine_.step();
-    add_logit_bias(engine_.logits(), cfg_.vocab, bias_ids_, bias_vals_, c.n_bias, s);
-    lily::cuda::sample(engine_.logits(), cfg_.vocab, d, counts, rng_, &step->token, sample_scratch_, s,
-           c.logprobs ? &step->logprob : nullptr, &step->pos, c.top_n, top_dev_ ? top_dev_->ids : nullptr,
-           top_dev_ ? top_dev_->logprobs : nullptr);
-    static_assert(sizeof(StepDev) % 4 == 0 && sizeof(TopDev) % 4 == 0, "copied as 32-bit words");
-    auto words = [](auto* p) { return reinterpret_cast<uint32_t*>(p); };
-    copy_to_mapped(words(host_step_dev_ + slot), words(step), sizeof(StepDev) / 4,
-                   c.top_n > 0 ? words(top_host_dev_ + slot) : nullptr, words(top_dev_),
-                   c.top_n > 0 ? sizeof(TopDev) / 4 : 0, s);
-  }
-  lily::SampledToken sampled(int slot) const {
-    const SampleConfig& c = sample_config_;
-    const StepDev& st = host_step_[slot];
-    if (st.token == kSampleNanToken)
-      throw lily::NanLogitsError("CUDA sampler: NaN logits (the model's output is not finite)");
-    lily::SampledToken r;
-    r.token = st.token;
-    r.logprob = c.logprobs ? st.logprob : std::numeric_limits<float>::quiet_NaN();
-    for (int j = 0; j < c.top_n; ++j)
-      if (top_host_[slot].ids[j] >= 0) r.top.push_back({top_host_[slot].ids[j], top_host_[slot].logprobs[j]});
-    return r;
-  }
-
   Config cfg_;
   CudaEngine engine_;
   int pos_ = 0;
   StepDev* staging_ = nullptr;  // pinned [kStaging]
   StepDev* d_steps_ = nullptr;  // device [kStaging]
-  // device sampling
-  struct SampleConfig {                   // what a decode graph bakes in
-    SamplingParams params{};
-    bool logprobs = false;                // the sampled id's log-probability
-    int top_n = 0;                        // top_logprobs
-    int n_bias = 0;                       // logit_bias pairs
-    bool operator==(const SampleConfig&) const = default;
-  };
-  struct TopDev {                         // top_logprobs' output
-    int ids[kMaxTopLogprobs];
-    float logprobs[kMaxTopLogprobs];
-  };
-  bool sampling_ = false;                 // begin_device_sampling succeeded (until the backend goes away)
-  bool device_ = false;                   // this generation samples on the device
-  bool chunked_ = true;                    // prompts of >= kPrefillMin tokens through forward_chunks
-  int queued_ = 0;                        // decode_device_launch calls not yet waited for (<= 2)
-  int slot_ = 0;                          // host slot of the next launch (launches alternate 0, 1)
-  cudaEvent_t done_[2] = {};              // recorded after the launch writing slot k
-  struct SampleGraphs {                   // the decode graphs of one configuration
-    SampleConfig config;
-    cudaGraphExec_t graph[2] = {};        // copying the id to host slot k
-    uint64_t used = 0;                    // sample_uses_ at its last begin_device_sampling
-  };
-  static constexpr size_t kSampleGraphCache = 4;
-  std::vector<SampleGraphs> sample_graphs_;  // at most kSampleGraphCache, owned (destroyed on eviction)
-  uint64_t sample_uses_ = 0;
-  SampleConfig sample_config_;            // that of sample_graph_
-  cudaGraphExec_t sample_graph_[2] = {};  // the active configuration's graphs (owned by sample_graphs_)
-  void* sample_scratch_ = nullptr;        // sampling_scratch_bytes(vocab), also top_logprobs'
-  int* counts_ = nullptr;                 // [vocab] penalty counts
-  uint64_t* rng_ = nullptr;               // [2] RNG draw counter, seed
-  int32_t* d_prompt_ = nullptr;           // [prompt_cap_] prompt ids for mark_context
-  int prompt_cap_ = 0;
-  int* bias_ids_ = nullptr;               // [vocab] logit_bias ids (allocated at the first request with one)
-  float* bias_vals_ = nullptr;            // [vocab] their biases
-  TopDev* top_dev_ = nullptr;             // device [1]
-  TopDev* top_host_ = nullptr;            // pinned, mapped [2]
-  TopDev* top_host_dev_ = nullptr;        // its device pointer (written by copy_to_mapped)
-  StepDev* host_step_ = nullptr;          // pinned, mapped [2]: per slot, the step after a sample (id, logprob)
-  StepDev* host_step_dev_ = nullptr;      // its device pointer
+  DeviceSampler sampler_{engine_};
+  // this sequence's resources: its KV page table over the engine's pages (allocated in order on first use, so a
+  // page's id is its device index) and its recurrent-state slot (the engine holds one)
+  IdPool kv_pool_{PageTable::pages_for(engine_.max_context(), engine_.page_tokens())};
+  PageTable kv_{engine_.page_tokens()};
+  IdPool state_slots_{1};
+  int slot_ = *state_slots_.alloc();
+  bool device_ = false;         // this generation samples on the device
+  bool chunked_ = true;         // prompts of >= kPrefillMin tokens through forward_chunks
   std::shared_ptr<SnapshotPool> pool_;    // device memory of save_state
 };
 
