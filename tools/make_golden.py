@@ -10,7 +10,7 @@ Writes, under DIR:
          present), sharded in two files with model.safetensors.index.json
   mlx/   the same weights converted to the MLX 4-bit affine layout (language_model.model.*, switch_mlp,
          8-bit router and shared_expert_gate, norms stored as 1+w, conv1d [C,K,1], quantization block),
-         quantized with MLX's affine rule (shared/spec/model.md §4.2)
+         quantized with MLX's affine rule (docs/model.md §4.2)
   {hf,mlx}/golden/logits_<T>.npy   float32 reference logits [T, vocab] for each prompt length T,
          from transformers in float32 (for mlx: run on the dequantized weights)
   {hf,mlx}/golden/golden.json      prompts, greedy continuations and their top-2 margins
@@ -95,7 +95,7 @@ def write_safetensors(path, tensors):
             f.write(data)
 
 
-# ---------------------------------------------------------------- MLX affine quantization (model.md §4.2)
+# ---------------------------------------------------------------- MLX affine quantization (docs/model.md §4.2)
 def mlx_quantize(w, bits):
     """w: float32 [..., in] -> (packed uint32 [..., in*bits/32], scales bf16, biases bf16, dequantized fp32)."""
     n_bins = (1 << bits) - 1

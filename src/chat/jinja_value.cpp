@@ -1,6 +1,7 @@
 // Python semantics of Jinja runtime values: truthiness, str/repr, ==, ordering, `in`, len, iteration,
 // float repr and transformers' tojson. See jinja_value.h.
 #include "chat/jinja_value.h"
+#include "util/json_escape.h"
 #include "util/utf8.h"
 
 #include <algorithm>
@@ -118,26 +119,15 @@ void Args::expect_at_most(size_t n, std::string_view what) const {
 std::vector<char32_t> decode_utf8(std::string_view s) {
   std::vector<char32_t> out;
   out.reserve(s.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   size_t i = 0;
   while (i < s.size()) {
-    unsigned char c = s[i];
-    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    char32_t cp = n == 1 ? c : n == 2 ? (c & 0x1f) : n == 3 ? (c & 0x0f) : (c & 0x07);
-    bool ok = n > 0 && i + n <= s.size();
-    for (int k = 1; ok && k < n; ++k) {
-      unsigned char cc = s[i + k];
-      if ((cc & 0xc0) != 0x80) ok = false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    if (ok && ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-               (cp >= 0xd800 && cp <= 0xdfff)))
-      ok = false;
-    if (!ok) {
-      out.push_back(0xdc00 + c);  // surrogateescape: invalid byte kept, re-encoded as itself
-      ++i;
+    size_t len;
+    if (utf8_classify(p + i, s.size() - i, len) == Utf8Seq::valid) {
+      out.push_back(utf8_next(s, i));
     } else {
-      out.push_back(cp);
-      i += n;
+      out.push_back(0xdc00 + p[i]);  // surrogateescape: invalid byte kept, re-encoded as itself
+      ++i;
     }
   }
   return out;
@@ -425,25 +415,7 @@ ValueList iterate(const Value& v) {
 
 static void json_string(std::string& out, const std::string& s) {
   out += '"';
-  for (char32_t c : decode_utf8(s)) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20 || (c >= 0xdc80 && c <= 0xdcff)) {
-          char b[8];
-          std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(c));
-          out += b;
-        } else {
-          append_utf8(out, c);
-        }
-    }
-  }
+  for (char32_t c : decode_utf8(s)) append_json_escaped_cp(out, c);  // an undecodable byte as \udcXX
   out += '"';
 }
 

@@ -1,4 +1,4 @@
-// Output parser state machine (chat.md §3.2–3.5, §4). Text between delimiter ids accumulates in `buf`, the
+// Output parser state machine (docs/chat.md §3.2–3.5, §4). Text between delimiter ids accumulates in `buf`, the
 // pending input of the current state; each state consumes what it can decide without seeing later bytes and
 // keeps the rest. A delimiter id (or the end) first lets the state resolve its pending text knowing what follows,
 // then acts. Every decision depends only on bytes and delimiter positions, never on token boundaries.
@@ -125,7 +125,7 @@ enum class St { reasoning, reason_lookahead, content, tool_header, bad_block, to
 
 std::string escaped(std::string_view raw) {
   std::string out;
-  append_json_escaped(out, utf8_sanitized(raw));
+  append_json_escaped(out, utf8_lossy(raw));
   return out;
 }
 
@@ -195,7 +195,7 @@ struct OutputParser::Impl {
 
   // --- tool calls ------------------------------------------------------------------------------------------
   void start_call(const std::string& raw_name, bool bare) {
-    const std::string name = utf8_sanitized(raw_name);
+    const std::string name = utf8_lossy(raw_name);
     in_call = true;
     call_bare = bare;
     schema = tools.find(name);
@@ -265,7 +265,7 @@ struct OutputParser::Impl {
     if (streaming) {
       stream_value(true);
       emit_args("\"");
-      params.emplace_back(key, utf8_sanitized(s));
+      params.emplace_back(key, utf8_lossy(s));
     } else {
       OrderedJson v = convert_value(s, type);
       emit_args(dump_json(v));

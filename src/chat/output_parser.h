@@ -1,4 +1,4 @@
-// Output parser (chat.md §3–4): splits generated tokens into reasoning, content and OpenAI tool calls.
+// Output parser (docs/chat.md §3–4): splits generated tokens into reasoning, content and OpenAI tool calls.
 // One state machine serves streaming and non-streaming: `feed` one token at a time and forward the events,
 // or call `parse_output` (which feeds every token and returns the final result). The final result is built
 // from the same state as the events, so concatenated deltas == final fields for any tokenisation.
@@ -12,7 +12,7 @@
 // - The implicit end of reasoning (§4.3) is decided on text, not on a count of 8 tokens (which would make the
 //   result depend on the tokenisation): <tool_call> + up to 64 whitespace bytes + a complete, valid
 //   `<function=NAME>` (or `{"name"` in the JSON format) ends reasoning; anything else (or the end) refutes it.
-// - Reasoning and content drop leading and trailing whitespace runs (chat.md strips "\n"; replay trims anyway).
+// - Reasoning and content drop leading and trailing whitespace runs (docs/chat.md strips "\n"; replay trims anyway).
 // - Output that ends inside a `<function=` header yields no call but sets call_cut.
 // - A structural decision waits for at most 1024 bytes of whitespace / repeated </parameter> (degenerate output
 //   stays linear); past that the text is not structural.

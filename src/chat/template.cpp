@@ -1,5 +1,5 @@
 // ChatTemplate: loading the template shipped with a model and rendering it like transformers; message
-// normalisation of chat.md §2.4.
+// normalisation of docs/chat.md §2.4.
 #include "chat/template.h"
 
 #include <fstream>
@@ -140,7 +140,7 @@ nlohmann::ordered_json normalize_messages(const nlohmann::ordered_json& messages
         }
       }
     }
-    // Consecutive leading system messages become one (chat.md §2.4); a later one is left for the template.
+    // Consecutive leading system messages become one (docs/chat.md §2.4); a later one is left for the template.
     const bool is_system = n["role"] == "system";
     if (is_system && leading && !out.empty()) {
       out[0]["content"] = out[0]["content"].get<std::string>() + "\n\n" + n["content"].get<std::string>();

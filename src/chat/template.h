@@ -1,6 +1,6 @@
-// The model's chat template (chat.md §2): loaded from a model directory and rendered with the Jinja
+// The model's chat template (docs/chat.md §2): loaded from a model directory and rendered with the Jinja
 // interpreter exactly as transformers' apply_chat_template does; plus lily's pre-render normalisation of
-// OpenAI request messages (chat.md §2.4).
+// OpenAI request messages (docs/chat.md §2.4).
 #pragma once
 #include <filesystem>
 #include <memory>
@@ -43,7 +43,7 @@ class ChatTemplate {
   std::shared_ptr<jinja::Template> tmpl_;
 };
 
-// chat.md §2.4, before rendering: developer → system; leading system messages joined with "\n\n";
+// docs/chat.md §2.4, before rendering: developer → system; leading system messages joined with "\n\n";
 // content null → ""; text parts concatenated (other part types → MessageError naming the type);
 // tool_calls[].function.arguments JSON strings parsed to ordered objects (invalid → MessageError);
 // `reasoning` feeds `reasoning_content` (reasoning_content wins when both are present).

@@ -257,7 +257,7 @@ struct PyParser {
     if (c == '\'' || c == '"') {
       std::string o;
       if (!str(o)) return false;
-      out = utf8_sanitized(o);
+      out = utf8_lossy(o);
       return true;
     }
     if (c == '[' || c == '(') {
@@ -284,7 +284,7 @@ struct PyParser {
         if (!str(key) || !eat(':')) return false;
         OrderedJson v;
         if (!value(v, depth + 1)) return false;
-        key = utf8_sanitized(key);
+        key = utf8_lossy(key);
         if (!out.contains(key)) out[key] = std::move(v);
         if (eat(',')) continue;
         return eat('}');
@@ -351,7 +351,7 @@ void dump_into(std::string& out, const OrderedJson& v) {
     case OrderedJson::value_t::number_float: append_float(out, v.get<double>()); break;
     case OrderedJson::value_t::string:
       out += '"';
-      append_json_escaped(out, utf8_sanitized(v.get_ref<const std::string&>()));
+      append_json_escaped(out, utf8_lossy(v.get_ref<const std::string&>()));
       out += '"';
       break;
     case OrderedJson::value_t::array: {
@@ -372,7 +372,7 @@ void dump_into(std::string& out, const OrderedJson& v) {
         if (!first) out += ", ";
         first = false;
         out += '"';
-        append_json_escaped(out, utf8_sanitized(k));
+        append_json_escaped(out, utf8_lossy(k));
         out += "\": ";
         dump_into(out, item);
       }
@@ -381,32 +381,6 @@ void dump_into(std::string& out, const OrderedJson& v) {
     }
     default: out += "null"; break;
   }
-}
-
-// --- UTF-8 -------------------------------------------------------------------------------------------------
-enum class Seq { valid, incomplete, invalid };
-
-// Classifies the sequence at p[0..n): `len` = its length (valid), or the maximal invalid subpart (invalid).
-Seq classify(const unsigned char* p, size_t n, size_t& len) {
-  const unsigned char b = p[0];
-  size_t need = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b < 0x80) return len = 1, Seq::valid;
-  if (b >= 0xC2 && b <= 0xDF) need = 2;
-  else if (b == 0xE0) need = 3, lo = 0xA0;
-  else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) need = 3;
-  else if (b == 0xED) need = 3, hi = 0x9F;
-  else if (b == 0xF0) need = 4, lo = 0x90;
-  else if (b >= 0xF1 && b <= 0xF3) need = 4;
-  else if (b == 0xF4) need = 4, hi = 0x8F;
-  else return len = 1, Seq::invalid;
-  for (size_t k = 1; k < need; ++k) {
-    if (k >= n) return len = k, Seq::incomplete;
-    const unsigned char c = p[k];
-    const bool ok = k == 1 ? (c >= lo && c <= hi) : (c >= 0x80 && c <= 0xBF);
-    if (!ok) return len = k, Seq::invalid;
-  }
-  return len = need, Seq::valid;
 }
 
 }  // namespace
@@ -458,7 +432,7 @@ OrderedJson convert_value(std::string_view s, ParamType type) {
   if (!type.known()) {
     OrderedJson v;
     if (!s.empty() && (s[0] == '{' || s[0] == '[') && parse_json(s, v)) return v;
-    return utf8_sanitized(s);
+    return utf8_lossy(s);
   }
   const bool nullable = type.allows(ParamType::null);
   const uint8_t base = type.mask & static_cast<uint8_t>(~ParamType::null);
@@ -493,12 +467,12 @@ OrderedJson convert_value(std::string_view s, ParamType type) {
         break;
       }
     }
-    return utf8_sanitized(s);
+    return utf8_lossy(s);
   }
   if (null_word && nullable) return nullptr;            // union
   OrderedJson v;
   if (parse_structured(t, type, v)) return v;
-  return utf8_sanitized(s);
+  return utf8_lossy(s);
 }
 
 std::string dump_json(const OrderedJson& v) {
@@ -507,69 +481,16 @@ std::string dump_json(const OrderedJson& v) {
   return out;
 }
 
-void append_json_escaped(std::string& out, std::string_view utf8) {
-  for (char ch : utf8) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += ch;
-        }
-    }
-  }
-}
-
-size_t utf8_split(std::string_view data) {
-  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
-  size_t i = 0;
-  while (i < data.size()) {
-    size_t len = 0;
-    if (classify(p + i, data.size() - i, len) == Seq::incomplete) return i;
-    i += len;
-  }
-  return i;
-}
-
-void append_utf8_sanitized(std::string& out, std::string_view data) {
-  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
-  size_t i = 0;
-  while (i < data.size()) {
-    size_t len = 0;
-    const Seq s = classify(p + i, data.size() - i, len);
-    if (s == Seq::valid) out.append(data.substr(i, len));
-    else out += "\xEF\xBF\xBD";
-    i += len;
-  }
-}
-
-std::string utf8_sanitized(std::string_view data) {
-  std::string out;
-  out.reserve(data.size());
-  append_utf8_sanitized(out, data);
-  return out;
-}
-
 std::string Utf8Stream::push(std::string_view bytes) {
   tail_.append(bytes);
   const size_t k = utf8_split(tail_);
-  std::string out = utf8_sanitized(std::string_view(tail_).substr(0, k));
+  std::string out = utf8_lossy(std::string_view(tail_).substr(0, k));
   tail_.erase(0, k);
   return out;
 }
 
 std::string Utf8Stream::flush() {
-  std::string out = utf8_sanitized(tail_);
+  std::string out = utf8_lossy(tail_);
   tail_.clear();
   return out;
 }

@@ -1,4 +1,4 @@
-// Tool-call argument values (chat.md §3.4): the declared JSON-schema type of each tool parameter, conversion of
+// Tool-call argument values (docs/chat.md §3.4): the declared JSON-schema type of each tool parameter, conversion of
 // a raw generated value to JSON by that type, and the Python-style JSON writer used for `arguments`
 // (`json.dumps(x, ensure_ascii=False)`: keys in order, separators ", " and ": ", non-ASCII unescaped).
 // Also the UTF-8 sanitiser shared by every text the output parser emits (invalid bytes -> U+FFFD), written so
@@ -10,6 +10,9 @@
 #include <string_view>
 
 #include <nlohmann/json.hpp>
+
+#include "util/json_escape.h"
+#include "util/utf8.h"
 
 namespace lily::chat {
 
@@ -59,16 +62,11 @@ bool parse_python_literal(std::string_view s, OrderedJson& out);
 
 // Python `json.dumps(v, ensure_ascii=False)`: ordered keys, ", " / ": ", floats as Python repr, non-finite -> null.
 std::string dump_json(const OrderedJson& v);
-// JSON string escaping of valid UTF-8 (no quotes added): \" \\ \n \r \t \b \f, other controls as \u00XX.
-void append_json_escaped(std::string& out, std::string_view utf8);
-
-// UTF-8 sanitising. Decoding walks sequences from `data[0]`; a maximal invalid subpart becomes one U+FFFD.
-// `utf8_split` returns the largest prefix length that ends on a sequence boundary and after which no
-// incomplete-but-valid sequence is left (the rest may still be completed by later bytes).
-size_t utf8_split(std::string_view data);
-// Appends `data` with invalid sequences replaced by U+FFFD (an incomplete tail is replaced too).
-void append_utf8_sanitized(std::string& out, std::string_view data);
-std::string utf8_sanitized(std::string_view data);
+// JSON string escaping: util/json_escape.h. UTF-8 sanitising (a maximal invalid subpart, or an incomplete
+// tail, becomes one U+FFFD): util/utf8.h's utf8_lossy.
+// The largest prefix length of `data` after which no incomplete-but-valid sequence is left (the rest may still
+// be completed by later bytes).
+inline size_t utf8_split(std::string_view data) { return data.size() - utf8_incomplete_tail(data); }
 
 // Incremental sanitiser: feed bytes, get back only complete, valid UTF-8; `flush` ends the text.
 class Utf8Stream {

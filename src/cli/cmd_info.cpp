@@ -1,5 +1,5 @@
 // `lily info --model DIR`: loads and validates a checkpoint and prints the resolved architecture, layer
-// schedule, parameter counts, storage per tensor family and the bytes one decode step reads (model.md §7-8).
+// schedule, parameter counts, storage per tensor family and the bytes one decode step reads (docs/model.md §7-8).
 #include <cstdio>
 #include <string>
 

@@ -1,4 +1,4 @@
-// `lily tokenize` and `lily detokenize`: the tokenizer on stdin/stdout (chat.md §1).
+// `lily tokenize` and `lily detokenize`: the tokenizer on stdin/stdout (docs/chat.md §1).
 //   lily tokenize --tokenizer DIR_OR_FILE --jsonl       stdin: one JSON string per line; stdout: a JSON id array per line
 //   lily tokenize --tokenizer DIR_OR_FILE               stdin: raw text (all of it); stdout: ids separated by spaces
 //   lily detokenize --tokenizer DIR_OR_FILE             stdin: ids (whitespace/comma separated, or a JSON array

@@ -1,4 +1,4 @@
-// fp32 reference implementations of the forward-pass blocks (see blocks_cpu.h and shared/spec/model.md §2).
+// fp32 reference implementations of the forward-pass blocks (see blocks_cpu.h and docs/model.md §2).
 // note: sums of squares and softmax denominators accumulate in double; everything else is fp32.
 #include "model/blocks_cpu.h"
 

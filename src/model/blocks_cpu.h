@@ -1,4 +1,4 @@
-// The per-token math blocks of the Qwen3.5/3.6 MoE forward pass (shared/spec/model.md §2), in fp32 on raw
+// The per-token math blocks of the Qwen3.5/3.6 MoE forward pass (docs/model.md §2), in fp32 on raw
 // pointers, so each can be unit-tested alone. The CPU backend (forward_cpu.cpp) strings them together.
 #pragma once
 #include <cmath>

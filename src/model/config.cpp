@@ -1,4 +1,4 @@
-// config.json / generation_config.json parsing and validation (model.md §1, §4.2 quantization block).
+// config.json / generation_config.json parsing and validation (docs/model.md §1, §4.2 quantization block).
 // Every field the math needs must be present and consistent; nothing falls back to a class default.
 #include "model/config.h"
 

@@ -1,4 +1,4 @@
-// MLX affine quantization (model.md §4.2): the exact rule of MLX's affine_quantize (CPU variant, round half
+// MLX affine quantization (docs/model.md §4.2): the exact rule of MLX's affine_quantize (CPU variant, round half
 // to even) and the matching dequantization. Used to build MLX-layout test checkpoints and to check them.
 #pragma once
 #include <cstdint>

@@ -1,5 +1,5 @@
-// Sizes derived from a config or a loaded model: parameter counts (model.md §7) and the bytes one decode
-// step reads (model.md §8), computed from the Mat views actually loaded.
+// Sizes derived from a config or a loaded model: parameter counts (docs/model.md §7) and the bytes one decode
+// step reads (docs/model.md §8), computed from the Mat views actually loaded.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,6 +1,6 @@
 // load_model: maps a checkpoint directory and fills Weights with views into the memory maps, for both
-// layouts of model.md §4 (HF bf16, MLX affine). Every expected tensor is checked for exact dtype and shape;
-// unknown names are errors; vision / MTP tensors are skipped explicitly (model.md §5).
+// layouts of docs/model.md §4 (HF bf16, MLX affine). Every expected tensor is checked for exact dtype and shape;
+// unknown names are errors; vision / MTP tensors are skipped explicitly (docs/model.md §5).
 #include "model/weights.h"
 
 #include <filesystem>

@@ -2,7 +2,7 @@
 // or MLX 4/8-bit affine) and are dequantized a group at a time by the kernels. Only the small per-channel
 // vectors (norms, conv taps, A_log, dt_bias) are converted to fp32 at load.
 // Loaders: HF bf16 release (model.language_model.*) and MLX 4-bit (language_model.model.*), see
-// shared/spec/model.md §4-5. Tensor names follow the checkpoint.
+// docs/model.md §4-5. Tensor names follow the checkpoint.
 #pragma once
 #include <cstdint>
 #include <memory>

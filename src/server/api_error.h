@@ -1,4 +1,4 @@
-// The OpenAI error object (api.md §7): every caller mistake becomes an ApiError thrown in the HTTP layer and
+// The OpenAI error object (docs/api.md §7): every caller mistake becomes an ApiError thrown in the HTTP layer and
 // answered as {"error": {"message", "type", "param", "code"}} with the matching 4xx status.
 #pragma once
 #include <stdexcept>

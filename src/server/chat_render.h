@@ -1,5 +1,5 @@
 // Server-side prompt rendering over the chat library (chat/template.h): normalises the request's messages
-// (chat.md §2.4), renders the model's template with the request's chat_template_kwargs, and turns every
+// (docs/chat.md §2.4), renders the model's template with the request's chat_template_kwargs, and turns every
 // template or message error into ApiError 400. A trailing assistant message is continued (prefill): the
 // prompt ends inside that turn, without its closing <|im_end|> and without a generation prompt.
 #pragma once

@@ -1,7 +1,7 @@
 // Client-disconnect detection for the HTTP layer. cpp-httplib 0.11 gives handlers no access to their socket,
 // so the handler finds it once by its addresses (the accepted socket whose local and peer address/port equal
 // the request's) and then polls it with a non-blocking MSG_PEEK: a read of 0 bytes or a reset means the
-// client went away (api.md §10.1 row 6). The fd stays valid while the handler runs: httplib closes it after.
+// client went away (docs/api.md §10.1 row 6). The fd stays valid while the handler runs: httplib closes it after.
 #pragma once
 #include <string>
 

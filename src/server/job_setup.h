@@ -1,6 +1,6 @@
-// From a validated request to the engine's GenJob fields: context checks (api.md §10.1 rows 4-5), the
-// max_tokens default and clamp, sampling defaults per thinking mode (chat.md §5.1), and the prompt positions
-// where the prefix cache snapshots the state (api.md §11).
+// From a validated request to the engine's GenJob fields: context checks (docs/api.md §10.1 rows 4-5), the
+// max_tokens default and clamp, sampling defaults per thinking mode (docs/chat.md §5.1), and the prompt positions
+// where the prefix cache snapshots the state (docs/api.md §11).
 #pragma once
 #include <optional>
 #include <span>

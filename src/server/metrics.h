@@ -1,4 +1,4 @@
-// Server metrics in the Prometheus text exposition format (api.md §8, `lily_` prefix): request counters by
+// Server metrics in the Prometheus text exposition format (docs/api.md §8, `lily_` prefix): request counters by
 // status, token counters, running/queued gauges, prefix-cache pool gauges, and latency histograms.
 // All members are updated from the HTTP threads and the engine thread; one mutex guards everything.
 #pragma once

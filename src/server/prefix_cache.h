@@ -1,4 +1,4 @@
-// Prefix cache for the hybrid model (api.md §11): snapshots of the recurrent state (GDN S + conv state,
+// Prefix cache for the hybrid model (docs/api.md §11): snapshots of the recurrent state (GDN S + conv state,
 // Backend::save_state) keyed by the exact token prefix that produced them, in a byte-capped LRU (host memory,
 // or device memory where the backend keeps them: StateSnapshot). Matching is on token ids only. The KV part
 // of a prefix is not stored here: the engine keeps the resident sequence's KV and only uses a snapshot whose

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "server/api_error.h"
+#include "util/utf8.h"
 
 namespace lily::server {
 namespace {
@@ -249,29 +250,7 @@ ojson check_tools(const ojson& b) {
 
 }  // namespace
 
-bool valid_utf8(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  size_t n = s.size(), i = 0;
-  while (i < n) {
-    unsigned c = p[i];
-    if (c < 0x80) { ++i; continue; }
-    int len;
-    unsigned cp;
-    if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1F; }
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; cp = c & 0x0F; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07; }
-    else return false;
-    if (i + len > n) return false;
-    for (int k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (p[i + k] & 0x3F);
-    }
-    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-      return false;
-    i += len;
-  }
-  return true;
-}
+bool valid_utf8(std::string_view s) { return utf8_valid(s); }
 
 ojson parse_body(const std::string& body, const RequestLimits& limits) {
   if (!valid_utf8(body))

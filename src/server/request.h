@@ -1,4 +1,4 @@
-// Parsing and validation of OpenAI request bodies (api.md §2, §3, §8, §10.1 rows 1, 2, 14): the raw body is
+// Parsing and validation of OpenAI request bodies (docs/api.md §2, §3, §8, §10.1 rows 1, 2, 14): the raw body is
 // checked for UTF-8 validity and nesting depth before the JSON parser sees it, every known field is type- and
 // range-checked (ApiError with `param` naming the field), unknown fields are ignored. JSON objects keep their
 // key order (ordered_json) so tool schemas and arguments render byte-stably.

@@ -1,4 +1,4 @@
-// JSON bodies of the generation endpoints (api.md §4, §5, §8): non-streaming chat/completion responses and the
+// JSON bodies of the generation endpoints (docs/api.md §4, §5, §8): non-streaming chat/completion responses and the
 // SSE stream (`data: {json}\n\n` events, final chunk with finish_reason, optional usage chunk). Both are built
 // from the same Session events, so streamed and non-streamed text are identical.
 #pragma once

@@ -1,4 +1,4 @@
-// User stop strings with streaming hold-back (api.md §2 `stop`): text is pushed piece by piece; the matcher
+// User stop strings with streaming hold-back (docs/api.md §2 `stop`): text is pushed piece by piece; the matcher
 // releases only text that can no longer be part of a stop string, holds back a tail that is a proper prefix of
 // one, and on a full match releases the text before it and reports the stop. The stop string is never emitted.
 #pragma once

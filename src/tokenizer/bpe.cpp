@@ -5,36 +5,11 @@
 
 namespace lily {
 
-void MergeTable::reserve(size_t n) {
-  size_t cap = 16;
-  while (cap < 2 * n) cap <<= 1;
-  if (cap <= slots_.size()) return;
-  std::vector<Slot> old = std::move(slots_);
-  slots_.assign(cap, Slot{});
-  mask_ = cap - 1;
-  count_ = 0;
-  for (const Slot& s : old)
-    if (s.rank >= 0) insert(int32_t(s.key >> 32), int32_t(uint32_t(s.key)), s.rank, s.merged);
-}
-
-void MergeTable::grow() { reserve(slots_.empty() ? 8 : slots_.size()); }
-
 void MergeTable::insert(int32_t a, int32_t b, int32_t rank, int32_t merged) {
-  if (2 * (count_ + 1) > slots_.size()) grow();
-  uint64_t key = uint64_t(uint32_t(a)) << 32 | uint32_t(b);
-  for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
-    Slot& s = slots_[i];
-    if (s.rank < 0) {
-      s = Slot{key, rank, merged};
-      ++count_;
-      return;
-    }
-    if (s.key == key) {
-      s.rank = rank;
-      s.merged = merged;
-      return;
-    }
-  }
+  const uint64_t key = uint64_t(uint32_t(a)) << 32 | uint32_t(b);
+  bool fresh;
+  Slot& s = table_.insert(hash(key), [key](const Slot& s) { return s.key == key; }, fresh);
+  s = Slot{key, rank, merged};  // a repeated pair overwrites the earlier one
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include "tokenizer/bpe.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
+#include "util/hash_table.h"
 
 namespace lily {
 
@@ -34,20 +35,36 @@ struct AddedMatcher {
 // Open-addressing map from byte strings (views into an arena owned by the caller) to ids.
 class StrMap {
  public:
-  void reserve(size_t n);
+  void reserve(size_t n) { table_.reserve(n); }
   // Inserts key → id unless the key exists; returns the id stored for the key.
-  int32_t insert(std::string_view key, int32_t id);
-  int32_t find(std::string_view key) const;  // -1 when absent
+  int32_t insert(std::string_view key, int32_t id) {
+    bool fresh;
+    Slot& s = table_.insert(hash(key), [key](const Slot& s) { return s.view() == key; }, fresh);
+    if (fresh) s = Slot{key.data(), uint32_t(key.size()), id};
+    return s.id;
+  }
+  int32_t find(std::string_view key) const {  // -1 when absent
+    const Slot* s = table_.find(hash(key), [key](const Slot& s) { return s.view() == key; });
+    return s ? s->id : -1;
+  }
 
  private:
-  static uint64_t hash(std::string_view s);
+  static uint64_t hash(std::string_view s) {  // FNV-1a, length folded in, high bits folded down
+    uint64_t h = 0xcbf29ce484222325ULL ^ s.size();
+    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+    return h ^ (h >> 31);
+  }
   struct Slot {
-    const char* data = nullptr;
-    uint32_t len = 0;
-    int32_t id = -1;  // -1: empty
+    const char* data = nullptr;  // key bytes (in the caller's arena)
+    uint32_t len = 0;            // key length
+    int32_t id = -1;             // -1: empty
+    std::string_view view() const { return {data, len}; }
   };
-  std::vector<Slot> slots_;  // [capacity], a power of two, load <= 1/2
-  size_t mask_ = 0, count_ = 0;
+  struct Hooks {
+    static bool empty(const Slot& s) { return s.id < 0; }
+    static uint64_t hash(const Slot& s) { return StrMap::hash(s.view()); }
+  };
+  OpenHashTable<Slot, Hooks> table_;
 };
 
 struct Tokenizer::Impl {

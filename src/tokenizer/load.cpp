@@ -12,46 +12,6 @@
 
 namespace lily {
 
-void StrMap::reserve(size_t n) {
-  size_t cap = 16;
-  while (cap < 2 * n) cap <<= 1;
-  if (cap <= slots_.size()) return;
-  std::vector<Slot> old = std::move(slots_);
-  slots_.assign(cap, Slot{});
-  mask_ = cap - 1;
-  count_ = 0;
-  for (const Slot& s : old)
-    if (s.id >= 0) insert(std::string_view(s.data, s.len), s.id);
-}
-
-uint64_t StrMap::hash(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ULL ^ s.size();
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-  return h ^ (h >> 31);
-}
-
-int32_t StrMap::insert(std::string_view key, int32_t id) {
-  if (2 * (count_ + 1) > slots_.size()) reserve(count_ + 1 > 8 ? 2 * count_ : 8);
-  for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
-    Slot& s = slots_[i];
-    if (s.id < 0) {
-      s = Slot{key.data(), uint32_t(key.size()), id};
-      ++count_;
-      return id;
-    }
-    if (std::string_view(s.data, s.len) == key) return s.id;
-  }
-}
-
-int32_t StrMap::find(std::string_view key) const {
-  if (slots_.empty()) return -1;
-  for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
-    const Slot& s = slots_[i];
-    if (s.id < 0) return -1;
-    if (s.len == key.size() && std::string_view(s.data, s.len) == key) return s.id;
-  }
-}
-
 namespace {
 
 using nlohmann::json;

@@ -186,6 +186,4 @@ std::string StreamDecoder::flush() {
   return out;
 }
 
-std::string utf8_lossy(std::string_view bytes) { return unicode::utf8_lossy(bytes); }
-
 }  // namespace lily

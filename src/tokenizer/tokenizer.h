@@ -1,8 +1,9 @@
 // Byte-level BPE tokenizer with Hugging Face `tokenizers` semantics for Qwen3 / Qwen3.5 / Qwen3.6
-// (spec: chat.md §1). Encode: added tokens matched verbatim on the raw text (longest first) → NFC →
+// (docs/chat.md §1). Encode: added tokens matched verbatim on the raw text (longest first) → NFC →
 // Split pre-tokenizer (the regex from tokenizer.json, "Isolated") → ByteLevel byte map → BPE merges by rank.
 // Decode: ByteLevel inverse, invalid UTF-8 replaced with U+FFFD. StreamDecoder emits only whole code points.
 #pragma once
+#include "util/utf8.h"  // utf8_lossy: token_text() bytes as displayable text
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -64,9 +65,5 @@ class StreamDecoder {
   bool skip_special_;
   std::string pending_;  // bytes of an incomplete UTF-8 sequence (at most 3)
 };
-
-// UTF-8 → UTF-8 with every invalid or truncated sequence replaced by U+FFFD, following the WHATWG /
-// Rust String::from_utf8_lossy rule (maximal subpart replacement).
-std::string utf8_lossy(std::string_view bytes);
 
 }  // namespace lily

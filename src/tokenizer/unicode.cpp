@@ -130,69 +130,6 @@ bool non_inert(const Tables& t, uint32_t cp) { return cp < kTableSize && t.non_i
 
 }  // namespace
 
-namespace {
-// Length of the valid sequence starting at p[0..n), or -k when the first k bytes are a maximal invalid
-// subpart (k >= 1), or 0 when p[0..n) is a valid but incomplete prefix.
-int utf8_step(const unsigned char* p, size_t n) {
-  unsigned c = p[0];
-  if (c < 0x80) return 1;
-  int len;
-  unsigned lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) len = 2;
-  else if (c >= 0xE0 && c <= 0xEF) len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-  else if (c >= 0xF0 && c <= 0xF4) len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-  else return -1;
-  for (int k = 1; k < len; ++k) {
-    if (size_t(k) >= n) return 0;
-    unsigned b = p[k];
-    if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return -k;
-  }
-  return len;
-}
-}  // namespace
-
-size_t find_invalid_utf8(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  size_t i = 0, n = s.size();
-  while (i < n) {
-    if (p[i] < 0x80) { ++i; continue; }
-    int k = utf8_step(p + i, n - i);
-    if (k <= 0) return i;
-    i += size_t(k);
-  }
-  return std::string_view::npos;
-}
-
-size_t incomplete_utf8_tail(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  size_t n = s.size();
-  for (size_t back = 1; back <= 3 && back <= n; ++back) {
-    unsigned c = p[n - back];
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
-    return utf8_step(p + n - back, back) == 0 ? back : 0;
-  }
-  return 0;
-}
-
-std::string utf8_lossy(std::string_view bytes) {
-  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
-  size_t i = 0, n = bytes.size();
-  std::string out;
-  out.reserve(n);
-  while (i < n) {
-    if (p[i] < 0x80) { out.push_back(char(p[i++])); continue; }
-    int k = utf8_step(p + i, n - i);
-    if (k > 0) {
-      out.append(bytes.data() + i, size_t(k));
-      i += size_t(k);
-    } else {
-      out.append("\xEF\xBF\xBD");
-      i += k == 0 ? n - i : size_t(-k);
-    }
-  }
-  return out;
-}
-
 bool nfc_quick_yes(std::string_view s) {
   const Tables& t = tables();
   for (size_t i = 0; i < s.size();) {

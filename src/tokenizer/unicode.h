@@ -15,28 +15,15 @@ struct CpRange {
   uint32_t lo, hi;  // inclusive
 };
 
-// Decodes one code point at s[i] (s valid UTF-8), advancing i.
-inline uint32_t next_cp(std::string_view s, size_t& i) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + i;
-  uint32_t c = p[0];
-  if (c < 0x80) { i += 1; return c; }
-  if (c < 0xE0) { i += 2; return ((c & 0x1F) << 6) | (p[1] & 0x3F); }
-  if (c < 0xF0) { i += 3; return ((c & 0x0F) << 12) | ((p[1] & 0x3F) << 6) | (p[2] & 0x3F); }
-  i += 4;
-  return ((c & 0x07) << 18) | ((p[1] & 0x3F) << 12) | ((p[2] & 0x3F) << 6) | (p[3] & 0x3F);
-}
-
+// The UTF-8 helpers are util/utf8.h's; these are the tokenizer's names for them.
 using ::lily::append_utf8;
-
+using ::lily::utf8_lossy;
+// Decodes one code point at s[i] (s valid UTF-8), advancing i.
+inline uint32_t next_cp(std::string_view s, size_t& i) { return utf8_next(s, i); }
 // Byte offset of the first invalid UTF-8 sequence, or npos when `s` is valid (no surrogates, no overlongs).
-size_t find_invalid_utf8(std::string_view s);
-
-// Length of the valid-but-incomplete UTF-8 sequence that ends `s` (0..3): bytes that may still become a
-// code point when more bytes arrive.
-size_t incomplete_utf8_tail(std::string_view s);
-
-// Replaces each maximal invalid subpart with U+FFFD (Rust from_utf8_lossy / WHATWG semantics).
-std::string utf8_lossy(std::string_view bytes);
+inline size_t find_invalid_utf8(std::string_view s) { return utf8_find_invalid(s); }
+// Length of the valid-but-incomplete UTF-8 sequence that ends `s` (0..3).
+inline size_t incomplete_utf8_tail(std::string_view s) { return utf8_incomplete_tail(s); }
 
 // NFC with Unicode 9.0 data (what the reference normaliser implements). Input must be valid UTF-8.
 // Text without any character that NFC could change is returned unchanged without allocation work.

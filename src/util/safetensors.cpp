@@ -13,6 +13,7 @@
 #include <set>
 
 #include "util/check.h"
+#include "util/utf8.h"
 
 namespace lily {
 
@@ -31,31 +32,6 @@ constexpr DtypeInfo kDtypes[] = {
     {Dtype::I32, "I32", 4},   {Dtype::F32, "F32", 4},   {Dtype::U64, "U64", 8},   {Dtype::I64, "I64", 8},
     {Dtype::F64, "F64", 8},
 };
-
-// Strict UTF-8 (no overlongs, no surrogates, max U+10FFFF).
-bool valid_utf8(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  size_t n = s.size(), i = 0;
-  while (i < n) {
-    unsigned c = p[i];
-    if (c < 0x80) { ++i; continue; }
-    int len;
-    uint32_t cp;
-    if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; }
-    else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; }
-    else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; }
-    else return false;
-    if (i + len > n) return false;
-    for (int k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (p[i + k] & 0x3f);
-    }
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000)) return false;
-    if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += len;
-  }
-  return true;
-}
 
 struct DuplicateKey {
   std::string key;
@@ -99,7 +75,7 @@ int64_t TensorView::numel() const {
 }
 
 nlohmann::json parse_json_strict(std::string_view text, const std::string& file) {
-  if (!valid_utf8(text)) fail(file, ": JSON is not valid UTF-8");
+  if (!utf8_valid(text)) fail(file, ": JSON is not valid UTF-8");
   std::vector<std::set<std::string>> keys;  // one set per open object
   auto cb = [&keys](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;

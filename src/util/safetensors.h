@@ -1,4 +1,4 @@
-// Safetensors files: a validating reader that trusts nothing (api.md §10.2), memory-mapped tensor views,
+// Safetensors files: a validating reader that trusts nothing (docs/api.md §10.2), memory-mapped tensor views,
 // a multi-file store (model.safetensors or shards listed in model.safetensors.index.json) and a streaming
 // writer (header first, then tensor data in declaration order; never needs the whole model in memory).
 #pragma once

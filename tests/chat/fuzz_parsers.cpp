@@ -19,6 +19,7 @@
 namespace {
 
 using namespace lily::chat;
+using lily::utf8_lossy;
 
 struct Tok {
   int32_t id;
@@ -53,7 +54,7 @@ ParseResult run(const std::vector<Tok>& toks, const ParserOptions& opt, const To
   std::vector<std::string> args;
   auto absorb = [&] {
     for (auto& e : ev) {
-      require(utf8_sanitized(e.text) == e.text, "event text is valid UTF-8");
+      require(utf8_lossy(e.text) == e.text, "event text is valid UTF-8");
       switch (e.kind) {
         case ParserEvent::Kind::reasoning: reasoning += e.text; break;
         case ParserEvent::Kind::content: content += e.text; break;
@@ -149,7 +150,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const ParseResult a = run(toks, opt, tools);
   require(same(a, run(merged, opt, tools)), "same result with one token per text run");
   require(same(a, run(bytes, opt, tools)), "same result with one byte per token");
-  require(utf8_sanitized(a.reasoning) == a.reasoning && utf8_sanitized(a.content) == a.content,
+  require(utf8_lossy(a.reasoning) == a.reasoning && utf8_lossy(a.content) == a.content,
           "final texts are valid UTF-8");
 
   // Value conversion of the raw text under a schema type chosen by the flags.
@@ -161,7 +162,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                    ParamType::array | ParamType::object | ParamType::null, 127};
   const std::string raw(reinterpret_cast<const char*>(data + 1), size - 1);
   const std::string dumped = dump_json(convert_value(raw, ParamType{kTypes[flags >> 4]}));
-  require(utf8_sanitized(dumped) == dumped, "converted value is valid UTF-8");
+  require(utf8_lossy(dumped) == dumped, "converted value is valid UTF-8");
   require(!OrderedJson::parse(dumped, nullptr, false).is_discarded(), "converted value is valid JSON");
   return 0;
 }

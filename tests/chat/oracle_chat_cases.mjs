@@ -2,7 +2,7 @@
 // configured like transformers (trim_blocks + lstrip_blocks are fixed in its Template class; tools=None,
 // documents=None, add_generation_prompt, then the kwargs), and writes {cases:[...]} as JSON to argv[2].
 // The gtest test_chat_template.cpp gives lily the raw request of each case (it runs lily's own normalisation,
-// chat.md §2.4) and compares byte for byte. Usage: node oracle_chat_cases.mjs OUT.json
+// docs/chat.md §2.4) and compares byte for byte. Usage: node oracle_chat_cases.mjs OUT.json
 import { readFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -19,7 +19,7 @@ const templates = {
   ).chat_template,
 };
 
-// Reference of chat.md §2.4 for the oracle side (lily runs its own C++ normalize_messages on the raw request).
+// Reference of docs/chat.md §2.4 for the oracle side (lily runs its own C++ normalize_messages on the raw request).
 function normalize(messages) {
   const out = [];
   let leading = true;

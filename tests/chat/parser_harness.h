@@ -127,7 +127,7 @@ struct StreamRun {
   std::vector<std::string> ids;
 };
 
-inline bool valid_utf8(const std::string& s) { return utf8_sanitized(s) == s; }
+inline bool valid_utf8(const std::string& s) { return utf8_lossy(s) == s; }
 
 // Feeds tokens one at a time; checks event well-formedness and that the deltas rebuild the final result.
 inline StreamRun run_stream(const std::vector<Tok>& toks, ParserOptions opt, const ToolSet& tools) {

@@ -1,6 +1,6 @@
 // Chat-template rendering vs the pinned oracle @huggingface/jinja (byte for byte, Qwen3.6 / Qwen3.5 / Qwen3
-// templates, ≥40 cases each, errors compared by message), the golden renders (a)–(e) of chat.md §2.3, template
-// loading, and the pre-render normalisation of chat.md §2.4.
+// templates, ≥40 cases each, errors compared by message), the golden renders (a)–(e) of docs/chat.md §2.3, template
+// loading, and the pre-render normalisation of docs/chat.md §2.4.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -140,7 +140,7 @@ TEST(ChatTemplateOracle, MatchesHuggingfaceJinjaByteForByte) {
     EXPECT_TRUE(deviation_used[d]) << "unused deviation " << kDeviations[d].tmpl << "/" << kDeviations[d].name;
 }
 
-// ---- golden renders, chat.md §2.3 (Qwen/Qwen3.6-35B-A3B@995ad96e, official tokenizer + template) ----
+// ---- golden renders, docs/chat.md §2.3 (Qwen/Qwen3.6-35B-A3B@995ad96e, official tokenizer + template) ----
 
 const ChatTemplate& qwen36() {
   static const ChatTemplate t = ChatTemplate::load_from_dir(kRoot / "tests/data/templates/qwen3.6");
@@ -307,7 +307,7 @@ TEST(RenderCli, PrintsThePromptByteExact) {
   EXPECT_NE(r.err.find("no chat template"), std::string::npos) << r.err;
 }
 
-// ---- normalisation, chat.md §2.4 ----
+// ---- normalisation, docs/chat.md §2.4 ----
 
 TEST(NormalizeMessages, AppliesEveryRule) {
   json in = json::parse(R"([

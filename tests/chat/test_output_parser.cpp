@@ -1,4 +1,4 @@
-// Output parser cases: chat.md §3.6 pitfalls one by one, the §2.3(e) tool round trip, reasoning split (§4),
+// Output parser cases: docs/chat.md §3.6 pitfalls one by one, the §2.3(e) tool round trip, reasoning split (§4),
 // streaming emission rules (§3.5). Every text case runs through parse_all_ways: word tokens, byte tokens, every
 // single extra cut, random chunks, streaming and non-streaming, all required to agree.
 #include <gtest/gtest.h>
@@ -50,7 +50,7 @@ constexpr const char* kWeatherCall =
 
 TEST(OutputParser, InitialStateFromPromptIds) {
   const DelimiterIds ids;
-  // chat.md §2.3 (a): generation prompt with thinking on ends `248068 198`.
+  // docs/chat.md §2.3 (a): generation prompt with thinking on ends `248068 198`.
   const std::vector<int32_t> a = {248045, 846, 198, 2114, 13168, 2148, 220, 16, 22, 348, 220, 17, 18, 30,
                                   248046, 198, 248045, 74455, 198, 248068, 198};
   // (b): enable_thinking=false ends `248068 271 248069 271`.
@@ -69,7 +69,7 @@ TEST(OutputParser, InitialStateFromPromptIds) {
 }
 
 TEST(OutputParser, ToolRoundTripGoldenIds) {
-  // chat.md §2.3 (e): the assistant turn's ids; token texts as the spec splits them
+  // docs/chat.md §2.3 (e): the assistant turn's ids; token texts as the spec splits them
   // (`<function=get_weather>` = 27 1628 27362 67017 29, `<parameter=city>` = 27 15704 28 8656 29).
   const std::map<int32_t, std::string> text = {{271, "\n\n"}, {198, "\n"}, {27, "<"}, {1628, "function"},
                                                {27362, "=get"}, {67017, "_weather"}, {29, ">"}, {15704, "parameter"},

@@ -1,4 +1,4 @@
-// Tool-call value conversion (chat.md §3.4, row by row), schema type extraction, the Python-style JSON writer,
+// Tool-call value conversion (docs/chat.md §3.4, row by row), schema type extraction, the Python-style JSON writer,
 // the Python-literal subset, and the UTF-8 sanitiser (piecewise == whole, property-tested on random bytes).
 #include <gtest/gtest.h>
 
@@ -188,13 +188,13 @@ TEST(ToolValues, PythonLiterals) {
 
 TEST(ToolValues, Utf8Sanitizer) {
   const std::string fffd = "\xEF\xBF\xBD";
-  EXPECT_EQ(utf8_sanitized("plain é 東 🎉"), "plain é 東 🎉");
-  EXPECT_EQ(utf8_sanitized("a\xE4\xBD"), "a" + fffd);                         // incomplete tail
-  EXPECT_EQ(utf8_sanitized("\xE4\xBDx"), fffd + "x");                         // maximal subpart -> one U+FFFD
-  EXPECT_EQ(utf8_sanitized("\xC0\x80"), fffd + fffd);                         // overlong
-  EXPECT_EQ(utf8_sanitized("\xED\xA0\x80"), fffd + fffd + fffd);              // surrogate
-  EXPECT_EQ(utf8_sanitized("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);   // > U+10FFFF
-  EXPECT_EQ(utf8_sanitized("\xFF"), fffd);
+  EXPECT_EQ(utf8_lossy("plain é 東 🎉"), "plain é 東 🎉");
+  EXPECT_EQ(utf8_lossy("a\xE4\xBD"), "a" + fffd);                         // incomplete tail
+  EXPECT_EQ(utf8_lossy("\xE4\xBDx"), fffd + "x");                         // maximal subpart -> one U+FFFD
+  EXPECT_EQ(utf8_lossy("\xC0\x80"), fffd + fffd);                         // overlong
+  EXPECT_EQ(utf8_lossy("\xED\xA0\x80"), fffd + fffd + fffd);              // surrogate
+  EXPECT_EQ(utf8_lossy("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);   // > U+10FFFF
+  EXPECT_EQ(utf8_lossy("\xFF"), fffd);
   EXPECT_EQ(utf8_split("ab\xF0\x9F\x8E"), 2u);
   EXPECT_EQ(utf8_split("ab\xF0\x9F\x8E\x89"), 6u);
   EXPECT_EQ(utf8_split("ab\xF0\x41"), 4u);  // decided invalid: nothing to wait for
@@ -217,8 +217,8 @@ TEST(ToolValues, Utf8StreamPiecewiseEqualsWhole) {
       i += k;
     }
     out += stream.flush();
-    ASSERT_EQ(out, utf8_sanitized(s)) << "trial " << trial;
-    ASSERT_EQ(utf8_sanitized(out), out);
+    ASSERT_EQ(out, utf8_lossy(s)) << "trial " << trial;
+    ASSERT_EQ(utf8_lossy(out), out);
   }
 }
 

@@ -1,4 +1,4 @@
-// config.json parsing: the published wrapper (tests/data, transcribed from model.md §1.1), an mlx-community
+// config.json parsing: the published wrapper (tests/data; fields as in docs/model.md §1.1), an mlx-community
 // style copy with quantization blocks, a bare text config, generation_config.json handling, and one
 // rejection per missing or inconsistent field, each with its own message.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// load_model rejections at the model level (model.md §5, api.md §10.1 #9-10): a tiny synthetic checkpoint
+// load_model rejections at the model level (docs/model.md §5, docs/api.md §10.1 #9-10): a tiny synthetic checkpoint
 // is rewritten with one defect (wrong dtype, wrong shape, missing, unknown, mixed layouts, truncated, wrong
 // quantization) and each load must fail with its own message naming the file / tensor, expected and actual.
 #include <gtest/gtest.h>
@@ -213,7 +213,7 @@ TEST_F(LoaderReject, MissingConfig) {
   expect_load_error({"config.json: not found"});
 }
 
-// --check-tensors (api.md §4 row 11): a NaN or Inf in a tensor the model reads fails the load with the file, the
+// --check-tensors (docs/api.md §4 row 11): a NaN or Inf in a tensor the model reads fails the load with the file, the
 // tensor, the count and the first element; without the option the same checkpoint loads.
 struct Poison {
   std::vector<uint8_t> bytes;  // the tensor's data with the edits (kept alive until rewrite() has written it)

@@ -1,4 +1,4 @@
-// MLX affine quantization rule (model.md §4.2): hand-computed groups with a positive and a negative scale,
+// MLX affine quantization rule (docs/model.md §4.2): hand-computed groups with a positive and a negative scale,
 // nibble / byte order, zero and constant groups, and the error bound on seeded random rows.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // End-to-end tests of `lily serve` over HTTP on loopback: response shapes, exact SSE framing, usage, seeds,
-// stream == non-stream, the error table (api.md §7, §10.1), context boundaries, concurrency and the queue,
+// stream == non-stream, the error table (docs/api.md §7, §10.1), context boundaries, concurrency and the queue,
 // client disconnects, SIGTERM drain, auth, and the prefix cache on a second chat turn.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -612,7 +612,7 @@ std::string poison_final_norm(const std::string& path) {
   return name;
 }
 
-// api.md §4 row 11: a checkpoint whose final norm is NaN has NaN logits: 500 `nan_logits` (non-streaming), an
+// docs/api.md §4 row 11: a checkpoint whose final norm is NaN has NaN logits: 500 `nan_logits` (non-streaming), an
 // error event with that code before [DONE] (streaming), never a token; the server keeps serving.
 TEST(ServerLifecycle, NanLogitsAnswer500NanLogits) {
   namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 //   nfc.json                        [[input, oracle NFC]]
 //   classes.json                    {L, M, N, s: [[lo, hi], ...]} — code points the oracle's regex engine
 //                                   counts in \p{L}, \p{M}, \p{N}, \s
-// Variants: qwen3 (the file as shipped), qwen35 (the Qwen3.5/3.6 pre-tokenizer regex, chat.md §1.4), strip
+// Variants: qwen3 (the file as shipped), qwen35 (the Qwen3.5/3.6 pre-tokenizer regex, docs/chat.md §1.4), strip
 // (qwen35 with lstrip/rstrip set on some added tokens; only the texts with '<', spaced around the literals).
 // Deterministic: a seeded PRNG builds every string. Usage: node oracle_corpus.js OUT_DIR [COUNT] [SEED]
 'use strict';

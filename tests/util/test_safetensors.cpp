@@ -1,5 +1,5 @@
 // Safetensors reader/writer: a writer round trip, then one corrupted file per validation rule of
-// api.md §10.2, each asserting its own message, and the sharded-index rules.
+// docs/api.md §10.2, each asserting its own message, and the sharded-index rules.
 #include <gtest/gtest.h>
 
 #include <cstring>
