@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # Checks that every `#include "..."` under src/ follows the layer order (docs/architecture.md):
 #   cli → server → runtime → model → kernels → util, with tokenizer, chat and grammar beside runtime.
-# An area may include itself and the areas listed for it below, nothing else. Exceptions are listed, one
-# `file -> included` per line, in tools/layers_allowlist.txt; an exception that no longer occurs is an error
-# too, so the list can only shrink. Usage: tools/check_layers.sh [repo-root]. Exit 1 on any violation.
+# An area may include itself and the areas listed for it below, nothing else; there are no exceptions.
+# Usage: tools/check_layers.sh [repo-root]. Exit 1 on any violation.
 set -euo pipefail
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 cd "$root"
-allow=tools/layers_allowlist.txt
 
 # The areas each area may include besides itself.
 declare -A may=(
@@ -21,15 +19,6 @@ declare -A may=(
   [server]="runtime model kernels util tokenizer chat grammar"
   [cli]="server runtime model kernels util tokenizer chat grammar"
 )
-
-declare -A allowed_exc=() used_exc=()
-if [ -f "$allow" ]; then
-  while IFS= read -r line; do
-    line=${line%%#*}
-    line=$(echo "$line" | sed 's/^[[:space:]]*//; s/[[:space:]]*$//')
-    [ -n "$line" ] && allowed_exc["$line"]=1
-  done < "$allow"
-fi
 
 fail=0
 while IFS= read -r file; do
@@ -56,20 +45,11 @@ while IFS= read -r file; do
     to=${target%%/*}
     [ "$to" = "$area" ] && continue
     case " ${may[$area]} " in *" $to "*) continue ;; esac
-    key="${file#src/} -> $target"
-    if [ -n "${allowed_exc[$key]+x}" ]; then used_exc["$key"]=1; continue; fi
     echo "$file:$lineno: $area/ must not include $to/ (\"$inc\"): $area/ may include only" \
          "${may[$area]:-nothing outside util/}${may[$area]:+ (and itself)}"
     fail=1
   done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file" || true)
 done < <(find src -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) | sort)
 
-for key in "${!allowed_exc[@]}"; do
-  if [ -z "${used_exc[$key]+x}" ]; then
-    echo "$allow: '$key' no longer occurs: delete the line (the list only shrinks)"; fail=1
-  fi
-done
-if [ "$fail" = 0 ]; then
-  echo "layers ok (${#allowed_exc[@]} allowlisted exception(s) in $allow)"
-fi
+[ "$fail" = 0 ] && echo "layers ok"
 exit $fail

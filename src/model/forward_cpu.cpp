@@ -1,4 +1,4 @@
-// CpuForward: the fp32 reference forward pass (shared/spec/model.md §2), one function per block.
+// CpuForward: the fp32 reference forward pass (docs/model.md §2), one function per block.
 // note: every matrix product goes through matmul_rows, whose per-row results do not depend on how many
 // tokens are processed together, and every other step is per token in a fixed order, so chunked prefill
 // and token-by-token decode give bit-identical logits.

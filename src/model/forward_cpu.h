@@ -1,4 +1,4 @@
-// The CPU reference: the exact fp32 forward pass of shared/spec/model.md §2 over the checkpoint's stored matrices (bf16 or MLX affine, dequantized a few rows at a time), multi-threaded over all cores.
+// The CPU reference: the exact fp32 forward pass of docs/model.md §2 over the checkpoint's stored matrices (bf16 or MLX affine, dequantized a few rows at a time), multi-threaded over all cores.
 // Holds one sequence's state: per attention layer a KV cache (fp32, grown on demand), per GDN layer the
 // conv state (last Kc-1 raw qkv rows) and the recurrent state S [Hv][Dk][Dv] (fp32).
 // A prompt is processed in chunks of up to kPromptChunk tokens so each weight row is read once per chunk;

@@ -3,7 +3,7 @@
 // restore the longest usable prefix (live state or a PrefixCache snapshot), then the runtime's generation loop
 // (runtime/generate.h) prefills the rest in pieces with state checkpoints and decodes. Every prefill piece and
 // every decode step checks the job's cancel flag and deadline, so a client disconnect frees the engine within
-// one step (api.md §10.1 rows 6-7).
+// one step (docs/api.md §10.1 rows 6-7).
 #pragma once
 #include <atomic>
 #include <chrono>

@@ -2,7 +2,7 @@
 // formats them). Generated ids go through the chat output parser (reasoning / content / tool calls; chat only)
 // or a streaming detokenizer (completions), then through the stop-string matcher; the resulting events are
 // queued for the HTTP thread and also accumulated, so streaming and non-streaming responses are built from the
-// same events (api.md principle: one generation and parsing path).
+// same events (docs/api.md principle: one generation and parsing path).
 #pragma once
 #include <condition_variable>
 #include <memory>
