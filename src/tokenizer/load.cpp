@@ -2,6 +2,7 @@
 // tokens), checks that it is the kind of tokenizer lily reproduces exactly, and builds the tables.
 // note: the vocabulary and merges (~250k entries each) are read by a small dedicated JSON scanner; the rest
 // of the file is parsed with nlohmann::json. A full nlohmann DOM of the file takes ~0.5 s, the scanner ~0.05 s.
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -311,7 +312,9 @@ void read_model(Scanner& sc, Tokenizer::Impl& t, const std::string& file) {
         for (char c : v) {
           if (c < '0' || c > '9') fail(file, ": model.vocab[\"", k, "\"] is not a non-negative integer id");
           id = id * 10 + (c - '0');
-          if (id > INT32_MAX / 2) fail(file, ": model.vocab[\"", k, "\"] id is too large");
+          if (id >= Tokenizer::kMaxVocab)
+            fail(file, ": model.vocab[\"", k, "\"] id ", v, " is too large (ids must be below ", Tokenizer::kMaxVocab,
+                 ")");
         }
         uint32_t start = uint32_t(t.arena.size());
         append_token_bytes(t.arena, k);
@@ -452,9 +455,12 @@ Tokenizer Tokenizer::load(const std::string& path) {
   for (size_t k = 0; k < added.size(); ++k) {
     std::string f = "added_tokens[" + std::to_string(k) + "]";
     AddedToken a = parse_added(added[k], file, f);
-    LILY_CHECK(added[k].contains("id") && added[k]["id"].is_number_integer() && added[k]["id"].get<int64_t>() >= 0,
-               file, ": ", f, ".id is not a non-negative integer");
-    a.id = added[k]["id"].get<int32_t>();
+    const json* id = added[k].is_object() && added[k].contains("id") ? &added[k]["id"] : nullptr;
+    if (!id || !id->is_number_integer() || (!id->is_number_unsigned() && id->get<int64_t>() < 0))
+      fail(file, ": ", f, ".id is not a non-negative integer");
+    if (id->get<uint64_t>() >= uint64_t(Tokenizer::kMaxVocab))
+      fail(file, ": ", f, ".id = ", id->dump(), " is too large (ids must be below ", Tokenizer::kMaxVocab, ")");
+    a.id = static_cast<int32_t>(id->get<uint64_t>());
     add_token(t, std::move(a), file);
   }
   if (!config.empty()) {
@@ -463,16 +469,16 @@ Tokenizer Tokenizer::load(const std::string& path) {
     if (c.contains("added_tokens_decoder") && c["added_tokens_decoder"].is_object()) {
       for (const auto& [k, v] : c["added_tokens_decoder"].items()) {
         std::string f = "added_tokens_decoder[" + k + "]";
-        int32_t id = -1;
-        try {
-          id = std::stoi(k);
-        } catch (...) {
-          fail(config, ": ", f, " key is not an integer id");
-        }
-        LILY_CHECK(id >= 0, config, ": ", f, " has a negative id");
+        int64_t id = 0;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), id);
+        if (ec == std::errc::result_out_of_range || (ec == std::errc() && end == k.data() + k.size() && id >= 0 &&
+                                                    id >= Tokenizer::kMaxVocab))
+          fail(config, ": ", f, " id is too large (ids must be below ", Tokenizer::kMaxVocab, ")");
+        if (ec != std::errc() || end != k.data() + k.size() || k.empty() || id < 0)
+          fail(config, ": ", f, " key is not a non-negative integer id");
         if (size_t(id) < t.id_flags.size() && (t.id_flags[id] & kIdExists)) continue;  // already declared
         AddedToken a = parse_added(v, config, f);
-        a.id = id;
+        a.id = static_cast<int32_t>(id);
         add_token(t, std::move(a), config);
       }
     }
