@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "tokenizer/unicode.h"
+
 namespace lily::chat {
 namespace {
 
@@ -70,6 +72,9 @@ ChatTemplate ChatTemplate::load_from_dir(const std::filesystem::path& dir) {
   std::string source;
   if (std::filesystem::exists(jinja_path)) {
     source = read_file(jinja_path);
+    // Checked here, not at the first chat: every prompt rendered from it would fail to tokenize.
+    if (size_t bad = unicode::find_invalid_utf8(source); bad != std::string::npos)
+      lily::fail(jinja_path.string(), ": not valid UTF-8 (byte ", bad, " of ", source.size(), ")");
   } else if (config.contains("chat_template")) {
     const json& t = config["chat_template"];
     if (t.is_string()) {

