@@ -15,6 +15,7 @@
 #include "model/synth.h"
 #include "server/api_error.h"
 #include "server/engine.h"
+#include "server/job_setup.h"
 #include "server/metrics.h"
 #include "server/prefix_cache.h"
 #include "server/request.h"
@@ -573,4 +574,24 @@ TEST(ServerEngine, NanLogitsOnTheDevicePath) {
   EXPECT_GT(after_cut.resets, cut_clean.resets);
   EXPECT_TRUE(after_cut.fed.empty());
   EXPECT_EQ(cut_clean.fed, (std::vector<int32_t>{2, 3, 4, 5, 6}));
+}
+
+// The context-length error names the field the prompt came from (/v1/completions said "messages").
+TEST(ServerJobSetup, ContextErrorNamesTheRequestField) {
+  ServedModel m;
+  m.backend = std::make_unique<ScriptBackend>(false);  // 64 tokens of context
+  EXPECT_NO_THROW(check_context(m, 63, "prompt"));
+  for (const char* field : {"prompt", "messages"}) {
+    try {
+      check_context(m, 64, field);
+      ADD_FAILURE() << "no error";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.type, "exceed_context_size_error");
+      EXPECT_EQ(e.param, field);
+      EXPECT_EQ(e.extra["n_prompt_tokens"], 64);
+      EXPECT_EQ(e.extra["n_ctx"], 64);
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + field + "'"), std::string::npos) << e.what();
+    }
+  }
 }
