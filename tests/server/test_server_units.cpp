@@ -64,6 +64,37 @@ TEST(ServerRequest, BodyRejectsInvalidUtf8) {
   EXPECT_NO_THROW(parse_body("{\"a\":\"\xf0\x9f\x8e\x89 \\ud83c\\udf89\"}", kLimits));
 }
 
+// A number that overflows a double anywhere in the body (even in ignored fields) is a 400 naming its JSON path,
+// not a 500 from the parser's out_of_range.
+TEST(ServerRequest, BodyNamesNumbersBeyondADouble) {
+  const std::string digits400 = "1" + std::string(400, '0');
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"model":"m","messages":[{"role":"user","content":1e400}]})", "messages[0].content"},
+      {R"({"model":"m","metadata":{"x":-1e999}})", "metadata.x"},
+      {R"({"temperature":1e400})", "temperature"},
+      {R"({"stop":["a", 1E+400]})", "stop[1]"},
+      {R"({"a":[[1,2],[3,-1e999]]})", "a[1][1]"},
+      {R"({"a":[{"b":1},{"c":[null,true,"x",{},[],1e400]}]})", "a[1].c[5]"},
+      {R"({"n":)" + digits400 + "}", "n"},
+      {R"({"x.y":{"":1e400}})", "x.y."},
+  };
+  for (const auto& [body, path] : cases) {
+    expect_error([&] { parse_body(body, kLimits); }, 400, path, "invalid_value");
+    try {
+      parse_body(body, kLimits);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.type, "invalid_request_error");
+      EXPECT_NE(std::string(e.what()).find("'" + path + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+      EXPECT_LT(std::string(e.what()).size(), 200u) << "the token is cut";
+    }
+  }
+  expect_error([&] { parse_body("1e400", kLimits); }, 400, "", "invalid_value");
+  // The largest doubles are fine.
+  ojson ok = parse_body(R"({"metadata":{"x":1.7976931348623157e308,"y":-1e308,"z":1e-400}})", kLimits);
+  EXPECT_EQ(ok["metadata"]["y"].get<double>(), -1e308);
+}
+
 TEST(ServerRequest, BodyBoundsNesting) {
   std::string deep(100000, '[');
   expect_error([&] { parse_body(deep, kLimits); }, 400, "", "invalid_json");
