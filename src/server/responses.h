@@ -46,6 +46,7 @@ class StreamFormatter {
   const ResponseInfo& info_;
   const Tokenizer& tok_;
   std::vector<LogprobEntry> lps_;   // not yet attached to a chunk
+  size_t text_offset_ = info_.echo.size();  // completions: where the next logprobs entry starts in the text
 };
 
 }  // namespace lily::server

@@ -26,8 +26,14 @@ struct OutEvent {
   std::string id, name;    // tool_header
 };
 
-// One logprobs entry (one generated token).
-using LogprobEntry = SampleResult;
+// One logprobs entry (one generated token) with the returned text it produced, so that the entries' strings
+// concatenate to the response text: text the output lost (content's leading whitespace, a stop string) is in no
+// entry, text held back (whitespace, partial UTF-8, a possible stop string) is in the entry that released it.
+struct LogprobEntry : SampleResult {
+  std::string text;              // added to `content` (chat) or `text` (completions) while this token was handled
+  std::string reasoning;         // chat: added to `reasoning`
+  bool reasoning_token = false;  // chat: generated in the reasoning state (</think> included)
+};
 
 struct ToolCallOut {
   std::string id, name, arguments;
@@ -75,6 +81,8 @@ class Session {
   OutEvent::Kind held_kind_ = OutEvent::Kind::text;  // kind of the text the stop matcher holds
   bool ended_ = false;                               // stop string matched or a call limit reached
   std::vector<chat::ParserEvent> scratch_;
+  std::optional<LogprobEntry> held_lp_;  // the latest entry: text flushed at the end still joins it
+  void release_lp();
 
   std::mutex mu_;
   std::condition_variable cv_;

