@@ -13,6 +13,11 @@ namespace {
 using json = nlohmann::ordered_json;
 
 std::string read_file(const std::filesystem::path& p) {
+  // A chat template or tokenizer_config.json is kilobytes; refuse absurd sizes before reading them.
+  constexpr uintmax_t kMaxFile = 64u << 20;
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(p, ec);
+  if (!ec && size > kMaxFile) lily::fail(p.string(), ": ", size, " bytes is too large (at most ", kMaxFile, ")");
   std::ifstream f(p, std::ios::binary);
   if (!f) lily::fail("cannot read ", p.string());
   std::ostringstream ss;

@@ -64,6 +64,13 @@ std::string read_file(const std::string& path) {
   std::fseek(f, 0, SEEK_END);
   long n = std::ftell(f);
   std::fseek(f, 0, SEEK_SET);
+  // Token offsets are 32-bit and the whole file is held in memory: refuse absurd sizes before reading (Qwen's
+  // tokenizer.json is 11 MB).
+  constexpr long kMaxFile = 256L << 20;
+  if (n > kMaxFile) {
+    std::fclose(f);
+    fail(path, ": ", n, " bytes is too large for a tokenizer file (at most ", kMaxFile, ")");
+  }
   s.resize(size_t(n > 0 ? n : 0));
   size_t got = n > 0 ? std::fread(s.data(), 1, s.size(), f) : 0;
   std::fclose(f);

@@ -403,6 +403,12 @@ TEST(ServerModelFiles, ChecksTokenizerTemplateAndConfigTogether) {
   std::string e = check_files_error(bad_utf8);
   EXPECT_NE(e.find((bad_utf8 / "chat_template.jinja").string() + ": not valid UTF-8"), std::string::npos) << e;
 
+  // A huge template file is refused by its size before it is read (sparse: nothing is written).
+  const fs::path huge_tmpl = files_dir("huge_template");
+  fs::resize_file(huge_tmpl / "chat_template.jinja", 100ull << 20);
+  e = check_files_error(huge_tmpl);
+  EXPECT_NE(e.find("chat_template.jinja: 104857600 bytes is too large"), std::string::npos) << e;
+
   // A template that cannot render one user message would fail every chat.
   const fs::path raises = files_dir("raises");
   std::ofstream(raises / "chat_template.jinja") << "{{ raise_exception('no chats here') }}";

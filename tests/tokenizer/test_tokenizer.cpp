@@ -358,6 +358,19 @@ TEST(Tokenizer, RefusesHugeIds) {
       EXPECT_NE(msg.find(needle), std::string::npos) << key << ": " << msg;
     }
   }
+  // A huge file is refused by its size, before it is read (a sparse file: nothing is written).
+  fs::path big = fs::path(LILY_BINARY_DIR) / "tokenizer_tmp" / "huge_file" / "tokenizer.json";
+  fs::create_directories(big.parent_path());
+  std::ofstream(big).close();
+  fs::resize_file(big, 300ull << 20);
+  try {
+    Tokenizer::load(big.string());
+    ADD_FAILURE() << "loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(big.string() + ": 314572800 bytes is too large"), std::string::npos)
+        << e.what();
+  }
+  fs::remove(big);
   // The largest allowed id loads (tables of 2^24 entries, about 150 MB) and reports its size exactly.
   json j = base;
   j["added_tokens"].push_back({{"id", (1 << 24) - 1}, {"content", "<|last|>"}, {"special", true}});
