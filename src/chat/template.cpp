@@ -113,7 +113,11 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& messages, const n
   ctx["add_generation_prompt"] = add_generation_prompt;
   if (template_kwargs.is_object())
     for (const auto& [k, v] : template_kwargs.items()) ctx[k] = v;
-  return tmpl_->render(ctx);
+  std::string out = tmpl_->render(ctx);
+  // The prompt goes to the tokenizer, which takes only UTF-8: a template error, not a failure later on.
+  if (size_t bad = unicode::find_invalid_utf8(out); bad != std::string::npos)
+    throw TemplateError("the chat template produced text that is not valid UTF-8 (byte " + std::to_string(bad) + ")");
+  return out;
 }
 
 nlohmann::ordered_json normalize_messages(const nlohmann::ordered_json& messages) {

@@ -444,6 +444,20 @@ TEST(ServerModelFiles, ChecksTokenizerTemplateAndConfigTogether) {
   EXPECT_NE(e.find("num_hidden_layers = 1000000000 is out of range [1, 1024]"), std::string::npos) << e;
 }
 
+// A template built from a string (not a checked file) that emits invalid UTF-8: a TemplateError at render (the
+// server's 400 template_error), not a tokenizer failure after it.
+TEST(ServerModelFiles, RenderRefusesInvalidUtf8Output) {
+  chat::ChatTemplate t("{{ messages[0].content }}\xc3");
+  const ojson msgs = ojson::array({{{"role", "user"}, {"content", "hi"}}});
+  try {
+    t.render(msgs, nullptr, true, ojson::object());
+    ADD_FAILURE() << "rendered";
+  } catch (const chat::TemplateError& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid UTF-8 (byte 2)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(chat::ChatTemplate("{{ messages[0].content }}é").render(msgs, nullptr, true, ojson::object()), "hié");
+}
+
 // `lily info` refuses what `serve` refuses (it runs check_model_files before the weights).
 TEST(ServerModelFiles, InfoRunsTheSameChecks) {
   const fs::path exe = fs::path(LILY_BINARY_DIR) / "lily";
