@@ -1,6 +1,5 @@
-// `lily info --model DIR`: validates a checkpoint as `serve` does (tokenizer, chat template, config, weights) and
-// prints the resolved architecture, layer schedule, parameter counts, storage per tensor family and the bytes
-// one decode step reads (model.md §7-8).
+// `lily info --model DIR`: loads and validates a checkpoint and prints the resolved architecture, layer
+// schedule, parameter counts, storage per tensor family and the bytes one decode step reads (model.md §7-8).
 #include <cstdio>
 #include <string>
 

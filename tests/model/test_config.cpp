@@ -203,8 +203,8 @@ TEST(Config, RejectsEachBadField) {
   expect_error(q5, "language_model.model.layers.0.mlp.gate = true is not a quantization spec");
 }
 
-// Sizes beyond the bounds are refused by name before anything is sized from them (a 1e9-layer schedule was
-// once built before any check; head_dim 1e9 overflowed the expected q_proj rows to a negative number).
+// Sizes beyond the bounds are refused by name before anything is sized from them (a 1e9-layer schedule would
+// allocate gigabytes; head_dim 1e9 would overflow the expected q_proj rows to a negative number).
 TEST(Config, RejectsSizesBeyondBounds) {
   auto text = [](auto edit) {
     json j = published();

@@ -217,8 +217,8 @@ TEST_F(LoaderReject, MissingConfig) {
 }
 
 // config.json sizes beyond the loader's bounds are refused by name, from the config alone: nothing is sized from
-// them (a 1e9-layer schedule without layer_types once ran into std::bad_alloc; head_dim 1e9 made the expected
-// q_proj rows negative and was refused only by luck).
+// them (a 1e9-layer schedule without layer_types would allocate gigabytes; head_dim 1e9 would make the expected
+// q_proj rows negative).
 TEST_F(LoaderReject, ConfigSizesBeyondBounds) {
   rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>&) {});
   const json good = read_json_file((out_ / "config.json").string());

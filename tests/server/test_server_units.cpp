@@ -397,7 +397,7 @@ TEST(ServerModelFiles, ChecksTokenizerTemplateAndConfigTogether) {
   EXPECT_EQ(f.im_end, 151645);
   EXPECT_EQ(f.config.vocab, 151669);
 
-  // A template that is not UTF-8 was accepted at start and failed every chat with 500.
+  // A template that is not UTF-8 would fail every chat: refused at start, naming the file.
   const fs::path bad_utf8 = files_dir("bad_utf8");
   std::ofstream(bad_utf8 / "chat_template.jinja", std::ios::app) << "\xff\xfe{{ '' }}";
   std::string e = check_files_error(bad_utf8);
@@ -629,7 +629,7 @@ TEST(ServerEngine, NanLogitsOnTheDevicePath) {
   EXPECT_EQ(cut_clean.fed, (std::vector<int32_t>{2, 3, 4, 5, 6}));
 }
 
-// The context-length error names the field the prompt came from (/v1/completions said "messages").
+// The context-length error names the field the prompt came from: "prompt" for /v1/completions.
 TEST(ServerJobSetup, ContextErrorNamesTheRequestField) {
   ServedModel m;
   m.backend = std::make_unique<ScriptBackend>(false);  // 64 tokens of context

@@ -298,8 +298,8 @@ TEST(Tokenizer, RefusesOtherTokenizerKinds) {
   }
 }
 
-// Ids are bounded before the id tables are sized by the largest one: an added token with id 2^31 - 1 once cost
-// 19 GB and overflowed vocab_size() to a negative number. Each bad id is refused naming the file and field.
+// Ids are bounded before the id tables are sized by the largest one: an added token with id 2^31 - 1 would cost
+// 19 GB and overflow vocab_size() to a negative number. Each bad id is refused naming the file and field.
 TEST(Tokenizer, RefusesHugeIds) {
   LILY_REQUIRE_ORACLE();
   using nlohmann::json;
