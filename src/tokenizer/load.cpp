@@ -490,6 +490,11 @@ Tokenizer Tokenizer::load(const std::string& path) {
       }
     }
   }
+  // The literal matcher indexes its tokens with 16 bits (Qwen3.6 has 33 added tokens).
+  constexpr size_t kMaxAdded = 65536;
+  if (t.added_raw.tokens.size() > kMaxAdded || t.added_normalized.tokens.size() > kMaxAdded)
+    fail(file, ": added_tokens has ", t.added_raw.tokens.size() + t.added_normalized.tokens.size(),
+         " entries; lily supports at most ", kMaxAdded, " of each kind (normalized or not)");
   t.added_raw.build();
   if (t.nfc)
     for (auto& a : t.added_normalized.tokens) a.content = unicode::nfc(a.content);

@@ -371,6 +371,22 @@ TEST(Tokenizer, RefusesHugeIds) {
         << e.what();
   }
   fs::remove(big);
+  // More added tokens than the literal matcher can index.
+  {
+    json many = base;
+    for (int i = 0; i < 65537; ++i)
+      many["added_tokens"].push_back({{"id", 151669 + i}, {"content", "<x" + std::to_string(i) + ">"}, {"special", true},
+                                      {"normalized", false}});
+    fs::path f = fs::path(LILY_BINARY_DIR) / "tokenizer_tmp" / "many_added" / "tokenizer.json";
+    fs::create_directories(f.parent_path());
+    std::ofstream(f, std::ios::binary) << many.dump();
+    try {
+      Tokenizer::load(f.string());
+      ADD_FAILURE() << "loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("lily supports at most 65536"), std::string::npos) << e.what();
+    }
+  }
   // The largest allowed id loads (tables of 2^24 entries, about 150 MB) and reports its size exactly.
   json j = base;
   j["added_tokens"].push_back({{"id", (1 << 24) - 1}, {"content", "<|last|>"}, {"special", true}});
