@@ -26,6 +26,7 @@ constexpr int64_t kMaxConvKernel = 64;       // 4
 constexpr int64_t kMaxExperts = 4096;        // 256 (top-k 8)
 constexpr int64_t kMaxFfn = 1 << 18;         // 512 (moe and shared expert)
 constexpr int64_t kMaxContext = 1 << 24;     // 262144
+constexpr size_t kMaxStopIds = 256;          // eos_token_id entries: 2
 
 struct Reader {
   const json& j;
@@ -77,6 +78,8 @@ std::vector<int> token_list(const json& v, const std::string& file, const std::s
     out.push_back(static_cast<int>(x.get<int64_t>()));
   };
   if (v.is_array()) {
+    if (v.size() > kMaxStopIds)
+      fail(file, ": field ", field, " has ", v.size(), " entries (at most ", kMaxStopIds, ")");
     for (const auto& x : v) one(x);
   } else {
     one(v);

@@ -235,6 +235,8 @@ TEST(Config, RejectsSizesBeyondBounds) {
                "text_config.num_hidden_layers = 18446744073709551615 is out of range");
   expect_error(text([](json& t) { t["head_dim"] = -4; }), "text_config.head_dim = -4 is out of range");
   expect_error(text([](json& t) { t["bos_token_id"] = 4000000000ll; }), "text_config.bos_token_id");
+  expect_error(text([](json& t) { t["eos_token_id"] = std::vector<int>(257, 1); }),
+               "text_config.eos_token_id has 257 entries (at most 256)");
   // Generous limit: the checks come before any size-dependent work, so this is milliseconds.
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   // The largest accepted values still parse (the bounds are inclusive).
