@@ -3,6 +3,9 @@
 // rejection per missing or inconsistent field, each with its own message.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -249,6 +252,32 @@ TEST(Config, RejectsSizesBeyondBounds) {
   Config c = parse_config(big, "c");
   EXPECT_EQ(c.n_layers, 1024);
   EXPECT_EQ(c.q_proj_rows(), 16 * 4096 * 2);
+}
+
+// A 1e9-layer config without layer_types is refused before the schedule is built: under an address-space limit
+// of 1 GiB above what the process maps (the schedule alone would take 4 GB), the parse ends in the named error.
+// Runs in the death-test child: exit 0 for the named error, 3 for bad_alloc.
+[[noreturn]] void parse_huge_layers_under_limit() {
+  json j = published();
+  j["text_config"].erase("layer_types");
+  j["text_config"]["num_hidden_layers"] = 1000000000;
+  long pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  const rlim_t cap = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(1) << 30);
+  const rlimit rl{cap, cap};
+  setrlimit(RLIMIT_AS, &rl);
+  try {
+    parse_config(j, "cfg.json");
+    _exit(1);
+  } catch (const Error& e) {
+    _exit(std::string(e.what()).find("num_hidden_layers = 1000000000 is out of range") != std::string::npos ? 0 : 2);
+  } catch (const std::bad_alloc&) {
+    _exit(3);
+  }
+}
+
+TEST(Config, HugeLayerCountRefusedWithoutHugeAllocation) {
+  EXPECT_EXIT(parse_huge_layers_under_limit(), ::testing::ExitedWithCode(0), "");
 }
 
 class ConfigDir : public ::testing::Test {

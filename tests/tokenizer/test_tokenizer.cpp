@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -396,6 +398,35 @@ TEST(Tokenizer, RefusesHugeIds) {
   EXPECT_EQ(t.encode("a<|last|>"), (std::vector<int32_t>{64, (1 << 24) - 1}));
   // Generous sanity limit (speeds are benchmarks, not tests): the refusals come before any id-sized table.
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+}
+
+// The refusal comes before any id-sized allocation: under an address-space limit of 2 GiB above what the
+// process already maps (the 2^31 - 1 id would need 19 GB of tables), the load still ends in the named error.
+// Runs in the death-test child: exit 0 for the named error, 3 for bad_alloc.
+[[noreturn]] void load_under_limit(const std::string& file) {
+  long pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  const rlim_t cap = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(2) << 30);
+  const rlimit rl{cap, cap};
+  setrlimit(RLIMIT_AS, &rl);
+  try {
+    Tokenizer::load(file);
+    _exit(1);
+  } catch (const Error& e) {
+    _exit(std::string(e.what()).find("added_tokens[0].id = 2147483647 is too large") != std::string::npos ? 0 : 2);
+  } catch (const std::bad_alloc&) {
+    _exit(3);
+  }
+}
+
+TEST(Tokenizer, HugeIdRefusedWithoutHugeAllocation) {
+  LILY_REQUIRE_ORACLE();
+  nlohmann::json j = nlohmann::json::parse(slurp(qwen3_dir() + "/tokenizer.json"));
+  j["added_tokens"][0]["id"] = 2147483647;
+  fs::path f = fs::path(LILY_BINARY_DIR) / "tokenizer_tmp" / "huge_id_rlimit" / "tokenizer.json";
+  fs::create_directories(f.parent_path());
+  std::ofstream(f, std::ios::binary) << j.dump();
+  EXPECT_EXIT(load_under_limit(f.string()), ::testing::ExitedWithCode(0), "");
 }
 
 // A model directory's tokenizer_config.json may declare added tokens that tokenizer.json lacks (Qwen3.5/3.6:
