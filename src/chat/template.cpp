@@ -5,12 +5,19 @@
 #include <fstream>
 #include <sstream>
 
+#include "tokenizer/unicode.h"
+
 namespace lily::chat {
 namespace {
 
 using json = nlohmann::ordered_json;
 
 std::string read_file(const std::filesystem::path& p) {
+  // A chat template or tokenizer_config.json is kilobytes; refuse absurd sizes before reading them.
+  constexpr uintmax_t kMaxFile = 64u << 20;
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(p, ec);
+  if (!ec && size > kMaxFile) lily::fail(p.string(), ": ", size, " bytes is too large (at most ", kMaxFile, ")");
   std::ifstream f(p, std::ios::binary);
   if (!f) lily::fail("cannot read ", p.string());
   std::ostringstream ss;
@@ -70,6 +77,9 @@ ChatTemplate ChatTemplate::load_from_dir(const std::filesystem::path& dir) {
   std::string source;
   if (std::filesystem::exists(jinja_path)) {
     source = read_file(jinja_path);
+    // Checked here, not at the first chat: every prompt rendered from it would fail to tokenize.
+    if (size_t bad = unicode::find_invalid_utf8(source); bad != std::string::npos)
+      lily::fail(jinja_path.string(), ": not valid UTF-8 (byte ", bad, " of ", source.size(), ")");
   } else if (config.contains("chat_template")) {
     const json& t = config["chat_template"];
     if (t.is_string()) {
@@ -103,7 +113,11 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& messages, const n
   ctx["add_generation_prompt"] = add_generation_prompt;
   if (template_kwargs.is_object())
     for (const auto& [k, v] : template_kwargs.items()) ctx[k] = v;
-  return tmpl_->render(ctx);
+  std::string out = tmpl_->render(ctx);
+  // The prompt goes to the tokenizer, which takes only UTF-8: a template error, not a failure later on.
+  if (size_t bad = unicode::find_invalid_utf8(out); bad != std::string::npos)
+    throw TemplateError("the chat template produced text that is not valid UTF-8 (byte " + std::to_string(bad) + ")");
+  return out;
 }
 
 nlohmann::ordered_json normalize_messages(const nlohmann::ordered_json& messages) {

@@ -6,6 +6,7 @@
 #include "cli/command.h"
 #include "model/model_stats.h"
 #include "model/weights.h"
+#include "server/served_model.h"
 #include "util/safetensors.h"
 
 namespace lily::cli {
@@ -30,6 +31,7 @@ std::string commas(uint64_t v) {
 }
 
 int run_info(const std::string& dir) {
+  const server::ModelFiles files = server::check_model_files(dir);  // the same checks as `serve`, weights aside
   Model m = load_model(dir);
   const Config& c = m.config;
   const Weights& w = m.weights;
@@ -53,6 +55,8 @@ int run_info(const std::string& dir) {
   std::printf("tokens             bos %d, eos", c.bos_token_id);
   for (int e : c.eos_token_ids) std::printf(" %d", e);
   std::printf("\n");
+  std::printf("tokenizer          %d ids (vocab_size %d), <|im_end|> %d; chat template renders\n", files.n_vocab,
+              c.vocab, files.im_end);
   ParamCounts p = count_parameters(c);
   std::printf("parameters         %s text, %s active per token\n", commas(p.text_total).c_str(),
               commas(p.active).c_str());

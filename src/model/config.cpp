@@ -14,6 +14,20 @@ namespace {
 
 using json = nlohmann::json;
 
+// Upper bounds on the sizes a config may give: far above the real model (its value in the comment), low enough
+// that every derived size (int products such as q_proj_rows, conv_dim; int64 tensor shapes) cannot overflow and
+// that no absurd value reaches an allocation (a 1e9-layer schedule, a negative expected tensor size).
+constexpr int64_t kMaxVocab = 1 << 24;       // 248320
+constexpr int64_t kMaxLayers = 1024;         // 40
+constexpr int64_t kMaxHidden = 1 << 16;      // 2048
+constexpr int64_t kMaxHeads = 1024;          // 16 query, 2 kv, 16 / 32 linear
+constexpr int64_t kMaxHeadDim = 4096;        // 256 attention, 128 linear
+constexpr int64_t kMaxConvKernel = 64;       // 4
+constexpr int64_t kMaxExperts = 4096;        // 256 (top-k 8)
+constexpr int64_t kMaxFfn = 1 << 18;         // 512 (moe and shared expert)
+constexpr int64_t kMaxContext = 1 << 24;     // 262144
+constexpr size_t kMaxStopIds = 256;          // eos_token_id entries: 2
+
 struct Reader {
   const json& j;
   std::string file;
@@ -28,14 +42,17 @@ struct Reader {
     if (!v) fail(file, ": missing field ", prefix, key);
     return *v;
   }
-  int64_t integer(const char* key, int64_t lo) const {
+  // An integer in [lo, hi] (hi <= INT32_MAX); a value beyond int64 is reported as the text the file holds.
+  int64_t integer(const char* key, int64_t lo, int64_t hi = INT32_MAX) const {
     const json& v = need(key);
     if (!v.is_number_integer()) fail(file, ": field ", prefix, key, " must be an integer, got ", v.dump());
-    int64_t x = v.get<int64_t>();
-    if (x < lo || x > INT32_MAX) fail(file, ": field ", prefix, key, " = ", x, " is out of range (>= ", lo, ")");
+    const bool big = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX);
+    int64_t x = big ? INT64_MAX : v.get<int64_t>();
+    if (x < lo || x > hi)
+      fail(file, ": field ", prefix, key, " = ", v.dump(), " is out of range [", lo, ", ", hi, "]");
     return x;
   }
-  int pos(const char* key) const { return static_cast<int>(integer(key, 1)); }
+  int pos(const char* key, int64_t hi) const { return static_cast<int>(integer(key, 1, hi)); }
   double number(const char* key) const {
     const json& v = need(key);
     if (!v.is_number()) fail(file, ": field ", prefix, key, " must be a number, got ", v.dump());
@@ -61,6 +78,8 @@ std::vector<int> token_list(const json& v, const std::string& file, const std::s
     out.push_back(static_cast<int>(x.get<int64_t>()));
   };
   if (v.is_array()) {
+    if (v.size() > kMaxStopIds)
+      fail(file, ": field ", field, " has ", v.size(), " entries (at most ", kMaxStopIds, ")");
     for (const auto& x : v) one(x);
   } else {
     one(v);
@@ -85,8 +104,8 @@ QuantSpec parse_spec(const json& v, const std::string& file, const std::string& 
       fail(file, ": ", where, ".mode = ", m->dump(), " is not supported (only \"affine\")");
   }
   s.quantized = true;
-  s.bits = r.pos("bits");
-  s.group_size = r.pos("group_size");
+  s.bits = r.pos("bits", 64);
+  s.group_size = r.pos("group_size", 1 << 16);
   if (s.bits != 4 && s.bits != 8) fail(file, ": ", where, ".bits = ", s.bits, " is not supported (4 or 8)");
   if (s.group_size != 32 && s.group_size != 64 && s.group_size != 128)
     fail(file, ": ", where, ".group_size = ", s.group_size, " is not supported (32, 64 or 128)");
@@ -159,7 +178,7 @@ void parse_layer_schedule(const Reader& t, Config& c) {
   const json* lt = t.find("layer_types");
   const json* fi = t.find("full_attention_interval");
   if (!lt && !fi) fail(t.file, ": missing field ", t.prefix, "layer_types (and ", t.prefix, "full_attention_interval)");
-  if (fi) c.full_attention_interval = t.pos("full_attention_interval");
+  if (fi) c.full_attention_interval = t.pos("full_attention_interval", INT32_MAX);
   if (lt) {
     if (!lt->is_array()) fail(t.file, ": field ", t.prefix, "layer_types must be an array");
     if (static_cast<int>(lt->size()) != c.n_layers)
@@ -234,35 +253,35 @@ Config parse_config(const json& root, const std::string& file) {
     fail(file, ": field ", prefix, "attention_bias = true is not supported");
   if (auto m = t.find("mlp_only_layers"); m && !(m->is_array() && m->empty()))
     fail(file, ": field ", prefix, "mlp_only_layers must be empty (every layer is MoE)");
-  if (t.find("decoder_sparse_step") && t.integer("decoder_sparse_step", 0) != 1)
+  if (t.find("decoder_sparse_step") && t.integer("decoder_sparse_step", 0, kMaxLayers) != 1)
     fail(file, ": field ", prefix, "decoder_sparse_step must be 1 (every layer is MoE)");
 
-  c.hidden = t.pos("hidden_size");
-  c.n_layers = t.pos("num_hidden_layers");
-  c.vocab = t.pos("vocab_size");
+  c.hidden = t.pos("hidden_size", kMaxHidden);
+  c.n_layers = t.pos("num_hidden_layers", kMaxLayers);
+  c.vocab = t.pos("vocab_size", kMaxVocab);
   c.eps = static_cast<float>(t.number("rms_norm_eps"));
   if (!(c.eps > 0 && c.eps < 1)) fail(file, ": field ", prefix, "rms_norm_eps = ", c.eps, " must be in (0, 1)");
-  c.max_position_embeddings = t.pos("max_position_embeddings");
-  c.n_heads = t.pos("num_attention_heads");
-  c.n_kv_heads = t.pos("num_key_value_heads");
-  c.head_dim = t.pos("head_dim");
+  c.max_position_embeddings = t.pos("max_position_embeddings", kMaxContext);
+  c.n_heads = t.pos("num_attention_heads", kMaxHeads);
+  c.n_kv_heads = t.pos("num_key_value_heads", kMaxHeads);
+  c.head_dim = t.pos("head_dim", kMaxHeadDim);
   if (c.n_heads % c.n_kv_heads != 0)
     fail(file, ": field ", prefix, "num_attention_heads = ", c.n_heads, " is not a multiple of num_key_value_heads = ",
          c.n_kv_heads);
-  c.lin_k_heads = t.pos("linear_num_key_heads");
-  c.lin_v_heads = t.pos("linear_num_value_heads");
-  c.lin_k_dim = t.pos("linear_key_head_dim");
-  c.lin_v_dim = t.pos("linear_value_head_dim");
-  c.conv_kernel = t.pos("linear_conv_kernel_dim");
+  c.lin_k_heads = t.pos("linear_num_key_heads", kMaxHeads);
+  c.lin_v_heads = t.pos("linear_num_value_heads", kMaxHeads);
+  c.lin_k_dim = t.pos("linear_key_head_dim", kMaxHeadDim);
+  c.lin_v_dim = t.pos("linear_value_head_dim", kMaxHeadDim);
+  c.conv_kernel = t.pos("linear_conv_kernel_dim", kMaxConvKernel);
   if (c.lin_v_heads % c.lin_k_heads != 0)
     fail(file, ": field ", prefix, "linear_num_value_heads = ", c.lin_v_heads,
          " is not a multiple of linear_num_key_heads = ", c.lin_k_heads);
-  c.n_experts = t.pos("num_experts");
-  c.top_k = t.pos("num_experts_per_tok");
+  c.n_experts = t.pos("num_experts", kMaxExperts);
+  c.top_k = t.pos("num_experts_per_tok", kMaxExperts);
   if (c.top_k > c.n_experts)
     fail(file, ": field ", prefix, "num_experts_per_tok = ", c.top_k, " exceeds num_experts = ", c.n_experts);
-  c.moe_ffn = t.pos("moe_intermediate_size");
-  c.shared_ffn = t.pos("shared_expert_intermediate_size");
+  c.moe_ffn = t.pos("moe_intermediate_size", kMaxFfn);
+  c.shared_ffn = t.pos("shared_expert_intermediate_size", kMaxFfn);
   parse_rope(t, c);
   parse_layer_schedule(t, c);
 
@@ -278,7 +297,7 @@ Config parse_config(const json& root, const std::string& file) {
     c.tie_word_embeddings = v;
   }
 
-  if (t.find("bos_token_id")) c.bos_token_id = static_cast<int>(t.integer("bos_token_id", 0));
+  if (t.find("bos_token_id")) c.bos_token_id = static_cast<int>(t.integer("bos_token_id", 0, kMaxVocab - 1));
   if (const json* e = t.find("eos_token_id")) c.eos_token_ids = token_list(*e, file, prefix + "eos_token_id");
 
   const json* q = top.find("quantization");
@@ -305,13 +324,13 @@ Config load_config(const std::string& model_dir) {
     json g = read_json_file(gpath);
     if (!g.is_object()) fail(gpath, ": not a JSON object");
     Reader r{g, gpath, ""};
-    if (r.find("bos_token_id")) c.bos_token_id = static_cast<int>(r.integer("bos_token_id", 0));
+    if (r.find("bos_token_id")) c.bos_token_id = static_cast<int>(r.integer("bos_token_id", 0, kMaxVocab - 1));
     if (const json* e = r.find("eos_token_id")) c.eos_token_ids = token_list(*e, gpath, "eos_token_id");
     if (r.find("temperature")) {
       c.gen_temperature = static_cast<float>(r.number("temperature"));
       if (!(c.gen_temperature >= 0)) fail(gpath, ": field temperature must be >= 0");
     }
-    if (r.find("top_k")) c.gen_top_k = static_cast<int>(r.integer("top_k", 0));
+    if (r.find("top_k")) c.gen_top_k = static_cast<int>(r.integer("top_k", 0, kMaxVocab));
     if (r.find("top_p")) {
       c.gen_top_p = static_cast<float>(r.number("top_p"));
       if (!(c.gen_top_p > 0 && c.gen_top_p <= 1)) fail(gpath, ": field top_p must be in (0, 1]");

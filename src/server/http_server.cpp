@@ -332,7 +332,7 @@ void HttpServer::handle_chat(const httplib::Request& req, httplib::Response& res
   auto g = std::make_shared<Gen>();
   GenJob& job = *g->job;
   job.prompt = m.tokenizer->encode(prompt, true);
-  check_context(m, static_cast<int>(job.prompt.size()));
+  check_context(m, static_cast<int>(job.prompt.size()), "messages");
 
   chat::ParserOptions po;
   po.ids = m.ids;
@@ -377,7 +377,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
   GenJob& job = *g->job;
   job.prompt = cr.prompt_is_tokens ? cr.prompt_tokens : m.tokenizer->encode(cr.prompt_text, true);
   if (job.prompt.empty()) throw invalid_value("prompt", "'prompt' encodes to no tokens");
-  check_context(m, static_cast<int>(job.prompt.size()));
+  check_context(m, static_cast<int>(job.prompt.size()), "prompt");
   SessionOptions so;
   so.chat = false;
   so.stop = cr.stop;

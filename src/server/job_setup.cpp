@@ -8,11 +8,11 @@
 
 namespace lily::server {
 
-void check_context(const ServedModel& m, int n_prompt) {
+void check_context(const ServedModel& m, int n_prompt, const std::string& param) {
   const int n_ctx = m.backend->max_context();
   if (n_prompt >= n_ctx) {
-    ApiError e(400, "exceed_context_size_error", "context_length_exceeded", "messages",
-               "the prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
+    ApiError e(400, "exceed_context_size_error", "context_length_exceeded", param,
+               "'" + param + "': the prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
                    std::to_string(n_ctx) + " (prompt plus at least one generated token)");
     e.extra = {{"n_prompt_tokens", n_prompt}, {"n_ctx", n_ctx}};
     throw e;

@@ -4,6 +4,7 @@
 #pragma once
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "runtime/sampler.h"
@@ -14,8 +15,9 @@ namespace lily::server {
 
 enum class SamplingMode { thinking, non_thinking, raw };
 
-// 400 exceed_context_size_error (with n_prompt_tokens, n_ctx) unless n_prompt < the context.
-void check_context(const ServedModel& m, int n_prompt);
+// 400 exceed_context_size_error (with n_prompt_tokens, n_ctx) unless n_prompt < the context. `param` names the
+// request field the prompt came from: "messages" (chat) or "prompt" (completions).
+void check_context(const ServedModel& m, int n_prompt, const std::string& param);
 // Absent: min(remaining, cap); larger than the remaining context: clamped (ends with finish_reason length).
 int resolve_max_tokens(std::optional<int> requested, const ServedModel& m, int n_prompt, int cap);
 // Request fields over the defaults of `mode`; n_valid masks the model-vocab padding.

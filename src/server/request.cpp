@@ -26,6 +26,62 @@ const char* type_name(const ojson& v) {
   throw invalid_value(param, "'" + param + "' must be " + want + ", got " + type_name(v));
 }
 
+// Replays a body through nlohmann's SAX interface keeping the JSON path of the value being read, to name the
+// field of a parse failure (a number that overflows a double, 1e400, which the DOM parser reports without a
+// place). Used only after the DOM parse failed, so valid bodies are parsed once.
+class PathTracker : public nlohmann::json_sax<ojson> {
+ public:
+  std::string path;          // where the failure happened: "messages[0].content", "metadata.x", "" (the root)
+  std::string token;         // the offending token as written (cut to 64 bytes)
+  bool failed = false;
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t, const string_t&) override { return value(); }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override { return open(false); }
+  bool key(string_t& k) override {
+    frames_.back().key = k;
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(true); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t, const std::string& last_token, const nlohmann::detail::exception&) override {
+    failed = true;
+    token = last_token.substr(0, 64);
+    for (size_t i = 0; i < frames_.size(); ++i) {
+      const Frame& f = frames_[i];
+      if (f.array) path += "[" + std::to_string(f.index) + "]";
+      else path += (i ? "." : "") + f.key;
+    }
+    return false;
+  }
+
+ private:
+  struct Frame {
+    bool array;
+    size_t index = 0;  // array: elements completed so far (the index of the one being read)
+    std::string key;   // object: the member being read
+  };
+  bool value() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return true;
+  }
+  bool open(bool array) {
+    frames_.push_back(Frame{array, 0, {}});
+    return true;
+  }
+  bool close() {
+    frames_.pop_back();
+    return value();
+  }
+  std::vector<Frame> frames_;
+};
+
 // A present, non-null member, or nullptr. OpenAI SDKs send null for "not set".
 const ojson* member(const ojson& obj, const char* key) {
   auto it = obj.find(key);
@@ -281,6 +337,12 @@ ojson parse_body(const std::string& body, const RequestLimits& limits) {
     bool utf = what.find("surrogate") != std::string::npos || what.find("UTF-8") != std::string::npos;
     throw ApiError(400, "invalid_request_error", utf ? "invalid_utf8" : "invalid_json", "",
                    std::string("the request body is not valid JSON: ") + what);
+  } catch (const nlohmann::json::out_of_range&) {
+    // A number beyond a double (1e400, -1e999, a 400-digit integer): name the field it stands in.
+    PathTracker where;
+    ojson::sax_parse(body, &where);
+    const std::string field = where.path.empty() ? "the request body" : "'" + where.path + "'";
+    throw invalid_value(where.path, field + ": the number " + where.token + " is out of range (beyond a double)");
   }
   if (!j.is_object())
     throw ApiError(400, "invalid_request_error", "invalid_json", "", "the request body must be a JSON object");

@@ -12,32 +12,42 @@ ojson bytes_of(const std::string& s) {
   return b;
 }
 
-ojson chat_logprobs(const std::vector<SampledToken>& lps, const Tokenizer& tok) {
-  ojson content = ojson::array();
-  for (const auto& e : lps) {
-    std::string raw = tok.token_text(e.token);
-    ojson top = ojson::array();
-    for (const auto& t : e.top) {
-      std::string r = tok.token_text(t.token);
-      top.push_back({{"token", utf8_lossy(r)}, {"logprob", t.logprob}, {"bytes", bytes_of(r)}});
-    }
-    content.push_back({{"token", utf8_lossy(raw)}, {"logprob", e.logprob}, {"bytes", bytes_of(raw)}, {"top_logprobs", top}});
+ojson logprob_entry(const std::string& text, const LogprobEntry& e, const Tokenizer& tok) {
+  ojson top = ojson::array();
+  for (const auto& t : e.top) {
+    std::string r = tok.token_text(t.token);
+    top.push_back({{"token", utf8_lossy(r)}, {"logprob", t.logprob}, {"bytes", bytes_of(r)}});
   }
-  return {{"content", content}};
+  return {{"token", text}, {"logprob", e.logprob}, {"bytes", bytes_of(text)}, {"top_logprobs", top}};
 }
 
-ojson completion_logprobs(const std::vector<SampledToken>& lps, const Tokenizer& tok, size_t offset0) {
-  ojson tokens = ojson::array(), lp = ojson::array(), top = ojson::array(), offs = ojson::array();
-  size_t off = offset0;
+// content[]: every token generated outside reasoning (a tool call's tokens too), each with the part of `content`
+// it produced, so the strings concatenate to message.content exactly. reasoning_content[] (lily): the same for
+// the reasoning tokens and message.reasoning_content. top_logprobs list the alternatives as raw tokens.
+ojson chat_logprobs(const std::vector<LogprobEntry>& lps, const Tokenizer& tok, bool include_reasoning) {
+  ojson content = ojson::array(), reasoning = ojson::array();
   for (const auto& e : lps) {
-    std::string t = utf8_lossy(tok.token_text(e.token));
-    tokens.push_back(t);
+    const bool in_reasoning = e.reasoning_token || !e.reasoning.empty();
+    if (!in_reasoning || !e.text.empty()) content.push_back(logprob_entry(e.text, e, tok));
+    if (in_reasoning && include_reasoning) reasoning.push_back(logprob_entry(e.reasoning, e, tok));
+  }
+  ojson out = {{"content", content}};
+  if (include_reasoning && !reasoning.empty()) out["reasoning_content"] = reasoning;
+  return out;
+}
+
+// tokens[]: each generated token's part of `text` (they concatenate to it); text_offset: where each starts in
+// the returned text (after an echoed prompt). `offset` advances past the entries.
+ojson completion_logprobs(const std::vector<LogprobEntry>& lps, const Tokenizer& tok, size_t& offset) {
+  ojson tokens = ojson::array(), lp = ojson::array(), top = ojson::array(), offs = ojson::array();
+  for (const auto& e : lps) {
+    tokens.push_back(e.text);
     lp.push_back(e.logprob);
     ojson alt = ojson::object();
     for (const auto& a : e.top) alt[utf8_lossy(tok.token_text(a.token))] = a.logprob;
     top.push_back(alt);
-    offs.push_back(off);
-    off += t.size();
+    offs.push_back(offset);
+    offset += e.text.size();
   }
   return {{"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", offs}};
 }
@@ -84,7 +94,7 @@ ojson chat_response(const ResponseInfo& info, const Session& s, const GenJob& jo
     msg["tool_calls"] = calls;
   }
   ojson choice = {{"index", 0}, {"message", msg},
-                  {"logprobs", info.logprobs ? chat_logprobs(s.all_logprobs, tok) : ojson(nullptr)},
+                  {"logprobs", info.logprobs ? chat_logprobs(s.all_logprobs, tok, info.include_reasoning) : ojson(nullptr)},
                   {"finish_reason", finish_reason(s, job)}};
   return {{"id", info.id}, {"object", "chat.completion"}, {"created", info.created}, {"model", info.model},
           {"system_fingerprint", info.fingerprint}, {"choices", ojson::array({choice})},
@@ -92,8 +102,9 @@ ojson chat_response(const ResponseInfo& info, const Session& s, const GenJob& jo
 }
 
 ojson completion_response(const ResponseInfo& info, const Session& s, const GenJob& job, const Tokenizer& tok) {
+  size_t offset = info.echo.size();
   ojson choice = {{"index", 0}, {"text", info.echo + s.text},
-                  {"logprobs", info.logprobs ? completion_logprobs(s.all_logprobs, tok, info.echo.size()) : ojson(nullptr)},
+                  {"logprobs", info.logprobs ? completion_logprobs(s.all_logprobs, tok, offset) : ojson(nullptr)},
                   {"finish_reason", finish_reason(s, job)}};
   return {{"id", info.id}, {"object", "text_completion"}, {"created", info.created}, {"model", info.model},
           {"system_fingerprint", info.fingerprint}, {"choices", ojson::array({choice})},
@@ -105,7 +116,8 @@ ojson StreamFormatter::chunk(ojson delta_or_text, const char* finish) {
   if (info_.chat) choice["delta"] = std::move(delta_or_text);
   else choice["text"] = std::move(delta_or_text);
   if (info_.logprobs && !lps_.empty()) {
-    choice["logprobs"] = info_.chat ? chat_logprobs(lps_, tok_) : completion_logprobs(lps_, tok_, 0);
+    choice["logprobs"] = info_.chat ? chat_logprobs(lps_, tok_, info_.include_reasoning)
+                                    : completion_logprobs(lps_, tok_, text_offset_);
     lps_.clear();
   } else {
     choice["logprobs"] = nullptr;
@@ -124,7 +136,7 @@ std::string StreamFormatter::start() {
   return {};
 }
 
-std::string StreamFormatter::events(std::vector<OutEvent>& ev, std::vector<SampledToken>& lps) {
+std::string StreamFormatter::events(std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps) {
   if (info_.logprobs) lps_.insert(lps_.end(), lps.begin(), lps.end());
   std::string out;
   if (!info_.chat) {

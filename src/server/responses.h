@@ -35,7 +35,7 @@ class StreamFormatter {
  public:
   StreamFormatter(const ResponseInfo& info, const Tokenizer& tok) : info_(info), tok_(tok) {}
   std::string start();                                                    // role chunk / echo
-  std::string events(std::vector<OutEvent>& ev, std::vector<SampledToken>& lps);
+  std::string events(std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps);
   std::string finish(const Session& s, const GenJob& job);                // finish chunk (+ usage chunk)
   std::string error(const std::string& message, const std::string& code);  // error event (before [DONE])
 
@@ -45,7 +45,8 @@ class StreamFormatter {
 
   const ResponseInfo& info_;
   const Tokenizer& tok_;
-  std::vector<SampledToken> lps_;   // not yet attached to a chunk
+  std::vector<LogprobEntry> lps_;   // not yet attached to a chunk
+  size_t text_offset_ = info_.echo.size();  // completions: where the next logprobs entry starts in the text
 };
 
 }  // namespace lily::server

@@ -67,27 +67,53 @@ fs::path cache_root() {
 
 }  // namespace
 
+ModelFiles check_model_files(const std::string& dir) {
+  ModelFiles f;
+  f.config = load_config(dir);
+  f.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(dir));
+  f.renderer = std::make_unique<ChatRenderer>(ChatRenderer::load(dir));
+  const Tokenizer& tok = *f.tokenizer;
+  LILY_CHECK(tok.vocab_size() <= f.config.vocab, dir, ": the tokenizer has ", tok.vocab_size(),
+             " ids but config.json's vocab_size is only ", f.config.vocab, " (embedding rows)");
+  f.n_vocab = tok.vocab_size();
+  auto im_end = tok.token_id("<|im_end|>");
+  LILY_CHECK(im_end.has_value(), dir, ": the tokenizer has no <|im_end|> token (not a ChatML model)");
+  f.im_end = *im_end;
+  // A template that cannot render the simplest conversation would fail every chat request: refuse it now.
+  const nlohmann::ordered_json probe = nlohmann::ordered_json::array({{{"role", "user"}, {"content", "Hi"}}});
+  std::string prompt;
+  try {
+    prompt = f.renderer->render(probe, nullptr, nlohmann::ordered_json::object());
+  } catch (const std::exception& e) {
+    fail(dir, ": the chat template fails on a one-message conversation: ", e.what());
+  }
+  try {
+    tok.encode(prompt, true);
+  } catch (const std::exception& e) {
+    fail(dir, ": the chat template's output cannot be tokenized: ", e.what());
+  }
+  return f;
+}
+
 std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, const std::string& alias,
                                                const BackendFactory& make_backend, const LoadOptions& load) {
   auto sm = std::make_unique<ServedModel>();
   sm->dir = dir;
   sm->alias = alias;
   auto t0 = std::chrono::steady_clock::now();
-  sm->tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(dir));
-  sm->renderer = std::make_unique<ChatRenderer>(ChatRenderer::load(dir));
+  ModelFiles files = check_model_files(dir);  // before the weights: a bad tokenizer or template fails fast
+  sm->tokenizer = std::move(files.tokenizer);
+  sm->renderer = std::move(files.renderer);
   sm->model = std::make_unique<Model>(load_model(dir, load));
   const Config& cfg = sm->model->config;
   const Tokenizer& tok = *sm->tokenizer;
-  sm->n_vocab = std::min<int32_t>(tok.vocab_size(), cfg.vocab);
-  LILY_CHECK(tok.vocab_size() <= cfg.vocab, dir, ": the tokenizer has ", tok.vocab_size(),
-             " ids but the model only ", cfg.vocab, " embedding rows");
+  sm->n_vocab = files.n_vocab;
 
   auto id = [&](const char* lit) -> int32_t {
     auto v = tok.token_id(lit);
     return v ? *v : -1;
   };
-  sm->im_end = id("<|im_end|>");
-  LILY_CHECK(sm->im_end >= 0, dir, ": the tokenizer has no <|im_end|> token (not a ChatML model)");
+  sm->im_end = files.im_end;
   int32_t eot = id("<|endoftext|>");
   sm->ids.think_open = id("<think>");
   sm->ids.think_close = id("</think>");

@@ -36,6 +36,19 @@ struct ServedModel {
   int64_t created = 0;                   // unix time of the load
 };
 
+// A model directory's tokenizer and chat template, checked against its config.json before any weight is read:
+// the tokenizer's ids fit the model's vocab_size, it has <|im_end|>, and the template renders a one-message
+// conversation into text the tokenizer accepts. `serve` (load_served_model) and `info` both run these checks.
+struct ModelFiles {
+  Config config;                          // config.json + generation_config.json
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ChatRenderer> renderer;
+  int32_t n_vocab = 0;                    // tokenizer ids (<= config.vocab)
+  int32_t im_end = -1;                    // <|im_end|>
+};
+// Throws lily::Error naming the file and what is wrong.
+ModelFiles check_model_files(const std::string& dir);
+
 // Creates the backend for a loaded model with `ctx` tokens of context (the CLI passes its --device choice).
 using BackendFactory = std::function<std::unique_ptr<Backend>(const Model& model, int ctx)>;
 

@@ -76,7 +76,17 @@ void Session::route(const chat::ParserEvent& e) {
   }
 }
 
+void Session::release_lp() {
+  if (!held_lp_) return;
+  all_logprobs.push_back(*held_lp_);
+  std::lock_guard l(mu_);
+  pending_lp_.push_back(std::move(*held_lp_));
+  held_lp_.reset();
+}
+
 bool Session::on_token(const SampledToken& ev) {
+  const size_t c0 = content.size(), t0 = text.size(), r0 = reasoning.size();
+  const int rt0 = parser_ ? parser_->result().reasoning_tokens : 0;
   if (parser_) {
     scratch_.clear();
     parser_->feed(ev.token, tok_.token_text(ev.token), scratch_);
@@ -85,15 +95,19 @@ bool Session::on_token(const SampledToken& ev) {
     route_text(OutEvent::Kind::text, decoder_->push(ev.token));
   }
   if (opt_.logprobs) {
-    all_logprobs.push_back(ev);
-    std::lock_guard l(mu_);
-    pending_lp_.push_back(ev);
+    release_lp();
+    held_lp_.emplace();
+    static_cast<SampledToken&>(*held_lp_) = ev;
+    held_lp_->text = opt_.chat ? content.substr(c0) : text.substr(t0);
+    held_lp_->reasoning = reasoning.substr(r0);
+    held_lp_->reasoning_token = parser_ && parser_->result().reasoning_tokens > rt0;
   }
   cv_.notify_all();
   return !ended_;
 }
 
 void Session::on_done(const GenJob& job) {
+  const size_t c0 = content.size(), t0 = text.size(), r0 = reasoning.size();
   if (parser_) {
     scratch_.clear();
     parser_->finish(scratch_);
@@ -103,6 +117,11 @@ void Session::on_done(const GenJob& job) {
     route_text(OutEvent::Kind::text, decoder_->flush());
   }
   if (!ended_) flush_stop();
+  if (held_lp_) {
+    held_lp_->text += opt_.chat ? content.substr(c0) : text.substr(t0);
+    held_lp_->reasoning += reasoning.substr(r0);
+    release_lp();
+  }
   {
     std::lock_guard l(mu_);
     done_ = true;
@@ -110,7 +129,7 @@ void Session::on_done(const GenJob& job) {
   cv_.notify_all();
 }
 
-bool Session::take(std::vector<OutEvent>& events, std::vector<SampledToken>& lps, std::chrono::milliseconds timeout) {
+bool Session::take(std::vector<OutEvent>& events, std::vector<LogprobEntry>& lps, std::chrono::milliseconds timeout) {
   std::unique_lock l(mu_);
   cv_.wait_for(l, timeout, [&] { return done_ || !pending_.empty() || !pending_lp_.empty(); });
   events.insert(events.end(), std::make_move_iterator(pending_.begin()), std::make_move_iterator(pending_.end()));

@@ -26,6 +26,14 @@ struct OutEvent {
   std::string id, name;    // tool_header
 };
 
+// One logprobs entry (one generated token) with the returned text it produced, so that the entries' strings
+// concatenate to the response text: text the output lost (content's leading whitespace, a stop string) is in no
+// entry, text held back (whitespace, partial UTF-8, a possible stop string) is in the entry that released it.
+struct LogprobEntry : SampledToken {
+  std::string text;              // added to `content` (chat) or `text` (completions) while this token was handled
+  std::string reasoning;         // chat: added to `reasoning`
+  bool reasoning_token = false;  // chat: generated in the reasoning state (</think> included)
+};
 
 struct ToolCallOut {
   std::string id, name, arguments;
@@ -50,12 +58,12 @@ class Session {
 
   // HTTP thread: waits up to `timeout` for news; moves pending events/logprobs out. Returns true when the
   // job has finished (everything produced has been handed out by this call or earlier).
-  bool take(std::vector<OutEvent>& events, std::vector<SampledToken>& lps, std::chrono::milliseconds timeout);
+  bool take(std::vector<OutEvent>& events, std::vector<LogprobEntry>& lps, std::chrono::milliseconds timeout);
 
   // Accumulated results (complete once take() returned true).
   std::string reasoning, content, text;
   std::vector<ToolCallOut> tool_calls;
-  std::vector<SampledToken> all_logprobs;
+  std::vector<LogprobEntry> all_logprobs;
   int reasoning_tokens = 0;
   bool stop_string_hit = false;
 
@@ -73,11 +81,13 @@ class Session {
   OutEvent::Kind held_kind_ = OutEvent::Kind::text;  // kind of the text the stop matcher holds
   bool ended_ = false;                               // stop string matched or a call limit reached
   std::vector<chat::ParserEvent> scratch_;
+  std::optional<LogprobEntry> held_lp_;  // the latest entry: text flushed at the end still joins it
+  void release_lp();
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<OutEvent> pending_;
-  std::vector<SampledToken> pending_lp_;
+  std::vector<LogprobEntry> pending_lp_;
   bool done_ = false;
 };
 

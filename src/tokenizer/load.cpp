@@ -2,6 +2,7 @@
 // tokens), checks that it is the kind of tokenizer lily reproduces exactly, and builds the tables.
 // note: the vocabulary and merges (~250k entries each) are read by a small dedicated JSON scanner; the rest
 // of the file is parsed with nlohmann::json. A full nlohmann DOM of the file takes ~0.5 s, the scanner ~0.05 s.
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -23,6 +24,13 @@ std::string read_file(const std::string& path) {
   std::fseek(f, 0, SEEK_END);
   long n = std::ftell(f);
   std::fseek(f, 0, SEEK_SET);
+  // Token offsets are 32-bit and the whole file is held in memory: refuse absurd sizes before reading (Qwen's
+  // tokenizer.json is 11 MB).
+  constexpr long kMaxFile = 256L << 20;
+  if (n > kMaxFile) {
+    std::fclose(f);
+    fail(path, ": ", n, " bytes is too large for a tokenizer file (at most ", kMaxFile, ")");
+  }
   s.resize(size_t(n > 0 ? n : 0));
   size_t got = n > 0 ? std::fread(s.data(), 1, s.size(), f) : 0;
   std::fclose(f);
@@ -271,7 +279,9 @@ void read_model(Scanner& sc, Tokenizer::Impl& t, const std::string& file) {
         for (char c : v) {
           if (c < '0' || c > '9') fail(file, ": model.vocab[\"", k, "\"] is not a non-negative integer id");
           id = id * 10 + (c - '0');
-          if (id > INT32_MAX / 2) fail(file, ": model.vocab[\"", k, "\"] id is too large");
+          if (id >= Tokenizer::kMaxVocab)
+            fail(file, ": model.vocab[\"", k, "\"] id ", v, " is too large (ids must be below ", Tokenizer::kMaxVocab,
+                 ")");
         }
         uint32_t start = uint32_t(t.arena.size());
         append_token_bytes(t.arena, k);
@@ -412,9 +422,12 @@ Tokenizer Tokenizer::load(const std::string& path) {
   for (size_t k = 0; k < added.size(); ++k) {
     std::string f = "added_tokens[" + std::to_string(k) + "]";
     AddedToken a = parse_added(added[k], file, f);
-    LILY_CHECK(added[k].contains("id") && added[k]["id"].is_number_integer() && added[k]["id"].get<int64_t>() >= 0,
-               file, ": ", f, ".id is not a non-negative integer");
-    a.id = added[k]["id"].get<int32_t>();
+    const json* id = added[k].is_object() && added[k].contains("id") ? &added[k]["id"] : nullptr;
+    if (!id || !id->is_number_integer() || (!id->is_number_unsigned() && id->get<int64_t>() < 0))
+      fail(file, ": ", f, ".id is not a non-negative integer");
+    if (id->get<uint64_t>() >= uint64_t(Tokenizer::kMaxVocab))
+      fail(file, ": ", f, ".id = ", id->dump(), " is too large (ids must be below ", Tokenizer::kMaxVocab, ")");
+    a.id = static_cast<int32_t>(id->get<uint64_t>());
     add_token(t, std::move(a), file);
   }
   if (!config.empty()) {
@@ -423,20 +436,25 @@ Tokenizer Tokenizer::load(const std::string& path) {
     if (c.contains("added_tokens_decoder") && c["added_tokens_decoder"].is_object()) {
       for (const auto& [k, v] : c["added_tokens_decoder"].items()) {
         std::string f = "added_tokens_decoder[" + k + "]";
-        int32_t id = -1;
-        try {
-          id = std::stoi(k);
-        } catch (...) {
-          fail(config, ": ", f, " key is not an integer id");
-        }
-        LILY_CHECK(id >= 0, config, ": ", f, " has a negative id");
+        int64_t id = 0;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), id);
+        if (ec == std::errc::result_out_of_range || (ec == std::errc() && end == k.data() + k.size() && id >= 0 &&
+                                                    id >= Tokenizer::kMaxVocab))
+          fail(config, ": ", f, " id is too large (ids must be below ", Tokenizer::kMaxVocab, ")");
+        if (ec != std::errc() || end != k.data() + k.size() || k.empty() || id < 0)
+          fail(config, ": ", f, " key is not a non-negative integer id");
         if (size_t(id) < t.id_flags.size() && (t.id_flags[id] & kIdExists)) continue;  // already declared
         AddedToken a = parse_added(v, config, f);
-        a.id = id;
+        a.id = static_cast<int32_t>(id);
         add_token(t, std::move(a), config);
       }
     }
   }
+  // The literal matcher indexes its tokens with 16 bits (Qwen3.6 has 33 added tokens).
+  constexpr size_t kMaxAdded = 65536;
+  if (t.added_raw.tokens.size() > kMaxAdded || t.added_normalized.tokens.size() > kMaxAdded)
+    fail(file, ": added_tokens has ", t.added_raw.tokens.size() + t.added_normalized.tokens.size(),
+         " entries; lily supports at most ", kMaxAdded, " of each kind (normalized or not)");
   t.added_raw.build();
   if (t.nfc)
     for (auto& a : t.added_normalized.tokens) a.content = unicode::nfc(a.content);

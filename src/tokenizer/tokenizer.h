@@ -20,6 +20,9 @@ class Tokenizer {
   // tokenizer_config.json's added_tokens_decoder declares) or a tokenizer.json file. Throws lily::Error
   // naming the file and field on anything lily does not implement exactly.
   static Tokenizer load(const std::string& path);
+  // Token ids (vocabulary and added) must be below this (2^24; Qwen3.6 uses 248077): the id tables are sized
+  // by the largest id, so a bigger one is refused at load rather than allocated.
+  static constexpr int32_t kMaxVocab = 1 << 24;
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -3,6 +3,10 @@
 // rejection per missing or inconsistent field, each with its own message.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -200,6 +204,80 @@ TEST(Config, RejectsEachBadField) {
   q5["quantization"] = mlx_quant_block();
   q5["quantization"]["language_model.model.layers.0.mlp.gate"] = true;
   expect_error(q5, "language_model.model.layers.0.mlp.gate = true is not a quantization spec");
+}
+
+// Sizes beyond the bounds are refused by name before anything is sized from them (a 1e9-layer schedule would
+// allocate gigabytes; head_dim 1e9 would overflow the expected q_proj rows to a negative number).
+TEST(Config, RejectsSizesBeyondBounds) {
+  auto text = [](auto edit) {
+    json j = published();
+    edit(j["text_config"]);
+    return j;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error(text([](json& t) {
+                 t.erase("layer_types");
+                 t["num_hidden_layers"] = 1000000000;
+               }),
+               "text_config.num_hidden_layers = 1000000000 is out of range [1, 1024]");
+  expect_error(text([](json& t) { t["head_dim"] = 1000000000; }),
+               "text_config.head_dim = 1000000000 is out of range [1, 4096]");
+  expect_error(text([](json& t) { t["vocab_size"] = 2147483647; }), "text_config.vocab_size = 2147483647 is out of range");
+  expect_error(text([](json& t) { t["vocab_size"] = (1 << 24) + 1; }), "text_config.vocab_size = 16777217 is out of range");
+  expect_error(text([](json& t) { t["hidden_size"] = 1 << 20; }), "text_config.hidden_size = 1048576 is out of range");
+  expect_error(text([](json& t) { t["num_experts"] = 100000; }), "text_config.num_experts = 100000 is out of range");
+  expect_error(text([](json& t) { t["moe_intermediate_size"] = 1 << 30; }), "text_config.moe_intermediate_size");
+  expect_error(text([](json& t) { t["shared_expert_intermediate_size"] = 1 << 30; }),
+               "text_config.shared_expert_intermediate_size");
+  expect_error(text([](json& t) { t["num_attention_heads"] = 1 << 20; }), "text_config.num_attention_heads");
+  expect_error(text([](json& t) { t["linear_key_head_dim"] = 1 << 20; }), "text_config.linear_key_head_dim");
+  expect_error(text([](json& t) { t["linear_conv_kernel_dim"] = 1000; }), "text_config.linear_conv_kernel_dim");
+  expect_error(text([](json& t) { t["max_position_embeddings"] = 2000000000; }),
+               "text_config.max_position_embeddings = 2000000000 is out of range");
+  expect_error(text([](json& t) { t["num_hidden_layers"] = 18446744073709551615ull; }),
+               "text_config.num_hidden_layers = 18446744073709551615 is out of range");
+  expect_error(text([](json& t) { t["head_dim"] = -4; }), "text_config.head_dim = -4 is out of range");
+  expect_error(text([](json& t) { t["bos_token_id"] = 4000000000ll; }), "text_config.bos_token_id");
+  expect_error(text([](json& t) { t["eos_token_id"] = std::vector<int>(257, 1); }),
+               "text_config.eos_token_id has 257 entries (at most 256)");
+  // Generous limit: the checks come before any size-dependent work, so this is milliseconds.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  // The largest accepted values still parse (the bounds are inclusive).
+  json big = text([](json& t) {
+    t.erase("layer_types");
+    t["num_hidden_layers"] = 1024;
+    t["head_dim"] = 4096;
+    t["rope_parameters"]["partial_rotary_factor"] = 0.25;
+  });
+  Config c = parse_config(big, "c");
+  EXPECT_EQ(c.n_layers, 1024);
+  EXPECT_EQ(c.q_proj_rows(), 16 * 4096 * 2);
+}
+
+// A 1e9-layer config without layer_types is refused before the schedule is built: under an address-space limit
+// of 1 GiB above what the process maps (the schedule alone would take 4 GB), the parse ends in the named error.
+// Runs in the death-test child: exit 0 for the named error, 3 for bad_alloc.
+[[noreturn]] void parse_huge_layers_under_limit() {
+  json j = published();
+  j["text_config"].erase("layer_types");
+  j["text_config"]["num_hidden_layers"] = 1000000000;
+  long pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  const rlim_t cap = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(1) << 30);
+  const rlimit rl{cap, cap};
+  setrlimit(RLIMIT_AS, &rl);
+  try {
+    parse_config(j, "cfg.json");
+    _exit(1);
+  } catch (const Error& e) {
+    _exit(std::string(e.what()).find("num_hidden_layers = 1000000000 is out of range") != std::string::npos ? 0 : 2);
+  } catch (const std::bad_alloc&) {
+    _exit(3);
+  }
+}
+
+TEST(Config, HugeLayerCountRefusedWithoutHugeAllocation) {
+  EXPECT_EXIT(parse_huge_layers_under_limit(), ::testing::ExitedWithCode(0), "");
 }
 
 class ConfigDir : public ::testing::Test {

@@ -3,7 +3,9 @@
 // quantization) and each load must fail with its own message naming the file / tensor, expected and actual.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <random>
@@ -19,6 +21,7 @@ namespace lily {
 namespace {
 
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 struct Spec {
   std::string name;
@@ -211,6 +214,39 @@ TEST_F(LoaderReject, MissingConfig) {
   rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>&) {});
   fs::remove(out_ / "config.json");
   expect_load_error({"config.json: not found"});
+}
+
+// config.json sizes beyond the loader's bounds are refused by name, from the config alone: nothing is sized from
+// them (a 1e9-layer schedule without layer_types would allocate gigabytes; head_dim 1e9 would make the expected
+// q_proj rows negative).
+TEST_F(LoaderReject, ConfigSizesBeyondBounds) {
+  rewrite(CheckpointLayout::hf_bf16, [](std::vector<Spec>&) {});
+  const json good = read_json_file((out_ / "config.json").string());
+  auto with = [&](const std::function<void(json&)>& edit) {
+    json j = good;
+    edit(j.contains("text_config") ? j["text_config"] : j);
+    std::ofstream(out_ / "config.json") << j.dump();
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  with([](json& t) {
+    t.erase("layer_types");
+    t["num_hidden_layers"] = 1000000000;
+  });
+  expect_load_error({(out_ / "config.json").string(), "num_hidden_layers = 1000000000 is out of range [1, 1024]"});
+  with([](json& t) { t["head_dim"] = 1000000000; });
+  expect_load_error({(out_ / "config.json").string(), "head_dim = 1000000000 is out of range [1, 4096]"});
+  with([](json& t) { t["vocab_size"] = 2147483647; });
+  expect_load_error({(out_ / "config.json").string(), "vocab_size = 2147483647 is out of range [1, 16777216]"});
+  with([](json& t) { t["num_experts"] = 1 << 20; });
+  expect_load_error({"num_experts = 1048576 is out of range [1, 4096]"});
+  with([](json& t) { t["moe_intermediate_size"] = 1 << 30; });
+  expect_load_error({"moe_intermediate_size = 1073741824 is out of range"});
+  with([](json& t) { t["hidden_size"] = 1 << 30; });
+  expect_load_error({"hidden_size = 1073741824 is out of range"});
+  // Generous sanity limit (not a speed test): the refusals come from the config, before any tensor is read.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  with([](json&) {});
+  EXPECT_NO_THROW(load_model(out_.string()));
 }
 
 // --check-tensors (docs/api.md §4 row 11): a NaN or Inf in a tensor the model reads fails the load with the file, the

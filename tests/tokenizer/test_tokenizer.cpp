@@ -3,7 +3,10 @@
 // adversarial 1 MiB inputs, UTF-8 replacement, refusal of unsupported tokenizer files, tokenizer_config extras.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -295,6 +298,135 @@ TEST(Tokenizer, RefusesOtherTokenizerKinds) {
       EXPECT_NE(msg.find(c.field), std::string::npos) << c.name << ": " << msg;
     }
   }
+}
+
+// Ids are bounded before the id tables are sized by the largest one: an added token with id 2^31 - 1 would cost
+// 19 GB and overflow vocab_size() to a negative number. Each bad id is refused naming the file and field.
+TEST(Tokenizer, RefusesHugeIds) {
+  LILY_REQUIRE_ORACLE();
+  using nlohmann::json;
+  const json base = json::parse(slurp(qwen3_dir() + "/tokenizer.json"));
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Case {
+    const char* name;
+    std::function<void(json&)> edit;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"added_max", [](json& j) { j["added_tokens"][0]["id"] = 2147483647; },
+       "added_tokens[0].id = 2147483647 is too large (ids must be below 16777216)"},
+      {"added_2p24", [](json& j) { j["added_tokens"][1]["id"] = 1 << 24; }, "added_tokens[1].id = 16777216 is too large"},
+      {"added_u64", [](json& j) { j["added_tokens"][0]["id"] = 18446744073709551615ull; },
+       "added_tokens[0].id = 18446744073709551615 is too large"},
+      {"added_negative", [](json& j) { j["added_tokens"][0]["id"] = -1; }, "added_tokens[0].id is not a non-negative"},
+      {"vocab_big", [](json& j) { j["model"]["vocab"]["!"] = 1073741823; },
+       "model.vocab[\"!\"] id 1073741823 is too large"},
+      {"vocab_2p24", [](json& j) { j["model"]["vocab"]["!"] = 1 << 24; }, "model.vocab[\"!\"] id 16777216 is too large"},
+  };
+  for (const Case& c : cases) {
+    json j = base;
+    c.edit(j);
+    fs::path dir = fs::path(LILY_BINARY_DIR) / "tokenizer_tmp" / c.name;
+    fs::create_directories(dir);
+    std::ofstream(dir / "tokenizer.json", std::ios::binary) << j.dump();
+    try {
+      Tokenizer::load((dir / "tokenizer.json").string());
+      ADD_FAILURE() << c.name << ": loaded";
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find((dir / "tokenizer.json").string()), std::string::npos) << msg;
+      EXPECT_NE(msg.find(c.needle), std::string::npos) << c.name << ": " << msg;
+    }
+  }
+  // tokenizer_config.json's added_tokens_decoder keys are ids too.
+  fs::path dir = fs::path(LILY_BINARY_DIR) / "tokenizer_tmp" / "config_huge_id";
+  fs::create_directories(dir);
+  fs::copy_file(qwen3_dir() + "/tokenizer.json", dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  const json cfg0 = json::parse(slurp(qwen3_dir() + "/tokenizer_config.json"));
+  const json tok = {{"content", "<x>"}, {"special", true}};
+  for (auto [key, needle] : {std::pair{"2147483647", "added_tokens_decoder[2147483647] id is too large"},
+                             std::pair{"99999999999999999999", "id is too large"},
+                             std::pair{"12abc", "added_tokens_decoder[12abc] key is not a non-negative integer id"},
+                             std::pair{"-3", "added_tokens_decoder[-3] key is not a non-negative integer id"}}) {
+    json cfg = cfg0;
+    cfg["added_tokens_decoder"][key] = tok;
+    std::ofstream(dir / "tokenizer_config.json") << cfg.dump();
+    try {
+      Tokenizer::load(dir.string());
+      ADD_FAILURE() << key << ": loaded";
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("tokenizer_config.json"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(needle), std::string::npos) << key << ": " << msg;
+    }
+  }
+  // A huge file is refused by its size, before it is read (a sparse file: nothing is written).
+  fs::path big = fs::path(LILY_BINARY_DIR) / "tokenizer_tmp" / "huge_file" / "tokenizer.json";
+  fs::create_directories(big.parent_path());
+  std::ofstream(big).close();
+  fs::resize_file(big, 300ull << 20);
+  try {
+    Tokenizer::load(big.string());
+    ADD_FAILURE() << "loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(big.string() + ": 314572800 bytes is too large"), std::string::npos)
+        << e.what();
+  }
+  fs::remove(big);
+  // More added tokens than the literal matcher can index.
+  {
+    json many = base;
+    for (int i = 0; i < 65537; ++i)
+      many["added_tokens"].push_back({{"id", 151669 + i}, {"content", "<x" + std::to_string(i) + ">"}, {"special", true},
+                                      {"normalized", false}});
+    fs::path f = fs::path(LILY_BINARY_DIR) / "tokenizer_tmp" / "many_added" / "tokenizer.json";
+    fs::create_directories(f.parent_path());
+    std::ofstream(f, std::ios::binary) << many.dump();
+    try {
+      Tokenizer::load(f.string());
+      ADD_FAILURE() << "loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("lily supports at most 65536"), std::string::npos) << e.what();
+    }
+  }
+  // The largest allowed id loads (tables of 2^24 entries, about 150 MB) and reports its size exactly.
+  json j = base;
+  j["added_tokens"].push_back({{"id", (1 << 24) - 1}, {"content", "<|last|>"}, {"special", true}});
+  std::ofstream(dir / "tokenizer.json", std::ios::binary) << j.dump();
+  Tokenizer t = Tokenizer::load((dir / "tokenizer.json").string());
+  EXPECT_EQ(t.vocab_size(), 1 << 24);
+  EXPECT_EQ(t.encode("a<|last|>"), (std::vector<int32_t>{64, (1 << 24) - 1}));
+  // Generous sanity limit (speeds are benchmarks, not tests): the refusals come before any id-sized table.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+}
+
+// The refusal comes before any id-sized allocation: under an address-space limit of 2 GiB above what the
+// process already maps (the 2^31 - 1 id would need 19 GB of tables), the load still ends in the named error.
+// Runs in the death-test child: exit 0 for the named error, 3 for bad_alloc.
+[[noreturn]] void load_under_limit(const std::string& file) {
+  long pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  const rlim_t cap = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(2) << 30);
+  const rlimit rl{cap, cap};
+  setrlimit(RLIMIT_AS, &rl);
+  try {
+    Tokenizer::load(file);
+    _exit(1);
+  } catch (const Error& e) {
+    _exit(std::string(e.what()).find("added_tokens[0].id = 2147483647 is too large") != std::string::npos ? 0 : 2);
+  } catch (const std::bad_alloc&) {
+    _exit(3);
+  }
+}
+
+TEST(Tokenizer, HugeIdRefusedWithoutHugeAllocation) {
+  LILY_REQUIRE_ORACLE();
+  nlohmann::json j = nlohmann::json::parse(slurp(qwen3_dir() + "/tokenizer.json"));
+  j["added_tokens"][0]["id"] = 2147483647;
+  fs::path f = fs::path(LILY_BINARY_DIR) / "tokenizer_tmp" / "huge_id_rlimit" / "tokenizer.json";
+  fs::create_directories(f.parent_path());
+  std::ofstream(f, std::ios::binary) << j.dump();
+  EXPECT_EXIT(load_under_limit(f.string()), ::testing::ExitedWithCode(0), "");
 }
 
 // A model directory's tokenizer_config.json may declare added tokens that tokenizer.json lacks (Qwen3.5/3.6:
