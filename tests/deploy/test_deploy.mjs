@@ -120,7 +120,7 @@ class Nginx {
     fs.chmodSync(self.dir, 0o755);
     self.port = await freePort();
     const shipped = fs.readFileSync(path.join(SRC, 'deploy/nginx/lily.conf'), 'utf8');
-    const conf = shipped.replace(/^(\s*)listen 127\.0\.0\.1:8080;$/m, `$1listen 127.0.0.1:${self.port};`);
+    const conf = shipped.replace(/^(\s*)listen 127\.0\.0\.1:8080;/m, `$1listen 127.0.0.1:${self.port};`);
     if (conf === shipped) throw new Error('deploy/nginx/lily.conf: no `listen 127.0.0.1:8080;` line to rewrite');
     // The replica lists keep the shipped server parameters (max_fails, fail_timeout); only the addresses change.
     fs.writeFileSync(path.join(self.dir, 'lily.conf'), conf);
