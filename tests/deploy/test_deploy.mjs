@@ -25,8 +25,13 @@ fs.chmodSync(tmp, 0o755);  // run as root, nginx's workers are another user and 
 
 // The official OpenAI client (tests/oracle, pinned), as a user of the fleet would run it.
 const OpenAI = (() => {
-  const m = createRequire(path.join(SRC, 'tests/oracle/package.json'))('openai');
-  return m.default ?? m;
+  try {
+    const m = createRequire(path.join(SRC, 'tests/oracle/package.json'))('openai');
+    return m.default ?? m;
+  } catch (e) {
+    console.error(`the openai npm package is missing: run \`npm ci\` in tests/oracle (scripts/setup.sh does)\n${e}`);
+    process.exit(1);
+  }
 })();
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 let failures = 0;
@@ -73,7 +78,7 @@ class Replica {
   }
   get url() { return `http://127.0.0.1:${this.port}`; }
   get addr() { return `127.0.0.1:${this.port}`; }
-  async ready(ms = 120000) {
+  async ready(ms = 60000) {
     const t0 = Date.now();
     while (Date.now() - t0 < ms) {
       const text = fs.readFileSync(this.log, 'utf8');
@@ -402,7 +407,7 @@ async function main() {
   console.log(`lily ${LILY}, nginx ${NGINX}, files in ${tmp}`);
   const t0 = Date.now();
   for (const phase of [affinity, burst, drain, killed]) {
-    try { await withTimeout(phase(), 180000, phase.name); } catch (e) { check(false, `${phase.name}: ${e.message}`); killAll(); }
+    try { await withTimeout(phase(), 120000, phase.name); } catch (e) { check(false, `${phase.name}: ${e.message}`); killAll(); }
   }
   console.log(`${failures ? `${failures} check(s) FAILED` : 'all checks passed'} in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
   if (!failures && !process.env.LILY_KEEP_TMP) fs.rmSync(tmp, { recursive: true, force: true });
