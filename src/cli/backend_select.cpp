@@ -1,6 +1,10 @@
 // --device selection for CLI commands (see backend_select.h).
 #include "cli/backend_select.h"
 
+#include <cstdlib>
+#include <sstream>
+#include <vector>
+
 #include "runtime/cpu_backend.h"
 #include "util/check.h"
 #ifdef LILY_HAVE_CUDA
@@ -13,6 +17,21 @@ void add_device_option(CLI::App& sub, std::string& device) {
   device = "auto";
   sub.add_option("--device", device, "cuda or cpu (default: cuda when a GPU is present)")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
+}
+
+std::string pin_gpu(int ordinal) {
+  LILY_CHECK(ordinal >= 0, "--gpu ", ordinal, ": expected a CUDA device ordinal >= 0");
+  std::string value = std::to_string(ordinal);
+  if (const char* cur = std::getenv("CUDA_VISIBLE_DEVICES"); cur && *cur) {
+    std::vector<std::string> list;
+    std::stringstream ss(cur);
+    for (std::string item; std::getline(ss, item, ',');) list.push_back(item);
+    LILY_CHECK(static_cast<size_t>(ordinal) < list.size(), "--gpu ", ordinal, ": CUDA_VISIBLE_DEVICES='", cur,
+               "' lists ", list.size(), " device(s); --gpu counts within that list");
+    value = list[static_cast<size_t>(ordinal)];
+  }
+  setenv("CUDA_VISIBLE_DEVICES", value.c_str(), 1);
+  return value;
 }
 
 std::string resolve_device(const std::string& device) {

@@ -15,6 +15,12 @@ namespace lily::cli {
 // Adds --device to `sub`, storing the choice in `device` ("auto" until given).
 void add_device_option(CLI::App& sub, std::string& device);
 
+// `--gpu N` (serve): runs this process on CUDA device N only, by narrowing CUDA_VISIBLE_DEVICES to that device
+// before CUDA initialises (no context is created on the other GPUs; inside the process it is device 0). With
+// CUDA_VISIBLE_DEVICES already set, N indexes that list. Throws lily::Error naming --gpu when N is out of range.
+// Returns the CUDA_VISIBLE_DEVICES value set.
+std::string pin_gpu(int ordinal);
+
 // "cuda" or "cpu" for a --device value ("auto" picks cuda when available). Throws lily::Error when cuda is
 // asked for but unavailable (no CUDA build, or no GPU).
 std::string resolve_device(const std::string& device);

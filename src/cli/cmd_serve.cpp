@@ -30,6 +30,7 @@ struct ServeArgs {
   bool no_thinking = false;
   bool check_tensors = false;
   std::string device = "auto";
+  int gpu = -1;                 // --gpu: CUDA ordinal; -1: not given
   server::ServerOptions opt;
 };
 
@@ -78,6 +79,12 @@ int run_serve(ServeArgs a) {
     }
     dir = *found;
     log::info("using the cached checkpoint ", dir);
+  }
+  if (a.gpu >= 0) {
+    // One replica per GPU (docs/deploy.md): before any thread or CUDA call, so the whole process sees one device.
+    if (a.device == "cpu") fail("--gpu ", a.gpu, " and --device cpu are exclusive");
+    log::info("--gpu ", a.gpu, ": CUDA_VISIBLE_DEVICES=", cli::pin_gpu(a.gpu));
+    a.device = "cuda";  // never fall back to the CPU when a GPU was named
   }
   a.opt.prefix_cache = !a.no_prefix_cache;
   a.opt.cache_bytes = static_cast<size_t>(std::max(0LL, a.cache_mib)) << 20;
@@ -187,6 +194,9 @@ CommandRegistrar reg({"serve", "Serve the model over an OpenAI-compatible HTTP A
                         sub.add_flag("--check-tensors", a->check_tensors,
                                      "Scan the weights for NaN / Inf at load (refuse a corrupt checkpoint)");
                         add_device_option(sub, a->device);
+                        sub.add_option("--gpu", a->gpu,
+                                       "Run on this CUDA device only (one replica per GPU; indexes CUDA_VISIBLE_DEVICES "
+                                       "when set)")->check(CLI::NonNegativeNumber);
                         sub.add_option("--http-threads", a->opt.http_threads, "HTTP worker threads (0: queue + 32)");
                         return std::function<int()>([a] { return run_serve(*a); });
                       }});

@@ -11,6 +11,7 @@
 
 #include "server/api_error.h"
 #include "server/conn_watch.h"
+#include "server/health.h"
 #include "server/job_setup.h"
 #include "server/request.h"
 #include "server/responses.h"
@@ -73,6 +74,7 @@ HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)), http_(std::mak
   fingerprint_ = "lily-0.1.0";
   int threads = opt_.http_threads > 0 ? opt_.http_threads : opt_.queue + 32;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  metrics_.set_capacity(1, opt_.queue);  // the engine runs one sequence at a time (engine.h)
   http_->set_payload_max_length(opt_.max_body);
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
@@ -180,7 +182,7 @@ void HttpServer::routes() {
     }
     // Authenticate on the path exactly as the router sees it.
     const std::string& p = req.path;
-    bool open = p == "/health" || p == "/v1/health" || p == "/metrics" || p == "/v1/models" ||
+    bool open = health_probe(p) || p == "/metrics" || p == "/v1/models" ||
                 p.rfind("/v1/models/", 0) == 0;
     if (!opt_.api_key.empty() && !open) {
       std::string key;
@@ -220,19 +222,13 @@ void HttpServer::routes() {
     send_error(res, ApiError(500, "server_error", "internal_error", "", "internal error"));
   });
 
-  auto health = [this](const httplib::Request&, httplib::Response& res) {
-    if (draining_.load()) {
-      res.set_header("Retry-After", "1");
-      send_json(res, 503, {{"error", {{"code", 503}, {"message", "Shutting down"}, {"type", "unavailable_error"}}}});
-    } else if (!ready_.load()) {
-      res.set_header("Retry-After", "5");
-      send_json(res, 503, {{"error", {{"code", 503}, {"message", "Loading model"}, {"type", "unavailable_error"}}}});
-    } else {
-      send_json(res, 200, {{"status", "ok"}});
-    }
-  };
-  s.Get("/health", health);
-  s.Get("/v1/health", health);
+  for (std::string_view path : kHealthPaths)
+    s.Get(std::string(path), [this, probe = *health_probe(path)](const httplib::Request&, httplib::Response& res) {
+      HealthReply h = health_reply(probe, ready_.load(), draining_.load());
+      if (h.retry_after > 0) res.set_header("Retry-After", std::to_string(h.retry_after));
+      res.status = h.status;
+      res.set_content(h.body, "application/json");
+    });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.render(), "text/plain; version=0.0.4");
   });

@@ -1,6 +1,7 @@
 // Prometheus text rendering of the server metrics (see metrics.h).
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace lily::server {
@@ -81,6 +82,11 @@ void Metrics::set_checkpoints(int64_t count, int64_t bytes) {
   checkpoints_ = count;
   checkpoint_bytes_ = bytes;
 }
+void Metrics::set_capacity(int sequence_slots, int queue_capacity) {
+  std::lock_guard l(mu_);
+  sequence_slots_ = sequence_slots;
+  queue_capacity_ = queue_capacity;
+}
 int Metrics::running() const { std::lock_guard l(mu_); return running_; }
 int Metrics::queued() const { std::lock_guard l(mu_); return queued_; }
 uint64_t Metrics::disconnects() const { std::lock_guard l(mu_); return disconnects_; }
@@ -105,6 +111,15 @@ std::string Metrics::render() const {
   scalar(out, "lily_requests_running", "gauge", "Requests the engine is working on (0 or 1: the engine is busy).",
          running_);
   scalar(out, "lily_requests_queued", "gauge", "Requests waiting for the engine.", queued_);
+  // Free capacity for a balancer's least-load choice: a replica with a free slot starts a request at once; one
+  // with no queue room left answers 429.
+  scalar(out, "lily_sequence_slots", "gauge", "Sequences the engine runs at once.", sequence_slots_);
+  scalar(out, "lily_sequence_slots_free", "gauge", "Sequence slots not running a request (slots - running).",
+         std::max(0, sequence_slots_ - running_));
+  scalar(out, "lily_queue_capacity", "gauge", "Requests that may wait for the engine before 429 queue_full.",
+         queue_capacity_);
+  scalar(out, "lily_queue_free", "gauge", "Queue places left before 429 queue_full (capacity - queued).",
+         std::max(0, queue_capacity_ - queued_));
   scalar(out, "lily_kv_cache_tokens", "gauge", "Tokens held in the KV cache.", double(kv_tokens_));
   scalar(out, "lily_state_checkpoints", "gauge", "Recurrent-state checkpoints in the prefix cache.",
          double(checkpoints_));

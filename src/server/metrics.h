@@ -1,5 +1,6 @@
 // Server metrics in the Prometheus text exposition format (docs/api.md §8, `lily_` prefix): request counters by
-// status, token counters, running/queued gauges, prefix-cache pool gauges, and latency histograms.
+// status, token counters, running/queued gauges, capacity gauges (free sequence slots, queue room),
+// prefix-cache pool gauges, and latency histograms.
 // All members are updated from the HTTP threads and the engine thread; one mutex guards everything.
 #pragma once
 #include <cstdint>
@@ -42,6 +43,8 @@ class Metrics {
   void set_queue(int queued, int running);
   void set_kv_tokens(int64_t n);
   void set_checkpoints(int64_t count, int64_t bytes);
+  // Capacity, for least-load routing by a balancer: sequences the engine runs at once, waiting requests before 429.
+  void set_capacity(int sequence_slots, int queue_capacity);
 
   int running() const;
   int queued() const;
@@ -55,6 +58,7 @@ class Metrics {
   uint64_t disconnects_ = 0;
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, reasoning_tokens_ = 0;
   int running_ = 0, queued_ = 0;
+  int sequence_slots_ = 1, queue_capacity_ = 0;  // set_capacity
   int64_t kv_tokens_ = 0, checkpoints_ = 0, checkpoint_bytes_ = 0;
   Histogram ttft_, inter_token_, e2e_, queue_wait_, prefill_rate_;
 };
