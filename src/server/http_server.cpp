@@ -410,12 +410,12 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Reque
   in_flight_.fetch_add(1);
 
   // Waits for events; polls the client socket; cancels the job when the client is gone.
-  auto pump = [this, g](const std::function<bool(std::vector<OutEvent>&, std::vector<SampledToken>&)>& write,
+  auto pump = [this, g](const std::function<bool(std::vector<OutEvent>&, std::vector<LogprobEntry>&)>& write,
                         const std::function<bool()>& ping) {
     auto last_write = Clock::now();
     for (;;) {
       std::vector<OutEvent> ev;
-      std::vector<SampledToken> lps;
+      std::vector<LogprobEntry> lps;
       bool done = g->session->take(ev, lps, kPoll);
       if (!ev.empty() || !lps.empty()) {
         if (!write(ev, lps)) break;
@@ -478,7 +478,7 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Reque
         auto put = [&sink](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
         bool ok = put(fmt.start());
         if (ok) {
-          ok = pump([&](std::vector<OutEvent>& ev, std::vector<SampledToken>& lps) { return put(fmt.events(ev, lps)); },
+          ok = pump([&](std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps) { return put(fmt.events(ev, lps)); },
                     [&] { return put(": ping\n\n"); });
         }
         if (!ok) {

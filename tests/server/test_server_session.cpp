@@ -50,7 +50,7 @@ Output run_output(const Tokenizer& tok, const std::vector<int32_t>& out, const o
   StreamFormatter fmt(info, tok);
   std::string sse = fmt.start();
   std::vector<OutEvent> ev;
-  std::vector<SampledToken> lps;
+  std::vector<LogprobEntry> lps;
   s.take(ev, lps, std::chrono::milliseconds(0));
   sse += fmt.events(ev, lps);
   sse += fmt.finish(s, job);

@@ -688,7 +688,7 @@ LogprobRun run_logprobs(const Tokenizer& tok, const std::vector<int32_t>& ids, b
   std::vector<LogprobEntry> lps;
   float lp = -0.5f;
   for (int32_t id : ids) {
-    SampleResult e;
+    SampledToken e;
     e.token = id;
     e.logprob = lp -= 0.25f;
     e.top = {{id, e.logprob}};
