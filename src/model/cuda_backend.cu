@@ -73,7 +73,7 @@ class CudaBackend : public Backend {
   CudaBackend(const Config& c, DeviceWeights w, int max_context, int device, long long snapshot_device_bytes,
               bool chunked_prompts)
       : cfg_(c), engine_(c, std::move(w), max_context, device),
-        chunked_(chunked_prompts && env_flag("LILY_PREFILL", true)) {
+        chunked_(chunked_prompts && kernel_options_from_env().prefill) {
     CUDA_CHECK(cudaMallocHost(&staging_, sizeof(StepDev) * kStaging));
     CUDA_CHECK(cudaHostAlloc(&host_step_, 2 * sizeof(StepDev), cudaHostAllocMapped));
     CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_step_dev_), host_step_, 0));
@@ -178,7 +178,8 @@ class CudaBackend : public Backend {
   // shorter prompts: the decode step per token (H200, `eaf5e76`: a chunk of 16 tokens 15.4 ms, of 24 18.0 ms, the
   // decode step 1.09 ms per token: even at ~14 tokens); LILY_PREFILL_MIN (benchmarks) moves it
   static constexpr int kPrefillMin = 16;
-  const int prefill_min_ = std::max(1, env_int("LILY_PREFILL_MIN", kPrefillMin));
+  const int prefill_min_ = kernel_options_from_env().prefill_min > 0 ? kernel_options_from_env().prefill_min
+                                                                     : kPrefillMin;
 
   // ---- sampling on the device (kernels/sampling.h) ----
   bool begin_device_sampling(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs) override {

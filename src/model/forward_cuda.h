@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "model/kernel_options.h"
 #include "model/weights.h"
 #include "runtime/backend.h"
 
@@ -21,8 +22,10 @@ struct CudaOptions {
   // -1: what is free once the weights, the engine and the full context's KV cache are counted, less 2 GiB.
   long long snapshot_device_bytes = -1;
   // Prompts of 16 tokens or more through the chunked prompt path (model/prefill_cuda.cu: GEMMs over up to 2048
-  // tokens at a time); false, or LILY_PREFILL=0: token by token through the decode step.
+  // tokens at a time); false, or kernels.prefill false: token by token through the decode step.
   bool chunked_prompts = true;
+  // The kernels' options (kernels/options.h, docs/kernel-options.md); by default those of the environment.
+  cuda::KernelOptions kernels = kernel_options_from_env();
 };
 
 // True when a CUDA device is present and usable.
@@ -54,7 +57,7 @@ struct BenchPoint {
   int context = 0;                 // tokens in the cache before the timed steps
   double us_per_token = 0;         // median over the timed steps (graph replay incl. greedy sampling)
   double tok_per_s = 0;
-  double bytes_per_token = 0;      // model.md §8 for this context
+  double bytes_per_token = 0;      // docs/model.md §8 for this context
   double gb_per_s = 0;             // bytes_per_token / time
   double floor_us = 0;             // bytes_per_token / measured copy bandwidth
   double pct_of_floor = 0;         // floor_us / us_per_token * 100

@@ -202,7 +202,7 @@ TEST(Gemv, SwigluGateUp) {
   }
 }
 
-// The MLX affine quantiser (shared/spec/model.md §4.2) with round-half-to-even, on the CPU.
+// The MLX affine quantiser (docs/model.md §4.2) with round-half-to-even, on the CPU.
 void quantize_ref(const std::vector<uint16_t>& src, int bits, std::vector<uint8_t>& q, std::vector<uint32_t>& sb) {
   const size_t groups = src.size() / kGroupSize;
   const float n_bins = static_cast<float>((1 << bits) - 1);
