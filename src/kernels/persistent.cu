@@ -42,7 +42,7 @@ void print_step_trace(const StepTrace& tr) {
   CUDA_CHECK(cudaMemcpy(t.data(), d, t.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   const char* moe[] = {"entry", "selected+x", "shared", "gate/up", "barrier", "act staged", "end"};
   const char* gdn[] = {"entry", "x normed", "in_proj", "barrier 1", "step", "barrier 2", "staged", "end"};
-  const char* const* names[2] = {moe, gdn};  // by kernel (persistent_trace's argument)
+  const char* const* names[2] = {moe, gdn};  // by kernel (TraceKernel)
   const int n_stamps[2] = {7, 8};
   // kinds: 0 MoE after a GDN mixer, 1 MoE after attention (o_proj phase; plain launches before it), 2 GDN mixer
   const char* kind_name[3] = {"MoE (after a GDN mixer)", "MoE + o_proj (after attention)", "GDN mixer"};
