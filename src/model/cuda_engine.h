@@ -172,7 +172,7 @@ class CudaEngine {
   Config cfg_;
   DeviceWeights w_;
   bool fused_ = true;                 // constructor: false = the split paths everywhere (tests)
-  KernelOptions opts_;
+  KernelOptions opts_;                // as constructed (the plan's source; prefill_skips reads skip)
   DecodePlan plan_;                   // made once the weights and scratch exist
   StepRecorder* rec_ = nullptr;       // during record_step: its recorder (never null there)
   float* gdn_scratch_ = nullptr;      // [gdn_mixer_scratch_floats()] fused GDN mixer: staged outputs, tile sums
