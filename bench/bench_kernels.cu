@@ -79,9 +79,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const double bw = copy_bandwidth();
-  const char* pdl = std::getenv("LILY_PDL");
-  std::printf("device %s, %d SMs, L2 %d MB; D2D copy bandwidth %.0f GB/s; PDL %s\n", prop.name,
-              prop.multiProcessorCount, prop.l2CacheSize >> 20, bw, pdl && pdl[0] == '1' ? "on" : "off");
+  std::printf("device %s, %d SMs, L2 %d MB; D2D copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20, bw);
   std::vector<Result> res;
   auto report = [&](const std::string& name, double us, double bytes) {
     Result r{name, us, bytes, bytes / (us * 1e-6) / 1e9, 0};
@@ -145,14 +144,14 @@ int main(int argc, char** argv) {
   std::vector<MoeScratch> scr(n_layers);
   for (int l = 0; l < (gemv_only ? 0 : n_layers); ++l) {
     MoeWeightsDev& m = moe[l];
-    m.router = make_mat(q8, E, kHidden);
+    m.gate = make_mat(q8, E, kHidden);
     m.shared_expert_gate = make_mat(q8, 1, kHidden);
-    m.gate = make_mat(q4, kMoeFfn, kHidden, E);
-    m.up = make_mat(q4, kMoeFfn, kHidden, E);
-    m.down = make_mat(q4, kHidden, kMoeFfn, E);
-    m.sh_gate = make_mat(q4, kMoeFfn, kHidden);
-    m.sh_up = make_mat(q4, kMoeFfn, kHidden);
-    m.sh_down = make_mat(q4, kHidden, kMoeFfn);
+    m.experts_gate = make_mat(q4, kMoeFfn, kHidden, E);
+    m.experts_up = make_mat(q4, kMoeFfn, kHidden, E);
+    m.experts_down = make_mat(q4, kHidden, kMoeFfn, E);
+    m.shared_gate = make_mat(q4, kMoeFfn, kHidden);
+    m.shared_up = make_mat(q4, kMoeFfn, kHidden);
+    m.shared_down = make_mat(q4, kHidden, kMoeFfn);
     scr[l] = moe_scratch_alloc(E, kTopK, kMoeFfn);
     std::vector<int> idx(kTopK);
     for (int j = 0; j < kTopK; ++j) idx[j] = (l * 7 + j * 5) % E;
@@ -161,9 +160,10 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMemcpy(scr[l].topk_w, w.data(), sizeof(float) * kTopK, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(scr[l].sh_scale, sh.data(), sizeof(float), cudaMemcpyHostToDevice));
   }
-  const double expert_gu = 2.0 * moe[0].gate.mat_w_bytes() + 2.0 * moe[0].gate.mat_groups() * 4;
-  const double expert_d = moe[0].down.mat_w_bytes() + moe[0].down.mat_groups() * 4.0;
-  const double route_bytes = static_cast<double>(moe[0].router.bytes() / E * kExperts + moe[0].shared_expert_gate.bytes());
+  const double expert_gu = 2.0 * moe[0].experts_gate.mat_w_bytes() + 2.0 * moe[0].experts_gate.mat_groups() * 4;
+  const double expert_d = moe[0].experts_down.mat_w_bytes() + moe[0].experts_down.mat_groups() * 4.0;
+  const double route_bytes =
+      static_cast<double>(moe[0].gate.bytes() / E * kExperts + moe[0].shared_expert_gate.bytes());
   if (!gemv_only) {
     // gate/up and down: copies = layers (16 layers x ~15 MB, rotated 4 times inside one graph)
     const int reps = 4;
@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
     std::vector<MoeScratch> s256(r256.size());
     for (size_t i = 0; i < r256.size(); ++i) {
       r256[i] = moe[0];
-      r256[i].router = make_mat(q8, kExperts, kHidden);
+      r256[i].gate = make_mat(q8, kExperts, kHidden);
       r256[i].shared_expert_gate = make_mat(q8, 1, kHidden);
       s256[i] = moe_scratch_alloc(kExperts, kTopK, kMoeFfn);
     }
@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
     us = time_graph(n_layers * reps, [&](int i, cudaStream_t s) {
       moe_forward(moe[i % n_layers], x, scr[i % n_layers], y, s);
     });
-    report("moe block (route E=64 + gate/up + down)", us, 9 * (expert_gu + expert_d) + moe[0].router.bytes());
+    report("moe block (route E=64 + gate/up + down)", us, 9 * (expert_gu + expert_d) + moe[0].gate.bytes());
   }
   // lm_head
   float* logits = nullptr;  // [kVocab], lm_head's output: the sampler's input below
@@ -262,14 +262,14 @@ int main(int argc, char** argv) {
     std::vector<MoeScratch> ls(40);
     for (int l = 0; l < 40; ++l) {
       lm[l] = moe[l % n_layers];
-      lm[l].router = make_mat(q8, kExperts, kHidden);
+      lm[l].gate = make_mat(q8, kExperts, kHidden);
       lm[l].shared_expert_gate = make_mat(q8, 1, kHidden);
-      lm[l].gate = make_mat(q4, kMoeFfn, kHidden, kExperts);
-      lm[l].up = make_mat(q4, kMoeFfn, kHidden, kExperts);
-      lm[l].down = make_mat(q4, kHidden, kMoeFfn, kExperts);
-      lm[l].sh_gate = make_mat(q4, kMoeFfn, kHidden);
-      lm[l].sh_up = make_mat(q4, kMoeFfn, kHidden);
-      lm[l].sh_down = make_mat(q4, kHidden, kMoeFfn);
+      lm[l].experts_gate = make_mat(q4, kMoeFfn, kHidden, kExperts);
+      lm[l].experts_up = make_mat(q4, kMoeFfn, kHidden, kExperts);
+      lm[l].experts_down = make_mat(q4, kHidden, kMoeFfn, kExperts);
+      lm[l].shared_gate = make_mat(q4, kMoeFfn, kHidden);
+      lm[l].shared_up = make_mat(q4, kMoeFfn, kHidden);
+      lm[l].shared_down = make_mat(q4, kHidden, kMoeFfn);
       ls[l] = moe_scratch_alloc(kExperts, kTopK, kMoeFfn);
     }
     QMat head = make_mat(q4, kVocab, kHidden);
@@ -278,7 +278,8 @@ int main(int argc, char** argv) {
     double bytes = static_cast<double>(head.bytes());
     for (int l = 0; l < 40; ++l) {
       for (int j = 0; j < in[l].n; ++j) bytes += static_cast<double>(in[l].W[j].bytes());
-      bytes += static_cast<double>(out[l].bytes()) + static_cast<double>(lm[l].router.bytes() + lm[l].shared_expert_gate.bytes());
+      bytes += static_cast<double>(out[l].bytes()) +
+               static_cast<double>(lm[l].gate.bytes() + lm[l].shared_expert_gate.bytes());
       bytes += 9 * (expert_gu + expert_d);
     }
     const double us = time_graph(1, [&](int, cudaStream_t s) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The decode step at one context under each environment switch of the kernels (GPU machine):
-#   tools/gpu_variants.sh .device/stage 4k "LILY_PDL=0" "LILY_GEMV_BPS=1" ...
+# The decode step at one context under each environment switch of the CUDA path (GPU machine; the switches are
+# in docs/kernel-options.md):
+#   tools/gpu_variants.sh .device/stage 4k "LILY_GDN_FUSED=0" "LILY_MOE_FUSED=0" "LILY_ATTN_SPLITS=33" ...
 set -uo pipefail
 BIN=$(cd "${1:-.device/stage}" && pwd)
 CTX=${2:-4k}

@@ -1,15 +1,14 @@
-// Decode attention (batch 1, one query token) over a paged bf16 KV cache, model.md §2.3, flash-decoding in
+// Decode attention (batch 1, one query token) over a paged bf16 KV cache, docs/model.md §2.3, flash-decoding in
 // two kernels:
 //   attention_split_kernel   grid (splits, n_kv). The tokens [0, *pos] are cut at run time into steps of 8
 //                            tokens and the steps spread evenly over the active split blocks (up to 64
 //                            tokens each, at least 32 once the context passes 64), so one captured graph
 //                            serves every context length. Inside a block each warp walks its own steps with
-//                            its own online softmax: no block barrier per tile. Launched with PDL
-//                            (attention_pdl), it copies its first steps (earlier tokens' rows) before waiting
+//                            its own online softmax: no block barrier per tile. Launched with PDL,
+//                            it copies its first steps (earlier tokens' rows) before waiting
 //                            for the q|k|v projection.
 //     norm_rope_lane         (kernels/qk_rope.cuh) q/k RMSNorm + partial rotate-half RoPE of a head held by one
-//                            warp (every block its KV head's queries; a separate launch for it cost ~1.2 us per
-//                            layer, H200)
+//                            warp (every block its KV head's queries: no separate launch)
 //     own_row_append         the warp whose step holds token *pos: its key normalised and rotated, its value,
 //                            as bf16 into the cache page and (own_row_patch) into the ring over the copy
 //     load_step              cp.async of a step's K and V rows into the warp's 3-stage shared-memory ring,
@@ -66,9 +65,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Steps of the token range and how many split blocks get some: ceil(n_steps / kWarps), so each gets up to kWarps
 // steps (64 tokens) and at least half that once n_steps >= kWarps: a short context uses few splits and the combine
-// reads little; from ~4K tokens on every split block. (Half of them until each would get 512 tokens measured
-// faster while the combine made three L2 round trips: H200, 4K 1262.4 -> 1257.7 us per token; with one round trip
-// it is even at 4K and slower at 16K: 64 splits 1305.9, 33 splits 1312.4.)
+// reads little; from ~4K tokens on every split block.
 __device__ __forceinline__ int active_splits(int n_steps, int splits) {
   return max(1, min(splits, (n_steps + kWarps - 1) / kWarps));
 }
@@ -247,9 +244,8 @@ __device__ __forceinline__ void split_issue_first(const SplitPlan& p, const KvPa
 }
 // The last stage's copies (when the warp has that many steps), issued once the warp has staged its q (tensor-core
 // path: before the block's barrier, where it waits for the warp that appends the token's K/V; before: by the
-// step loop at step 0, after the barrier). H200, binary A/Bs: 32K -9 to -10 us per token, 128K ~-7, 4K +1..+2
-// (no copies there: code placement). Issued before the wait with the first two stages they delayed the wait's
-// return and q (32K +5); issued right after the barrier: 32K -2.
+// step loop at step 0, after the barrier). Not before the wait with the first two stages: they delayed the
+// wait's return and q.
 template <int EPL>
 __device__ __forceinline__ void split_issue_last(const SplitPlan& p, const KvPages& kv, int g, uint16_t* ring_all) {
   if (kStages - 1 < p.n_my) {  // (else ring_next commits the empty group at step 0, as before)
@@ -654,8 +650,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
   // The position is written between steps only, never by the previous launch. Launched with PDL, the first K/V
   // copies start before the wait (rows of earlier tokens are final; the token's own row is this kernel's to
   // write, own_row_append). The combine (launched with PDL) is let in only at the end: its blocks scheduled next
-  // to running split blocks cost ~2.5 us per layer (H200, 4K: the combine with PDL and this trigger at entry
-  // 1299 us per token, plain 1272, PDL with this trigger at the end 1266).
+  // to running split blocks slow them.
   const int tb = blockIdx.x + blockIdx.y * gridDim.x;
   trace_stamp_at(scratch.trace_split, tb, 0);
   if (!pdl) dep_wait();
@@ -762,17 +757,12 @@ void launch_split(const AttnIn& in, KvPages kv, const int* pos, AttnScratch scra
   // note: set on every call (cheap, not a stream operation, legal during graph capture): no static state
   CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<EPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem));
-  const bool pdl = attention_pdl();
+  const bool pdl = true;  // the kernel's dep_wait placement assumes it (mixers.h)
   launch_ex(attention_split_kernel<EPL>, dim3(splits, kv.n_kv), dim3(kThreads), smem, s, LaunchOpts{pdl, 1, false},
             in, kv, pos, scratch, group, pdl);
 }
 
 }  // namespace
-
-bool attention_pdl() {
-  static const bool on = env_flag("LILY_ATTN_PDL", true);  // LILY_ATTN_PDL=0: without (benchmarks)
-  return on;
-}
 
 size_t attn_scratch_floats(int n_kv, int max_splits, int group, int head_dim) {
   return (size_t)n_kv * max_splits * group * (head_dim + 2);
@@ -790,7 +780,7 @@ void attn_in_rope(AttnIn& in, int rope_dim, double theta) {
 }
 
 void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float* out, AttnScratch scratch,
-                             int splits, int n_heads, cudaStream_t s) {
+                             int splits, int n_heads, cudaStream_t s, StepTrace* trace) {
   const int group = n_heads / kv.n_kv;
   LILY_CHECK(n_heads % kv.n_kv == 0 && group <= kMaxGroup && splits >= 1 && splits <= scratch.max_splits &&
                  splits <= kMaxSplits && kv.page_tokens % kStep == 0,
@@ -800,8 +790,8 @@ void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float
                  (in.rope_dim / 2) % std::max(epl, 1) == 0,
              "attention_decode: rope_dim ", in.rope_dim, " with head_dim ", kv.head_dim,
              " (rope_dim / 2 must be a multiple of head_dim / 32)");
-  scratch.trace_split = detail::persistent_trace(2);
-  scratch.trace_comb = detail::persistent_trace(3);
+  scratch.trace_split = trace ? trace->take(kTraceAttnSplit) : nullptr;
+  scratch.trace_comb = trace ? trace->take(kTraceAttnCombine) : nullptr;
   switch (kv.head_dim) {
     case 256: launch_split<8>(in, kv, pos, scratch, splits, group, s); break;
     case 128: launch_split<4>(in, kv, pos, scratch, splits, group, s); break;
@@ -812,7 +802,7 @@ void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float
   const dim3 grid(n_heads, (kv.head_dim + kCombDims - 1) / kCombDims);
   // the combine with PDL (it triggers at entry, so the o_proj + MoE launch is scheduled early), let in by the split
   // blocks' trigger at their end
-  launch_ex(attention_combine_kernel, grid, dim3(kCombThreads), 0, s, LaunchOpts{attention_pdl(), 1, false}, in.qg,
+  launch_ex(attention_combine_kernel, grid, dim3(kCombThreads), 0, s, LaunchOpts{true, 1, false}, in.qg,
             pos, out, scratch, splits, group, kv.head_dim);
 }
 

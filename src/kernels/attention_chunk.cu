@@ -1,4 +1,4 @@
-// Attention over a prompt chunk (model.md §2.3): n consecutive tokens at positions pos0.., each attending
+// Attention over a prompt chunk (docs/model.md §2.3): n consecutive tokens at positions pos0.., each attending
 // causally to the cache [0, its position]. Two launches:
 //   chunk_prep_kernel    grid (n, heads / 8), a warp per head: q/k RMSNorm + partial RoPE (kernels/qk_rope.cuh,
 //                        the decode path's math); q pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2) and
@@ -7,9 +7,8 @@
 //                        heads for 16 tokens as 128 rows (token-major), flash attention over 32-key tiles of the
 //                        cache on the tensor cores (mma.sync bf16, fp32 sums; q and p in two bf16 terms each, as
 //                        the decode split kernel), online softmax in registers, K/V tiles double-buffered through
-//                        cp.async; every K/V row read once per 16 tokens for all heads of the group (8 tokens, 4
-//                        warps: 1,970 us for a 2,048-token chunk after 4,096 on the H200). Then / l and the
-//                        sigmoid gate.
+//                        cp.async; every K/V row read once per 16 tokens for all heads of the group. Then / l
+//                        and the sigmoid gate.
 // Deterministic (fixed summation order). Tested against the decode attention token by token in
 // tests/gpu/test_mixer_kernels.cu.
 #include <cuda_bf16.h>
@@ -95,8 +94,7 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane >> 2, tq = lane & 3;
   // blocks in order of decreasing work: the token tiles from the chunk's end (the most keys) to its start, the KV
   // heads side by side; blocks start in that order and the shortest fill the SMs that free up first (longest
-  // first scheduling; in tile order an SM that ran a short tile was then handed a long one: H200, 2,048-token
-  // chunk after 0 / 4,096 tokens 562 / 1,570 us in tile order, 396 / 1,348 last tile first)
+  // first scheduling; in tile order an SM that ran a short tile was then handed a long one)
   const int g = blockIdx.x, group = n_heads / kv.n_kv;
   const int t0 = (gridDim.y - 1 - blockIdx.y) * kQTok;
   const int t_last = min(n, t0 + kQTok) - 1;

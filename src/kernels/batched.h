@@ -41,7 +41,7 @@ struct GemmXBuf {
 GemmXBuf gemm_x_alloc(int n, int K);
 void gemm_x_free(GemmXBuf& b);
 
-// out row t = split of x[t] (norm_w null), or of RMSNorm(x[t]) * norm_w (model.md §2.1; norm_w the effective
+// out row t = split of x[t] (norm_w null), or of RMSNorm(x[t]) * norm_w (docs/model.md §2.1; norm_w the effective
 // multiplier 1 + w), for t < n; x [n][ldx] fp32. With x_out, the (normed) fp32 row is also stored there [n][K].
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s);
@@ -79,7 +79,7 @@ void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float*
 void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const int* x_row, const int* offsets,
                          const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s);
 
-// ---- MoE for n tokens (model.md §2.4) ----
+// ---- MoE for n tokens (docs/model.md §2.4) ----
 // logits [n][ld]: the router's E logits then the shared expert gate's. Per token: softmax over E in fp32, the
 // top_k most probable (ties: lower id) renormalised -> idx / w [n][top_k]; sh_scale[t] = sigmoid(gate logit).
 // (Computed as the decode path does: chosen by logit, weights from the chosen logits alone.)

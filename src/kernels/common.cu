@@ -11,19 +11,4 @@ int sm_count() {
   return sms;
 }
 
-bool env_flag(const char* name, bool dflt) {
-  const char* e = std::getenv(name);
-  if (e && e[0] == (dflt ? '0' : '1')) return !dflt;
-  return dflt;
-}
-
-int env_int(const char* name, int dflt) {
-  const char* e = std::getenv(name);
-  return e && e[0] ? std::atoi(e) : dflt;
-}
-
-bool debug_sync_enabled() {
-  static const bool on = env_flag("LILY_CUDA_SYNC", false);
-  return on;
-}
 }  // namespace lily::cuda

@@ -1,5 +1,6 @@
 // Shared CUDA helpers for every kernel file: CUDA_CHECK (statement, file, line, error name) and the debug
-// switch LILY_CUDA_SYNC=1 that synchronises after every launch so a failing kernel is named at once.
+// switch (KernelOptions::debug_sync, LILY_CUDA_SYNC=1) that synchronises after every launch so a failing kernel
+// is named at once.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -15,12 +16,8 @@ namespace lily::cuda {
                line);
 }
 
-bool debug_sync_enabled();  // reads LILY_CUDA_SYNC once
-// An on/off environment switch (LILY_*, benchmarks and diagnostics): "0" turns a default-on switch off, "1" a
-// default-off one on; unset or anything else leaves the default. Callers read it once (static).
-bool env_flag(const char* name, bool dflt);
-// An integer environment switch (LILY_*, benchmarks): its value, or dflt when unset or empty.
-int env_int(const char* name, int dflt);
+// KernelOptions::debug_sync of the options read at start-up (defined with them in model/kernel_options.cpp).
+bool debug_sync_enabled();
 int sm_count();             // multiprocessors of the current device (read once)
 
 }  // namespace lily::cuda

@@ -1,4 +1,4 @@
-// The Gated DeltaNet decode step (model.md §2.2) as one launch per linear-attention layer: the per-tile step of
+// The Gated DeltaNet decode step (docs/model.md §2.2) as one launch per linear-attention layer: the per-tile step of
 // kernels/gdn_core.cuh, then the gated RMSNorm y = RMSNorm(o) * w * silu(z) over the whole head, with the
 // head's sum of squares shared over a thread-block cluster.
 // Grid: (column tiles of 32 value columns, Hv value heads), one cluster per value head. The columns of a

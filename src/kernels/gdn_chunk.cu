@@ -1,4 +1,4 @@
-// The Gated DeltaNet over a prompt chunk (model.md §2.2): the decode step's math (kernels/gdn_core.cuh) for n
+// The Gated DeltaNet over a prompt chunk (docs/model.md §2.2): the decode step's math (kernels/gdn_core.cuh) for n
 // consecutive tokens at positions pos0.. . Four launches:
 //   gdn_prep_kernel    all that does not depend on the state, for every token at once (a thread per channel
 //                      over 32 tokens, then a warp per token for the norms): the conv + SiLU of q, k and v, the
@@ -9,11 +9,8 @@
 //                      once, written once), each half-warp two columns over 16 lanes of 8 rows, sums its columns'
 //                      S^T k and S^T q with a reduce-scatter over the lanes, and broadcasts the columns' updates
 //                      back. A block's 8 warps share a value head; the prep's values come into shared memory 32
-//                      tokens at a time, double-buffered, so the chain reads them there (from L2 a token ahead,
-//                      every warp its own copy: 1,731 us per 2,048-token chunk on the H200, the four launches;
-//                      staged: 939; 16-lane sums, q and k as 16-byte reads, the output store without a branch:
-//                      807; staged by 16-byte copies: 698, of which the recurrence ~510 and the prep ~150; the
-//                      prep reading each input row once: 593). Its ungated outputs o go to `out`.
+//                      tokens at a time, double-buffered, so the chain reads them there rather than from L2.
+//                      Its ungated outputs o go to `out`.
 //   gated_norm_kernel  a warp per (token, value head): out = RMSNorm(o) * norm_w * silu(z), in place.
 //   ring_update_kernel the raw qkv of the chunk's last (up to) 4 tokens into the conv ring.
 // The arithmetic is the decode step's (sums in another order), so a chunk and the decode step agree to fp32
@@ -29,9 +26,7 @@ namespace lily::cuda {
 
 namespace {
 
-// 4 value columns per warp: 1,024 warps for the real model, two per scheduler (H200, a 2,048-token chunk, before
-// the staging: with the q / k work in the prep launch, 8 columns 1,827 us, 4 columns 1,735; with the q / k work
-// redone by every warp: 16 columns 2,836, 8 columns 2,453, 4 columns 2,598)
+// 4 value columns per warp: 1,024 warps for the real model, two per scheduler.
 constexpr int kWarpCols = 4;
 
 // One step of the reduce-scatter over 2 M values: lanes with bit M set keep the upper M, the others the lower M,
@@ -66,11 +61,8 @@ struct PrepRow {
 // current tap, then the earlier ones; taps before the chunk from the ring) into shared memory, then a warp per
 // token the L2 norms and k . q (lane sums over channels l + 32 r, then a butterfly); block (x, y >= Hk) runs
 // 256 v channels the same way (conv + SiLU), and its first slice also beta and the decay of every value head.
-// The arithmetic is the former kernel's (a warp per (token, key head), every tap and conv weight loaded per
-// token: 153 us per 2,048-token chunk on the H200, now 53), so the outputs are the same bits. (The norms in the
-// decode step's order instead, a thread per channel, passed the kernel tests but not test_full_step's chunked
-// vs decode agreement on a 4-layer random model: 232 of 300 positions within 2e-3, an error decaying from
-// position 225 on, as after an expert picked differently at a near tie; not proven, not kept.)
+// The norms keep the per-(token, key head) summation order of the decode step's arithmetic, so the outputs are
+// the same bits as the former prep kernel's.
 constexpr int kPrepTok = 32;
 constexpr int kPrepThreads = 256;
 constexpr int kQkMax = kPrepThreads / 2;  // Dk <= 128
@@ -172,7 +164,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(
 // 4 i .. 4 i + 3 and 64 + 4 i .. 64 + 4 i + 3 (q and k as two 16-byte reads each, conflict-free): a column's sums
 // S^T k and S^T q reduce over 16 lanes (4 shuffle steps, not 5).
 constexpr int kStageWarps = 8;
-constexpr int kBatch = 32;  // tokens per staged batch (H200, 2,048-token chunk: 16 705 us, 32 698)
+constexpr int kBatch = 32;  // tokens per staged batch
 constexpr int kBlockCols = kStageWarps * kWarpCols;
 constexpr int kDkMax = 128;  // q and k slots hold 128 floats (zero past Dk)
 static_assert(kQkMax >= kDkMax, "the prep kernel's q / k threads cover every Dk the launcher accepts");

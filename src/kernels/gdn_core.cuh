@@ -1,6 +1,6 @@
 // The Gated DeltaNet decode step of one (value head, 32-column tile) for 256 threads, shared by the standalone
 // kernel (kernels/gdn.cu: one block per tile, the output norm over a cluster) and the fused mixer kernel
-// (kernels/gdn_fused.cu: half of a persistent block, the output norm in the out_proj phase). model.md §2.2:
+// (kernels/gdn_fused.cu: half of a persistent block, the output norm in the out_proj phase). docs/model.md §2.2:
 //   conv_silu   causal depthwise conv (4 taps) over raw qkv held in a 4-slot ring + SiLU (taps and earlier
 //               values requested ahead by prefetch_inputs)
 //   l2norm_qk   L2 norms of the key head's q and k (q additionally * 1/sqrt(Dk))
@@ -68,8 +68,7 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
 // and its raw values of the three earlier tokens (ring slots (pos-3..pos-1) % 4; slots before the sequence start
 // are not read), the head's A_log and dt_bias, and the output norm weights of the tile's columns (sh.norm_w,
 // thread t < kCols its own column; read by the caller after step()). Issued at kernel entry, they arrive while
-// the in_proj runs, so the step after its barrier waits only for the L2 round trip of the projections (from
-// DRAM they cost ~0.5 us more).
+// the in_proj runs, so the step after its barrier waits only for the L2 round trip of the projections.
 __device__ __forceinline__ void prefetch_inputs(const StepArgs& a, const float* norm_w, int h, int col0, int pos,
                                                 int tid, Shared& sh) {
   const GdnDims& d = a.dims;

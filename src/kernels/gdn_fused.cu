@@ -1,4 +1,4 @@
-// The whole linear-attention mixer of one decode step in ONE persistent launch (model.md §2.1 + §2.2):
+// The whole linear-attention mixer of one decode step in ONE persistent launch (docs/model.md §2.1 + §2.2):
 //   h += out_proj(gated_rmsnorm(gdn_step(in_proj(RMSNorm(h) * input_norm))))
 // for the real model's shapes (H = 2048, Hk = 16, Hv = 32, Dk = Dv = 128, every projection q4). One block per
 // SM, 16 warps each; three phases separated by grid barriers (kernels/grid_barrier.cuh) instead of kernel
@@ -51,7 +51,7 @@ struct Args {
   float* h;
   const int* pos;
   unsigned* barrier;       // [kGridBarrierWords] (grid_barrier.cuh)
-  unsigned long long* trace;  // LILY_TRACE=1: this launch's slot of phase times (grid_barrier.cuh), else null
+  unsigned long long* trace;  // this launch's slot of phase times (kernels/trace.h), or null
   RouterPartialDev rs;        // the next MoE block's router sums (router_partial.cuh); rs.acc null: none
 };
 static_assert(kRouterRows == kWarps && kRouterBlocks <= kMinBlocks, "phase 3: a block's 16 rows, one router partial");
@@ -70,11 +70,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
 
   // ---- phase 1: x = RMSNorm(h) with the requests of the in_proj rows issued once h has arrived (in the
   // norm, after its first barrier), then this tile's state and the step's other inputs, then in_proj. Not
-  // before h has arrived: h (L2) and the norm weights requested together with ~16 MB of weight rows from all
-  // SMs waited behind them in the L2 (x normed 5.4 us after the start), and with the rows held back 0.5 or
-  // 1 us after h's requests h still arrived at ~4-5 us. Not after the whole norm either: h arrives ~0.8 us
-  // after the wait, the rest of the norm (issue-bound: every warp stages its part of x) takes ~0.8 us more,
-  // which the rows' DRAM latency now covers (H200, 4K: -8..-15 us per token). ----
+  // before h has arrived: h and the norm weights then wait behind ~16 MB of weight rows in the L2. Not after the
+  // whole norm either: the rest of the norm (issue-bound) is covered by the rows' DRAM latency. ----
   HRegs<kH, kThreads> hr;
   stream_load_h(a.h, hr);
   // phase 3's rows are block-contiguous (row 16 b + w on warp w of block b < 128): a block's 16 new rows of h are
@@ -91,7 +88,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
   n.eps = a.eps;
   n.x_out = a.x_out;
   // chunk 0 of the rows in the norm, chunk 1 after it: the norm's shared-memory work no longer queues behind all
-  // 24 loads of the warp (H200, 4K: -1.3 us per token)
+  // 24 loads of the warp
   stream_stage_loaded_norm(hr, &nw, n, xs, [&] { stream_load_rows<kH, kRowsPerWarp, 0, 1>(rows.w, rows.sb, wv, sv); });
   stream_load_rows<kH, kRowsPerWarp, 1, 2>(rows.w, rows.sb, wv, sv);
   trace_stamp(a.trace, 1);
@@ -110,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     store_warp_rows(a.in, row0, acc, false);
   }
   // The out_proj row is requested only now: issued at entry it shared the HBM with the in_proj rows that phase
-  // 1 waits for (in_proj finished ~2.5 us later); from here it streams during barrier 1 and phase 2.
+  // 1 waits for; from here it streams during barrier 1 and phase 2.
   if (out_task) {
     const int og = blockIdx.x * kWarps + warp;
     stream_load_row<kV>(a.ow + static_cast<size_t>(og) * (kV / 2), a.osb + static_cast<size_t>(og) * (kV / kGroupSize),
@@ -161,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     for (int k = 0; k < kTiles; ++k) ss[k] = __ldcg(a.tile_ss + (tid / kTiles) * kTiles + k);
   }
   // the router slices and the norm weight behind the phase's critical reads (needed only at its end; requested
-  // with the out_proj rows they delayed barrier 1 and the step: H200, 4K, -1.8 us per token)
+  // with the out_proj rows they delayed barrier 1 and the step)
   const RouterSlice rsl = sums ? router_slice_load(a.rs, blockIdx.x) : RouterSlice{};
   if (lane == 0 && sums) wn = __ldg(a.rs.norm_w + og);
   xo.xq[tid] = q;
@@ -198,15 +195,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
 }  // namespace detail
 
 bool gdn_mixer_fused_supported(const GdnMixerDev& m, GdnDims d) {
-  static const bool on = env_flag("LILY_GDN_FUSED", true);  // LILY_GDN_FUSED=0: the three-launch path (benchmarks)
-  if (!on) return false;
   auto q4 = [](const QMat& w, int rows, int cols) {
     return w.format == QFormat::q4 && w.n_mats == 1 && w.rows == rows && w.cols == cols;
   };
   return sm_count() >= detail::kMinBlocks && d.n_k_heads == detail::kHk && d.n_v_heads == detail::kHv &&
-         d.k_dim == detail::kD && d.v_dim == detail::kD && q4(m.qkv, detail::kConv, kHidden) &&
-         q4(m.z, detail::kV, kHidden) && q4(m.b, detail::kHv, kHidden) && q4(m.a, detail::kHv, kHidden) &&
-         q4(m.out, kHidden, detail::kV);
+         d.k_dim == detail::kD && d.v_dim == detail::kD && q4(m.in_proj_qkv, detail::kConv, kHidden) &&
+         q4(m.in_proj_z, detail::kV, kHidden) && q4(m.in_proj_b, detail::kHv, kHidden) &&
+         q4(m.in_proj_a, detail::kHv, kHidden) && q4(m.out_proj, kHidden, detail::kV);
 }
 
 size_t gdn_mixer_scratch_floats() {
@@ -215,30 +210,31 @@ size_t gdn_mixer_scratch_floats() {
 
 void launch_gdn_mixer_fused(const GdnMixerDev& m, GdnDims d, float* h, const float* input_norm, float eps,
                             float* x_out, float* proj, float* scratch, unsigned* barrier, float* conv_ring,
-                            float* state, const int* pos, cudaStream_t stream, const RouterSums* next_router) {
+                            float* state, const int* pos, cudaStream_t stream, const RouterSums* next_router,
+                            StepTrace* trace) {
   LILY_CHECK(gdn_mixer_fused_supported(m, d), "gdn mixer: shapes not supported by the fused kernel");
   using namespace detail;
   Args a{};
   float* ys[4] = {proj, proj + kConv, proj + kConv + kV, proj + kConv + kV + kHv};
   GemvBatch in;
   in.n = 4;
-  in.W[0] = m.qkv, in.W[1] = m.z, in.W[2] = m.b, in.W[3] = m.a;
+  in.W[0] = m.in_proj_qkv, in.W[1] = m.in_proj_z, in.W[2] = m.in_proj_b, in.W[3] = m.in_proj_a;
   for (int i = 0; i < 4; ++i) in.y[i] = ys[i];
   a.in = multi_args(in);
   a.input_norm = input_norm;
   a.eps = eps;
   a.x_out = x_out;
-  a.step = gdn::StepArgs{proj, ys[3], ys[2], m.conv_w, m.a_log, m.dt_bias, conv_ring, state, d};
+  a.step = gdn::StepArgs{proj, ys[3], ys[2], m.conv1d, m.A_log, m.dt_bias, conv_ring, state, d};
   a.z = ys[1];
   a.norm_w = m.norm;
   a.o_staged = reinterpret_cast<StreamX<kV>*>(scratch);
   a.tile_ss = scratch + sizeof(StreamX<kV>) / sizeof(float);
-  a.ow = m.out.w;
-  a.osb = m.out.sb;
+  a.ow = m.out_proj.w;
+  a.osb = m.out_proj.sb;
   a.h = h;
   a.pos = pos;
   a.barrier = barrier;
-  a.trace = persistent_trace(1);
+  a.trace = trace ? trace->take(kTraceGdn) : nullptr;
   if (next_router && next_router->acc) a.rs = router_partial_dev(*next_router);
 
   launch_persistent(gdn_fused_kernel, a, kThreads, stream);

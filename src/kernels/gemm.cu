@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
 // The 4-bit weights on Hopper's warpgroup tensor cores (wgmma): gemm_kernel's tile (128 weight rows x 64
 // tokens, four groups in flight through shared memory) and its arithmetic per group, but each of the two
 // warpgroups multiplies 64 rows at once (m64nNk16, A = the codes in registers, B = x straight from shared memory):
-// no ldmatrix, a quarter of the instructions per product (H200, 8192 x 2048 x 2048 tokens: 645 -> 350 us). x's
+// no ldmatrix, a quarter of the instructions per product. x's
 // rows are staged with the 128-byte swizzle the B descriptor names (wgmma.cuh). Tile row 64 wg + 16 wq + 8 rr + g
 // is thread (wq, g)'s row rr of warp wq of warpgroup wg; PAIRED puts gate row i at rr 0 and up row i at rr 1, so
 // a thread holds both. (Four warpgroups, 256 rows per block, halve the L2 reads of x but leave one block per SM:
@@ -511,19 +511,10 @@ void launch_q4_wgmma(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t
   CUDA_CHECK_LAUNCH();
 }
 
-// LILY_GEMM_WGMMA=0 sends the 4-bit weights through gemm_kernel too (benchmarks, the kernels' A/B).
-bool q4_wgmma() {
-  static const bool on = env_flag("LILY_GEMM_WGMMA", true);
-  return on;
-}
-
 template <bool PAIRED>
 void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) {
   switch (f) {
-    case QFormat::q4:
-      if (q4_wgmma()) launch_q4_wgmma<PAIRED>(a, grid_y, max_tokens, s);
-      else launch_gemm<4, PAIRED>(a, grid_y, max_tokens, s);
-      break;
+    case QFormat::q4: launch_q4_wgmma<PAIRED>(a, grid_y, max_tokens, s); break;
     case QFormat::q8: launch_gemm<8, PAIRED>(a, grid_y, max_tokens, s); break;
     case QFormat::bf16: launch_gemm<16, PAIRED>(a, grid_y, max_tokens, s); break;
   }

@@ -2,10 +2,6 @@
 // up to kMaxMulti matrices sharing x in one launch, and the fused gate+up SwiGLU. Fast paths for
 // K = 512, 2048, 4096 (the model's widths) keep x in registers; other K (multiple of 64) use a generic path.
 // q4 with K = 2048 / 4096 (every q4 projection and lm_head) takes the streaming kernel (gemv_stream.cuh) instead.
-// With LILY_PDL=1 the launches use programmatic dependent launch (launch.cuh; off by default, measured slower):
-// weights are fetched before waiting for the previous kernel. Environment: LILY_GEMV_PIPE=0/1 (persistent K=2048 kernel),
-// LILY_GEMV_STREAM=0 (no streaming kernel), LILY_GEMV_NW / LILY_GEMV_BPS (its block shape, for benchmarks),
-// LILY_GEMV_LOOP=0 (no looping streaming kernel for tall matrices).
 // Tested by tests/gpu/test_gemv.cu, timed by bench/bench_kernels.cu.
 #include "kernels/common.cuh"
 #include "kernels/gemv_impl.cuh"
@@ -13,16 +9,9 @@
 #include "kernels/mixers.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace lily::cuda {
 namespace detail {
-
-bool pdl_enabled() {
-  // off by default: measured 5-50 us per token slower with it (bench/RESULTS.md)
-  static const bool on = env_flag("LILY_PDL", false);
-  return on;
-}
 
 template <QFormat F, int K, int R, typename XT>
 __global__ void __launch_bounds__(kBlockThreads) gemv_kernel(MultiArgs a, const XT* x, bool accumulate) {
@@ -71,16 +60,10 @@ int resident_blocks(Kern k) {
   return sm_count() * (per_sm > 0 ? per_sm : 1);
 }
 
-// The persistent kernel wins on lm_head (148 vs 227 us on an H200) but loses on 8k-row matrices (10.5 vs
-// 9.0 us), so it is used from kPipeMinRows rows on. LILY_GEMV_PIPE=0 turns it off, =1 forces it on.
+// The persistent kernel wins on tall matrices (lm_head) but loses on 8k-row ones, so it is used from
+// kPipeMinRows rows on (q8 / bf16 weights; q4 streams).
 inline constexpr int kPipeMinRows = 16384;
-bool use_pipe(int rows) {
-  static const int mode = [] {
-    const char* e = std::getenv("LILY_GEMV_PIPE");
-    return e ? (e[0] == '0' ? 0 : 1) : 2;
-  }();
-  return mode == 1 || (mode == 2 && rows >= kPipeMinRows);
-}
+bool use_pipe(int rows) { return rows >= kPipeMinRows; }
 
 template <QFormat F, typename XT>
 void launch_pipe(const MultiArgs& a, const XT* x, bool accumulate, cudaStream_t s) {
@@ -119,10 +102,9 @@ __global__ void __launch_bounds__(NW * 32, (R * K <= 8192 ? 1024 : 512) / (NW * 
   const int task0 = (blockIdx.x * NW + threadIdx.x / 32) * R;
   uint4 wv[R][nc];
   uint32_t sv[R][nc];
-  // Fused norm without PDL (the default): the whole norm before the weight requests. h and the norm weights
-  // requested alongside every SM's weight stream wait behind it in the L2 (the GDN mixer's norm finished 5.4 us
-  // after its start that way, 1.3 us norm-first). With PDL the weights go first and h after
-  // griddepcontrol.wait, as the earlier kernel may still be writing it.
+  // Fused norm: the whole norm before the weight requests (h and the norm weights requested alongside every SM's
+  // weight stream wait behind it in the L2). norm.pdl is never set now (no PDL for this kernel); with PDL the
+  // weights would go first and h after griddepcontrol.wait.
   const bool norm_first = sizeof(XT) == 4 && norm.w != nullptr && !norm.pdl;
   if (norm_first) stream_stage_norm_first<K, NW * 32>(reinterpret_cast<const float*>(x), norm, xs);
   stream_load_multi_rows<K, R>(a, task0, wv, sv);
@@ -163,8 +145,8 @@ __global__ void __launch_bounds__(NW * 32, 1) gemv_q4_stream_wave_kernel(MultiAr
 
 // The streaming kernel for tall K = 2048 matrices (lm_head: 248,320 rows): one block of NW warps per SM stages x
 // once (with the fused norm) and walks its row batches grid-strided with two batches of R rows per warp in
-// flight, instead of ~7,800 blocks that each normalise h before requesting their rows. H200, decode step at 4K:
-// 1305.5 -> 1293.0 us/token with R = 2 (1294.5 with R = 3; R = 4 spills), 16 warps.
+// flight, instead of ~7,800 blocks that each normalise h before requesting their rows. R = 2, 16 warps (R = 4
+// spills).
 template <int R, int NW>
 __global__ void __launch_bounds__(NW * 32, 1) gemv_q4_stream_loop_kernel(MultiArgs a, const float* x, bool accumulate,
                                                                          NormIn norm) {
@@ -195,28 +177,14 @@ __global__ void __launch_bounds__(NW * 32, 1) gemv_q4_stream_loop_kernel(MultiAr
   }
 }
 
-// Environment (for benchmarks): LILY_GEMV_STREAM=0 turns the streaming kernel off (the older kernels);
-// LILY_GEMV_NW = warps per block (4 or 8); LILY_GEMV_BPS = target blocks per SM of the rows-per-warp choice.
-bool stream_on() {
-  static const bool on = env_int("LILY_GEMV_STREAM", 1) != 0;
-  return on;
-}
-int stream_warps() {
-  static const int nw = env_int("LILY_GEMV_NW", 8) == 4 ? 4 : 8;
-  return nw;
-}
-int stream_blocks_limit() {
-  static const int n = sm_count() * std::max(1, env_int("LILY_GEMV_BPS", 3));
-  return n;
-}
+// Warps per block of the streaming kernel, and the blocks per SM its rows-per-warp choice aims at.
+inline constexpr int kStreamWarps = 8;
+inline constexpr int kStreamBlocksPerSm = 3;
 
-// Rows per warp: the fewest that keep the grid within three blocks per SM (measured on an H200 with 8 warps per
-// block: 4096x2048 3.9 us at R = 2 vs 6.1 at R = 4; 2048x4096 6.1 at R = 1 vs 7.6 at R = 2; 8192x2048 5.5 at
-// R = 4; the attention q|k|v, 9216x2048, in the decode step: R = 4 (288 blocks) 8.5 us per token faster than
-// R = 8 (144 blocks, so 12 SMs ran two), which a limit of two blocks per SM picked). Taller matrices (lm_head)
-// stream in waves: max_r / 2 there (R = 4 at K = 2048: 100 us vs 105 at R = 8 and 117 at R = 2).
+// Rows per warp: the fewest that keep the grid within three blocks per SM (more rows per warp lose on the
+// model's matrices; bench/RESULTS.md). Taller matrices (lm_head) stream in waves: max_r / 2 there.
 int stream_rows_per_warp(int total, int max_r, int nw) {
-  const int limit = stream_blocks_limit();
+  const int limit = sm_count() * kStreamBlocksPerSm;
   for (int r = 1; r <= max_r; r *= 2)
     if ((total + nw * r - 1) / (nw * r) <= limit) return r;
   return max_r / 2;
@@ -229,27 +197,25 @@ void launch_stream(const MultiArgs& a, const XT* x, bool accumulate, const NormI
                 a, x, accumulate, n);
 }
 
-// Rows from which a K = 2048 streaming GEMV runs as the looping kernel (lm_head; LILY_GEMV_LOOP=0: never).
+// Rows from which a K = 2048 streaming GEMV runs as the looping kernel (lm_head).
 inline constexpr int kLoopMinRows = 65536;
 
 // A K = 2048 GEMV with the fused norm runs as the one-wave kernel when one wave of kWaveWarps warps per SM
-// covers it with more than 3 and at most 5 rows per warp (measured: the attention q|k|v, 9,216 rows, 4-5 per
-// warp; smaller matrices are left to the multi-block kernel, untried; LILY_GEMV_WAVE=0: never).
+// covers it with more than 3 and at most 5 rows per warp (the attention q|k|v, 9,216 rows, 4-5 per warp;
+// smaller matrices are left to the multi-block kernel).
 inline constexpr int kWaveRows = 5;   // rows per warp at most
 inline constexpr int kWaveWarps = 16;
 
 template <int NW, typename XT>
 void launch_stream_nw(const MultiArgs& a, const XT* x, bool accumulate, const NormIn& n, cudaStream_t s) {
   if constexpr (sizeof(XT) == 4) {
-    static const bool wave_on = env_int("LILY_GEMV_WAVE", 1) != 0;
-    if (a.cols == 2048 && n.w && !accumulate && !n.pdl && wave_on &&
+    if (a.cols == 2048 && n.w && !accumulate &&
         a.total > sm_count() * kWaveWarps * (kWaveRows - 2) && a.total <= sm_count() * kWaveWarps * kWaveRows) {
       launch_ex(gemv_q4_stream_wave_kernel<kWaveRows, kWaveWarps>, dim3(sm_count()), dim3(kWaveWarps * 32), 0, s,
                 LaunchOpts{true, 1, false}, a, x, n);
       return;
     }
-    static const bool loop_on = env_int("LILY_GEMV_LOOP", 1) != 0;
-    if (a.cols == 2048 && a.total >= kLoopMinRows && loop_on && !n.pdl) {
+    if (a.cols == 2048 && a.total >= kLoopMinRows) {
       launch_kernel(gemv_q4_stream_loop_kernel<2, 16>, sm_count(), 16 * 32, 0, s, a, x, accumulate, n);
       return;
     }
@@ -266,14 +232,13 @@ void launch_stream_nw(const MultiArgs& a, const XT* x, bool accumulate, const No
   else launch_stream<4096, 2, NW>(a, x, accumulate, n, s);
 }
 
-// Returns false when the streaming kernel does not apply (format, K or LILY_GEMV_STREAM=0).
-bool stream_applies(QFormat f, int cols) { return f == QFormat::q4 && (cols == 2048 || cols == 4096) && stream_on(); }
+// Returns false when the streaming kernel does not apply (format, K).
+bool stream_applies(QFormat f, int cols) { return f == QFormat::q4 && (cols == 2048 || cols == 4096); }
 
 template <QFormat F, typename XT>
 bool try_stream(const MultiArgs& a, const XT* x, bool accumulate, const NormIn& n, cudaStream_t s) {
   if (!stream_applies(F, a.cols)) return false;
-  if (stream_warps() == 4) launch_stream_nw<4>(a, x, accumulate, n, s);
-  else launch_stream_nw<8>(a, x, accumulate, n, s);
+  launch_stream_nw<kStreamWarps>(a, x, accumulate, n, s);
   return true;
 }
 
@@ -399,7 +364,6 @@ void gemv_multi_rmsnorm(const GemvBatch& b, const float* h, const float* norm_w,
   n.w = norm_w;
   n.eps = eps;
   n.x_out = x_out;
-  n.pdl = detail::pdl_enabled();
   detail::launch_multi(b, h, false, stream, n);
 }
 

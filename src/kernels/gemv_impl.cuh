@@ -227,10 +227,10 @@ __device__ __forceinline__ void gemv_warp_generic(const MultiArgs& a, const XT* 
   }
 }
 
-// Launches kernel k (1-D grid) with programmatic stream serialisation when PDL is on (launch.cuh).
+// Launches kernel k (1-D grid), without PDL (launch.cuh).
 template <typename... P, typename... A>
 void launch_kernel(void (*k)(P...), int grid, int block, size_t smem, cudaStream_t s, A... args) {
-  launch_ex(k, dim3(grid), dim3(block), smem, s, LaunchOpts{pdl_enabled()}, args...);
+  launch_ex(k, dim3(grid), dim3(block), smem, s, LaunchOpts{}, args...);
 }
 
 // Rows per warp for the fast paths (more bytes in flight per warp for short rows).
@@ -345,7 +345,7 @@ struct TopkSm {
 // (value, index) order of the selection: larger value first, ties to the lower index.
 __device__ __forceinline__ bool ranks_before(float v2, int i2, float v, int i) { return v2 > v || (v2 == v && i2 < i); }
 
-// model.md §2.4 routing from the router logits: fp32 softmax over all E experts, the top k by probability
+// docs/model.md §2.4 routing from the router logits: fp32 softmax over all E experts, the top k by probability
 // (ties: lower expert id), renormalised over the k; sigmoid of the shared-expert-gate logit. The softmax is
 // monotonic and its denominator cancels in the renormalisation, so the k are selected by logit and weighted
 // exp(l - l_max) / sum over the k of exp(l' - l_max): no reduction over all E before the selection. (Only where

@@ -38,7 +38,7 @@ __device__ __forceinline__ void x16_split(float x, float inv, int& hi, int& lo) 
   lo = max(-127, min(127, static_cast<int>(rintf((t - h) * 256.f))));
 }
 
-// Fused RMSNorm of the GEMV input (model.md §2.1): x = h * rsqrt(mean(h²) + eps) * w, w the effective weight.
+// Fused RMSNorm of the GEMV input (docs/model.md §2.1): x = h * rsqrt(mean(h²) + eps) * w, w the effective weight.
 // Every block computes the same sum in the same order, so all blocks stage bit-identical x; block 0 also
 // stores x to x_out (when non-null) for later kernels (the MoE experts read the normed input).
 struct NormIn {
@@ -46,7 +46,7 @@ struct NormIn {
   float eps = 0.f;
   float* x_out = nullptr;    // [K] or nullptr
   float* x_smem = nullptr;   // [K] shared memory or nullptr: every block also keeps x in plain fp32 order
-  bool pdl = false;          // launched with PDL: h may only be read after griddepcontrol.wait
+  bool pdl = false;          // launched with PDL: h only after griddepcontrol.wait (no launcher sets it now)
 };
 
 __device__ __forceinline__ float4 x4_at(const float* x, int i) { return reinterpret_cast<const float4*>(x)[i]; }
@@ -61,7 +61,7 @@ __device__ __forceinline__ float4 x4_at(const uint16_t* x, int i) {
 // (i = threadIdx.x + a multiple of 8); every lane must call; lanes with store = false only take part in the
 // shuffles (s may live in global memory: the GDN mixer's step blocks stage their outputs there). Every block
 // staging x runs it at once (issue-bound: 16 warps) and the GDN step and the MoE act wait on it: 3 shuffles for
-// the sum where a sequential order took 8 (H200, 4K: -7 us per token; 127 * __frcp_rn(m) for 127 / m: +11).
+// the sum where a sequential order took 8.
 template <int K>
 __device__ __forceinline__ void stream_put_x4(StreamX<K>& s, int i, float4 v, bool store = true) {
   constexpr int nch = K / 32;
@@ -213,7 +213,7 @@ __device__ __forceinline__ void stream_stage_input(const XT* x, const NormIn& n,
 // Stage: issue this lane's loads of R q4 rows (K / 1024 chunks each and their scale|bias words), chunk-major:
 // chunk 0 of every row, then chunk 1, ..., the order stream_dots consumes them. An SM receives its data in the
 // order it requested it, so the dots of the first chunks run while the later ones arrive (row-major requests
-// made the first chunk loop wait for the last row: H200 decode step at 4K -2..-3 us).
+// made the first chunk loop wait for the last row).
 // Only the first n rows are requested (the others' registers are left as they are: callers do not store them),
 // and only chunks [C0, C1) (a caller may request chunk 0 early and the rest later).
 template <int K, int R, int C0 = 0, int C1 = K / 1024>

@@ -7,29 +7,24 @@
 // arrive, so that read lies in [base, base + grid).
 // Ordering: every thread's writes reach thread 0 through __syncthreads (CTA-scope synchronisation), and thread
 // 0's release add is cumulative, so other blocks that acquire the counter and then __syncthreads see them; no
-// separate fence (a __threadfence before the add cost ~18 us per token, measured 2026-11-30).
-// The persistent kernels are launched with programmatic dependent launch (LILY_PERSIST_PDL=0: without): a launch
+// separate fence (a __threadfence before the add is slow).
+// The persistent kernels are launched with programmatic dependent launch: a launch
 // triggers its dependents at entry, so the next launch's blocks take the SMs as this launch's blocks leave, and
 // each waits (griddepcontrol.wait) at entry, before reading the barrier counter or anything an earlier launch
-// wrote. Only the input-norm weights (8 KB, constant, from DRAM) are requested before the wait (H200, 4K: -6 us
-// per token); requesting the weight rows there measured ~31 us per token slower (h's reads then queue behind
-// them: an SM receives its data in the order it requested it).
-// Host helpers (launch switches, LILY_TRACE stamps) are defined in persistent.cu.
+// wrote. Only the input-norm weights (8 KB, constant, from DRAM) are requested before the wait; not the weight
+// rows (h's reads would queue behind them: an SM receives its data in the order it requested it).
+// Phase stamps for benchmarks: kernels/trace.h (host side in persistent.cu).
 #pragma once
 #include <cuda_runtime.h>
 
 #include "kernels/common.cuh"
 #include "kernels/launch.cuh"
+#include "kernels/trace.h"
 
 namespace lily::cuda::detail {
 
-// Diagnostics (LILY_TRACE=1): thread 0 of every block of a persistent kernel (and of the attention split and
-// combine kernels) stamps %globaltimer at its phase boundaries into the launch's slot, persistent_trace(kernel)
-// (kernel 0 = MoE, 1 = GDN mixer, 2 = attention split, 3 = attention combine; stamp i of block b at
-// [b * kTraceStamps + i], stamp 15 = griddepcontrol.wait returned); null when tracing is off. Slots are handed
-// out again by each capture of the step, in the same order, so a slot keeps its kernel and grid.
-constexpr int kTraceBlocks = 160, kTraceStamps = 16;
-unsigned long long* persistent_trace(int kernel);
+// Thread 0 of every block of a persistent kernel stamps %globaltimer as phase i into the launch's trace slot
+// (kernels/trace.h; null: not traced).
 __device__ __forceinline__ void trace_stamp(unsigned long long* trace, int i) {
   if (trace && threadIdx.x == 0) {
     unsigned long long t;
@@ -63,8 +58,7 @@ struct GridSync {
 // Call once per launch before any barrier, after dep_wait() (thread 0 reads the counter), and after the block's
 // first loads are issued. The read is relaxed and its value used only at the first barrier, so thread 0 never
 // waits for it: an acquire load held back thread 0's later loads by a memory round trip and, through the
-// block's first __syncthreads, the whole block (measured on the H200 at 4K: base read at entry 1312 -> after
-// the first loads 1303.6 us/token -> relaxed and used late -3 us). No acquire is needed: griddepcontrol.wait
+// block's first __syncthreads, the whole block. No acquire is needed: griddepcontrol.wait
 // made the previous launches' arrivals visible, so the value lies in [base, base + grid) as above.
 __device__ __forceinline__ GridSync grid_sync_begin(unsigned* bar) {
   GridSync s{bar, 0ull, 0u};
@@ -86,14 +80,12 @@ __device__ __forceinline__ void grid_sync(GridSync& s) {
   __syncthreads();
 }
 
-bool persistent_pdl();  // false with LILY_PERSIST_PDL=0
-
 // Launches a persistent kernel: one block of `threads` per SM, cooperatively (the launch fails instead of
 // deadlocking if the blocks cannot all be resident), with programmatic dependent launch.
 template <typename Args>
 void launch_persistent(void (*kernel)(Args), const Args& a, int threads, cudaStream_t stream) {
   launch_ex(kernel, dim3(sm_count()), dim3(threads), 0, stream,
-            LaunchOpts{persistent_pdl(), 1, true}, a);
+            LaunchOpts{true, 1, true}, a);
 }
 
 }  // namespace lily::cuda::detail

@@ -1,18 +1,14 @@
 // Kernel launches with attributes: launch_ex (cudaLaunchKernelEx with programmatic dependent launch, a
 // thread-block cluster and/or a cooperative launch), used by launch_mixer (gdn.cu, norm.cu), attention.cu,
-// launch_kernel (gemv.cu, moe.cu) and launch_persistent (the one-launch MoE / GDN kernels). PDL: always for the
-// persistent kernels (grid_barrier.cuh; LILY_PERSIST_PDL=0: off) and the attention split and combine kernels
-// (attention_pdl, mixers.h; LILY_ATTN_PDL=0: off); for the others only with LILY_PDL=1 (the switch lives
-// in gemv.cu; measured slower). Kernels launched with PDL must call dep_wait() before reading anything an earlier
-// kernel wrote; dep_trigger() lets the next kernel be scheduled early (it still waits for this one to finish).
+// launch_kernel (gemv.cu, moe.cu) and launch_persistent (the one-launch MoE / GDN kernels). PDL: for the
+// persistent kernels (grid_barrier.cuh), the attention split and combine kernels and the one-wave GEMV; the
+// others launch without it (it measured slower there). Kernels launched with PDL must call dep_wait() before
+// reading anything an earlier kernel wrote; dep_trigger() lets the next kernel be scheduled early (it still waits
+// for this one to finish); without PDL both are no-ops.
 #pragma once
 #include "kernels/common.cuh"
 
 namespace lily::cuda {
-
-namespace detail {
-bool pdl_enabled();  // kernels/gemv.cu
-}
 
 __device__ __forceinline__ void dep_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void dep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -53,10 +49,10 @@ void launch_ex(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t
   CUDA_CHECK_LAUNCH();
 }
 
-// The mixer kernels: PDL when LILY_PDL=1, and an optional cluster.
+// The mixer kernels: without PDL, with an optional cluster.
 template <typename... P, typename... A>
 void launch_mixer(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int cluster_x, A... args) {
-  launch_ex(k, grid, block, smem, s, LaunchOpts{detail::pdl_enabled(), cluster_x, false}, args...);
+  launch_ex(k, grid, block, smem, s, LaunchOpts{false, cluster_x, false}, args...);
 }
 
 }  // namespace lily::cuda

@@ -5,11 +5,13 @@
 //                 over SMs, then a combine)
 // Every launcher takes raw device pointers, sizes and a stream, never engine types, so it can be tested and
 // benchmarked alone (tests/gpu/test_mixer_kernels.cu). Per-step values (the position) are read from device
-// memory so a captured CUDA graph replays unchanged. Math: shared/spec/model.md §2.1-2.3; all arithmetic fp32.
+// memory so a captured CUDA graph replays unchanged. Math: docs/model.md §2.1-2.3; all arithmetic fp32.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/trace.h"
 
 
 namespace lily::cuda {
@@ -61,13 +63,13 @@ void launch_gdn_step(const float* qkv, const float* z, const float* a, const flo
 struct AttnScratch {
   float* partial = nullptr;      // [n_kv][max_splits][group][head_dim + 2] (acc, m, l)
   int max_splits = 0;
-  unsigned long long* trace_split = nullptr;  // LILY_TRACE=1: the launches' stamp slots (grid_barrier.cuh)
-  unsigned long long* trace_comb = nullptr;
+  unsigned long long* trace_split = nullptr;  // set by launch_attention_decode: the launches' stamp slots
+  unsigned long long* trace_comb = nullptr;   // (kernels/trace.h), or null
 };
 size_t attn_scratch_floats(int n_kv, int max_splits, int group, int head_dim);
 
 // The current token's raw projections and the constants that turn them into the attention's inputs
-// (model.md §2.3): q = RoPE(RMSNorm(qg[h][0:d]; q_norm)), k = RoPE(RMSNorm(k; k_norm)), rotate-half RoPE on dims
+// (docs/model.md §2.3): q = RoPE(RMSNorm(qg[h][0:d]; q_norm)), k = RoPE(RMSNorm(k; k_norm)), rotate-half RoPE on dims
 // [0, rope_dim) with angle pos * inv_freq[i % (rope_dim / 2)].
 inline constexpr int kAttnMaxRopeHalf = 128;
 struct AttnIn {
@@ -94,9 +96,8 @@ void attn_in_rope(AttnIn& in, int rope_dim, double theta);
 inline constexpr int kAttnMaxSplits = 128;  // split blocks per KV head at most
 // The split and combine kernels are launched with programmatic dependent launch (each can start while the kernel
 // before it finishes; the split kernel copies the K/V rows of earlier tokens before it waits, and lets the
-// combine in only when it ends), unless LILY_ATTN_PDL=0.
-bool attention_pdl();
+// combine in only when it ends). trace: phase stamps (benchmarks), or null.
 void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float* out, AttnScratch scratch,
-                             int splits, int n_heads, cudaStream_t s);
+                             int splits, int n_heads, cudaStream_t s, StepTrace* trace = nullptr);
 
 }  // namespace lily::cuda

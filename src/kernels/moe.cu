@@ -1,12 +1,10 @@
-// The sparse MoE block on the GPU (shared/spec/model.md §2.4) in three launches, no host sync:
+// The sparse MoE block on the GPU (docs/model.md §2.4) in three launches, no host sync:
 //   moe_route   : router GEMV (8-bit in MLX) + the shared-expert-gate logit, optionally with the RMSNorm of the
 //                 block input fused in front (every block normalises; block 0 stores x for the experts).
 //   moe_gate_up : every block first turns the logits into the selection (route_topk: top-k by logit with ties
 //                 to the lower id, the softmax weights renormalised over the k, sigmoid gate; 8 warps),
 //                 then the gate/up GEMVs of the k selected experts and the shared expert with SwiGLU, scaled by
 //                 the routing weight (shared: sigmoid gate), into act [(k+1)][F]. Block 0 stores the selection.
-//                 (Before: a last-block ticket in moe_route did the selection with block-wide reductions:
-//                 ~10 us per call on the H200, now the route is a plain GEMV.)
 //   moe_down    : h += sum over the k+1 down projections of act (residual add fused).
 // Tested by tests/gpu/test_moe.cu, timed by bench/bench_kernels.cu.
 #include "kernels/common.cuh"
@@ -121,13 +119,7 @@ __global__ void __launch_bounds__(kBlockThreads, (2 * R * K <= 8192 ? 3 : 2)) ga
   if (lane < R && task0 + lane < total) a.out[task0 + lane] = v;
 }
 
-// LILY_MOE_STREAM=0 turns the streaming gate/up kernel off (for benchmarks).
-bool moe_stream_on() {
-  static const bool on = env_flag("LILY_MOE_STREAM", true);
-  return on;
-}
-
-bool gate_up_streams(QFormat f, int cols) { return f == QFormat::q4 && cols == 2048 && moe_stream_on(); }
+bool gate_up_streams(QFormat f, int cols) { return f == QFormat::q4 && cols == 2048; }
 
 template <QFormat F>
 void launch_gate_up(const PairArgs& a, const float* x, cudaStream_t s) {
@@ -275,29 +267,34 @@ void launch_down(const DownArgs& a, cudaStream_t s) {
 void check(bool ok, const char* what) { LILY_CHECK(ok, "moe: ", what); }
 
 void check_route(const MoeWeightsDev& m, const MoeScratch& s) {
-  const int E = m.router.rows, H = m.router.cols;
+  const int E = m.gate.rows, H = m.gate.cols;
   check(s.logits && s.act && s.topk_idx && s.topk_w && s.sh_scale, "scratch not allocated");
   check(E == s.n_experts && s.top_k >= 1 && s.top_k <= E, "scratch sized for another expert count");
   check(E <= kMaxExperts && s.top_k <= kMaxTopK, "more than 256 experts or 8 selected");
-  check(m.router.w && m.shared_expert_gate.w, "router weights not allocated");
+  check(m.gate.w && m.shared_expert_gate.w, "router weights not allocated");
   check(H % kGroupSize == 0, "H must be a multiple of 64");
   check(m.shared_expert_gate.rows == 1 && m.shared_expert_gate.cols == H &&
-            m.shared_expert_gate.format == m.router.format, "shared_expert_gate must be [1, H] in the router's format");
+            m.shared_expert_gate.format == m.gate.format, "shared_expert_gate must be [1, H] in the router's format");
 }
 
 void check_moe(const MoeWeightsDev& m, const MoeScratch& s) {
   check_route(m, s);
-  const int E = m.router.rows, H = m.router.cols, F = m.gate.rows;
+  const int E = m.gate.rows, H = m.gate.cols, F = m.experts_gate.rows;
   check(F == s.ffn, "scratch sized for another FFN width");
-  check(m.gate.w && m.up.w && m.down.w && m.sh_gate.w && m.sh_up.w && m.sh_down.w, "expert weights not allocated");
-  check(m.gate.n_mats == E && m.up.n_mats == E && m.down.n_mats == E, "expert stacks must hold E matrices");
-  check(m.up.rows == F && m.gate.cols == H && m.up.cols == H && m.down.rows == H && m.down.cols == F,
+  check(m.experts_gate.w && m.experts_up.w && m.experts_down.w && m.shared_gate.w && m.shared_up.w && m.shared_down.w,
+        "expert weights not allocated");
+  check(m.experts_gate.n_mats == E && m.experts_up.n_mats == E && m.experts_down.n_mats == E,
+        "expert stacks must hold E matrices");
+  check(m.experts_up.rows == F && m.experts_gate.cols == H && m.experts_up.cols == H && m.experts_down.rows == H &&
+            m.experts_down.cols == F,
         "expert shapes");
-  check(m.sh_gate.rows == F && m.sh_up.rows == F && m.sh_gate.cols == H && m.sh_up.cols == H &&
-            m.sh_down.rows == H && m.sh_down.cols == F, "shared expert shapes (its FFN must equal the routed one)");
-  check(m.gate.format == m.up.format && m.sh_gate.format == m.gate.format && m.sh_up.format == m.gate.format,
+  check(m.shared_gate.rows == F && m.shared_up.rows == F && m.shared_gate.cols == H && m.shared_up.cols == H &&
+            m.shared_down.rows == H && m.shared_down.cols == F,
+        "shared expert shapes (its FFN must equal the routed one)");
+  check(m.experts_gate.format == m.experts_up.format && m.shared_gate.format == m.experts_gate.format &&
+            m.shared_up.format == m.experts_gate.format,
         "gate/up formats differ");
-  check(m.sh_down.format == m.down.format, "down formats differ");
+  check(m.shared_down.format == m.experts_down.format, "down formats differ");
   check(H % kGroupSize == 0 && F % kGroupSize == 0, "H and F must be multiples of 64");
 }
 
@@ -332,21 +329,21 @@ namespace detail {
 MultiArgs router_args(const MoeWeightsDev& m, const MoeScratch& s) {
   GemvBatch b;
   b.n = 2;
-  b.W[0] = m.router, b.y[0] = s.logits;
-  b.W[1] = m.shared_expert_gate, b.y[1] = s.logits + m.router.rows;
+  b.W[0] = m.gate, b.y[0] = s.logits;
+  b.W[1] = m.shared_expert_gate, b.y[1] = s.logits + m.gate.rows;
   return multi_args(b);
 }
 
 PairArgs expert_pair_args(const MoeWeightsDev& m, const MoeScratch& s) {
   PairArgs a{};
-  a.gw = m.gate.w; a.gsb = m.gate.sb; a.uw = m.up.w; a.usb = m.up.sb;
-  a.sgw = m.sh_gate.w; a.sgsb = m.sh_gate.sb; a.suw = m.sh_up.w; a.susb = m.sh_up.sb;
-  a.mat_w_bytes = m.gate.mat_w_bytes();
-  a.mat_groups = m.gate.mat_groups();
+  a.gw = m.experts_gate.w; a.gsb = m.experts_gate.sb; a.uw = m.experts_up.w; a.usb = m.experts_up.sb;
+  a.sgw = m.shared_gate.w; a.sgsb = m.shared_gate.sb; a.suw = m.shared_up.w; a.susb = m.shared_up.sb;
+  a.mat_w_bytes = m.experts_gate.mat_w_bytes();
+  a.mat_groups = m.experts_gate.mat_groups();
   a.logits = s.logits;
   a.idx_out = s.topk_idx; a.w_out = s.topk_w; a.sh_out = s.sh_scale;
-  a.E = m.router.rows;
-  a.k = s.top_k; a.F = m.gate.rows; a.cols = m.gate.cols; a.out = s.act;
+  a.E = m.gate.rows;
+  a.k = s.top_k; a.F = m.experts_gate.rows; a.cols = m.experts_gate.cols; a.out = s.act;
   return a;
 }
 
@@ -354,7 +351,7 @@ void route(const MoeWeightsDev& m, const float* x, const float* norm_w, float ep
            cudaStream_t stream) {
   check_route(m, s);
   const MultiArgs a = router_args(m, s);
-  switch (m.router.format) {
+  switch (m.gate.format) {
     case QFormat::q4: launch_route<QFormat::q4>(a, x, norm_w, eps, x_out, stream); return;
     case QFormat::q8: launch_route<QFormat::q8>(a, x, norm_w, eps, x_out, stream); return;
     case QFormat::bf16: launch_route<QFormat::bf16>(a, x, norm_w, eps, x_out, stream); return;
@@ -372,12 +369,14 @@ void moe_route_rmsnorm(const MoeWeightsDev& m, const float* h, const float* norm
   detail::route(m, h, norm_w, eps, x_out, s, stream);
 }
 
-bool moe_gate_up_streams(const MoeWeightsDev& m) { return detail::gate_up_streams(m.gate.format, m.gate.cols); }
+bool moe_gate_up_streams(const MoeWeightsDev& m) {
+  return detail::gate_up_streams(m.experts_gate.format, m.experts_gate.cols);
+}
 
 void moe_gate_up(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream) {
   detail::check_moe(m, s);
   const detail::PairArgs a = detail::expert_pair_args(m, s);
-  switch (m.gate.format) {
+  switch (m.experts_gate.format) {
     case QFormat::q4: detail::launch_gate_up<QFormat::q4>(a, x, stream); return;
     case QFormat::q8: detail::launch_gate_up<QFormat::q8>(a, x, stream); return;
     case QFormat::bf16: detail::launch_gate_up<QFormat::bf16>(a, x, stream); return;
@@ -387,12 +386,12 @@ void moe_gate_up(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cu
 void moe_down(const MoeWeightsDev& m, const MoeScratch& s, float* h, cudaStream_t stream) {
   detail::check_moe(m, s);
   detail::DownArgs a{};
-  a.w = m.down.w; a.sb = m.down.sb; a.sw = m.sh_down.w; a.ssb = m.sh_down.sb;
-  a.mat_w_bytes = m.down.mat_w_bytes();
-  a.mat_groups = m.down.mat_groups();
+  a.w = m.experts_down.w; a.sb = m.experts_down.sb; a.sw = m.shared_down.w; a.ssb = m.shared_down.sb;
+  a.mat_w_bytes = m.experts_down.mat_w_bytes();
+  a.mat_groups = m.experts_down.mat_groups();
   a.idx = s.topk_idx; a.act = s.act;
-  a.k = s.top_k; a.rows = m.down.rows; a.cols = m.down.cols; a.h = h;
-  switch (m.down.format) {
+  a.k = s.top_k; a.rows = m.experts_down.rows; a.cols = m.experts_down.cols; a.h = h;
+  switch (m.experts_down.format) {
     case QFormat::q4: detail::launch_down<QFormat::q4>(a, stream); return;
     case QFormat::q8: detail::launch_down<QFormat::q8>(a, stream); return;
     case QFormat::bf16: detail::launch_down<QFormat::bf16>(a, stream); return;
@@ -404,15 +403,12 @@ namespace detail {
 bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s);
 bool moe_fused_takes_pre(const ResidualProj& pre);
 void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out,
-                      const MoeScratch& s, const ResidualProj* pre, bool sums_added, cudaStream_t stream);
-bool moe_fused_on() {
-  static const bool on = env_flag("LILY_MOE_FUSED", true);
-  return on;
-}
+                      const MoeScratch& s, const ResidualProj* pre, bool sums_added, StepTrace* trace,
+                      cudaStream_t stream);
 }  // namespace detail
 
 bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s, const ResidualProj* pre) {
-  return detail::moe_fused_on() && detail::moe_fused_supported(m, s) && (!pre || detail::moe_fused_takes_pre(*pre));
+  return detail::moe_fused_supported(m, s) && (!pre || detail::moe_fused_takes_pre(*pre));
 }
 
 RouterSums moe_router_sums(const MoeWeightsDev& m, const float* norm_w, const MoeScratch& s) {
@@ -421,7 +417,8 @@ RouterSums moe_router_sums(const MoeWeightsDev& m, const float* norm_w, const Mo
 }
 
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
-               cudaStream_t stream, bool allow_fused, const ResidualProj* pre, bool router_sums_added) {
+               cudaStream_t stream, bool allow_fused, const ResidualProj* pre, bool router_sums_added,
+               StepTrace* trace) {
   detail::check_moe(m, s);
   const bool fused = allow_fused && moe_block_is_fused(m, s);
   // sums added before h changes again, or never consumed (and zeroed) by the fused launch: the next one misroutes
@@ -432,7 +429,7 @@ void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps,
     pre = nullptr;
   }
   if (fused) {
-    detail::launch_moe_fused(m, h, norm_w, eps, x_out, s, pre, router_sums_added, stream);
+    detail::launch_moe_fused(m, h, norm_w, eps, x_out, s, pre, router_sums_added, trace, stream);
     return;
   }
   moe_route_rmsnorm(m, h, norm_w, eps, x_out, s, stream);

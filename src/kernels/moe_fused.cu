@@ -1,4 +1,4 @@
-// The whole MoE block of one decode step in ONE persistent launch (model.md §2.1 + §2.4):
+// The whole MoE block of one decode step in ONE persistent launch (docs/model.md §2.1 + §2.4):
 //   h += MoE(x),  x = RMSNorm(h) * norm_w
 // for the real model's shapes (H = 2048, F = 512, top-8, q4 experts, q8 router, E <= 256). One block per SM,
 // 16 warps each; phases separated by grid-wide barriers instead of kernel boundaries:
@@ -17,9 +17,8 @@
 //      warp g computes output row g of all 9 down projections by integer dot products and adds it to h
 //      (residual fused). Block 0 zeroes the router sums for the next layer. The shared row of act stays
 //      unscaled in the scratch.
-// Replaces moe_route + moe_gate_up + moe_down (three kernel boundaries of ~4-5 us each on the H200, and the
-// down weights could only be requested after the last one), and a router phase with its grid barrier (the
-// selection ~3.9 us after the wait instead of ~5.5 at 4K on the H200). The 3-launch path stays for other shapes
+// Replaces moe_route + moe_gate_up + moe_down (three kernel boundaries, and the down weights could only be
+// requested after the last one), and a router phase with its grid barrier. The 3-launch path stays for other shapes
 // and for GPUs with fewer than 128 SMs. Task g of the shared gate/up and of phase C runs on warp (g / gridDim.x)
 // of block (g % gridDim.x), so their work is spread over all SMs; the routed pairs go block by block (a chunk of
 // act per block). Tested by tests/gpu/test_moe.cu against the CPU reference.
@@ -58,7 +57,7 @@ struct FusedArgs {
   float eps;
   float* x_out;       // normed x (block 0 stores it), may be null
   unsigned* barrier;  // [kGridBarrierWords] (grid_barrier.cuh)
-  unsigned long long* trace;  // LILY_TRACE=1: this launch's slot of phase times (grid_barrier.cuh), else null
+  unsigned long long* trace;  // this launch's slot of phase times (kernels/trace.h), or null
   const uint8_t* pw; const uint32_t* psb;    // phase 0: h += P px, P q4 [H][kP] (null: no phase 0)
   const float* px;
 };
@@ -116,8 +115,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
     uint4 pv[1][kP / 1024];
     uint32_t psv[1][kP / 1024];
     // px before the weight row: an SM receives its data in the order it requested it, so px requested behind the
-    // rows (36 KB per SM) arrived only after them (bench_stream's phase probes: a read behind an SM's own 108 KB
-    // took 2.6 us, one from an SM without loads 0.7)
+    // rows (36 KB per SM) arrived only after them
     constexpr int J = kP / 4 / kThreads;
     float4 pxr[J];
 #pragma unroll
@@ -217,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   if (pair_task) {
     float acc[4];
     // The down rows of phase C once half the gate/up rows have arrived: issued before them they delayed them, and
-    // issued right after them they still shared the HBM with the rows phase A waits for (+28 us per token)
+    // issued right after them they still shared the HBM with the rows phase A waits for
     stream_dots<kH, 4>(xs, wv, sv, acc, [&] {
       if (down_task) load_down_row(a, topk.idx, g, dr);
     });
@@ -314,11 +312,11 @@ bool moe_fused_takes_pre(const ResidualProj& pre) {
 }
 
 bool moe_fused_supported(const MoeWeightsDev& m, const MoeScratch& s) {
-  return sm_count() >= kMinBlocks && s.barrier != nullptr && s.router_acc != nullptr &&
-         m.router_slices.w != nullptr && m.router.format == QFormat::q8 &&
-         m.shared_expert_gate.format == QFormat::q8 && m.router.cols == kH && m.router.rows <= kMaxExperts &&
-         m.gate.format == QFormat::q4 && m.down.format == QFormat::q4 && m.gate.rows == kF && m.gate.cols == kH &&
-         m.down.rows == kH && m.down.cols == kF && s.top_k == kK;
+  return sm_count() >= kMinBlocks && s.barrier != nullptr && s.router_acc != nullptr && m.router_slices.w != nullptr &&
+         m.gate.format == QFormat::q8 && m.shared_expert_gate.format == QFormat::q8 && m.gate.cols == kH &&
+         m.gate.rows <= kMaxExperts && m.experts_gate.format == QFormat::q4 && m.experts_down.format == QFormat::q4 &&
+         m.experts_gate.rows == kF && m.experts_gate.cols == kH && m.experts_down.rows == kH &&
+         m.experts_down.cols == kF && s.top_k == kK;
 }
 
 RouterPartialDev router_partial_dev(const RouterSums& s) {
@@ -332,22 +330,23 @@ RouterPartialDev router_partial_dev(const RouterSums& s) {
 }
 
 void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out,
-                      const MoeScratch& s, const ResidualProj* pre, bool sums_added, cudaStream_t stream) {
+                      const MoeScratch& s, const ResidualProj* pre, bool sums_added, StepTrace* trace,
+                      cudaStream_t stream) {
   FusedArgs a{};
   a.pairs = expert_pair_args(m, s);
   a.logits = s.logits;
   const RouterSums sums{m.router_slices, norm_w, s.router_acc};
   a.rs = router_partial_dev(sums);
-  a.dw = m.down.w; a.dsb = m.down.sb; a.sdw = m.sh_down.w; a.sdsb = m.sh_down.sb;
-  a.d_mat_w_bytes = m.down.mat_w_bytes();
-  a.d_mat_groups = m.down.mat_groups();
+  a.dw = m.experts_down.w; a.dsb = m.experts_down.sb; a.sdw = m.shared_down.w; a.sdsb = m.shared_down.sb;
+  a.d_mat_w_bytes = m.experts_down.mat_w_bytes();
+  a.d_mat_groups = m.experts_down.mat_groups();
   a.act_q = static_cast<StreamX<(kK + 1) * kF>*>(s.act_q);
   a.h = h;
   a.norm_w = norm_w;
   a.eps = eps;
   a.x_out = x_out;
   a.barrier = s.barrier;
-  a.trace = persistent_trace(0);
+  a.trace = trace ? trace->take(kTraceMoe) : nullptr;
   if (pre) {
     a.pw = pre->W.w;
     a.psb = pre->W.sb;
@@ -370,7 +369,7 @@ void moe_router_sums_add(const RouterSums& r, const float* h, cudaStream_t strea
 
 void moe_build_router_slices(MoeWeightsDev& m, cudaStream_t stream) {
   using namespace detail;
-  const QMat& r = m.router;
+  const QMat& r = m.gate;
   const QMat& sg = m.shared_expert_gate;
   if (r.format != QFormat::q8 || sg.format != QFormat::q8 || r.cols != kH || sg.cols != kH || sg.rows != 1 ||
       r.n_mats != 1 || r.rows > kMaxExperts || !r.w || !sg.w)

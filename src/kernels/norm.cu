@@ -1,4 +1,4 @@
-// The standalone RMSNorm of the decode step (model.md §2.1): add_rmsnorm_kernel, a residual add of up to two
+// The standalone RMSNorm of the decode step (docs/model.md §2.1): add_rmsnorm_kernel, a residual add of up to two
 // deltas + RMSNorm with the effective (1 + w) weight, for the multi-launch paths (the fused kernels normalise
 // in their prologues; the attention q/k norms are in kernels/qk_rope.cuh). Tested in
 // tests/gpu/test_mixer_kernels.cu.

@@ -1,47 +1,31 @@
-// Host side of the persistent kernels (moe_fused.cu, gdn_fused.cu; device side in grid_barrier.cuh): the
-// environment switches of their launch and barrier, and the LILY_TRACE=1 phase stamps (theirs and the attention
-// split and combine kernels').
+// Host side of the step trace (kernels/trace.h; device side in grid_barrier.cuh): the slots and their printer.
 #include <algorithm>
 #include <cstdio>
 #include <vector>
 
-#include "kernels/grid_barrier.cuh"
-#include "kernels/qmat.h"
+#include "kernels/common.cuh"
+#include "kernels/trace.h"
 
 namespace lily::cuda {
-namespace detail {
 
-bool persistent_pdl() {
-  static const bool on = env_flag("LILY_PERSIST_PDL", true);
-  return on;
+unsigned long long* StepTrace::take(int kernel) {
+  if (!stamps || used >= kTraceSlots || sm_count() > kTraceBlocks) return nullptr;
+  kind[used] = kernel;
+  return stamps + static_cast<size_t>(used++) * kTraceBlocks * kTraceStamps;
 }
 
-// LILY_TRACE=1: every block's thread 0 stamps %globaltimer at its phase boundaries (stamp 15: griddepcontrol.wait
-// returned) into one slot per launch of the step: a static device array (no allocation: this runs inside graph
-// capture), slots handed out in launch order from persistent_trace_begin().
-constexpr int kTraceSlots = 96;
-__device__ unsigned long long g_trace[kTraceSlots * kTraceBlocks * kTraceStamps];
-int g_slots = 0;
-int g_slot_kind[kTraceSlots];
-
-unsigned long long* trace_base() {
-  static unsigned long long* buf = [] {
-    unsigned long long* p = nullptr;
-    if (env_flag("LILY_TRACE", false)) CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&p), g_trace));
-    return p;
-  }();
-  return buf;
+StepTrace step_trace_alloc() {
+  StepTrace t;
+  const size_t bytes = sizeof(unsigned long long) * kTraceSlots * kTraceBlocks * kTraceStamps;
+  CUDA_CHECK(cudaMalloc(&t.stamps, bytes));
+  CUDA_CHECK(cudaMemset(t.stamps, 0, bytes));
+  return t;
 }
 
-unsigned long long* persistent_trace(int kernel) {
-  unsigned long long* base = trace_base();
-  if (!base || g_slots >= kTraceSlots || sm_count() > kTraceBlocks) return nullptr;
-  g_slot_kind[g_slots] = kernel;
-  return base + static_cast<size_t>(g_slots++) * kTraceBlocks * kTraceStamps;
+void step_trace_free(StepTrace& t) {
+  if (t.stamps) cudaFree(t.stamps);
+  t = StepTrace{};
 }
-}  // namespace detail
-
-void persistent_trace_begin() { detail::g_slots = 0; }
 
 // The last step's persistent launches (LILY_TRACE=1; benchmarks): per kernel kind, averaged over its launches,
 // when the blocks finished each phase (earliest, median and latest block), in µs after the launch's first block
@@ -49,16 +33,16 @@ void persistent_trace_begin() { detail::g_slots = 0; }
 // first wait return (the launch boundary, plus any plain launches in between). For the attention layers (the
 // q|k|v GEMV, then the split and combine launches, then the MoE), when their split and combine blocks reached
 // which point, in µs after the previous persistent launch's last block ended.
-void print_persistent_trace() {
-  using namespace detail;
-  unsigned long long* d = trace_base();
-  if (!d || g_slots == 0) return;
-  const int nb = sm_count(), ns = g_slots;
+void print_step_trace(const StepTrace& tr) {
+  const unsigned long long* d = tr.stamps;
+  if (!d || tr.used == 0) return;
+  const int nb = sm_count(), ns = tr.used;
+  const int* kind_of = tr.kind;
   std::vector<unsigned long long> t(static_cast<size_t>(ns) * kTraceBlocks * kTraceStamps);
   CUDA_CHECK(cudaMemcpy(t.data(), d, t.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   const char* moe[] = {"entry", "selected+x", "shared", "gate/up", "barrier", "act staged", "end"};
   const char* gdn[] = {"entry", "x normed", "in_proj", "barrier 1", "step", "barrier 2", "staged", "end"};
-  const char* const* names[2] = {moe, gdn};  // by kernel (persistent_trace's argument)
+  const char* const* names[2] = {moe, gdn};  // by kernel (TraceKernel)
   const int n_stamps[2] = {7, 8};
   // kinds: 0 MoE after a GDN mixer, 1 MoE after attention (o_proj phase; plain launches before it), 2 GDN mixer
   const char* kind_name[3] = {"MoE (after a GDN mixer)", "MoE + o_proj (after attention)", "GDN mixer"};
@@ -71,9 +55,9 @@ void print_persistent_trace() {
   double at[11] = {};
   int n_at = 0;
   for (int s = 0; s < ns; ++s) {
-    const int k = g_slot_kind[s];
+    const int k = kind_of[s];
     if (k >= 2) {
-      if (k == 2 && s + 2 < ns && g_slot_kind[s + 1] == 3 && g_slot_kind[s + 2] == 0 && prev_end) {
+      if (k == 2 && s + 2 < ns && kind_of[s + 1] == 3 && kind_of[s + 2] == 0 && prev_end) {
         const unsigned long long* sp = t.data() + static_cast<size_t>(s) * kTraceBlocks * kTraceStamps;
         const unsigned long long* cb = sp + kTraceBlocks * kTraceStamps;
         const unsigned long long* mo = cb + kTraceBlocks * kTraceStamps;
@@ -113,7 +97,7 @@ void print_persistent_trace() {
       w_hi = std::max(w_hi, b[i * kTraceStamps + 15]);
       end_hi = std::max(end_hi, b[i * kTraceStamps + n - 1]);
     }
-    const int kind = k == 1 ? 2 : (s > 0 && g_slot_kind[s - 1] == 1 ? 0 : 1);
+    const int kind = k == 1 ? 2 : (s > 0 && kind_of[s - 1] == 1 ? 0 : 1);
     if (s > 0) gap[kind] += static_cast<double>(w_lo) - static_cast<double>(prev_end);
     wait_spread[kind] += static_cast<double>(w_hi - w_lo);
     for (int p = 1; p < n; ++p) {

@@ -1,4 +1,4 @@
-// The attention's q/k RMSNorm + partial rotate-half RoPE (model.md §2.3) for a head held by one warp, as the
+// The attention's q/k RMSNorm + partial rotate-half RoPE (docs/model.md §2.3) for a head held by one warp, as the
 // decode attention's split kernel (attention.cu) computes it for its KV head's queries and the current key.
 #pragma once
 #include "kernels/mixers.h"
@@ -33,7 +33,7 @@ __device__ __forceinline__ void lane_rope_angles(const AttnIn& in, int pos, Lane
       const float ang = (float)pos * in.inv_freq[i % half];
       if (ang < 65536.f) {
         sincosf(ang, &sn, &cs);
-      } else {  // sincosf's slow path there cost ~2 us per layer at 128K (H200)
+      } else {  // sincosf's slow path is slow for large angles
         double sd, cd;
         sincos((double)ang, &sd, &cd);
         sn = (float)sd, cs = (float)cd;
@@ -44,7 +44,7 @@ __device__ __forceinline__ void lane_rope_angles(const AttnIn& in, int pos, Lane
   }
 }
 
-// x: the lane's EPL dims of one head -> RoPE(RMSNorm(x; w)) (model.md §2.3; the norm's sum over the warp). Every
+// x: the lane's EPL dims of one head -> RoPE(RMSNorm(x; w)) (docs/model.md §2.3; the norm's sum over the warp). Every
 // lane of the warp must call.
 template <int EPL>
 __device__ __forceinline__ void norm_rope_lane(float (&x)[EPL], const float (&w)[EPL], const LaneRope<EPL>& r,

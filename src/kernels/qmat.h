@@ -5,9 +5,7 @@
 // and the embedding row gather. Sampling is in kernels/sampling.h.
 // All launchers take raw device pointers and a stream, never synchronise and never read device memory on the
 // host, so they can be captured into a CUDA graph. Kernels: kernels/gemv.cu, moe.cu, moe_fused.cu (the MoE
-// block in one persistent launch), embed.cu, repack.cu. With LILY_PDL=1 the GEMV/MoE kernels are launched with
-// programmatic dependent launch and fetch weights before waiting (griddepcontrol.wait) for the previous kernel;
-// off by default (measured slower end to end). x / y / act pointers must be 16-byte aligned.
+// block in one persistent launch), embed.cu, repack.cu. x / y / act pointers must be 16-byte aligned.
 //
 // Layout (chosen for 16-byte coalesced loads with the dequantisation in registers):
 //   w  : the packed weights, row-major, one row after the other, rows 16-byte aligned (cols % 64 == 0):
@@ -24,13 +22,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/trace.h"
+
 namespace lily::cuda {
 
 enum class QFormat : int { q4 = 4, q8 = 8, bf16 = 16 };  // value = bits per weight
 
 inline constexpr int kGroupSize = 64;  // elements per scale/bias group (MLX group_size; the only one supported)
 
-// Real-model shapes (shared/spec/model.md §1.2) the fast paths are built for.
+// Real-model shapes (docs/model.md §1.2) the fast paths are built for.
 inline constexpr int kHidden = 2048;      // H
 inline constexpr int kExperts = 256;      // E
 inline constexpr int kTopK = 8;           // experts per token
@@ -73,7 +73,7 @@ void upload_mlx(const QMat& m, const uint32_t* host_words, const uint16_t* host_
                 const uint16_t* host_biases, void* staging, cudaStream_t stream);
 size_t upload_mlx_staging_bytes(const QMat& m);
 // From bf16 [n_mats][rows][cols] in DEVICE memory: m.format bf16 -> copy; q4/q8 -> quantize on the GPU with
-// the MLX affine rule (shared/spec/model.md §4.2, round half to even), so HF bf16 checkpoints can run on
+// the MLX affine rule (docs/model.md §4.2, round half to even), so HF bf16 checkpoints can run on
 // the same 4/8-bit kernels.
 void from_bf16(const QMat& m, const uint16_t* src, cudaStream_t stream);
 
@@ -96,7 +96,7 @@ struct GemvBatch {
 };
 void gemv_multi(const GemvBatch& b, const float* x, bool accumulate, cudaStream_t stream);
 
-// The same with the RMSNorm of the input fused in (model.md §2.1): y[i] = W[i] x, x = h * rsqrt(mean(h²) + eps)
+// The same with the RMSNorm of the input fused in (docs/model.md §2.1): y[i] = W[i] x, x = h * rsqrt(mean(h²) + eps)
 // * norm_w (effective weight), computed in every block's prologue for q4 K = 2048/4096 (no separate launch);
 // x is also stored to x_out [cols] (always required: the other formats run the RMSNorm kernel into it).
 void gemv_multi_rmsnorm(const GemvBatch& b, const float* h, const float* norm_w, float eps, float* x_out,
@@ -105,19 +105,21 @@ void gemv_multi_rmsnorm(const GemvBatch& b, const float* h, const float* norm_w,
 // Fused gate+up with SwiGLU: out[r] = silu(gate[r] . x) * (up[r] . x), gate/up [F, cols], out [F] fp32.
 void gemv_swiglu(const QMat& gate, const QMat& up, const float* x, float* out, cudaStream_t stream);
 
-// ---- MoE block (shared/spec/model.md §2.4) ----
-struct MoeWeightsDev {
-  QMat router;              // mlp.gate [E, H] (q8 in MLX)
-  QMat shared_expert_gate;  // [1, H] (q8 in MLX); same format and cols as router
-  QMat gate, up;            // switch_mlp.{gate,up}_proj: n_mats = E, [F, H] each
-  QMat down;                // switch_mlp.down_proj: n_mats = E, [H, F]
-  QMat sh_gate, sh_up;      // shared_expert.{gate,up}_proj [Fs, H]
-  QMat sh_down;             // shared_expert.down_proj [H, Fs]
+// ---- MoE block (docs/model.md §2.4) ----
+struct MoeWeightsDev {       // mlp.* (field names as the CPU's MoeWeights, model/weights.h)
+  QMat gate;                  // the router, mlp.gate [E, H] (q8 in MLX)
+  QMat shared_expert_gate;    // [1, H] (q8 in MLX); same format and cols as gate
+  QMat experts_gate;          // switch_mlp.gate_proj: n_mats = E, [F, H] each
+  QMat experts_up;            // switch_mlp.up_proj: n_mats = E, [F, H] each
+  QMat experts_down;          // switch_mlp.down_proj: n_mats = E, [H, F]
+  QMat shared_gate;           // shared_expert.gate_proj [Fs, H]
+  QMat shared_up;             // shared_expert.up_proj [Fs, H]
+  QMat shared_down;           // shared_expert.down_proj [H, Fs]
   QMat router_slices;       // router rows then the shared_expert_gate row (q8, rows E + 1, cols H) in the layout
                             // of the fused kernel's router sums (kernels/router_partial.cuh), built by
                             // moe_build_router_slices; unset: moe_block takes the multi-launch path
 };
-// Allocates and fills m.router_slices from m.router and m.shared_expert_gate (q8, E <= 256, H = 2048; other
+// Allocates and fills m.router_slices from m.gate and m.shared_expert_gate (q8, E <= 256, H = 2048; other
 // shapes: leaves it unset). Free it with the other matrices (qmat_free).
 void moe_build_router_slices(MoeWeightsDev& m, cudaStream_t stream);
 // Device scratch for one MoE call; allocate with moe_scratch_alloc.
@@ -151,7 +153,7 @@ void moe_scratch_free(MoeScratch& s);
 
 // Launch 1: router logits (+ the shared-expert-gate logit) for x [H] into s.logits.
 void moe_route(const MoeWeightsDev& m, const float* x, const MoeScratch& s, cudaStream_t stream);
-// The same for x = RMSNorm(h) * norm_w (model.md §2.1, fused into the routing kernel); x is stored to
+// The same for x = RMSNorm(h) * norm_w (docs/model.md §2.1, fused into the routing kernel); x is stored to
 // x_out [H] for moe_gate_up.
 void moe_route_rmsnorm(const MoeWeightsDev& m, const float* h, const float* norm_w, float eps, float* x_out,
                        const MoeScratch& s, cudaStream_t stream);
@@ -176,16 +178,14 @@ struct ResidualProj {
 // built, this is ONE persistent launch (kernels/moe_fused.cu: the pre projection (q4 K = 4096) and the router
 // sums, the selection from the sums, gate/up, down, separated by grid barriers; the down weights requested
 // during the gate/up work), after a small launch adding the router sums unless phase 0 takes pre or
-// router_sums_added; otherwise, or with LILY_MOE_FUSED=0, gemv + moe_route_rmsnorm + moe_gate_up + moe_down.
+// router_sums_added; otherwise, or with allow_fused false, gemv + moe_route_rmsnorm + moe_gate_up + moe_down.
 // router_sums_added: the previous launch added this block's router sums (moe_router_sums); otherwise the fused
-// path adds them itself (its o_proj phase, or a small launch before it).
+// path adds them itself (its o_proj phase, or a small launch before it). trace: phase stamps (benchmarks) or null.
 void moe_block(const MoeWeightsDev& m, float* h, const float* norm_w, float eps, float* x_out, const MoeScratch& s,
                cudaStream_t stream, bool allow_fused = true, const ResidualProj* pre = nullptr,
-               bool router_sums_added = false);
+               bool router_sums_added = false, StepTrace* trace = nullptr);
 // moe_block takes the one-launch kernel (with this pre projection, or none)
 bool moe_block_is_fused(const MoeWeightsDev& m, const MoeScratch& s, const ResidualProj* pre = nullptr);
-void print_persistent_trace();  // LILY_TRACE=1: phase times of the last step's fused MoE / GDN launches (benchmarks)
-void persistent_trace_begin();  // LILY_TRACE=1: a new step is being recorded (its launches take slots from 0)
 
 // ---- embedding ----
 // out[c] = E[token][c] dequantised (fp32 [cols]); token read from DEVICE memory (e.g. the sampler's output),

@@ -1,6 +1,6 @@
 // Getting weights into the QMat layout (kernels/qmat.h) on the GPU: allocation, MLX checkpoint upload/repack
 // (the packed words are copied as they are, scales and biases interleaved into one uint32 per group), and
-// bf16 -> q4/q8 quantisation with the MLX affine rule (shared/spec/model.md §4.2), round half to even.
+// bf16 -> q4/q8 quantisation with the MLX affine rule (docs/model.md §4.2), round half to even.
 // Tested by tests/gpu/test_gemv.cu.
 #include "kernels/common.cuh"
 #include "kernels/qdot.cuh"

@@ -11,10 +11,7 @@
 //   draw2    (1 block) the owner block of u * (kept mass) in id order, then the token inside it; emit
 // Masses exp(z - zmax) in [0, 1] are summed as 64-bit fixed point (2^-45 units; 2^18 elements sum to <= 2^63),
 // so every sum is exact and independent of the order the blocks add in: the same token for the same input on
-// every run, and cuts as the host Sampler's double sums make them up to 2^-45 per element. It replaced one
-// block's radix select over all of z (~0.9 ms for top-p on a flat distribution on the H200: that block's
-// float atomics on the few bins of the leading digits serialised) and, for top-p alone, a shortcut through the
-// prep blocks' 32 best logits each (~45 us when it applied: a peaked distribution).
+// every run, and cuts as the host Sampler's double sums make them up to 2^-45 per element.
 #pragma once
 #include <climits>
 

@@ -1,6 +1,6 @@
 // The decode graph's tail to the host: the sampled step (and its top log-probabilities) copied by one small
-// kernel into pinned host memory mapped into the device, instead of device-to-host copy nodes, which cost ~9 us
-// per token at the end of the graph on the H200 (copy-engine latency on the critical path of the next step).
+// kernel into pinned host memory mapped into the device, instead of device-to-host copy nodes (copy-engine
+// latency on the critical path of the next step).
 // Tested through tests/gpu/test_cuda_backend.cpp (device sampling against the host Sampler).
 #include "kernels/common.cuh"
 #include "kernels/sampling.h"

@@ -2,11 +2,12 @@
 // ceiling), then for each context length fills the KV cache with random bf16 (the decode step still reads
 // every cached token) and times >= 128 replays of the captured graph "decode step + greedy sampling + position
 // advance" with CUDA events (median per token). Bytes per token are counted from the resident weights in the
-// order of model.md §8 (active weights + GDN state read/write + conv ring + KV read/append). A per-family
-// breakdown comes from an instrumented pass without the graph (events between kernel families).
+// order of docs/model.md §8 (active weights + GDN state read/write + conv ring + KV read/append). A per-family
+// breakdown comes from an instrumented pass without the graph (events between kernel families). The kernel
+// options in force and the decode plan are printed once; the bench's StepRecorder applies LILY_SKIP and LILY_TRACE.
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
+#include <cstdio>
 #include <map>
 
 #include "kernels/common.cuh"
@@ -27,6 +28,45 @@ struct Event {
   ~Event() { cudaEventDestroy(e); }
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
+};
+
+// The bench's hooks into the step: families left out (KernelOptions::skip), phase stamps (KernelOptions::trace),
+// and, during the instrumented pass, an event before each family.
+class BenchRecorder : public StepRecorder {
+ public:
+  BenchRecorder(const KernelOptions& o, cudaStream_t s) : skip_("," + o.skip + ","), stream_(s) {
+    if (o.trace) trace_ = step_trace_alloc();
+  }
+  ~BenchRecorder() override {
+    clear_marks();
+    step_trace_free(trace_);
+  }
+  BenchRecorder(const BenchRecorder&) = delete;
+  BenchRecorder& operator=(const BenchRecorder&) = delete;
+
+  void begin_step() override { trace_.begin(); }
+  bool skips(const char* family) override { return skip_.find("," + std::string(family) + ",") != std::string::npos; }
+  void mark(const char* family) override {
+    if (!timing) return;
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    CUDA_CHECK(cudaEventRecord(e, stream_));
+    marks.emplace_back(family, e);
+  }
+  StepTrace* trace() override { return trace_.stamps ? &trace_ : nullptr; }
+  const StepTrace& step_trace() const { return trace_; }
+  void clear_marks() {
+    for (auto& m : marks) cudaEventDestroy(m.second);
+    marks.clear();
+  }
+
+  bool timing = false;  // record events at the marks (the instrumented pass; not during graph capture)
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+
+ private:
+  std::string skip_;
+  cudaStream_t stream_;
+  StepTrace trace_;
 };
 
 float elapsed_ms(const Event& a, const Event& b) {
@@ -57,24 +97,26 @@ double measure_copy_bandwidth(cudaStream_t s) {
   return 2.0 * bytes / (t[t.size() / 2] * 1e-3) / 1e9;
 }
 
-// Bytes one decode step moves at context n (tokens already cached), model.md §8 with our resident formats.
+// Bytes one decode step moves at context n (tokens already cached), docs/model.md §8 with our resident formats.
 double bytes_per_token(const Config& c, const DeviceWeights& w, int n) {
-  double b = (double)w.lm_head.bytes() + (double)w.embed.bytes() / w.embed.rows;  // head + one embedding row
+  double b =
+      (double)w.lm_head.bytes() + (double)w.embed_tokens.bytes() / w.embed_tokens.rows;  // head + one embedding row
   b += (2.0 * c.n_layers + 1) * c.hidden * 4;                                      // norm weights (fp32)
   for (int i = 0; i < c.n_layers; ++i) {
     const LayerDev& l = w.layers[i];
     if (c.is_attention(i)) {
-      b += (double)l.attn.q.bytes() + l.attn.k.bytes() + l.attn.v.bytes() + l.attn.o.bytes();
+      b += (double)l.attn.q_proj.bytes() + l.attn.k_proj.bytes() + l.attn.v_proj.bytes() + l.attn.o_proj.bytes();
       b += (double)c.n_kv_heads * c.head_dim * 2 * 2 * (n + 1);  // K and V rows read (incl. the new one)
     } else {
-      b += (double)l.gdn.qkv.bytes() + l.gdn.z.bytes() + l.gdn.b.bytes() + l.gdn.a.bytes() + l.gdn.out.bytes();
+      b += (double)l.gdn.in_proj_qkv.bytes() + l.gdn.in_proj_z.bytes() + l.gdn.in_proj_b.bytes() +
+           l.gdn.in_proj_a.bytes() + l.gdn.out_proj.bytes();
       b += 2.0 * c.lin_v_heads * c.lin_k_dim * c.lin_v_dim * 4;  // recurrent state read + write
       b += 4.0 * c.conv_dim() * 4;                               // conv ring: 3 slots read, 1 written
     }
     const MoeWeightsDev& m = l.moe;
-    b += (double)m.router.bytes() + m.shared_expert_gate.bytes() + m.sh_gate.bytes() + m.sh_up.bytes() +
-         m.sh_down.bytes();
-    b += (double)(m.gate.bytes() + m.up.bytes() + m.down.bytes()) / c.n_experts * c.top_k;
+    b += (double)m.gate.bytes() + m.shared_expert_gate.bytes() + m.shared_gate.bytes() + m.shared_up.bytes() +
+         m.shared_down.bytes();
+    b += (double)(m.experts_gate.bytes() + m.experts_up.bytes() + m.experts_down.bytes()) / c.n_experts * c.top_k;
   }
   return b;
 }
@@ -114,8 +156,11 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
   {  // the graph replays (the engine and its weights go away before the loop measurement)
   const int max_ctx = *std::max_element(opt.contexts.begin(), opt.contexts.end()) + opt.steps + opt.warmup + 2;
   const DeviceWeights wcopy = w;  // the engine owns w; keep the shapes for the byte count
-  CudaEngine eng(cfg, std::move(w), max_ctx, opt.device);
+  const KernelOptions& kopt = kernel_options_from_env();
+  CudaEngine eng(cfg, std::move(w), max_ctx, opt.device, true, kopt);
   cudaStream_t st = eng.stream();
+  std::printf("kernel options: %s\n%s", describe(kopt).c_str(), describe(eng.plan()).c_str());
+  BenchRecorder rec(kopt, st);
 
   // decode loop graph: step + greedy sampling (token fed back on the device) + position advance
   void* scratch = nullptr;
@@ -129,7 +174,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
   sp.update_counts = false;
   cudaGraphExec_t loop = eng.capture([&] {
     sample(eng.logits(), cfg.vocab, sp, nullptr, rng, &eng.step()->token, scratch, st, nullptr, &eng.step()->pos);
-  });
+  }, true, &rec);
 
   for (int ctx : opt.contexts) {
     BenchPoint pt;
@@ -148,7 +193,7 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
     CUDA_CHECK(cudaStreamSynchronize(st));
     std::vector<double> t;
     for (int i = 0; i < opt.steps; ++i) t.push_back(elapsed_ms(ev[i], ev[i + 1]) * 1e3);
-    print_persistent_trace();  // LILY_TRACE=1 only
+    print_step_trace(rec.step_trace());  // LILY_TRACE=1 only
     std::sort(t.begin(), t.end());
     pt.us_per_token = t[t.size() / 2];
     pt.tok_per_s = 1e6 / pt.us_per_token;
@@ -159,19 +204,14 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
 
     if (opt.breakdown) {
       // instrumented pass: an event before each family; time between consecutive marks goes to the family
-      std::vector<std::pair<std::string, cudaEvent_t>> marks;
-      FamilyMark mark = [&](const char* f) {
-        cudaEvent_t e;
-        CUDA_CHECK(cudaEventCreate(&e));
-        CUDA_CHECK(cudaEventRecord(e, st));
-        marks.emplace_back(f, e);
-      };
+      const auto& marks = rec.marks;
       const int reps = 5;
       std::map<std::string, double> fam;
       std::vector<std::string> order;
+      rec.timing = true;
       for (int r = 0; r < reps; ++r) {
-        marks.clear();
-        eng.record_step(&mark);
+        rec.clear_marks();
+        eng.record_step(&rec);
         CUDA_CHECK(cudaStreamSynchronize(st));
         for (size_t i = 0; i + 1 < marks.size(); ++i) {
           float ms = 0;
@@ -179,8 +219,9 @@ BenchReport run_decode_bench(const BenchOptions& opt) {
           if (!fam.count(marks[i].first)) order.push_back(marks[i].first);
           fam[marks[i].first] += ms * 1e3 / reps;
         }
-        for (auto& m : marks) cudaEventDestroy(m.second);
       }
+      rec.clear_marks();
+      rec.timing = false;
       for (const std::string& f : order) pt.families.push_back({f, fam[f]});
     }
     rep.points.push_back(pt);

@@ -5,7 +5,6 @@
 // split with the q/k norm + RoPE + KV append, combine, o_proj + MoE), lm_head with the final norm.
 // The CUDA Backend over it is runtime/cuda_backend.cu; the prompt path model/prefill_cuda.cu.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -22,11 +21,11 @@ constexpr int kPageTokens = 1024;   // KV tokens per page (2 MiB per attention l
 
 }  // namespace
 
-CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int device, bool fused)
-    : cfg_(c), w_(std::move(w)), fused_(fused), max_context_(max_context) {
+CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int device, bool fused,
+                       const KernelOptions& opts)
+    : cfg_(c), w_(std::move(w)), fused_(fused), opts_(opts), max_context_(max_context) {
   CUDA_CHECK(cudaSetDevice(device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  if (const char* e = std::getenv("LILY_SKIP")) skip_ = e;
   gdn_scratch_ = device_alloc<float>(gdn_mixer_scratch_floats());
   gdn_barrier_ = device_alloc<unsigned>(kGridBarrierWords);
   CUDA_CHECK(cudaMemsetAsync(gdn_barrier_, 0, kGridBarrierWords * sizeof(unsigned), stream_));
@@ -70,10 +69,9 @@ CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int de
   if (n_attn > 0) {
     attn_.max_splits = kAttnMaxSplits;
     attn_.partial = device_alloc<float>(attn_scratch_floats(c.n_kv_heads, kAttnMaxSplits, c.n_heads / c.n_kv_heads, d));
-    // one split block per SM (the split kernel holds a whole SM: 192 KB of K/V rings, ~200 registers)
-    // (LILY_ATTN_SPLITS=n: n split blocks per KV head at most instead, for benchmarks)
-    attn_splits_ = std::clamp(env_int("LILY_ATTN_SPLITS", sm_count() / c.n_kv_heads), 1, kAttnMaxSplits);
   }
+  // one attention split block per SM by default (the split kernel holds a whole SM: 192 KB of K/V rings)
+  plan_ = make_decode_plan(c, w_, moe_, opts_, sm_count(), fused_);
   reset_state();
   ensure_kv(1);
   // Capture the plain decode step once.
@@ -134,49 +132,50 @@ void CudaEngine::fill_kv_random(int n_tokens, uint64_t seed) {
   for (int p = 0; p < used; ++p) fill_random_bf16(static_cast<uint16_t*>(page_blocks_[p]), elems, seed + p, stream_);
 }
 
-// ---- the decode step, in the order of model.md §2.0 ----
-// Every launch of the step goes through family(): it marks the family for the instrumented pass and lets
-// benchmarks leave families out (LILY_SKIP=moe,attn_core,...: the step then computes garbage, but the
-// graph time without a family is its marginal cost in the real pipeline).
+// ---- the decode step, in the order of docs/model.md §2.0 ----
+// Every launch goes through family(): the recorder marks it (the instrumented pass) and may leave it out
+// (LILY_SKIP in `lily bench`: the step then computes garbage, but its time without a family is the family's
+// marginal cost).
 bool CudaEngine::family(const char* name) {
-  if (mark_) (*mark_)(name);
-  return runs(name);
+  rec_->mark(name);
+  return !rec_->skips(name);
 }
 
-bool CudaEngine::runs(const char* name) const {
-  return skip_.empty() || ("," + skip_ + ",").find("," + std::string(name) + ",") == std::string::npos;
-}
-
-void CudaEngine::record_step(const FamilyMark* mark, bool head) {
-  mark_ = mark;
-  persistent_trace_begin();
+// Per layer: norm -> mixer -> residual -> norm -> MoE -> residual. Every RMSNorm is fused into the prologue of
+// the launch that consumes it and every residual add into the launch that produces the update; which launch
+// that is, is plan_'s (model/decode_plan.h).
+void CudaEngine::record_step(StepRecorder* rec, bool head) {
+  StepRecorder none;
+  rec_ = rec ? rec : &none;
+  rec_->begin_step();
   const Config& c = cfg_;
-  if (family("embed")) embed_row(w_.embed, &step_->token, h_, stream_);
-  // Every RMSNorm is fused into the prologue of the kernel that consumes it (mixer in_proj, router, lm_head);
-  // where a later kernel reads the normed x (the MoE experts of the multi-launch path) it is stored to x_.
-  // Residual adds are fused into the kernels that produce h's updates (out_proj, the down projections).
+  if (family("embed")) embed_row(w_.embed_tokens, &step_->token, h_, stream_);
   for (int i = 0; i < c.n_layers; ++i) {
     const LayerDev& l = w_.layers[i];
-    // attention layers: the o_proj (h += o_proj(attention(norm(h)))) runs as the first phase of the MoE launch
-    ResidualProj o_proj;
-    const bool attn = c.is_attention(i);
-    // the GDN mixer's launch adds the fused MoE block's router sums (kernels/router_partial.cuh)
-    const RouterSums sums = runs("moe") && fused_ ? moe_router_sums(l.moe, l.post_norm, moe_) : RouterSums{};
-    bool sums_added = false;
-    if (attn)
-      attention(i, l.input_norm, o_proj);
-    else
-      sums_added = gdn(i, l.input_norm, sums);  // h += out_proj(gdn(norm(h)))
-    const ResidualProj* pre = attn && family("attn_out_proj") ? &o_proj : nullptr;
-    if (family("moe")) {
-      moe_block(l.moe, h_, l.post_norm, c.eps, x_, moe_, stream_, fused_, pre, sums_added);  // h += MoE(norm(h))
-    } else if (pre) {
-      gemv(pre->W, pre->x, h_, true, stream_);
+    const LayerPlan& p = plan_.layers[i];
+    bool sums_added = false;  // the mixer's launch added the MoE block's router sums
+    ResidualProj o_proj;      // attention: h += o_proj(mix_)
+    const ResidualProj* pre = nullptr;
+    if (p.mixer == MixerPath::attention) {
+      attention(i, l.input_layernorm);
+      o_proj.W = l.attn.o_proj;
+      o_proj.x = mix_;
+      if (family("attn_out_proj")) {
+        if (p.moe_runs_o_proj) pre = &o_proj;
+        else gemv(o_proj.W, o_proj.x, h_, true, stream_);
+      }
+    } else {
+      sums_added = gdn(i, l.input_layernorm);
     }
+    if (family("moe"))
+      moe_block(l.moe, h_, l.post_attention_layernorm, c.eps, x_, moe_, stream_, p.moe == MoePath::fused, pre,
+                sums_added, rec_->trace());
+    else if (pre)
+      gemv(pre->W, pre->x, h_, true, stream_);
   }
   if (head && family("lm_head")) lm_head(h_);
   family("end");
-  mark_ = nullptr;
+  rec_ = nullptr;
 }
 
 // Projections that share the normed input: the first launch normalises h (and stores x_), later ones (another
@@ -190,14 +189,19 @@ void CudaEngine::project(const GemvBatch& b, const float* norm_w, bool& normed) 
   }
 }
 
-bool CudaEngine::gdn(int layer, const float* norm_w, const RouterSums& next) {
+bool CudaEngine::gdn(int layer, const float* norm_w) {
   const Config& c = cfg_;
   const GdnMixerDev& g = w_.layers[layer].gdn;
+  const LayerPlan& p = plan_.layers[layer];
   const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
-  if (fused_ && gdn_mixer_fused_supported(g, dims)) {  // one persistent launch (kernels/gdn_fused.cu)
+  if (p.mixer == MixerPath::gdn_fused) {  // one persistent launch (kernels/gdn_fused.cu)
     if (!family("gdn")) return false;
+    // the router sums only when the MoE launch will run and read them
+    const bool sums = p.gdn_adds_router_sums && !rec_->skips("moe");
+    const RouterSums next =
+        sums ? moe_router_sums(w_.layers[layer].moe, w_.layers[layer].post_attention_layernorm, moe_) : RouterSums{};
     launch_gdn_mixer_fused(g, dims, h_, norm_w, c.eps, nullptr, proj_, gdn_scratch_, gdn_barrier_, ring_[layer],
-                           S_[layer], &step_->pos, stream_, &next);
+                           S_[layer], &step_->pos, stream_, &next, rec_->trace());
     return next.acc != nullptr;
   }
   const int Hv = c.lin_v_heads;
@@ -216,20 +220,20 @@ bool CudaEngine::gdn(int layer, const float* norm_w, const RouterSums& next) {
     batch.W[batch.n] = W;
     batch.y[batch.n++] = y;
   };
-  add(g.qkv, qkv);
-  add(g.z, z);
-  add(g.b, b);
-  add(g.a, a);
+  add(g.in_proj_qkv, qkv);
+  add(g.in_proj_z, z);
+  add(g.in_proj_b, b);
+  add(g.in_proj_a, a);
   if (family("gdn_in_proj")) project(batch, norm_w, normed);
   if (family("gdn_core"))
-    launch_gdn_step(qkv, z, a, b, g.conv_w, g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], mix_,
+    launch_gdn_step(qkv, z, a, b, g.conv1d, g.A_log, g.dt_bias, g.norm, ring_[layer], S_[layer], mix_,
                     &step_->pos, dims, c.eps, stream_);
-  if (family("gdn_out_proj")) gemv(g.out, mix_, h_, true, stream_);
+  if (family("gdn_out_proj")) gemv(g.out_proj, mix_, h_, true, stream_);
   return false;
 }
 
-// Attention up to the heads' outputs in mix_; o_proj is returned for the MoE launch that follows.
-void CudaEngine::attention(int layer, const float* norm_w, ResidualProj& o_proj) {
+// Attention up to the heads' outputs in mix_.
+void CudaEngine::attention(int layer, const float* norm_w) {
   const Config& c = cfg_;
   const AttnDev& at = w_.layers[layer].attn;
   const int d = c.head_dim;
@@ -238,12 +242,11 @@ void CudaEngine::attention(int layer, const float* norm_w, ResidualProj& o_proj)
   float* v = k + c.n_kv_heads * d;
   GemvBatch batch;
   batch.n = 3;
-  batch.W[0] = at.q, batch.W[1] = at.k, batch.W[2] = at.v;
+  batch.W[0] = at.q_proj, batch.W[1] = at.k_proj, batch.W[2] = at.v_proj;
   batch.y[0] = qg, batch.y[1] = k, batch.y[2] = v;
   bool normed = false;
   if (!family("attn_in_proj")) {
-  } else if (at.q.format == at.k.format && at.k.format == at.v.format && at.q.cols == at.k.cols &&
-             at.k.cols == at.v.cols) {
+  } else if (plan_.layers[layer].qkv_one_launch) {
     project(batch, norm_w, normed);
   } else {
     for (int j = 0; j < 3; ++j) {
@@ -262,16 +265,15 @@ void CudaEngine::attention(int layer, const float* norm_w, ResidualProj& o_proj)
   AttnIn in;  // the split kernel normalises and rotates q and k itself and appends k, v to the cache
   in.qg = qg, in.k = k, in.v = v, in.q_norm = at.q_norm, in.k_norm = at.k_norm, in.eps = c.eps;
   attn_in_rope(in, c.rope_dim, c.rope_theta);
-  if (family("attn_core")) launch_attention_decode(in, kv, &step_->pos, mix_, attn_, attn_splits_, c.n_heads, stream_);
-  o_proj.W = at.o;
-  o_proj.x = mix_;
+  if (family("attn_core"))
+    launch_attention_decode(in, kv, &step_->pos, mix_, attn_, plan_.attn_splits, c.n_heads, stream_, rec_->trace());
 }
 
-cudaGraphExec_t CudaEngine::capture(const std::function<void()>& tail, bool head) {
+cudaGraphExec_t CudaEngine::capture(const std::function<void()>& tail, bool head, StepRecorder* rec) {
   cudaGraph_t graph = nullptr;
   CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
-    record_step(nullptr, head);
+    record_step(rec, head);
     if (tail) tail();
   } catch (...) {  // a launcher rejected a shape: end the capture so this thread can use CUDA again
     cudaStreamEndCapture(stream_, &graph);

@@ -1,5 +1,5 @@
-// Internals of the CUDA backend shared by cuda_engine.cu (the captured decode step), cuda_backend.cu (the Backend),
-// cuda_weights.cu (upload from a checkpoint, synthetic full-size weights) and bench_cuda.cu (lily bench).
+// Internals of the CUDA backend shared by cuda_engine.cu (the captured decode step), cuda_backend.cu (the
+// Backend), cuda_weights.cu (upload from a checkpoint, synthetic full-size weights) and bench_cuda.cu (lily bench).
 // Everything lives in an explicit CudaEngine context: stream, graph, device buffers — no globals.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -15,8 +15,12 @@
 #include "kernels/common.cuh"
 #include "kernels/gdn_fused.h"
 #include "kernels/mixers.h"
+#include "kernels/options.h"
 #include "kernels/qmat.h"
+#include "kernels/trace.h"
 #include "model/config.h"
+#include "model/decode_plan.h"
+#include "model/kernel_options.h"
 #include "model/weights.h"
 
 namespace lily::cuda {
@@ -37,22 +41,23 @@ struct PrefillOut {     // one projection of the prompt path: y [n][ldy] = W x
   int ldy;
 };
 
-// ---- weights on the device ----
+// ---- weights on the device (field names as the CPU's, model/weights.h: the checkpoint's) ----
 struct AttnDev {                // self_attn.*
-  QMat q, k, v;                 // [Hq*2d, H], [Hkv*d, H], [Hkv*d, H]
-  QMat o;                       // [H, Hq*d]
+  QMat q_proj;                  // [Hq*2d, H] per head [query d | gate d]
+  QMat k_proj, v_proj;          // [Hkv*d, H] each
+  QMat o_proj;                  // [H, Hq*d]
   float* q_norm = nullptr;      // [d] effective (1 + w)
   float* k_norm = nullptr;      // [d]
 };
 struct LayerDev {
-  float* input_norm = nullptr;  // [H] effective (1 + w)
-  float* post_norm = nullptr;   // [H]
+  float* input_layernorm = nullptr;           // [H] effective (1 + w)
+  float* post_attention_layernorm = nullptr;  // [H] effective (1 + w): the MoE block's input norm
   GdnMixerDev gdn;              // linear-attention layers (linear_attn.*, kernels/gdn_fused.h)
   AttnDev attn;                 // full-attention layers
-  MoeWeightsDev moe;
+  MoeWeightsDev moe;            // mlp.*
 };
 struct DeviceWeights {
-  QMat embed;                   // [V, H]
+  QMat embed_tokens;            // [V, H]
   std::vector<LayerDev> layers; // [n_layers]
   float* norm = nullptr;        // [H] final norm (1 + w)
   QMat lm_head;                 // [V, H]
@@ -78,14 +83,24 @@ struct StepDev {
   float logprob;                // device sampling with log-probabilities: that of the sampled token
 };
 
-// Optional per-kernel-family timing hook for an instrumented (non-graph) step: called before each family
-// with its name; the last call is mark("end").
-using FamilyMark = std::function<void(const char* family)>;
+// What a benchmark hooks into a recording of the decode step (record_step, capture). Families name groups of
+// launches: embed, gdn, gdn_in_proj, gdn_core, gdn_out_proj, attn_in_proj, attn_core, attn_out_proj, moe,
+// lm_head. The base class runs every launch and marks nothing (what the engine uses by itself).
+class StepRecorder {
+ public:
+  virtual ~StepRecorder() = default;
+  virtual void begin_step() {}                               // before the step's first launch
+  virtual bool skips(const char* /*family*/) { return false; }  // leave the family's launches out
+  virtual void mark(const char* /*family*/) {}               // before each family's launches; "end" last
+  virtual StepTrace* trace() { return nullptr; }             // phase stamps of the traced launches, or null
+};
 
 class CudaEngine {
  public:
-  // fused = false: the multi-launch GDN mixer and MoE paths even where the persistent kernels apply (tests).
-  CudaEngine(const Config& c, DeviceWeights w, int max_context, int device, bool fused = true);
+  // fused = false: the split GDN mixer and MoE paths even where the persistent kernels apply (tests).
+  // opts: the kernel options (model/kernel_options.h), by default those of the environment.
+  CudaEngine(const Config& c, DeviceWeights w, int max_context, int device, bool fused = true,
+             const KernelOptions& opts = kernel_options_from_env());
   ~CudaEngine();
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
@@ -97,6 +112,7 @@ class CudaEngine {
   float* logits() { return logits_; }                   // (device sampling adds the logit_bias in place)
   StepDev* step() const { return step_; }               // device
   const DeviceWeights& weights() const { return w_; }
+  const DecodePlan& plan() const { return plan_; }
 
   // Makes KV pages exist for tokens [0, n_tokens).
   void ensure_kv(int n_tokens);
@@ -107,21 +123,21 @@ class CudaEngine {
   void fill_kv_random(int n_tokens, uint64_t seed);
   // Zeroes the recurrent states (a new sequence).
   void reset_state();
-  // Records one decode step (embedding -> 40 layers -> final norm -> lm_head) into the stream; reads the
-  // token and position from step(). With `mark`, calls it before each kernel family.
+  // Records one decode step (embedding -> layers -> final norm -> lm_head) into the stream as plan() says; reads
+  // the token and position from step(). rec: a benchmark's hooks (null: every launch, no marks).
   // head = false: without the final norm and lm_head (a prompt token whose logits nobody reads).
-  void record_step(const FamilyMark* mark = nullptr, bool head = true);
+  void record_step(StepRecorder* rec = nullptr, bool head = true);
   // Launches the captured graph of record_step() (head = false: the one without the lm_head).
   void launch_step(bool head = true);
-  // The captured graph of record_step() followed by `tail` (e.g. greedy sampling + position advance).
-  cudaGraphExec_t capture(const std::function<void()>& tail, bool head = true);
+  // The captured graph of record_step(rec, head) followed by `tail` (e.g. greedy sampling + position advance).
+  cudaGraphExec_t capture(const std::function<void()>& tail, bool head = true, StepRecorder* rec = nullptr);
 
   // The prompt path (model/prefill_cuda.cu): consumes tokens[0, n) at positions pos0.. (n <= kPrefillChunk)
   // through every layer together (GEMMs over the chunk, the mixers over it in a few launches); the residual stream of
   // token t is then at prefill_h(t) (device, [H], valid until the next prefill), for the final norm + lm_head.
   // Enqueued on stream(); returns once the tokens are staged (the call before it has finished).
   static constexpr int kPrefillChunk = 2048;
-  // Tokens per chunk the backend uses: kPrefillChunk, or LILY_PREFILL_CHUNK (benchmarks) up to it.
+  // Tokens per chunk the backend uses: kPrefillChunk, or KernelOptions::prefill_chunk (benchmarks) up to it.
   static int prefill_chunk();
   // logits() = lm_head(RMSNorm(h) * norm) for h [H] on the device (e.g. prefill_h(t)); enqueued on stream().
   void lm_head(const float* h);
@@ -135,14 +151,15 @@ class CudaEngine {
   size_t gdn_state_bytes() const { return gdn_state_bytes_; }
 
  private:
-  // h += out_proj(gdn(rmsnorm(h) * norm_w)); true when the one-launch mixer also added the next MoE block's
-  // router sums (next: moe_router_sums, acc null for none)
-  bool gdn(int layer, const float* norm_w, const RouterSums& next);
-  // attention(rmsnorm(h) * norm_w) into mix_; o_proj (h += o_proj(mix_)) is left to the MoE launch
-  void attention(int layer, const float* norm_w, ResidualProj& o_proj);
+  // h += out_proj(gdn(rmsnorm(h) * norm_w)); returns true when the launch also added the layer's MoE router sums
+  bool gdn(int layer, const float* norm_w);
+  // attention(rmsnorm(h) * norm_w) into mix_ (o_proj is left to the caller)
+  void attention(int layer, const float* norm_w);
+  bool family(const char* name);      // marks `name` on the recorder; false when it skips it
   void project(const GemvBatch& b, const float* norm_w, bool& normed);
   void project(std::initializer_list<PrefillOut> outs, const GemmX& x, int n);
   void prefill_free();
+  bool prefill_skips(const char* family) const;
   void prefill_gdn(int layer, int pos0, int n);
   void prefill_attention(int layer, int pos0, int n);
   void prefill_moe(int layer, int n);
@@ -150,14 +167,12 @@ class CudaEngine {
 
   Config cfg_;
   DeviceWeights w_;
-  const FamilyMark* mark_ = nullptr;  // set during an instrumented record_step
-  std::string skip_;                  // LILY_SKIP: kernel families left out of the step (benchmarks only)
-  bool fused_ = true;                 // persistent GDN mixer and MoE block where they apply (off: constructor;
-                                      // LILY_GDN_FUSED=0 / LILY_MOE_FUSED=0 in the kernels' checks)
+  bool fused_ = true;                 // constructor: false = the split paths everywhere (tests)
+  KernelOptions opts_;                // as constructed (the plan's source; prefill_skips reads skip)
+  DecodePlan plan_;                   // made once the weights and scratch exist
+  StepRecorder* rec_ = nullptr;       // during record_step: its recorder (never null there)
   float* gdn_scratch_ = nullptr;      // [gdn_mixer_scratch_floats()] fused GDN mixer: staged outputs, tile sums
   unsigned* gdn_barrier_ = nullptr;   // [kGridBarrierWords] its grid barrier
-  bool family(const char* name);      // marks `name`; false when it is skipped
-  bool runs(const char* name) const;  // false when `name` is skipped (no mark)
   int max_context_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t graph_ = nullptr;
@@ -170,7 +185,6 @@ class CudaEngine {
   float* logits_ = nullptr;      // [V]
   MoeScratch moe_;
   AttnScratch attn_;
-  int attn_splits_ = 0;
   // GDN state: per GDN layer [4][conv_dim] ring then [Hv][Dk][Dv] S
   void* gdn_state_ = nullptr;
   size_t gdn_state_bytes_ = 0;

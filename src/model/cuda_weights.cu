@@ -216,42 +216,42 @@ DeviceWeights upload_weights(const Model& model, bool quantize_bf16, bool progre
   const Weights& src = model.weights;
   DeviceWeights w;
   Uploader up(w, quantize_bf16, progress, matrix_bytes(src), s);
-  w.embed = up.mat(src.embed_tokens);
+  w.embed_tokens = up.mat(src.embed_tokens);
   w.norm = up.vec(src.norm);
   w.lm_head = up.mat(src.lm_head);
   w.layers.resize(c.n_layers);
   for (int i = 0; i < c.n_layers; ++i) {
     const LayerWeights& l = src.layers[i];
     LayerDev& d = w.layers[i];
-    d.input_norm = up.vec(l.input_layernorm);
-    d.post_norm = up.vec(l.post_attention_layernorm);
+    d.input_layernorm = up.vec(l.input_layernorm);
+    d.post_attention_layernorm = up.vec(l.post_attention_layernorm);
     if (c.is_attention(i)) {
-      d.attn.q = up.mat(l.attn.q_proj);
-      d.attn.k = up.mat(l.attn.k_proj);
-      d.attn.v = up.mat(l.attn.v_proj);
-      d.attn.o = up.mat(l.attn.o_proj);
+      d.attn.q_proj = up.mat(l.attn.q_proj);
+      d.attn.k_proj = up.mat(l.attn.k_proj);
+      d.attn.v_proj = up.mat(l.attn.v_proj);
+      d.attn.o_proj = up.mat(l.attn.o_proj);
       d.attn.q_norm = up.vec(l.attn.q_norm);
       d.attn.k_norm = up.vec(l.attn.k_norm);
     } else {
-      d.gdn.qkv = up.mat(l.gdn.in_proj_qkv);
-      d.gdn.z = up.mat(l.gdn.in_proj_z);
-      d.gdn.b = up.mat(l.gdn.in_proj_b);
-      d.gdn.a = up.mat(l.gdn.in_proj_a);
-      d.gdn.out = up.mat(l.gdn.out_proj);
-      d.gdn.conv_w = up.vec(l.gdn.conv1d);
-      d.gdn.a_log = up.vec(l.gdn.A_log);
+      d.gdn.in_proj_qkv = up.mat(l.gdn.in_proj_qkv);
+      d.gdn.in_proj_z = up.mat(l.gdn.in_proj_z);
+      d.gdn.in_proj_b = up.mat(l.gdn.in_proj_b);
+      d.gdn.in_proj_a = up.mat(l.gdn.in_proj_a);
+      d.gdn.out_proj = up.mat(l.gdn.out_proj);
+      d.gdn.conv1d = up.vec(l.gdn.conv1d);
+      d.gdn.A_log = up.vec(l.gdn.A_log);
       d.gdn.dt_bias = up.vec(l.gdn.dt_bias);
       d.gdn.norm = up.vec(l.gdn.norm);
     }
     MoeWeightsDev& m = d.moe;
-    m.router = up.mat(l.moe.gate);
+    m.gate = up.mat(l.moe.gate);
     m.shared_expert_gate = up.mat(l.moe.shared_expert_gate);
-    m.gate = up.mat(ptrs(l.moe.experts_gate));
-    m.up = up.mat(ptrs(l.moe.experts_up));
-    m.down = up.mat(ptrs(l.moe.experts_down));
-    m.sh_gate = up.mat(l.moe.shared_gate);
-    m.sh_up = up.mat(l.moe.shared_up);
-    m.sh_down = up.mat(l.moe.shared_down);
+    m.experts_gate = up.mat(ptrs(l.moe.experts_gate));
+    m.experts_up = up.mat(ptrs(l.moe.experts_up));
+    m.experts_down = up.mat(ptrs(l.moe.experts_down));
+    m.shared_gate = up.mat(l.moe.shared_gate);
+    m.shared_up = up.mat(l.moe.shared_up);
+    m.shared_down = up.mat(l.moe.shared_down);
     moe_build_router_slices(m, s);  // the fused MoE block's copy of the router (kernels/router_partial.cuh)
     w.bytes += static_cast<double>(m.router_slices.bytes());
   }
@@ -266,41 +266,41 @@ DeviceWeights synthetic_weights(const Config& c, uint64_t seed, cudaStream_t s) 
   Synth g{w, seed, s};
   const int H = c.hidden, V = c.vocab, d = c.head_dim, Hv = c.lin_v_heads, Dv = c.lin_v_dim;
   const QFormat q4 = QFormat::q4, q8 = QFormat::q8;
-  w.embed = g.mat(q4, V, H);
+  w.embed_tokens = g.mat(q4, V, H);
   w.norm = g.vec(H, 0.9f, 1.1f);
   w.lm_head = g.mat(q4, V, H);
   w.layers.resize(c.n_layers);
   for (int i = 0; i < c.n_layers; ++i) {
     LayerDev& l = w.layers[i];
-    l.input_norm = g.vec(H, 0.9f, 1.1f);
-    l.post_norm = g.vec(H, 0.9f, 1.1f);
+    l.input_layernorm = g.vec(H, 0.9f, 1.1f);
+    l.post_attention_layernorm = g.vec(H, 0.9f, 1.1f);
     if (c.is_attention(i)) {
-      l.attn.q = g.mat(q4, c.q_proj_rows(), H);
-      l.attn.k = g.mat(q4, c.n_kv_heads * d, H);
-      l.attn.v = g.mat(q4, c.n_kv_heads * d, H);
-      l.attn.o = g.mat(q4, H, c.n_heads * d);
+      l.attn.q_proj = g.mat(q4, c.q_proj_rows(), H);
+      l.attn.k_proj = g.mat(q4, c.n_kv_heads * d, H);
+      l.attn.v_proj = g.mat(q4, c.n_kv_heads * d, H);
+      l.attn.o_proj = g.mat(q4, H, c.n_heads * d);
       l.attn.q_norm = g.vec(d, 0.9f, 1.1f);
       l.attn.k_norm = g.vec(d, 0.9f, 1.1f);
     } else {
-      l.gdn.qkv = g.mat(q4, c.conv_dim(), H);
-      l.gdn.z = g.mat(q4, Hv * Dv, H);
-      l.gdn.b = g.mat(q4, Hv, H);
-      l.gdn.a = g.mat(q4, Hv, H);
-      l.gdn.out = g.mat(q4, H, Hv * Dv);
-      l.gdn.conv_w = g.vec((size_t)c.conv_dim() * c.conv_kernel, -0.5f, 0.5f);
-      l.gdn.a_log = g.vec(Hv, -1.f, 1.f);
+      l.gdn.in_proj_qkv = g.mat(q4, c.conv_dim(), H);
+      l.gdn.in_proj_z = g.mat(q4, Hv * Dv, H);
+      l.gdn.in_proj_b = g.mat(q4, Hv, H);
+      l.gdn.in_proj_a = g.mat(q4, Hv, H);
+      l.gdn.out_proj = g.mat(q4, H, Hv * Dv);
+      l.gdn.conv1d = g.vec((size_t)c.conv_dim() * c.conv_kernel, -0.5f, 0.5f);
+      l.gdn.A_log = g.vec(Hv, -1.f, 1.f);
       l.gdn.dt_bias = g.vec(Hv, -1.f, 1.f);
       l.gdn.norm = g.vec(Dv, 0.9f, 1.1f);
     }
     MoeWeightsDev& m = l.moe;
-    m.router = g.mat(q8, c.n_experts, H);
+    m.gate = g.mat(q8, c.n_experts, H);
     m.shared_expert_gate = g.mat(q8, 1, H);
-    m.gate = g.mat(q4, c.moe_ffn, H, c.n_experts);
-    m.up = g.mat(q4, c.moe_ffn, H, c.n_experts);
-    m.down = g.mat(q4, H, c.moe_ffn, c.n_experts);
-    m.sh_gate = g.mat(q4, c.shared_ffn, H);
-    m.sh_up = g.mat(q4, c.shared_ffn, H);
-    m.sh_down = g.mat(q4, H, c.shared_ffn);
+    m.experts_gate = g.mat(q4, c.moe_ffn, H, c.n_experts);
+    m.experts_up = g.mat(q4, c.moe_ffn, H, c.n_experts);
+    m.experts_down = g.mat(q4, H, c.moe_ffn, c.n_experts);
+    m.shared_gate = g.mat(q4, c.shared_ffn, H);
+    m.shared_up = g.mat(q4, c.shared_ffn, H);
+    m.shared_down = g.mat(q4, H, c.shared_ffn);
     moe_build_router_slices(m, s);
     w.bytes += static_cast<double>(m.router_slices.bytes());
   }
@@ -312,12 +312,13 @@ void free_weights(DeviceWeights& w) {
   auto f = [](QMat& q) {
     if (q.w) qmat_free(q);
   };
-  f(w.embed);
+  f(w.embed_tokens);
   f(w.lm_head);
   for (LayerDev& l : w.layers) {
-    for (QMat* q : {&l.gdn.qkv, &l.gdn.z, &l.gdn.b, &l.gdn.a, &l.gdn.out, &l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o,
-                    &l.moe.router, &l.moe.shared_expert_gate, &l.moe.gate, &l.moe.up, &l.moe.down, &l.moe.sh_gate,
-                    &l.moe.sh_up, &l.moe.sh_down, &l.moe.router_slices})
+    for (QMat* q : {&l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b, &l.gdn.in_proj_a, &l.gdn.out_proj,
+                    &l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj, &l.moe.gate,
+                    &l.moe.shared_expert_gate, &l.moe.experts_gate, &l.moe.experts_up, &l.moe.experts_down,
+                    &l.moe.shared_gate, &l.moe.shared_up, &l.moe.shared_down, &l.moe.router_slices})
       f(*q);
   }
   for (void* p : w.allocations) cudaFree(p);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "model/kernel_options.h"
 #include "model/weights.h"
 
 namespace lily {
@@ -35,7 +36,7 @@ struct BenchPoint {
   int context = 0;                 // tokens in the cache before the timed steps
   double us_per_token = 0;         // median over the timed steps (graph replay incl. greedy sampling)
   double tok_per_s = 0;
-  double bytes_per_token = 0;      // model.md §8 for this context
+  double bytes_per_token = 0;      // docs/model.md §8 for this context
   double gb_per_s = 0;             // bytes_per_token / time
   double floor_us = 0;             // bytes_per_token / measured copy bandwidth
   double pct_of_floor = 0;         // floor_us / us_per_token * 100

@@ -103,8 +103,14 @@ bool CudaEngine::prefill_supported() const {
          kPrefillChunk * c.top_k <= 16384;  // (moe_group's pairs per chunk)
 }
 
+// The prompt path's mixer cores left out (KernelOptions::skip, benchmarks: their marginal cost).
+bool CudaEngine::prefill_skips(const char* family) const {
+  return !opts_.skip.empty() && ("," + opts_.skip + ",").find("," + std::string(family) + ",") != std::string::npos;
+}
+
 int CudaEngine::prefill_chunk() {
-  static const int chunk = std::clamp(env_int("LILY_PREFILL_CHUNK", kPrefillChunk), 16, kPrefillChunk);
+  static const int set = kernel_options_from_env().prefill_chunk;
+  static const int chunk = std::clamp(set > 0 ? set : kPrefillChunk, 16, kPrefillChunk);
   return chunk;
 }
 
@@ -120,7 +126,7 @@ void CudaEngine::prefill(const int32_t* tokens, int pos0, int n) {
   for (int t = 0; t < n; ++t) b.host[t] = tokens[t];
   CUDA_CHECK(cudaMemcpyAsync(b.tokens, b.host, sizeof(int) * n, cudaMemcpyHostToDevice, stream_));
 
-  embed_rows(w_.embed, b.tokens, n, b.h, stream_);
+  embed_rows(w_.embed_tokens, b.tokens, n, b.h, stream_);
   for (int i = 0; i < c.n_layers; ++i) {
     if (c.is_attention(i))
       prefill_attention(i, pos0, n);  // h += o_proj(attention(norm(h)))
@@ -154,14 +160,15 @@ void CudaEngine::prefill_gdn(int layer, int pos0, int n) {
   float* bb = z + (size_t)n * vd;
   float* a = bb + (size_t)n * Hv;
   const GemmXBuf xh = at_width(b.x, H);
-  gemm_x_prep(b.h, H, n, w_.layers[layer].input_norm, c.eps, xh, nullptr, stream_);
-  project({{&g.qkv, qkv, cd}, {&g.z, z, vd}, {&g.b, bb, Hv}, {&g.a, a, Hv}}, xh.view(), n);
-  if (runs("gdn_core"))
-    launch_gdn_chunk(qkv, z, a, bb, g.conv_w, g.a_log, g.dt_bias, g.norm, ring_[layer], S_[layer], b.mix, b.scratch,
+  gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
+  project({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}}, xh.view(),
+          n);
+  if (!prefill_skips("gdn_core"))
+    launch_gdn_chunk(qkv, z, a, bb, g.conv1d, g.A_log, g.dt_bias, g.norm, ring_[layer], S_[layer], b.mix, b.scratch,
                      pos0, n, dims, c.eps, stream_);
   const GemmXBuf xm = at_width(b.x, vd);
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
-  gemm(g.out, 0, xm.view(), n, b.h, H, true, stream_);
+  gemm(g.out_proj, 0, xm.view(), n, b.h, H, true, stream_);
 }
 
 void CudaEngine::prefill_attention(int layer, int pos0, int n) {
@@ -173,8 +180,8 @@ void CudaEngine::prefill_attention(int layer, int pos0, int n) {
   float* k = qg + (size_t)n * qr;
   float* v = k + (size_t)n * kvd;
   const GemmXBuf xh = at_width(b.x, H);
-  gemm_x_prep(b.h, H, n, w_.layers[layer].input_norm, c.eps, xh, nullptr, stream_);
-  project({{&at.q, qg, qr}, {&at.k, k, kvd}, {&at.v, v, kvd}}, xh.view(), n);
+  gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
+  project({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, xh.view(), n);
   KvPages kv;
   kv.pages = page_table_[attn_index_[layer]];
   kv.page_tokens = page_tokens_;
@@ -184,10 +191,10 @@ void CudaEngine::prefill_attention(int layer, int pos0, int n) {
   in.q_norm = at.q_norm, in.k_norm = at.k_norm, in.eps = c.eps;
   attn_in_rope(in, c.rope_dim, c.rope_theta);
   in.qg = qg, in.k = k, in.v = v;
-  if (runs("attn_core")) launch_attention_chunk(in, kv, pos0, n, c.n_heads, b.scratch, b.mix, stream_);
+  if (!prefill_skips("attn_core")) launch_attention_chunk(in, kv, pos0, n, c.n_heads, b.scratch, b.mix, stream_);
   const GemmXBuf xm = at_width(b.x, od);
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
-  gemm(at.o, 0, xm.view(), n, b.h, H, true, stream_);
+  gemm(at.o_proj, 0, xm.view(), n, b.h, H, true, stream_);
 }
 
 void CudaEngine::prefill_moe(int layer, int n) {
@@ -196,8 +203,8 @@ void CudaEngine::prefill_moe(int layer, int n) {
   const MoeWeightsDev& m = w_.layers[layer].moe;
   const int H = c.hidden, E = c.n_experts, k = c.top_k, F = c.moe_ffn, Fs = c.shared_ffn;
   const GemmXBuf xh = at_width(b.x, H);
-  gemm_x_prep(b.h, H, n, w_.layers[layer].post_norm, c.eps, xh, nullptr, stream_);
-  project({{&m.router, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
+  gemm_x_prep(b.h, H, n, w_.layers[layer].post_attention_layernorm, c.eps, xh, nullptr, stream_);
+  project({{&m.gate, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
   moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
   moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
   gemm_grouped_tiles(b.offsets, E, b.tiles, stream_);
@@ -207,27 +214,28 @@ void CudaEngine::prefill_moe(int layer, int n) {
   // formats differ
   float* g = b.yd;
   float* u = b.yd + (size_t)n * k * std::max(F, Fs);
-  if (m.sh_gate.format == m.sh_up.format) {
-    gemm_swiglu(m.sh_gate, m.sh_up, xh.view(), n, b.act, Fs, stream_);
+  if (m.shared_gate.format == m.shared_up.format) {
+    gemm_swiglu(m.shared_gate, m.shared_up, xh.view(), n, b.act, Fs, stream_);
   } else {
-    project({{&m.sh_gate, g, Fs}, {&m.sh_up, u, Fs}}, xh.view(), n);
+    project({{&m.shared_gate, g, Fs}, {&m.shared_up, u, Fs}}, xh.view(), n);
     swiglu_rows(g, u, nullptr, n, Fs, b.act, stream_);
   }
   // routed experts: each token's rows go to its 8 experts' slots (x_row), weighted by the routing weight
   float* act = b.act + (size_t)n * Fs;
-  if (m.gate.format == m.up.format) {
-    gemm_grouped_swiglu(m.gate, m.up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act, F, stream_);
+  if (m.experts_gate.format == m.experts_up.format) {
+    gemm_grouped_swiglu(m.experts_gate, m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act,
+                        F, stream_);
   } else {
-    gemm_grouped(m.gate, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, g, F, stream_);
-    gemm_grouped(m.up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_);
+    gemm_grouped(m.experts_gate, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, g, F, stream_);
+    gemm_grouped(m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_);
     swiglu_rows(g, u, b.w_slot, n * k, F, act, stream_);
   }
   const GemmXBuf xs = at_width(b.x, Fs);  // the shared expert's activations, then the routed ones after them
   gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
-  gemm(m.sh_down, 0, xs.view(), n, b.ysh, H, false, stream_);
+  gemm(m.shared_down, 0, xs.view(), n, b.ysh, H, false, stream_);
   const GemmXBuf xr = at_width(b.x, F);
   gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
-  gemm_grouped(m.down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
+  gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
   moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);
 }
 

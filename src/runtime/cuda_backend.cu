@@ -28,11 +28,12 @@ class CudaBackend : public Backend {
   CudaBackend(const Model& model, const CudaOptions& opt)
       : CudaBackend(model.config, upload(model, opt),
                     opt.max_context > 0 ? opt.max_context : model.config.max_position_embeddings, opt.device,
-                    opt.snapshot_device_bytes, opt.chunked_prompts) {}
+                    opt.snapshot_device_bytes, opt.chunked_prompts, opt.kernels) {}
   CudaBackend(const Config& c, DeviceWeights w, int max_context, int device, long long snapshot_device_bytes,
-              bool chunked_prompts)
-      : cfg_(c), engine_(c, std::move(w), max_context, device),
-        chunked_(chunked_prompts && env_flag("LILY_PREFILL", true)) {
+              bool chunked_prompts, const KernelOptions& kopt)
+      : cfg_(c), engine_(c, std::move(w), max_context, device, true, kopt),
+        prefill_min_(kopt.prefill_min > 0 ? kopt.prefill_min : kPrefillMin) {
+    chunked_ = chunked_prompts && kopt.prefill;
     CUDA_CHECK(cudaMallocHost(&staging_, sizeof(StepDev) * kStaging));
     d_steps_ = device_alloc<StepDev>(kStaging);
     chunked_ = chunked_ && engine_.prefill_supported();
@@ -126,10 +127,10 @@ class CudaBackend : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(engine_.step(), staging_, sizeof(StepDev), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
   }
-  // shorter prompts: the decode step per token (H200, `eaf5e76`: a chunk of 16 tokens 15.4 ms, of 24 18.0 ms, the
-  // decode step 1.09 ms per token: even at ~14 tokens); LILY_PREFILL_MIN (benchmarks) moves it
+  // shorter prompts take the decode step per token (the measured crossover is ~14 tokens: bench/RESULTS.md);
+  // KernelOptions::prefill_min moves it
   static constexpr int kPrefillMin = 16;
-  const int prefill_min_ = std::max(1, env_int("LILY_PREFILL_MIN", kPrefillMin));
+  const int prefill_min_;
 
   // ---- the generation protocol: on the device where the sampler can be (else the host's, Backend's) ----
   void begin_sampling(const SamplingSetup& setup, std::span<const int32_t> prompt) override {
@@ -229,7 +230,8 @@ namespace lily {
 namespace cuda {
 std::unique_ptr<Backend> make_cuda_backend(const Config& c, DeviceWeights w, int max_context, int device,
                                            long long snapshot_device_bytes) {
-  return std::make_unique<CudaBackend>(c, std::move(w), max_context, device, snapshot_device_bytes, true);
+  return std::make_unique<CudaBackend>(c, std::move(w), max_context, device, snapshot_device_bytes, true,
+                                       kernel_options_from_env());
 }
 }  // namespace cuda
 

@@ -59,8 +59,23 @@ double compare_paths(int layers, int positions, uint64_t seed, bool* persistent)
     *persistent = gdn_mixer_fused_supported(wa.layers[0].gdn, dims) && moe_block_is_fused(wa.layers[0].moe, sc);
     moe_scratch_free(sc);
   }
-  CudaEngine fused(cfg, std::move(wa), 64, 0, true);
-  CudaEngine multi(cfg, std::move(wb), 64, 0, false);
+  CudaEngine fused(cfg, std::move(wa), 64, 0, true, KernelOptions{});
+  CudaEngine multi(cfg, std::move(wb), 64, 0, false, KernelOptions{});
+  // the decode plans: the persistent paths (and the work they carry across blocks) exactly where they apply
+  std::printf("%s", describe(fused.plan()).c_str());
+  for (int i = 0; i < layers; ++i) {
+    const LayerPlan& f = fused.plan().layers[i];
+    const LayerPlan& m = multi.plan().layers[i];
+    const bool attn = cfg.is_attention(i);
+    EXPECT_EQ(f.mixer, attn ? MixerPath::attention : *persistent ? MixerPath::gdn_fused : MixerPath::gdn_split) << i;
+    EXPECT_EQ(m.mixer, attn ? MixerPath::attention : MixerPath::gdn_split) << i;
+    EXPECT_EQ(f.moe, *persistent ? MoePath::fused : MoePath::split) << i;
+    EXPECT_EQ(m.moe, MoePath::split) << i;
+    EXPECT_EQ(f.gdn_adds_router_sums, *persistent && !attn) << i;
+    EXPECT_EQ(f.moe_runs_o_proj, *persistent && attn) << i;  // o_proj q4 [2048][4096]: phase 0 takes it
+    EXPECT_FALSE(m.gdn_adds_router_sums || m.moe_runs_o_proj) << i;
+    EXPECT_EQ(f.qkv_one_launch, attn) << i;  // every projection q4 in the synthetic model
+  }
   const int tokens[] = {1000, 2000, 17, 123456, 5, 99999, 42, 7, 248000, 31337, 0, 65535};
   std::vector<float> a(cfg.vocab), b(cfg.vocab);
   double worst = 0;

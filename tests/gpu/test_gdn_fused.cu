@@ -30,8 +30,8 @@ TEST(GdnFused, MatchesThreeLaunchPath) {
       dt_bias(random_vec(rng, Hv)), norm(random_vec(rng, d.v_dim, 0.9f, 1.1f)),
       input_norm(random_vec(rng, H, 0.5f, 1.5f));
   GdnMixerDev m;
-  m.qkv = dqkv.m, m.z = dz.m, m.b = db.m, m.a = da.m, m.out = dout.m;
-  m.conv_w = conv_w.p, m.a_log = a_log.p, m.dt_bias = dt_bias.p, m.norm = norm.p;
+  m.in_proj_qkv = dqkv.m, m.in_proj_z = dz.m, m.in_proj_b = db.m, m.in_proj_a = da.m, m.out_proj = dout.m;
+  m.conv1d = conv_w.p, m.A_log = a_log.p, m.dt_bias = dt_bias.p, m.norm = norm.p;
   if (!gdn_mixer_fused_supported(m, d)) GTEST_SKIP() << "this GPU has too few SMs for the fused mixer";
 
   const std::vector<float> h0 = random_vec(rng, H, -2.f, 2.f);
@@ -49,7 +49,7 @@ TEST(GdnFused, MatchesThreeLaunchPath) {
   const HostMat router = random_mat(rng, QFormat::q8, 1, E, H), seg = random_mat(rng, QFormat::q8, 1, 1, H);
   DevMat drouter(router), dseg(seg);
   MoeWeightsDev moe;
-  moe.router = drouter.m, moe.shared_expert_gate = dseg.m;
+  moe.gate = drouter.m, moe.shared_expert_gate = dseg.m;
   moe_build_router_slices(moe, nullptr);
   ASSERT_NE(moe.router_slices.w, nullptr);
   const std::vector<float> moe_norm = random_vec(rng, H, 0.5f, 1.5f);
@@ -72,12 +72,12 @@ TEST(GdnFused, MatchesThreeLaunchPath) {
     moe_router_sums_add(sumsB, hA.p, nullptr);  // the standalone launch on the same h
     GemvBatch in;
     in.n = 4;
-    in.W[0] = m.qkv, in.W[1] = m.z, in.W[2] = m.b, in.W[3] = m.a;
+    in.W[0] = m.in_proj_qkv, in.W[1] = m.in_proj_z, in.W[2] = m.in_proj_b, in.W[3] = m.in_proj_a;
     in.y[0] = projB.p, in.y[1] = projB.p + conv, in.y[2] = projB.p + conv + V, in.y[3] = projB.p + conv + V + Hv;
     gemv_multi_rmsnorm(in, hB.p, input_norm.p, 1e-6f, xB.p, nullptr);
-    launch_gdn_step(in.y[0], in.y[1], in.y[3], in.y[2], m.conv_w, m.a_log, m.dt_bias, m.norm, ringB.p, stB.p, mixB.p,
+    launch_gdn_step(in.y[0], in.y[1], in.y[3], in.y[2], m.conv1d, m.A_log, m.dt_bias, m.norm, ringB.p, stB.p, mixB.p,
                     pos.p, d, 1e-6f, nullptr);
-    gemv(m.out, mixB.p, hB.p, true, nullptr);
+    gemv(m.out_proj, mixB.p, hB.p, true, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     std::printf("position %d\n", p);
     EXPECT_LT(rel_diff(projA.download(), projB.download(), "proj", kVs), 2e-4) << "position " << p;

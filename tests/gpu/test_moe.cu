@@ -29,14 +29,14 @@ struct DevMoe {
       mats.push_back(std::make_unique<DevMat>(m));
       return mats.back()->m;
     };
-    w.router = add(h.router);
+    w.gate = add(h.router);
     w.shared_expert_gate = add(h.seg);
-    w.gate = add(h.gate);
-    w.up = add(h.up);
-    w.down = add(h.down);
-    w.sh_gate = add(h.sh_gate);
-    w.sh_up = add(h.sh_up);
-    w.sh_down = add(h.sh_down);
+    w.experts_gate = add(h.gate);
+    w.experts_up = add(h.up);
+    w.experts_down = add(h.down);
+    w.shared_gate = add(h.sh_gate);
+    w.shared_up = add(h.sh_up);
+    w.shared_down = add(h.sh_down);
     moe_build_router_slices(w, nullptr);  // the fused kernel's router layout (real shapes only)
     CUDA_CHECK(cudaDeviceSynchronize());
   }

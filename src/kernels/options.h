@@ -1,0 +1,38 @@
+// The CUDA path's options: one plain struct, read from the environment once at start-up
+// (model/kernel_options.cpp, kernel_options_from_env) and passed down by the engine. Defaults are the
+// production settings; the switches exist for benchmarks, A/Bs and debugging. docs/kernel-options.md has the table.
+// Nothing under src/kernels reads the environment.
+#pragma once
+#include <string>
+
+namespace lily::cuda {
+
+struct KernelOptions {
+  // LILY_GDN_FUSED=0: the linear-attention mixer as three launches (in_proj, GDN step, out_proj) even where the
+  // one-launch persistent kernel applies (kernels/gdn_fused.cu). For A/Bs and the per-family breakdown.
+  bool gdn_fused = true;
+  // LILY_MOE_FUSED=0: the MoE block as router + gate/up + down launches even where the one-launch persistent
+  // kernel applies (kernels/moe_fused.cu).
+  bool moe_fused = true;
+  // LILY_ATTN_SPLITS=n: decode attention split blocks per KV head (1..kAttnMaxSplits); 0 = SMs / KV heads
+  // (one block per SM).
+  int attn_splits = 0;
+  // LILY_PREFILL=0: prompts token by token through the decode step instead of the chunked prompt path.
+  bool prefill = true;
+  // LILY_PREFILL_CHUNK=n: tokens per chunk of the prompt path (16..2048); 0 = 2048.
+  int prefill_chunk = 0;
+  // LILY_PREFILL_MIN=n: prompts of at least n tokens take the chunked path; 0 = the backend's default (16).
+  int prefill_min = 0;
+  // LILY_CUDA_SYNC=1: synchronise after every launch so a failing kernel is named at once (slow; debugging).
+  bool debug_sync = false;
+  // LILY_TRACE=1 (`lily bench`): the persistent, attention split and combine launches stamp their blocks' phase
+  // times; bench prints them per context.
+  bool trace = false;
+  // LILY_SKIP=fam1,fam2 (`lily bench`): kernel families left out of the benchmarked decode step (it then computes
+  // garbage; the time without a family is its marginal cost). Families: embed, gdn, gdn_in_proj, gdn_core,
+  // gdn_out_proj, attn_in_proj, attn_core, attn_out_proj, moe, lm_head; gdn_core and attn_core also leave the
+  // prompt path's mixer cores out.
+  std::string skip;
+};
+
+}  // namespace lily::cuda

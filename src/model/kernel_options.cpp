@@ -1,0 +1,50 @@
+// Reads the CUDA path's LILY_* switches once (the only place they are read; docs/kernel-options.md).
+#include "model/kernel_options.h"
+
+#include <cstdlib>
+#include <sstream>
+
+namespace lily {
+
+cuda::KernelOptions parse_kernel_options(const std::function<const char*(const char*)>& env) {
+  auto flag = [&](const char* name, bool dflt) {
+    const char* e = env(name);
+    return e && e[0] == (dflt ? '0' : '1') ? !dflt : dflt;
+  };
+  auto integer = [&](const char* name, int dflt) {
+    const char* e = env(name);
+    return e && e[0] ? std::atoi(e) : dflt;
+  };
+  cuda::KernelOptions o;
+  o.gdn_fused = flag("LILY_GDN_FUSED", o.gdn_fused);
+  o.moe_fused = flag("LILY_MOE_FUSED", o.moe_fused);
+  o.attn_splits = integer("LILY_ATTN_SPLITS", o.attn_splits);
+  o.prefill = flag("LILY_PREFILL", o.prefill);
+  o.prefill_chunk = integer("LILY_PREFILL_CHUNK", o.prefill_chunk);
+  o.prefill_min = integer("LILY_PREFILL_MIN", o.prefill_min);
+  o.debug_sync = flag("LILY_CUDA_SYNC", o.debug_sync);
+  o.trace = flag("LILY_TRACE", o.trace);
+  if (const char* e = env("LILY_SKIP")) o.skip = e;
+  return o;
+}
+
+const cuda::KernelOptions& kernel_options_from_env() {
+  static const cuda::KernelOptions o = parse_kernel_options([](const char* name) { return std::getenv(name); });
+  return o;
+}
+
+std::string describe(const cuda::KernelOptions& o) {
+  std::ostringstream s;
+  auto num = [](int v) { return v > 0 ? std::to_string(v) : std::string("auto"); };
+  s << "gdn_fused=" << o.gdn_fused << " moe_fused=" << o.moe_fused << " attn_splits=" << num(o.attn_splits)
+    << " prefill=" << o.prefill << " prefill_chunk=" << num(o.prefill_chunk) << " prefill_min=" << num(o.prefill_min)
+    << " debug_sync=" << o.debug_sync << " trace=" << o.trace << " skip=" << (o.skip.empty() ? "-" : o.skip);
+  return s.str();
+}
+
+}  // namespace lily
+
+namespace lily::cuda {
+// CUDA_CHECK_LAUNCH's switch (kernels/common.cuh): the start-up options' debug_sync.
+bool debug_sync_enabled() { return kernel_options_from_env().debug_sync; }
+}  // namespace lily::cuda

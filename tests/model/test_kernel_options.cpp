@@ -1,0 +1,69 @@
+// The CUDA path's options from LILY_* variables (model/kernel_options.cpp): defaults, each override, and the
+// switches' rule ("0" turns a default-on switch off, "1" a default-off one on, anything else leaves it).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "model/kernel_options.h"
+
+namespace lily {
+namespace {
+
+cuda::KernelOptions parse(const std::map<std::string, std::string>& vars) {
+  return parse_kernel_options([&](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(KernelOptions, DefaultsWhenNothingIsSet) {
+  const cuda::KernelOptions o = parse({});
+  const cuda::KernelOptions d;
+  EXPECT_TRUE(o.gdn_fused);
+  EXPECT_TRUE(o.moe_fused);
+  EXPECT_TRUE(o.prefill);
+  EXPECT_FALSE(o.debug_sync);
+  EXPECT_FALSE(o.trace);
+  EXPECT_EQ(o.attn_splits, d.attn_splits);
+  EXPECT_EQ(o.prefill_chunk, d.prefill_chunk);
+  EXPECT_EQ(o.prefill_min, d.prefill_min);
+  EXPECT_TRUE(o.skip.empty());
+}
+
+TEST(KernelOptions, EachVariableSetsItsField) {
+  const cuda::KernelOptions o =
+      parse({{"LILY_GDN_FUSED", "0"}, {"LILY_MOE_FUSED", "0"}, {"LILY_ATTN_SPLITS", "33"}, {"LILY_PREFILL", "0"},
+             {"LILY_PREFILL_CHUNK", "512"}, {"LILY_PREFILL_MIN", "40"}, {"LILY_CUDA_SYNC", "1"}, {"LILY_TRACE", "1"},
+             {"LILY_SKIP", "moe,lm_head"}});
+  EXPECT_FALSE(o.gdn_fused);
+  EXPECT_FALSE(o.moe_fused);
+  EXPECT_EQ(o.attn_splits, 33);
+  EXPECT_FALSE(o.prefill);
+  EXPECT_EQ(o.prefill_chunk, 512);
+  EXPECT_EQ(o.prefill_min, 40);
+  EXPECT_TRUE(o.debug_sync);
+  EXPECT_TRUE(o.trace);
+  EXPECT_EQ(o.skip, "moe,lm_head");
+}
+
+TEST(KernelOptions, SwitchesOnlyFlipOnTheirOppositeDigit) {
+  // "1" for a default-on switch, "0" for a default-off one, empty or other text: the default stays
+  const cuda::KernelOptions o = parse({{"LILY_GDN_FUSED", "1"}, {"LILY_MOE_FUSED", "off"}, {"LILY_CUDA_SYNC", "0"},
+                                       {"LILY_TRACE", ""}, {"LILY_ATTN_SPLITS", ""}});
+  EXPECT_TRUE(o.gdn_fused);
+  EXPECT_TRUE(o.moe_fused);
+  EXPECT_FALSE(o.debug_sync);
+  EXPECT_FALSE(o.trace);
+  EXPECT_EQ(o.attn_splits, cuda::KernelOptions{}.attn_splits);
+}
+
+TEST(KernelOptions, DescribeNamesEveryFieldWithItsValue) {
+  const std::string s = describe(parse({{"LILY_ATTN_SPLITS", "17"}, {"LILY_MOE_FUSED", "0"}, {"LILY_SKIP", "moe"}}));
+  for (const char* part : {"gdn_fused=1", "moe_fused=0", "attn_splits=17", "prefill=1", "prefill_chunk=auto",
+                           "prefill_min=auto", "debug_sync=0", "trace=0", "skip=moe"})
+    EXPECT_NE(s.find(part), std::string::npos) << part << " in " << s;
+}
+
+}  // namespace
+}  // namespace lily
