@@ -15,7 +15,7 @@ if [ ! -f "$DIR/.synth-done" ]; then
 fi
 cp "$BIN/tokenizer.json" "$BIN/tokenizer_config.json" "$BIN/chat_template.jinja" "$DIR/"
 PORT=18080
-"$BIN/lily" serve --model "$DIR" --device cuda --port $PORT --ctx 16384 > "$OUT/serve.log" 2>&1 &
+"$BIN/lily" serve --model "$DIR" --device cuda --port $PORT --ctx ${LILY_SERVE_CTX:-16384} > "$OUT/serve.log" 2>&1 &
 PID=$!
 trap 'kill $PID 2>/dev/null || true' EXIT
 python3 "$(dirname "$0")/gpu_serve_client.py" "http://127.0.0.1:$PORT" 2>&1 | tee "$OUT/serve_client.txt"

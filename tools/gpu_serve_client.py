@@ -8,6 +8,7 @@ the model's output (the weights are random: the text is noise). Standard library
 usage: gpu_serve_client.py BASE_URL
 """
 import json
+import os
 import statistics
 import sys
 import threading
@@ -185,8 +186,26 @@ def robustness():
     check(text(a) == text(b), "greedy still deterministic after all that")
 
 
+def prompt_times(lengths):
+    """Fresh prompts of `lengths` tokens (random ids: nothing cached) through /v1/completions, 1 token each:
+    timings.prompt_ms as the client receives it, twice per length (the second after the first has warmed up)."""
+    import random
+    rng = random.Random(7)
+    for n in lengths:
+        ms = []
+        for _ in range(2):
+            ids = [rng.randrange(1000, 150000) for _ in range(n)]
+            r = post("/v1/completions", {"prompt": ids, "max_tokens": 1, "temperature": 0})
+            ms.append(r["timings"]["prompt_ms"])
+        print("prompt of %6d tokens: prompt_ms %8.1f / %8.1f (%.0f tok/s), cached %d" %
+              (n, ms[0], ms[1], n / (ms[1] / 1e3), r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)))
+
+
 def main():
     print("ready after %.1f s (load + warm-up)" % wait_ready())
+    lengths = [int(x) for x in os.environ.get("LILY_PROMPT_LENGTHS", "").split(",") if x]
+    if lengths:
+        prompt_times(lengths)
     model = json.loads(get("/v1/models"))["data"][0]
     print(json.dumps(model))
     reps = max(10, min(270, (model["max_model_len"] - 800) // 15))  # ~15 tokens each: a ~4K-token prompt

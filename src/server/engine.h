@@ -64,7 +64,9 @@ struct EngineOptions {
   bool prefix_cache = true;
   size_t cache_bytes = size_t{8} << 30; // prefix-cache pool cap
   int checkpoint_interval = 8192;       // extra snapshot every K prompt tokens
-  int prefill_chunk = 512;              // tokens per forward call during prefill (cancel granularity)
+  int prefill_chunk = 2048;             // prompt tokens per Backend::prefill call: cancellation and the deadline
+                                        // are checked between pieces; a piece of the CUDA prompt path's chunk
+                                        // size reads the weights once per 2,048 tokens
 };
 
 class Engine {
