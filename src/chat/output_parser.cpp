@@ -216,7 +216,7 @@ struct OutputParser::Impl {
     std::string args = "{";
     for (size_t i = 0; i < params.size(); ++i) {
       if (i) args += ", ";
-      args += "\"" + escaped(params[i].first) + "\": " + dump_json(params[i].second);
+      args += "\"" + escaped(params[i].first) + "\": " + python_json_dumps(params[i].second);
     }
     args += "}";
     if (args != res.tool_calls.back().arguments) {
@@ -268,7 +268,7 @@ struct OutputParser::Impl {
       params.emplace_back(key, utf8_lossy(s));
     } else {
       OrderedJson v = convert_value(s, type);
-      emit_args(dump_json(v));
+      emit_args(python_json_dumps(v));
       params.emplace_back(key, std::move(v));
     }
   }
@@ -383,7 +383,7 @@ struct OutputParser::Impl {
     for (auto& [k, val] : args.items()) params.emplace_back(k, val);
     std::string text = "{";
     for (size_t i = 0; i < params.size(); ++i)
-      text += (i ? ", \"" : "\"") + escaped(params[i].first) + "\": " + dump_json(params[i].second);
+      text += (i ? ", \"" : "\"") + escaped(params[i].first) + "\": " + python_json_dumps(params[i].second);
     open_keys = static_cast<int>(params.size());
     emit_args(params.empty() ? "" : text);
     close_call(false);

@@ -475,7 +475,7 @@ OrderedJson convert_value(std::string_view s, ParamType type) {
   return utf8_lossy(s);
 }
 
-std::string dump_json(const OrderedJson& v) {
+std::string python_json_dumps(const OrderedJson& v) {
   std::string out;
   dump_into(out, v);
   return out;

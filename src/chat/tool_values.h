@@ -61,7 +61,7 @@ bool parse_json_limited(std::string_view s, OrderedJson& out);
 bool parse_python_literal(std::string_view s, OrderedJson& out);
 
 // Python `json.dumps(v, ensure_ascii=False)`: ordered keys, ", " / ": ", floats as Python repr, non-finite -> null.
-std::string dump_json(const OrderedJson& v);
+std::string python_json_dumps(const OrderedJson& v);
 // JSON string escaping: util/json_escape.h. UTF-8 sanitising (a maximal invalid subpart, or an incomplete
 // tail, becomes one U+FFFD): util/utf8.h's utf8_lossy.
 // The largest prefix length of `data` after which no incomplete-but-valid sequence is left (the rest may still

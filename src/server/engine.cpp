@@ -37,8 +37,7 @@ void Engine::submit(std::shared_ptr<GenJob> job) {
     throw e;
   }
   // queue_size requests may wait behind the running one; while no request runs, the first in the queue is about
-  // to start (the engine thread has not yet taken it), so it does not count as waiting: 32 clients arriving at an
-  // idle server at once got 16 completions instead of 17 when they all queued before the thread woke up
+  // to start (the engine thread has not yet taken it), so it does not count as waiting
   const int room = opt_.queue_size + (running_ ? 0 : 1);
   if (static_cast<int>(queue_.size()) >= room) {
     metrics_.request_rejected("queue_full");

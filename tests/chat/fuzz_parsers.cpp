@@ -6,7 +6,7 @@
 // anything else after 00 = a literal 0x00 byte.
 // Checks (abort on failure): streamed deltas rebuild the final result, arguments are JSON objects, every text is
 // valid UTF-8, and the result is the same for three tokenisations of the same text (as given, one token per
-// text run, one byte per token). Also: convert_value + dump_json always produce valid JSON.
+// text run, one byte per token). Also: convert_value + python_json_dumps always produce valid JSON.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -161,7 +161,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                    ParamType::number | ParamType::boolean, ParamType::string | ParamType::null,
                                    ParamType::array | ParamType::object | ParamType::null, 127};
   const std::string raw(reinterpret_cast<const char*>(data + 1), size - 1);
-  const std::string dumped = dump_json(convert_value(raw, ParamType{kTypes[flags >> 4]}));
+  const std::string dumped = python_json_dumps(convert_value(raw, ParamType{kTypes[flags >> 4]}));
   require(utf8_lossy(dumped) == dumped, "converted value is valid UTF-8");
   require(!OrderedJson::parse(dumped, nullptr, false).is_discarded(), "converted value is valid JSON");
   return 0;

@@ -13,7 +13,7 @@ ParamType type_of(const char* schema_json) { return param_type_from_schema(Order
 
 // Converts `s` under the schema and returns the JSON text.
 std::string conv(std::string_view s, const char* schema_json) {
-  return dump_json(convert_value(s, type_of(schema_json)));
+  return python_json_dumps(convert_value(s, type_of(schema_json)));
 }
 
 TEST(ToolValues, SchemaTypes) {
@@ -153,31 +153,31 @@ TEST(ToolValues, RowUnion) {
 
 // §3.4 row: key not in schema / unknown type.
 TEST(ToolValues, RowUnknown) {
-  EXPECT_EQ(dump_json(convert_value(R"({"a": 1})", ParamType{})), R"({"a": 1})");
-  EXPECT_EQ(dump_json(convert_value("[1, 2]", ParamType{})), "[1, 2]");
-  EXPECT_EQ(dump_json(convert_value("5", ParamType{})), R"("5")");
-  EXPECT_EQ(dump_json(convert_value("true", ParamType{})), R"("true")");
-  EXPECT_EQ(dump_json(convert_value("{bad", ParamType{})), R"("{bad")");
-  EXPECT_EQ(dump_json(convert_value(" {\"a\": 1}", ParamType{})), R"(" {\"a\": 1}")");
+  EXPECT_EQ(python_json_dumps(convert_value(R"({"a": 1})", ParamType{})), R"({"a": 1})");
+  EXPECT_EQ(python_json_dumps(convert_value("[1, 2]", ParamType{})), "[1, 2]");
+  EXPECT_EQ(python_json_dumps(convert_value("5", ParamType{})), R"("5")");
+  EXPECT_EQ(python_json_dumps(convert_value("true", ParamType{})), R"("true")");
+  EXPECT_EQ(python_json_dumps(convert_value("{bad", ParamType{})), R"("{bad")");
+  EXPECT_EQ(python_json_dumps(convert_value(" {\"a\": 1}", ParamType{})), R"(" {\"a\": 1}")");
 }
 
 TEST(ToolValues, DumpJsonIsPythonStyle) {
   const auto v = OrderedJson::parse(R"({"z": 1, "a": {"k": [1, 2]}, "s": "città \"q\" \u0001\t/", "e": []})");
-  EXPECT_EQ(dump_json(v), "{\"z\": 1, \"a\": {\"k\": [1, 2]}, \"s\": \"città \\\"q\\\" \\u0001\\t/\", \"e\": []}");
-  EXPECT_EQ(dump_json(OrderedJson::object()), "{}");
+  EXPECT_EQ(python_json_dumps(v), "{\"z\": 1, \"a\": {\"k\": [1, 2]}, \"s\": \"città \\\"q\\\" \\u0001\\t/\", \"e\": []}");
+  EXPECT_EQ(python_json_dumps(OrderedJson::object()), "{}");
   // Python float repr.
   const std::pair<double, const char*> floats[] = {{0.1, "0.1"},        {2.5, "2.5"},       {1e16, "1e+16"},
                                                    {1e15, "1000000000000000.0"},           {1e-5, "1e-05"},
                                                    {0.0001, "0.0001"}, {-2.5, "-2.5"},     {1.5e300, "1.5e+300"},
                                                    {3.0, "3.0"},       {123.456, "123.456"}};
-  for (auto [x, s] : floats) EXPECT_EQ(dump_json(OrderedJson(x)), s) << x;
-  EXPECT_EQ(dump_json(OrderedJson(std::numeric_limits<double>::infinity())), "null");
+  for (auto [x, s] : floats) EXPECT_EQ(python_json_dumps(OrderedJson(x)), s) << x;
+  EXPECT_EQ(python_json_dumps(OrderedJson(std::numeric_limits<double>::infinity())), "null");
 }
 
 TEST(ToolValues, PythonLiterals) {
   OrderedJson v;
   ASSERT_TRUE(parse_python_literal("[None, True, False, -3, 2.5, 'a\\n', \"b\", (1,), {'k': []}]", v));
-  EXPECT_EQ(dump_json(v), R"([null, true, false, -3, 2.5, "a\n", "b", [1], {"k": []}])");
+  EXPECT_EQ(python_json_dumps(v), R"([null, true, false, -3, 2.5, "a\n", "b", [1], {"k": []}])");
   for (const char* bad : {"foo", "[1,", "{1: 2}", "'unterminated", "Nonesuch", "[1] 2", ""})
     EXPECT_FALSE(parse_python_literal(bad, v)) << bad;
   EXPECT_FALSE(parse_python_literal(std::string(200, '[') + std::string(200, ']'), v)) << "depth limit";
