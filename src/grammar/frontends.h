@@ -34,6 +34,8 @@ class JsonSchemaBuilder {
   ~JsonSchemaBuilder();
   // A rule for JSON values valid under `root` (the document $ref resolves against); `path` names it in errors.
   uint32_t value(const nlohmann::ordered_json& root, const std::string& path);
+  // The same for a subschema of `root`.
+  uint32_t value_in(const nlohmann::ordered_json& root, const nlohmann::ordered_json& schema, const std::string& path);
   // A rule for the raw (unquoted, unescaped) text of a string valid under `schema`: tool-call parameters.
   uint32_t raw_string(const nlohmann::ordered_json& schema, const nlohmann::ordered_json& root, const std::string& path);
   uint32_t any_object();

@@ -193,6 +193,8 @@ uint32_t Grammar::repeat(const Seq& item, int64_t min, int64_t max, const std::s
       rules[loop] = {std::move(again), {}};
       head.push_back(ref(loop));
     }
+  } else if (max > min && item.size() == 1 && item[0].kind == Kind::bytes) {
+    head.insert(head.end(), size_t(max - min), Elem{Kind::opt, item[0].arg});  // an inline run, no helper rules
   } else if (max > min) {
     uint32_t prev = UINT32_MAX;
     for (int64_t k = 1; k <= max - min; ++k) {

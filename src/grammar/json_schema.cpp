@@ -24,12 +24,11 @@ const char* kFormats[][2] = {
     {"date", "(?:[0-9]{4})-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|"
              "02-(?:0[1-9]|1[0-9]|2[0-8]))"},
     {"time", "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,9})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"},
-    {"email", "[A-Za-z0-9_+-]{1,64}(?:\\.[A-Za-z0-9_+-]{1,64}){0,8}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)"
-              "{1,8}[A-Za-z]{2,24}"},
+    {"email", "[A-Za-z0-9_+-]+(?:\\.[A-Za-z0-9_+-]+)*@(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\\.)+"
+              "[A-Za-z]{2,24}"},
     {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
-    {"uri", "(?:https?|ftp)://[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
-            "[A-Za-z0-9])?){0,8}(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~!$&'()*+,;=:@-]*){0,16}(?:\\?[A-Za-z0-9._~!$&'()*+,"
-            ";=:@/?-]*)?"},
+    {"uri", "(?:https?|ftp)://[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\\.[A-Za-z0-9](?:[A-Za-z0-9-]*"
+            "[A-Za-z0-9])?)*(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~!$&'()*+,;=:@-]*)*(?:\\?[A-Za-z0-9._~!$&'()*+,;=:@/?-]*)?"},
 };
 
 std::string digits_class(char a, char b) {
@@ -85,6 +84,11 @@ class SchemaCompiler {
     root_ = &root;
     refs_.clear();
     return compile(root, path);
+  }
+  uint32_t value_in(const ojson& root, const ojson& schema, const std::string& path) {
+    root_ = &root;
+    refs_.clear();
+    return compile(schema, path);
   }
   uint32_t any_object() {
     value_rule();
@@ -568,6 +572,10 @@ uint32_t JsonSchemaBuilder::value(const nlohmann::ordered_json& root, const std:
 uint32_t JsonSchemaBuilder::raw_string(const nlohmann::ordered_json& schema, const nlohmann::ordered_json& root,
                                        const std::string& path) {
   return impl_->raw_string(schema, root, path);
+}
+uint32_t JsonSchemaBuilder::value_in(const nlohmann::ordered_json& root, const nlohmann::ordered_json& schema,
+                                     const std::string& path) {
+  return impl_->value_in(root, schema, path);
 }
 uint32_t JsonSchemaBuilder::any_object() { return impl_->any_object(); }
 Seq JsonSchemaBuilder::ws() { return impl_->ws(); }

@@ -142,6 +142,14 @@ uint32_t Pda::initial() {
   return intern(scratch_flags_);
 }
 
+uint32_t Pda::expand(uint32_t n) {
+  ++gen_;
+  scratch_.clear();
+  scratch_flags_ = 0;
+  closure(n);
+  return intern(scratch_flags_);
+}
+
 uint32_t Pda::single(uint32_t leaf) {
   scratch_.assign(1, leaf);
   return intern(0);

@@ -28,6 +28,7 @@ class Pda {
 
   uint32_t initial();                  // the root rule expanded
   uint32_t single(uint32_t leaf);      // a state holding exactly this leaf (not expanded further)
+  uint32_t expand(uint32_t node);      // the state reached by continuing at `node` (a return address)
   uint32_t step(uint32_t state, uint8_t byte);  // cached
   uint32_t step_token(uint32_t state, int32_t token);  // through `token` elements (uncached)
   std::span<const uint32_t> leaves(uint32_t state) const {

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <numeric>
 
 #include "tokenizer/tokenizer.h"
@@ -76,44 +78,127 @@ namespace {
 
 inline void set_bit(std::span<uint32_t> m, int32_t id) { m[size_t(id) >> 5] |= 1u << (id & 31); }
 
-// Classifies every token for position `pos` taken out of context (parent = kEscape).
-PositionMask precompute(Pda& pda, const Vocab& vocab, uint32_t pos) {
+// Byte-level FIRST of the element sequence starting at `p` (up to its alternative's end); `nullable` = the whole
+// rest can match nothing.
+ByteSet seq_first(const Flat& f, uint32_t p, const std::vector<ByteSet>& first, const std::vector<char>& null_rule,
+                  bool& nullable) {
+  ByteSet acc{};
+  for (;; ++p) {
+    const Elem& e = f.elems[p];
+    switch (e.kind) {
+      case Kind::end: nullable = true; return acc;
+      case Kind::token: nullable = false; return acc;
+      case Kind::bytes:
+        for (int w = 0; w < 4; ++w) acc[size_t(w)] |= f.sets[e.arg][size_t(w)];
+        nullable = false;
+        return acc;
+      case Kind::star:
+      case Kind::opt:
+        for (int w = 0; w < 4; ++w) acc[size_t(w)] |= f.sets[e.arg][size_t(w)];
+        break;
+      case Kind::rule:
+        for (int w = 0; w < 4; ++w) acc[size_t(w)] |= first[e.arg][size_t(w)];
+        if (!null_rule[e.arg]) { nullable = false; return acc; }
+        break;
+    }
+  }
+}
+
+bool merge(ByteSet& into, const ByteSet& from) {
+  bool changed = false;
+  for (int w = 0; w < 4; ++w) {
+    uint64_t v = into[size_t(w)] | from[size_t(w)];
+    changed |= v != into[size_t(w)];
+    into[size_t(w)] = v;
+  }
+  return changed;
+}
+
+// FOLLOW(rule): the bytes that can come right after the rule in any context (fixpoints over FIRST and FOLLOW).
+std::vector<ByteSet> follow_sets(const Flat& f, std::vector<uint32_t>& rule_of) {
+  size_t nr = f.alt_begin.size() - 1;
+  rule_of.assign(f.elems.size(), 0);
+  for (uint32_t r = 0; r < nr; ++r)
+    for (uint32_t a = f.alt_begin[r]; a < f.alt_begin[r + 1]; ++a)
+      for (uint32_t p = f.alt_start[a];; ++p) {
+        rule_of[p] = r;
+        if (f.elems[p].kind == Kind::end) break;
+      }
+  std::vector<ByteSet> first(nr, ByteSet{}), follow(nr, ByteSet{});
+  std::vector<char> null_rule(nr, 0);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (uint32_t r = 0; r < nr; ++r)
+      for (uint32_t a = f.alt_begin[r]; a < f.alt_begin[r + 1]; ++a) {
+        bool nul;
+        changed |= merge(first[r], seq_first(f, f.alt_start[a], first, null_rule, nul));
+        if (nul && !null_rule[r]) { null_rule[r] = 1; changed = true; }
+      }
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (uint32_t p = 0; p < f.elems.size(); ++p) {
+      if (f.elems[p].kind != Kind::rule) continue;
+      bool nul;
+      uint32_t callee = f.elems[p].arg;
+      changed |= merge(follow[callee], seq_first(f, p + 1, first, null_rule, nul));
+      if (nul) changed |= merge(follow[callee], follow[rule_of[p]]);
+    }
+  }
+  return follow;
+}
+
+// Classifies every token for position `pos` taken out of context (parent = kEscape). When the position's rule
+// can end inside a token, the token's next byte must be in FOLLOW(rule) for the caller's context to have a chance;
+// such tokens are uncertain, the rest rejected.
+PositionMask precompute(Pda& pda, const Vocab& vocab, uint32_t pos, const ByteSet& follow) {
   const auto& trie = vocab.trie();
-  std::vector<int32_t> accepted, uncertain;
+  std::vector<int32_t> accepted;
+  std::vector<std::pair<std::string, int32_t>> uncertain;  // (suffix after a possible rule end, token)
   std::vector<uint32_t> st(64);
-  std::vector<uint8_t> sticky(64);
+  std::vector<uint8_t> esc_now(64), esc_ok(64);  // [depth] the rule can end here / ended earlier (viable)
   st[0] = pda.single(pda.node(pos, Pda::kEscape));
-  sticky[0] = 0;
-  auto add_subtree = [&](uint32_t from, uint32_t to, std::vector<int32_t>& out) {
-    for (uint32_t j = from; j < to; ++j)
-      if (trie[j].token >= 0) out.push_back(trie[j].token);
+  // Records token `id` as uncertain for every viable rule end at depth e < limit.
+  auto add_uncertain = [&](int32_t id, size_t limit) {
+    const std::string& t = vocab.text(id);
+    for (size_t e = 1; e < std::min(limit, t.size()); ++e)
+      if (esc_now[e] && has(follow, uint8_t(t[e]))) uncertain.push_back({t.substr(e), id});
   };
   for (uint32_t k = 1; k < trie.size();) {
     const Vocab::TrieNode& n = trie[k];
-    if (n.depth >= st.size()) {
-      st.resize(n.depth * 2);
-      sticky.resize(n.depth * 2);
+    size_t d = n.depth;
+    if (d + 1 >= st.size()) {
+      st.resize(d * 2 + 2);
+      esc_now.resize(d * 2 + 2);
+      esc_ok.resize(d * 2 + 2);
     }
-    uint32_t s = pda.step(st[n.depth - 1], n.byte);
+    bool via_caller = esc_ok[d - 1] || (esc_now[d - 1] && has(follow, n.byte));
+    uint32_t s = pda.step(st[d - 1], n.byte);
     bool live = pda.live(s);
-    bool esc_now = pda.flags(s) & Pda::kEscaped;
-    bool sticky_after = sticky[n.depth - 1] || esc_now;
-    if (!live && !sticky_after) {
+    bool en = pda.flags(s) & Pda::kEscaped;
+    if (!live && !en && !via_caller) {
       k = n.end;
       continue;
     }
-    if (n.token >= 0) (live || esc_now ? accepted : uncertain).push_back(n.token);
-    if (!live) {  // only the caller's context can continue: every longer token is uncertain
-      add_subtree(k + 1, n.end, uncertain);
+    esc_now[d] = en;
+    if (n.token >= 0) {
+      if (live || en) accepted.push_back(n.token);
+      else add_uncertain(n.token, d);
+    }
+    if (!live && !en) {  // only the caller's context can continue: every longer token is uncertain
+      for (uint32_t j = k + 1; j < n.end; ++j)
+        if (trie[j].token >= 0) add_uncertain(trie[j].token, d);
       k = n.end;
       continue;
     }
-    st[n.depth] = s;
-    sticky[n.depth] = sticky_after;
+    st[d] = s;
+    esc_ok[d] = via_caller;
     ++k;
   }
   for (auto [kept, dup] : vocab.duplicates()) {
     if (std::find(accepted.begin(), accepted.end(), kept) != accepted.end()) accepted.push_back(dup);
+    for (size_t i = 0, n = uncertain.size(); i < n; ++i)
+      if (uncertain[i].second == kept) uncertain.push_back({uncertain[i].first, dup});
   }
   PositionMask pm;
   size_t words = vocab.mask_words();
@@ -124,15 +209,22 @@ PositionMask precompute(Pda& pda, const Vocab& vocab, uint32_t pos) {
     pm.accepted_ids = std::move(accepted);
     std::sort(pm.accepted_ids.begin(), pm.accepted_ids.end());
   }
-  pm.uncertain = std::move(uncertain);
-  pm.uncertain_lcp.resize(pm.uncertain.size(), 0);
-  for (size_t i = 1; i < pm.uncertain.size(); ++i) {
-    const std::string& a = vocab.text(pm.uncertain[i - 1]);
-    const std::string& b = vocab.text(pm.uncertain[i]);
-    size_t l = 0;
-    while (l < a.size() && l < b.size() && a[l] == b[l] && l < 65535) ++l;
-    pm.uncertain_lcp[i] = uint16_t(l);
+  std::sort(uncertain.begin(), uncertain.end());
+  pm.suffix_begin.push_back(0);
+  for (size_t i = 0; i < uncertain.size(); ++i) {
+    if (i == 0 || uncertain[i].first != uncertain[i - 1].first) {
+      if (i > 0) pm.suffix_begin.push_back(uint32_t(pm.suffix_tokens.size()));
+      size_t l = 0;
+      if (!pm.suffixes.empty()) {
+        const std::string& prev = pm.suffixes.back();
+        while (l < prev.size() && l < uncertain[i].first.size() && prev[l] == uncertain[i].first[l] && l < 65535) ++l;
+      }
+      pm.suffixes.push_back(uncertain[i].first);
+      pm.suffix_lcp.push_back(uint16_t(l));
+    }
+    pm.suffix_tokens.push_back(uncertain[i].second);
   }
+  if (!pm.suffixes.empty()) pm.suffix_begin.push_back(uint32_t(pm.suffix_tokens.size()));
   return pm;
 }
 
@@ -144,16 +236,49 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(const Grammar& g
   cg->flat_ = flatten(g);
   cg->vocab_ = std::move(vocab);
   Pda pda(cg->flat_);
+  std::vector<uint32_t> rule_of;
+  std::vector<ByteSet> follow = follow_sets(cg->flat_, rule_of);
   size_t bytes = cg->flat_.elems.capacity() * sizeof(Elem) + cg->flat_.sets.capacity() * sizeof(ByteSet) +
                  (cg->flat_.alt_begin.capacity() + cg->flat_.alt_start.capacity()) * 4;
-  for (uint32_t pos = 0; pos < cg->flat_.elems.size(); ++pos) {
-    Kind k = cg->flat_.elems[pos].kind;
-    if (k != Kind::bytes && k != Kind::star && k != Kind::opt) continue;
-    cg->index_[pos] = uint32_t(cg->masks_.size());
-    cg->masks_.push_back(precompute(pda, *cg->vocab_, pos));
+  // Longest run of bytes from a set at the start of any token (positions deep inside a long optional run whose
+  // remaining length exceeds it classify tokens identically, so they share one mask).
+  std::map<uint32_t, size_t> class_depth;
+  auto max_class_prefix = [&](uint32_t set) {
+    auto it = class_depth.find(set);
+    if (it != class_depth.end()) return it->second;
+    const auto& trie = cg->vocab_->trie();
+    size_t best = 0;
+    for (uint32_t k = 1; k < trie.size();) {
+      if (!has(cg->flat_.sets[set], trie[k].byte)) { k = trie[k].end; continue; }
+      best = std::max<size_t>(best, trie[k].depth);
+      ++k;
+    }
+    return class_depth[set] = best;
+  };
+  const auto& elems = cg->flat_.elems;
+  std::function<uint32_t(uint32_t)> mask_of = [&](uint32_t pos) -> uint32_t {
+    auto it = cg->index_.find(pos);
+    if (it != cg->index_.end()) return it->second;
+    if (elems[pos].kind == Kind::opt) {
+      uint32_t run_end = pos;
+      while (elems[run_end].kind == Kind::opt && elems[run_end].arg == elems[pos].arg) ++run_end;
+      size_t depth = max_class_prefix(elems[pos].arg);
+      if (elems[run_end].kind != Kind::opt && run_end - pos > depth + 1) {
+        uint32_t shared = mask_of(run_end - uint32_t(depth + 1));
+        return cg->index_[pos] = shared;
+      }
+    }
+    uint32_t idx = uint32_t(cg->masks_.size());
+    cg->masks_.push_back(precompute(pda, *cg->vocab_, pos, follow[rule_of[pos]]));
     const PositionMask& pm = cg->masks_.back();
-    bytes += pm.accepted_bits.capacity() * 4 + pm.accepted_ids.capacity() * 4 + pm.uncertain.capacity() * 4 +
-             pm.uncertain_lcp.capacity() * 2 + 16;
+    bytes += pm.accepted_bits.capacity() * 4 + pm.accepted_ids.capacity() * 4 + pm.suffix_tokens.capacity() * 4 +
+             pm.suffix_begin.capacity() * 4 + pm.suffix_lcp.capacity() * 2 + 16;
+    for (const auto& sfx : pm.suffixes) bytes += sizeof(std::string) + (sfx.size() > 15 ? sfx.capacity() : 0);
+    return cg->index_[pos] = idx;
+  };
+  for (uint32_t pos = 0; pos < elems.size(); ++pos) {
+    Kind k = elems[pos].kind;
+    if (k == Kind::bytes || k == Kind::star || k == Kind::opt) mask_of(pos);
   }
   cg->bytes_ = bytes + cg->index_.size() * 16;
   cg->compile_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -162,7 +287,7 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(const Grammar& g
 
 size_t CompiledGrammar::uncertain_total() const {
   size_t n = 0;
-  for (const auto& m : masks_) n += m.uncertain.size();
+  for (const auto& m : masks_) n += m.suffix_tokens.size();
   return n;
 }
 
@@ -218,15 +343,14 @@ bool Matcher::accept_bytes(std::string_view bytes) {
 }
 
 void Matcher::check_uncertain(uint32_t leaf, const PositionMask& pm, std::span<uint32_t> mask) {
-  const Vocab& v = g_->vocab();
+  if (pm.suffixes.empty()) return;
   if (walk_.size() < 64) walk_.resize(64);
-  walk_[0] = pda_.single(leaf);
-  size_t prev_len = 0, dead_at = SIZE_MAX;  // previous token: length walked, depth where it died
-  for (size_t i = 0; i < pm.uncertain.size(); ++i) {
-    int32_t id = pm.uncertain[i];
-    size_t lcp = i == 0 ? 0 : pm.uncertain_lcp[i];
+  walk_[0] = pda_.expand(pda_.parent(leaf));  // the caller's continuation after the leaf's rule ends
+  size_t prev_len = 0, dead_at = SIZE_MAX;     // previous suffix: length walked, depth where it died
+  for (size_t i = 0; i < pm.suffixes.size(); ++i) {
+    size_t lcp = pm.suffix_lcp[i];
     if (lcp >= dead_at) continue;  // shares the prefix that already failed
-    const std::string& t = v.text(id);
+    const std::string& t = pm.suffixes[i];
     if (t.size() >= walk_.size()) walk_.resize(t.size() * 2);
     size_t d = std::min(lcp, prev_len);
     dead_at = SIZE_MAX;
@@ -240,7 +364,8 @@ void Matcher::check_uncertain(uint32_t leaf, const PositionMask& pm, std::span<u
       }
     }
     prev_len = dead_at == SIZE_MAX ? t.size() : dead_at - 1;
-    if (dead_at == SIZE_MAX) set_bit(mask, id);
+    if (dead_at == SIZE_MAX)
+      for (uint32_t j = pm.suffix_begin[i]; j < pm.suffix_begin[i + 1]; ++j) set_bit(mask, pm.suffix_tokens[j]);
   }
 }
 

@@ -2,9 +2,11 @@
 // of a matcher state is the set of tokens whose bytes the automaton can consume from there. Per grammar position
 // (a byte-class element) the compile step walks the trie once with the position taken out of context (its rule's
 // caller unknown) and sorts tokens into accepted (consumed inside the rule: valid in any context), rejected, and
-// uncertain (they run past the end of the rule; their fate depends on the stack). At decode time the mask is the
-// union over the state's stacks of the accepted set plus the uncertain tokens checked against the real stack,
-// walked in trie order so that shared prefixes are stepped once. Added tokens (<|im_end|>, <tool_call>, ...) are
+// uncertain (they run past the end of the rule; their fate depends on the stack). An uncertain token is stored by
+// the suffixes that would follow the rule's end (one per point where the rule can end inside the token and the
+// next byte can follow the rule somewhere in the grammar). At decode time the mask is the union over the state's
+// stacks of the accepted set plus the tokens of the suffixes that the stack's caller accepts: the distinct
+// suffixes are few (",", "}", ": ", ...) and are walked in sorted order so that shared prefixes are stepped once. Added tokens (<|im_end|>, <tool_call>, ...) are
 // not text: a grammar allows them only through `token` elements.
 #pragma once
 #include <cstdint>
@@ -56,8 +58,10 @@ class Vocab {
 struct PositionMask {
   std::vector<uint32_t> accepted_bits;   // bitset over the vocabulary when the accepted set is large, else empty
   std::vector<int32_t> accepted_ids;     // the accepted set when small
-  std::vector<int32_t> uncertain;        // trie order
-  std::vector<uint16_t> uncertain_lcp;   // [i] common prefix length with uncertain[i - 1]
+  std::vector<std::string> suffixes;     // [suffix] sorted, distinct: bytes after a possible end of the rule
+  std::vector<uint16_t> suffix_lcp;      // [suffix] common prefix length with the previous suffix
+  std::vector<uint32_t> suffix_begin;    // [suffix + 1] range of suffix_tokens
+  std::vector<int32_t> suffix_tokens;    // uncertain tokens per suffix
 };
 
 class CompiledGrammar {
@@ -73,7 +77,7 @@ class CompiledGrammar {
   }
   size_t bytes() const { return bytes_; }  // memory held by this compiled grammar (vocab excluded)
   double compile_ms() const { return compile_ms_; }
-  size_t uncertain_total() const;  // sum over positions (diagnostics)
+  size_t uncertain_total() const;  // (suffix, token) pairs over positions (diagnostics)
 
  private:
   Flat flat_;

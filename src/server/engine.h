@@ -19,6 +19,7 @@
 
 #include "runtime/backend.h"
 #include "runtime/sampler.h"
+#include "runtime/token_filter.h"
 #include "server/metrics.h"
 #include "server/prefix_cache.h"
 
@@ -47,6 +48,7 @@ struct GenJob {
   std::function<bool(const TokenEvent&)> on_token;
   // Called once on the engine thread when the job ends (any reason), after the result fields are set.
   std::function<void()> on_done;
+  std::shared_ptr<TokenFilter> filter;  // structured output: constrains each sampled token (null: none)
 
   // ---- control ----
   std::atomic<bool> cancel{false};      // set by the HTTP thread (client disconnect, shutdown)
