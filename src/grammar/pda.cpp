@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 
 namespace lily::grammar {
 
@@ -190,6 +191,22 @@ uint32_t Pda::step_token(uint32_t state, int32_t token) {
     if (e.kind == Kind::token && int32_t(e.arg) == token) closure(node(nodes_[leaf].pos + 1, nodes_[leaf].parent));
   }
   return intern(scratch_flags_);
+}
+
+uint32_t Pda::import(const Pda& other, uint32_t state) {
+  std::unordered_map<uint32_t, uint32_t> copied{{kRoot, kRoot}, {kEscape, kEscape}};
+  std::vector<uint32_t> leaves, chain;
+  for (uint32_t leaf : other.leaves(state)) {
+    chain.clear();
+    for (uint32_t n = leaf; !copied.count(n); n = other.nodes_[n].parent) chain.push_back(n);
+    for (size_t i = chain.size(); i-- > 0;) {
+      uint32_t n = chain[i];
+      copied[n] = node(other.nodes_[n].pos, copied.at(other.nodes_[n].parent));
+    }
+    leaves.push_back(copied.at(leaf));
+  }
+  scratch_ = std::move(leaves);
+  return intern(other.flags(state));
 }
 
 size_t Pda::bytes() const {

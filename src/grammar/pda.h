@@ -38,6 +38,9 @@ class Pda {
   uint8_t flags(uint32_t state) const { return states_[state].flags; }
   bool live(uint32_t state) const { return states_[state].size > 0; }
 
+  // The state of `other` (same grammar) rebuilt in this automaton: its stacks copied node by node.
+  uint32_t import(const Pda& other, uint32_t state);
+
   size_t node_count() const { return nodes_.size(); }
   size_t state_count() const { return states_.size(); }
   size_t bytes() const;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <numeric>
 
 #include "tokenizer/tokenizer.h"
@@ -228,6 +229,73 @@ PositionMask precompute(Pda& pda, const Vocab& vocab, uint32_t pos, const ByteSe
   return pm;
 }
 
+// A position's token classes depend only on what the automaton can reach from it out of context: the rest of
+// its alternative, the rules reachable from there, and FOLLOW of its rule. This key serialises exactly that
+// (rules renumbered by first reach), so equal contexts in different grammars share one precomputed mask.
+// Empty when the reachable part is too large to be worth keying.
+std::string position_key(const Flat& f, uint32_t pos, const ByteSet& follow, const Vocab* vocab) {
+  constexpr size_t kLimit = 1 << 16;
+  std::string key(reinterpret_cast<const char*>(&vocab), sizeof(vocab));
+  key.append(reinterpret_cast<const char*>(follow.data()), sizeof(ByteSet));
+  std::unordered_map<uint32_t, uint32_t> local;
+  std::vector<uint32_t> queue;
+  auto put = [&](uint32_t v) { key.append(reinterpret_cast<const char*>(&v), 4); };
+  auto run = [&](uint32_t p) {
+    for (;; ++p) {
+      const Elem& e = f.elems[p];
+      key.push_back(char(e.kind));
+      if (e.kind == Kind::end) return;
+      if (e.kind == Kind::rule) {
+        auto [it, fresh] = local.emplace(e.arg, uint32_t(local.size()));
+        if (fresh) queue.push_back(e.arg);
+        put(it->second);
+      } else if (e.kind == Kind::token) {
+        put(e.arg);
+      } else {
+        key.append(reinterpret_cast<const char*>(f.sets[e.arg].data()), sizeof(ByteSet));
+      }
+    }
+  };
+  run(pos);
+  for (size_t q = 0; q < queue.size(); ++q) {
+    uint32_t r = queue[q];
+    put(f.alt_begin[r + 1] - f.alt_begin[r]);
+    for (uint32_t a = f.alt_begin[r]; a < f.alt_begin[r + 1]; ++a) {
+      run(f.alt_start[a]);
+      if (key.size() > kLimit) return {};
+    }
+  }
+  return key;
+}
+
+// Process-wide: position masks by key, held weakly (alive while some compiled grammar uses them).
+class SharedMasks {
+ public:
+  std::shared_ptr<const PositionMask> find(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    return it == map_.end() ? nullptr : it->second.lock();
+  }
+  void put(const std::string& key, const std::shared_ptr<const PositionMask>& pm) {
+    std::lock_guard<std::mutex> lock(mu_);
+    map_[key] = pm;
+    if (map_.size() > 2 * live_after_sweep_ + 1024) {  // drop the expired entries now and then
+      for (auto it = map_.begin(); it != map_.end();) it = it->second.expired() ? map_.erase(it) : std::next(it);
+      live_after_sweep_ = map_.size();
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::weak_ptr<const PositionMask>> map_;
+  size_t live_after_sweep_ = 0;
+};
+
+SharedMasks& shared_masks() {
+  static SharedMasks m;
+  return m;
+}
+
 }  // namespace
 
 std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(const Grammar& g, std::shared_ptr<const Vocab> vocab) {
@@ -269,11 +337,19 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(const Grammar& g
       }
     }
     uint32_t idx = uint32_t(cg->masks_.size());
-    cg->masks_.push_back(precompute(pda, *cg->vocab_, pos, follow[rule_of[pos]]));
-    const PositionMask& pm = cg->masks_.back();
-    bytes += pm.accepted_bits.capacity() * 4 + pm.accepted_ids.capacity() * 4 + pm.suffix_tokens.capacity() * 4 +
-             pm.suffix_begin.capacity() * 4 + pm.suffix_lcp.capacity() * 2 + 16;
-    for (const auto& sfx : pm.suffixes) bytes += sizeof(std::string) + (sfx.size() > 15 ? sfx.capacity() : 0);
+    const ByteSet& fol = follow[rule_of[pos]];
+    std::string key = position_key(cg->flat_, pos, fol, cg->vocab_.get());
+    std::shared_ptr<const PositionMask> pm = key.empty() ? nullptr : shared_masks().find(key);
+    if (pm) {
+      ++cg->shared_;
+    } else {
+      pm = std::make_shared<const PositionMask>(precompute(pda, *cg->vocab_, pos, fol));
+      if (!key.empty()) shared_masks().put(key, pm);
+    }
+    cg->masks_.push_back(pm);
+    bytes += pm->accepted_bits.capacity() * 4 + pm->accepted_ids.capacity() * 4 + pm->suffix_tokens.capacity() * 4 +
+             pm->suffix_begin.capacity() * 4 + pm->suffix_lcp.capacity() * 2 + 16;
+    for (const auto& sfx : pm->suffixes) bytes += sizeof(std::string) + (sfx.size() > 15 ? sfx.capacity() : 0);
     return cg->index_[pos] = idx;
   };
   for (uint32_t pos = 0; pos < elems.size(); ++pos) {
@@ -287,7 +363,7 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(const Grammar& g
 
 size_t CompiledGrammar::uncertain_total() const {
   size_t n = 0;
-  for (const auto& m : masks_) n += m.suffix_tokens.size();
+  for (const auto& m : masks_) n += m->suffix_tokens.size();
   return n;
 }
 
@@ -329,7 +405,15 @@ bool Matcher::accept_token(int32_t id) {
   int64_t s = advance(id);
   if (s < 0) return false;
   state_ = uint32_t(s);
+  if (pda_.bytes() > max_bytes_) compact();
   return true;
+}
+
+void Matcher::compact() {
+  Pda fresh(g_->flat());
+  state_ = fresh.import(pda_, state_);
+  pda_ = std::move(fresh);
+  memo_.clear();
 }
 
 bool Matcher::accept_bytes(std::string_view bytes) {
@@ -399,9 +483,9 @@ void Matcher::fill_mask(std::span<uint32_t> mask) {
   for (auto [kept, dup] : v.duplicates())
     if ((mask[size_t(kept) >> 5] >> (kept & 31)) & 1) set_bit(mask, dup);
   // Remember it (small LRU).
-  constexpr size_t kMemo = 8;
+  if (memo_size_ == 0) return;
   Memo* slot;
-  if (memo_.size() < kMemo) {
+  if (memo_.size() < memo_size_) {
     memo_.push_back({});
     slot = &memo_.back();
   } else {

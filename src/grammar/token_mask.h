@@ -73,9 +73,11 @@ class CompiledGrammar {
   const Vocab& vocab() const { return *vocab_; }
   const PositionMask* position(uint32_t pos) const {
     auto it = index_.find(pos);
-    return it == index_.end() ? nullptr : &masks_[it->second];
+    return it == index_.end() ? nullptr : masks_[it->second].get();
   }
-  size_t bytes() const { return bytes_; }  // memory held by this compiled grammar (vocab excluded)
+  // Memory held by this compiled grammar (vocabulary excluded; masks shared with other grammars counted too).
+  size_t bytes() const { return bytes_; }
+  size_t positions_shared() const { return shared_; }  // masks found in the process-wide cache
   double compile_ms() const { return compile_ms_; }
   size_t uncertain_total() const;  // (suffix, token) pairs over positions (diagnostics)
 
@@ -83,8 +85,8 @@ class CompiledGrammar {
   Flat flat_;
   std::shared_ptr<const Vocab> vocab_;
   std::unordered_map<uint32_t, uint32_t> index_;  // position -> masks_ index
-  std::vector<PositionMask> masks_;
-  size_t bytes_ = 0;
+  std::vector<std::shared_ptr<const PositionMask>> masks_;  // some shared with other grammars (same context)
+  size_t bytes_ = 0, shared_ = 0;
   double compile_ms_ = 0;
 };
 
@@ -104,8 +106,12 @@ class Matcher {
   bool can_continue() const;  // some byte or token can follow
   void reset();
   size_t bytes() const { return pda_.bytes(); }
+  // The automaton caches every stack and state it meets; past this size it restarts from the current state.
+  void set_max_bytes(size_t b) { max_bytes_ = b; }
+  void set_memo_size(size_t n) { memo_size_ = n; memo_.clear(); }  // masks remembered by state (0: none)
 
  private:
+  void compact();
   int64_t advance(int32_t id);  // the state after `id`, -1 if not allowed
   void check_uncertain(uint32_t leaf, const PositionMask& pm, std::span<uint32_t> mask);
 
@@ -121,6 +127,8 @@ class Matcher {
   };
   std::vector<Memo> memo_;
   uint64_t tick_ = 0;
+  size_t max_bytes_ = size_t(64) << 20;
+  size_t memo_size_ = 8;
 };
 
 }  // namespace lily::grammar

@@ -295,6 +295,25 @@ TEST(GrammarMask, MatchesTokenByTokenAcceptance) {
   }
 }
 
+// A matcher whose automaton is rebuilt after every token behaves exactly like one that never is.
+TEST(GrammarMask, CompactionKeepsTheState) {
+  auto cg = CompiledGrammar::compile(json_schema_grammar(ojson::parse(R"({"type":"array","items":{"type":"object",
+      "properties":{"k":{"type":"array","items":{"type":"integer"}}},"required":["k"]}})")), byte_vocab());
+  Matcher a(cg), b(cg);
+  b.set_max_bytes(0);
+  std::string text = R"([{"k":[1,22,-3]}, {"k":[]},{"k":[4]}])";
+  std::vector<uint32_t> ma(cg->vocab().mask_words()), mb(ma.size());
+  for (char c : text) {
+    a.fill_mask(ma);
+    b.fill_mask(mb);
+    ASSERT_EQ(ma, mb) << c;
+    ASSERT_TRUE(a.accept_token(uint8_t(c)));
+    ASSERT_TRUE(b.accept_token(uint8_t(c)));
+    EXPECT_EQ(a.accepting(), b.accepting());
+  }
+  EXPECT_TRUE(b.accepting());
+}
+
 TEST(GrammarCache, CompilesOnce) {
   GrammarCache cache(byte_vocab(), 2);
   int builds = 0;
