@@ -38,8 +38,10 @@ bool raw_string_param(const ojson& s) {
   return false;
 }
 
-// <tool_call>\n<function=NAME>\n(<parameter=KEY>\nVALUE\n</parameter>\n)*</function>\n</tool_call> for one tool.
-uint32_t tool_call_rule(Grammar& g, grammar::JsonSchemaBuilder& b, const ojson& fn, const std::string& param) {
+// <tool_call>\n<function=NAME>\n(<parameter=KEY>\nVALUE\n</parameter>\n)*</function>\n</tool_call> for one tool
+// (without the opening token when `open` is false: the filter starts after it).
+uint32_t tool_call_rule(Grammar& g, grammar::JsonSchemaBuilder& b, const ojson& fn, const std::string& param,
+                        bool open = true) {
   std::string name = fn["name"].get<std::string>();
   static const ojson kNoParams = ojson::object();
   const ojson& params = fn.contains("parameters") && fn["parameters"].is_object() ? fn["parameters"] : kNoParams;
@@ -62,7 +64,8 @@ uint32_t tool_call_rule(Grammar& g, grammar::JsonSchemaBuilder& b, const ojson& 
                             "unsupported_schema");
       required.push_back(r.get<std::string>());
     }
-  Seq body = {Grammar::token(kToolOpen)};
+  Seq body;
+  if (open) body.push_back(Grammar::token(kToolOpen));
   g.literal(body, "\n<function=" + name + ">\n");
   for (auto it = props.begin(); it != props.end(); ++it) {
     const std::string& key = it.key();
@@ -113,6 +116,32 @@ std::shared_ptr<Grammar> tool_grammar(const ojson& tools, const std::string& cho
     root.push_back(Grammar::ref(g->repeat(more, 0, -1, "more-calls")));
   }
   g->root = g->rule("root", {root});
+  grammar::validate(*g);
+  return g;
+}
+
+// tool_choice auto with strict tools: one call body after <tool_call>; strict functions follow their schemas,
+// the others any text up to </function>.
+std::shared_ptr<Grammar> strict_tools_grammar(const ojson& tools) {
+  auto g = std::make_shared<Grammar>();
+  grammar::JsonSchemaBuilder b(*g);
+  std::vector<Seq> calls;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const ojson& fn = t.contains("function") ? t["function"] : t;
+    if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string()) continue;
+    if (fn.value("strict", false) == true) {
+      std::string param = "tools[" + std::to_string(i) + "].function.parameters";
+      calls.push_back({Grammar::ref(tool_call_rule(*g, b, fn, param, false))});
+    } else {
+      Seq free = g->literal("\n<function=" + fn["name"].get<std::string>() + ">\n");
+      g->utf8_star(free, {{0, 0x10FFFF}}, "free-args");
+      g->literal(free, "</function>\n");
+      free.push_back(Grammar::token(kToolClose));
+      calls.push_back(free);
+    }
+  }
+  g->root = g->rule("call", std::move(calls));
   grammar::validate(*g);
   return g;
 }
@@ -178,6 +207,18 @@ std::shared_ptr<const StructuredSpec> parse_structured_output(const ojson& body,
   }
   if (given.size() > 1)
     throw invalid_value(given[1], "'" + given[1] + "' cannot be combined with '" + given[0] + "'");
+  bool strict_tools = tool_choice == "auto" && tools.is_array() &&
+                      std::any_of(tools.begin(), tools.end(), [](const ojson& t) {
+                        const ojson& fn = t.contains("function") ? t["function"] : t;
+                        return fn.is_object() && fn.value("strict", false) == true;
+                      });
+  if (given.empty() && strict_tools) {  // the model chooses whether to call; a call it starts follows the schema
+    spec->grammar = strict_tools_grammar(tools);
+    spec->kind = "tool_strict";
+    spec->key = "strict-tools:" + tools.dump();
+    spec->triggered = true;
+    return spec;
+  }
   if (given.empty()) return nullptr;
   return spec;
 }
@@ -208,15 +249,15 @@ std::shared_ptr<TokenFilter> make_token_filter(const StructuredSpec& spec, gramm
   auto compiled = cache.get(std::to_string(ids.tool_open) + "/" + spec.key, build);
   log::debug("structured output: ", spec.kind, " grammar, ", compiled->bytes() / 1024, " KiB, compiled in ",
              compiled->compile_ms(), " ms");
-  return std::make_shared<StructuredFilter>(compiled, ids, start_in_reasoning);
+  return std::make_shared<StructuredFilter>(compiled, ids, start_in_reasoning, spec.triggered);
 }
 
 StructuredFilter::StructuredFilter(std::shared_ptr<const grammar::CompiledGrammar> g, chat::DelimiterIds ids,
-                                   bool start_in_reasoning)
-    : g_(std::move(g)), matcher_(g_), ids_(std::move(ids)), reasoning_(start_in_reasoning) {}
+                                   bool start_in_reasoning, bool triggered)
+    : g_(std::move(g)), matcher_(g_), ids_(std::move(ids)), reasoning_(start_in_reasoning), triggered_(triggered) {}
 
 bool StructuredFilter::allowed(std::span<uint32_t> mask) {
-  if (reasoning_ || failed_) return false;
+  if (reasoning_ || failed_ || (triggered_ && !in_call_)) return false;
   size_t words = g_->vocab().mask_words();
   if (ended_ || !matcher_.can_continue()) {
     std::fill(mask.begin(), mask.end(), 0);
@@ -240,6 +281,13 @@ void StructuredFilter::accept(int32_t token) {
     if (token == ids_.think_close) reasoning_ = false;
     return;
   }
+  if (triggered_ && !in_call_) {  // free text; a call the model opens follows the grammar
+    if (token == ids_.tool_open) {
+      in_call_ = true;
+      matcher_.reset();
+    }
+    return;
+  }
   if (std::find(ids_.stop.begin(), ids_.stop.end(), token) != ids_.stop.end()) {
     ended_ = true;
     return;
@@ -247,7 +295,9 @@ void StructuredFilter::accept(int32_t token) {
   if (ended_ || !matcher_.accept_token(token)) {
     log::warn("structured output: token ", token, " is outside the grammar; the constraint is off for this request");
     failed_ = true;
+    return;
   }
+  if (triggered_ && !matcher_.can_continue()) in_call_ = false;  // </tool_call>: free text again
 }
 
 }  // namespace lily::server

@@ -28,10 +28,14 @@ struct StructuredSpec {
   std::string kind;                                  // json_object | json_schema | grammar | regex | tool_call
   std::string key;                                   // cache key: kind + canonical source
   std::shared_ptr<const grammar::Grammar> grammar;   // the IR (built at parse time, so errors are 400s)
+  bool triggered = false;  // tool_strict: the grammar applies to each call the model opens (<tool_call>), not from
+                           // the start; text outside calls is free
 };
 
 // Reads response_format, grammar, regex, and tool_choice (with the request's tools and parallel_tool_calls)
-// from the chat request body. Returns null when nothing constrains the output. Throws ApiError 400 naming the
+// from the chat request body. Returns null when nothing constrains the output. With tool_choice "auto" and a tool
+// marked `strict: true` (and no other constraint), the calls the model chooses to make are constrained
+// (kind tool_strict). Throws ApiError 400 naming the
 // field; schema problems name the keyword and its schema path in the message. `tool_choice` is "auto", "none",
 // "required" or "function" (with `tool_choice_name`); `tools` is the validated tools array or null.
 std::shared_ptr<const StructuredSpec> parse_structured_output(const nlohmann::ordered_json& body,
@@ -46,10 +50,12 @@ std::shared_ptr<grammar::GrammarCache> make_grammar_cache(const Tokenizer& tok, 
 // The per-request filter. Phases: reasoning (everything allowed, until ids.think_close is accepted; skipped
 // when the prompt does not open a reasoning block) → grammar (its tokens; ids.stop only where the grammar is
 // complete) → done (only ids.stop). A token the grammar refuses (the sampler ignored the mask) switches the
-// filter off for the rest of the request and is logged.
+// filter off for the rest of the request and is logged. Triggered (tool_strict): after reasoning, text is free
+// until the model samples ids.tool_open; the call's body then follows the grammar up to </tool_call>.
 class StructuredFilter : public TokenFilter {
  public:
-  StructuredFilter(std::shared_ptr<const grammar::CompiledGrammar> g, chat::DelimiterIds ids, bool start_in_reasoning);
+  StructuredFilter(std::shared_ptr<const grammar::CompiledGrammar> g, chat::DelimiterIds ids, bool start_in_reasoning,
+                   bool triggered = false);
   bool allowed(std::span<uint32_t> mask) override;
   void accept(int32_t token) override;
 
@@ -64,6 +70,8 @@ class StructuredFilter : public TokenFilter {
   bool reasoning_;
   bool failed_ = false;
   bool ended_ = false;
+  bool triggered_ = false;
+  bool in_call_ = false;
 };
 
 // Compiles (or finds in `cache`) the spec's grammar and makes the request's filter. `start_in_reasoning` is

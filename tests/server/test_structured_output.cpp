@@ -224,3 +224,69 @@ TEST(StructuredOutput, StopOnlyWhenComplete) {
   for (uint32_t w : mask) bits += size_t(__builtin_popcount(w));
   EXPECT_EQ(bits, ids.stop.size());  // nothing but the end
 }
+
+// tool_choice auto with a strict tool: free text until the model opens a call, then the call follows the schema.
+TEST(StructuredOutput, StrictToolsUnderAuto) {
+  const auto ids = chat::DelimiterIds::qwen3();
+  ojson tools = kTools;
+  tools[0]["function"]["strict"] = true;
+  auto spec = parse_structured_output(ojson::object(), tools, "auto", "", true);
+  ASSERT_NE(spec, nullptr);
+  EXPECT_EQ(spec->kind, "tool_strict");
+  {  // the non-strict tool's body is free text up to </function>
+    auto f = make_token_filter(*spec, cache(), ids, false);
+    std::vector<uint32_t> mask((size_t(tok().vocab_size()) + 31) / 32);
+    f->accept(ids.tool_open);
+    for (int32_t id : tok().encode("\n<function=book>\n<parameter=x>\nany {text\n</parameter>\n</function>\n")) {
+      ASSERT_TRUE(f->allowed(mask));
+      ASSERT_TRUE(has_bit(mask, id)) << tok().token_text(id);
+      f->accept(id);
+    }
+    ASSERT_TRUE(f->allowed(mask));
+    EXPECT_TRUE(has_bit(mask, ids.tool_close));
+    f->accept(ids.tool_close);
+    EXPECT_FALSE(f->allowed(mask));
+  }
+  tools[1]["function"]["strict"] = true;  // the walks below: every call constrained
+  spec = parse_structured_output(ojson::object(), tools, "auto", "", true);
+  EXPECT_EQ(parse_structured_output(ojson::object(), kTools, "auto", "", true), nullptr);  // no strict tool
+  std::mt19937 rng(9);
+  ojson outs = ojson::array();
+  for (int k = 0; k < 6; ++k) {
+    auto f = make_token_filter(*spec, cache(), ids, false);
+    std::vector<uint32_t> mask((size_t(tok().vocab_size()) + 31) / 32);
+    Walk run;
+    for (int32_t id : tok().encode("Checking the weather.\n\n")) {
+      EXPECT_FALSE(f->allowed(mask));
+      f->accept(id);
+      run.ids.push_back(id);
+    }
+    f->accept(ids.tool_open);
+    run.ids.push_back(ids.tool_open);
+    std::string framing = "\n</parameter>\n</function>\n<parameter=city>days>units>guests>vip>note>]},\"null";
+    for (int step = 0; step < 3000 && f->allowed(mask); ++step) {
+      std::vector<int32_t> allowed, preferred;
+      for (size_t w = 0; w < mask.size(); ++w)
+        for (uint32_t bits = mask[w]; bits; bits &= bits - 1) {
+          int32_t id = int32_t(w * 32 + size_t(__builtin_ctz(bits)));
+          allowed.push_back(id);
+          std::string t = tok().is_added(id) ? "" : tok().token_text(id);
+          if (tok().is_added(id) || (!t.empty() && framing.find(t) != std::string::npos)) preferred.push_back(id);
+        }
+      ASSERT_FALSE(allowed.empty());
+      const auto& pool = step > 10 && !preferred.empty() ? preferred : allowed;
+      int32_t id = pool[rng() % pool.size()];
+      f->accept(id);
+      run.ids.push_back(id);
+    }
+    EXPECT_FALSE(f->allowed(mask));  // back to free text after </tool_call>
+    EXPECT_EQ(run.ids.back(), ids.tool_close);
+    chat::ParseResult r = parse(run, ids, false);
+    ASSERT_EQ(r.tool_calls.size(), 1u) << tok().decode(run.ids);
+    if (r.tool_calls[0].name == "get_weather") outs.push_back(r.tool_calls[0].arguments);
+  }
+  std::string path = std::string(LILY_BINARY_DIR) + "/structured_strict.json";
+  std::ofstream(path) << ojson::array({{{"schema", kTools[0]["function"]["parameters"]}, {"outputs", outs}}}).dump(1);
+  std::string cmd = "node " + kRoot + "/tests/grammar/validate_ajv.js " + path;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
