@@ -1,6 +1,8 @@
 // Request-body validation (see request.h). Every failure is an ApiError naming the field.
 #include "server/request.h"
 
+#include "server/structured_output.h"
+
 #include <cmath>
 #include <limits>
 
@@ -381,18 +383,9 @@ ChatRequest parse_chat_request(const ojson& b, const RequestLimits& limits) {
   }
   if ((r.tool_choice == "required" || r.tool_choice == "function") && r.tools.is_null())
     throw invalid_value("tool_choice", "'tool_choice' requires 'tools'");
-  if (r.tool_choice == "required" || r.tool_choice == "function")
-    throw not_supported("tool_choice", "forced tool calls are not implemented yet; use 'auto'");
   if (r.tool_choice == "none") r.tools = nullptr;
   r.parallel_tool_calls = get_bool(b, "parallel_tool_calls").value_or(true);
-  if (const ojson* rf = member(b, "response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
-      throw invalid_value("response_format", "'response_format' must be an object with a string 'type'");
-    std::string t = (*rf)["type"].get<std::string>();
-    if (t == "json_object" || t == "json_schema")
-      throw not_supported("response_format", "constrained decoding ('" + t + "') is not implemented yet");
-    if (t != "text") throw invalid_value("response_format", "unknown response_format type '" + t + "'");
-  }
+  r.structured = parse_structured_output(b, r.tools, r.tool_choice, r.tool_choice_name, r.parallel_tool_calls);
   if (const ojson* k = member(b, "chat_template_kwargs")) {
     if (!k->is_object()) wrong_type("chat_template_kwargs", "an object", *k);
     for (const char* key : {"enable_thinking", "preserve_thinking", "add_vision_id"}) {

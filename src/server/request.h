@@ -4,6 +4,7 @@
 // key order (ordered_json) so tool schemas and arguments render byte-stably.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 namespace lily::server {
 
 using ojson = nlohmann::ordered_json;
+struct StructuredSpec;  // server/structured_output.h
 
 // Sampling fields as sent; absent ones are filled from the server defaults for the thinking mode.
 struct SamplingRequest {
@@ -43,6 +45,7 @@ struct ChatRequest {
   int top_logprobs = 0;                // 0..20
   ojson chat_template_kwargs = ojson::object();  // with reasoning_effort folded in
   bool include_reasoning = true;
+  std::shared_ptr<const StructuredSpec> structured;  // response_format / grammar / regex / forced tool calls; null: free
 };
 
 struct CompletionRequest {
