@@ -45,7 +45,6 @@ struct GenJob {
   std::shared_ptr<TokenFilter> filter;  // structured output: the allowed ids per position (null: free)
   // Called once on the engine thread when the job ends (any reason), after the result fields are set.
   std::function<void()> on_done;
-  std::shared_ptr<TokenFilter> filter;  // structured output: constrains each sampled token (null: none)
 
   // ---- control ----
   std::atomic<bool> cancel{false};      // set by the HTTP thread (client disconnect, shutdown)

@@ -16,6 +16,7 @@
 #include "server/request.h"
 #include "server/responses.h"
 #include "server/session.h"
+#include "server/structured_output.h"
 #include "util/check.h"
 #include "util/log.h"
 
@@ -351,6 +352,7 @@ void HttpServer::handle_chat(const httplib::Request& req, httplib::Response& res
   job.stop_ids = m.stop_ids;
   job.turn_tail = m.turn_tail;
   job.checkpoints = turn_checkpoints(job.prompt, m);
+  if (cr.structured) job.filter = make_token_filter(*cr.structured, *m.grammars, m.ids, po.start_in_reasoning);
 
   g->info.chat = true;
   g->info.stream = cr.stream;

@@ -13,6 +13,7 @@
 
 #include "runtime/cpu_backend.h"
 #include "model/synth.h"
+#include "server/structured_output.h"
 #include "util/check.h"
 #include "util/log.h"
 
@@ -103,6 +104,7 @@ std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, 
   auto t0 = std::chrono::steady_clock::now();
   ModelFiles files = check_model_files(dir);  // before the weights: a bad tokenizer or template fails fast
   sm->tokenizer = std::move(files.tokenizer);
+  sm->grammars = make_grammar_cache(*sm->tokenizer);
   sm->renderer = std::move(files.renderer);
   sm->model = std::make_unique<Model>(load_model(dir, load));
   const Config& cfg = sm->model->config;

@@ -16,6 +16,8 @@
 #include "server/chat_render.h"
 #include "tokenizer/tokenizer.h"
 
+namespace lily::grammar { class GrammarCache; }
+
 namespace lily::server {
 
 struct ServedModel {
@@ -34,6 +36,7 @@ struct ServedModel {
   int64_t n_params = 0;
   uint64_t size_bytes = 0;
   int64_t created = 0;                   // unix time of the load
+  std::shared_ptr<grammar::GrammarCache> grammars;  // compiled structured-output grammars, by schema hash
 };
 
 // A model directory's tokenizer and chat template, checked against its config.json before any weight is read:
