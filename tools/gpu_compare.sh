@@ -16,15 +16,6 @@ if [ ! -e "$SRC_DIR" ]; then mkdir -p "$(dirname "$SRC_DIR")" && ln -s "$(pwd)" 
 mkdir -p "$(cat "$BIN/binary_dir" 2>/dev/null || echo /tmp/lily-build)"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 status=0
-if [ -z "${SKIP_TESTS:-}" ]; then
-  for t in "$BIN"/test_*; do
-    name=$(basename "$t")
-    timeout "${TEST_TIMEOUT:-240}" "$t" > "$OUT/$name.log" 2>&1
-    rc=$?
-    echo "== $name: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/$name.log" | tr '\n' ' ')"
-    [ $rc -eq 0 ] || { status=1; echo "$name FAILED (rc=$rc)"; grep -E -A2 "FAILED|Failure|exception" "$OUT/$name.log" | head -20; }
-  done
-fi
 decode() {  # µs/token per context, one line
   timeout 150 "$BIN/$1" bench --synthetic full --contexts 0,4k,32k,128k --steps 128 --no-breakdown --no-loops --json \
     2>/dev/null | python3 -c 'import json,sys; print(" ".join("%.1f" % p["us_per_token"] for p in json.load(sys.stdin)["points"]))'
@@ -38,6 +29,15 @@ for b in "$OLD" "$NEW"; do
 done
 echo "== greedy ids on the golden fixtures"
 python3 "$(dirname "$0")/gpu_greedy_ab.py" "$SRC_DIR" "$BIN/$OLD" "$BIN/$NEW" 2>&1 | tee "$OUT/greedy_ab.txt" | tail -12 || status=1
+if [ -z "${SKIP_TESTS:-}" ]; then
+  for t in "$BIN"/test_*; do
+    name=$(basename "$t")
+    timeout "${TEST_TIMEOUT:-240}" "$t" > "$OUT/$name.log" 2>&1
+    rc=$?
+    echo "== $name: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/$name.log" | tr '\n' ' ')"
+    [ $rc -eq 0 ] || { status=1; echo "$name FAILED (rc=$rc)"; grep -E -A2 "FAILED|Failure|exception" "$OUT/$name.log" | head -20; }
+  done
+fi
 echo "== new: full bench (per-family breakdown, plan)"
 timeout 200 "$BIN/$NEW" bench --synthetic full --no-loops > "$OUT/bench_new.txt" 2>&1
 head -60 "$OUT/bench_new.txt" | grep -vE "^\s*$" | head -45

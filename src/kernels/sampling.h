@@ -17,7 +17,7 @@
 //   kept set in ascending id order, whose running sum of exp(z - z_max) exceeds u * total. rng[0] is incremented.
 //   With update_counts, counts[token] += 1 afterwards.
 //   A NaN z_i (i < n_valid) writes kSampleNanToken instead of a token (no count update): the host fails the
-//   request (docs/api.md §4 row 11: never emit garbage).
+//   request (docs/api.md §10.1: never emit garbage).
 // top_k in 1..kSampleFastTopK uses a one-pass candidate path; other values an exact full-vocabulary path (radix
 // selects over all of z in many blocks, masses summed in fixed point: kernels/sample_full.cuh).
 #pragma once

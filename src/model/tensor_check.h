@@ -1,4 +1,4 @@
-// `--check-tensors` (docs/api.md §4 row 11): a scan of the checkpoint tensors the model reads for NaN and ±Inf at
+// `--check-tensors` (docs/api.md §10.1): a scan of the checkpoint tensors the model reads for NaN and ±Inf at
 // load, so a corrupt checkpoint fails with the file and tensor named instead of answering every request with
 // 500 nan_logits. Optional: it reads every floating-point byte once (the MLX 4-bit checkpoint's scales, biases
 // and vectors, ~2.2 GB; all ~70 GB of the bf16 release), spread over the CPU thread pool.

@@ -8,7 +8,7 @@
 // z >= z_max + log(min_p). The draw: u = sample_uniform(seed, counter) (counter = draws so far), and the token
 // is the first id, walking the kept set in ascending id order, whose running sum of exp(z - z_max) exceeds
 // u * total. The same seed gives the same tokens on every platform (no std:: distributions).
-// A NaN among the logits is an engine failure, never a token (docs/api.md §4 row 11): NanLogitsError.
+// A NaN among the logits is an engine failure, never a token (docs/api.md §10.1): NanLogitsError.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -249,7 +249,7 @@ TEST_F(LoaderReject, ConfigSizesBeyondBounds) {
   EXPECT_NO_THROW(load_model(out_.string()));
 }
 
-// --check-tensors (docs/api.md §4 row 11): a NaN or Inf in a tensor the model reads fails the load with the file, the
+// --check-tensors (docs/api.md §10.1): a NaN or Inf in a tensor the model reads fails the load with the file, the
 // tensor, the count and the first element; without the option the same checkpoint loads.
 struct Poison {
   std::vector<uint8_t> bytes;  // the tensor's data with the edits (kept alive until rewrite() has written it)

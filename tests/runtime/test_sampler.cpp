@@ -177,7 +177,7 @@ TEST(Sampler, PaddingNeverDrawnAndAllMaskedRejected) {
   EXPECT_THROW(s.sample(z.data()), Error);
 }
 
-// docs/api.md §4 row 11: NaN logits fail the step (the server answers 500 nan_logits), greedy or sampled, wherever
+// docs/api.md §10.1: NaN logits fail the step (the server answers 500 nan_logits), greedy or sampled, wherever
 // the NaN is; a NaN in the padding region (ids >= n_valid, masked) does not.
 TEST(Sampler, NanLogitsAreAnError) {
   for (float temperature : {0.f, 0.8f}) {

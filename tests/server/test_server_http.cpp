@@ -612,7 +612,7 @@ std::string poison_final_norm(const std::string& path) {
   return name;
 }
 
-// docs/api.md §4 row 11: a checkpoint whose final norm is NaN has NaN logits: 500 `nan_logits` (non-streaming), an
+// docs/api.md §10.1: a checkpoint whose final norm is NaN has NaN logits: 500 `nan_logits` (non-streaming), an
 // error event with that code before [DONE] (streaming), never a token; the server keeps serving.
 TEST(ServerLifecycle, NanLogitsAnswer500NanLogits) {
   namespace fs = std::filesystem;

@@ -603,7 +603,7 @@ TEST(ServerEngine, DeviceSamplingPathMatchesHostPath) {
   EXPECT_EQ(run_engine(true, true, 20, -1).begun, 1);  // logprobs: the device path reports them
 }
 
-// NaN logits on the device path (docs/api.md §4 row 11): a sample the request uses fails it with nan_logits and resets
+// NaN logits on the device path (docs/api.md §10.1): a sample the request uses fails it with nan_logits and resets
 // the backend; the look-ahead sample after the last id kept (the stop id's step, or the step of the id at which
 // on_token ends the generation) is thrown away, so a NaN there ends the request as it would have ended, with the
 // same ids, but the state after that step is not kept (reset).
