@@ -125,7 +125,7 @@ int run_bench(const BenchArgs& a) {
     lo.steps = o.steps;
     lo.warmup = o.warmup;
     lo.prefill_chunks = {0, server::EngineOptions{}.prefill_chunk};
-    std::unique_ptr<Backend> be = make_bench_cuda_backend(a.model_dir, std::max(o.steps + o.warmup + 8, 16392), o.device);
+    std::unique_ptr<Backend> be = make_bench_cuda_backend(a.model_dir, 131072 + 64, o.device);
     lr = run_loop_bench(*be, lo);
   }
   if (a.json)

@@ -12,7 +12,8 @@ namespace lily {
 struct LoopBenchOptions {
   int steps = 128;                      // timed decode tokens per configuration
   int warmup = 8;
-  std::vector<int> prompts = {64, 16, 24, 32, 48, 64, 512, 4096, 16384};  // the first one is a warm-up
+  // the first one is a warm-up; prompts longer than the backend's context are skipped
+  std::vector<int> prompts = {64, 16, 64, 512, 1024, 4096, 8192, 16384, 32768, 131072};
   std::vector<int> prefill_chunks = {0};  // prompt piece sizes to time (0: the whole prompt in one call; the
                                           // server's is EngineOptions::prefill_chunk)
 };
