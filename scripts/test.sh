@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the whole test suite (everything that needs no GPU and is not a soak): builds first, installs the pinned npm test
-# oracles project-locally, then runs ctest excluding the "gpu" label. On a GPU machine run
+# oracles project-locally, then runs ctest excluding the "gpu" and "soak" labels. On a GPU machine run
 # `ctest --test-dir build -L gpu` for the GPU tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."

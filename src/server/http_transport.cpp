@@ -30,6 +30,7 @@ std::chrono::milliseconds ms(double s) { return std::chrono::milliseconds(static
 constexpr size_t kDrainBytes = size_t{1} << 20;  // read and dropped after a refusal, so the reply is not reset
 constexpr double kDrainSeconds = 2;
 constexpr int kMaxRejecting = 64;                 // over-limit connections being answered 503 at once
+constexpr size_t kMinBodyBudget = size_t{256} << 20;  // request bodies held at once, all connections (at least)
 
 std::string trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -105,6 +106,8 @@ struct HttpTransport::Impl {
   std::atomic<int> active{0};     // counted connections
   std::atomic<int> rejecting{0};  // over-limit connections being answered
   std::atomic<bool> stopped{false};
+  std::atomic<size_t> body_bytes{0};  // request body bytes held by all connections
+  size_t body_budget = 0;             // cap on body_bytes (503 above): many slow large bodies cannot exhaust memory
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::unique_ptr<net::steady_timer> retry_timer;
@@ -124,7 +127,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
       : t_(t), stream_(std::move(s)), buf_(t.lim.max_header_bytes + 65536), reject_(reject) {
     (reject_ ? t_.rejecting : t_.active).fetch_add(1);
   }
-  ~Conn() { (reject_ ? t_.rejecting : t_.active).fetch_sub(1); }
+  ~Conn() {
+    uncharge();
+    (reject_ ? t_.rejecting : t_.active).fetch_sub(1);
+  }
 
   void start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
@@ -176,7 +182,24 @@ class Conn : public std::enable_shared_from_this<Conn> {
     bool chunked_;
   };
 
+  // The body bytes this connection holds count against the transport's budget until its next request.
+  bool charge(size_t total) {
+    if (total <= charged_) return true;
+    const size_t more = total - charged_;
+    if (t_.body_bytes.fetch_add(more) + more > t_.body_budget) {
+      t_.body_bytes.fetch_sub(more);
+      return false;
+    }
+    charged_ = total;
+    return true;
+  }
+  void uncharge() {
+    t_.body_bytes.fetch_sub(charged_);
+    charged_ = 0;
+  }
+
   void next_request(bool first) {
+    uncharge();
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(t_.lim.max_header_bytes));
     parser_->body_limit(t_.lim.max_body);
@@ -262,6 +285,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
       return send(std::move(res), !parser_->is_done());
     }
     if (parser_->is_done()) return dispatch();
+    // A declared length is reserved at once (the body string is sized for it); chunked bodies as they grow.
+    if (auto len = parser_->content_length(); len && !charge(static_cast<size_t>(*len)))
+      return fail(503, "server_busy", "too many request bodies are being received; retry later", 1);
     if (version_ == 11 && iequals(trim(req_.header("Expect")), "100-continue")) {
       auto msg = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
       stream_.expires_after(ms(t_.lim.write_timeout_s));
@@ -282,6 +308,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
           ec == net::error::connection_reset)
         return self->close_now();
       if (ec) return self->fail(400, "bad_request", "malformed request body framing: " + ec.message());
+      if (!self->charge(self->parser_->get().body().size()))
+        return self->fail(503, "server_busy", "too many request bodies are being received; retry later", 1);
       if (!self->parser_->is_done()) return self->read_body();
       self->req_.body = std::move(self->parser_->get().body());
       self->dispatch();
@@ -431,6 +459,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::atomic<bool> broken_{false};                          // a write failed or the socket closed
   std::array<char, 4096> scratch_{};
   size_t drained_ = 0;
+  size_t charged_ = 0;                                       // body bytes counted in t_.body_bytes
 };
 
 }  // namespace
@@ -462,6 +491,7 @@ void HttpTransport::Impl::accept() {
 
 HttpTransport::HttpTransport(HttpLimits limits, HttpCallbacks cb) : impl_(std::make_unique<Impl>()) {
   impl_->lim = limits;
+  impl_->body_budget = std::max(kMinBodyBudget, 4 * limits.max_body);
   impl_->cb = std::move(cb);
   impl_->retry_timer = std::make_unique<net::steady_timer>(impl_->ioc);
 }

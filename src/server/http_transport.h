@@ -16,7 +16,8 @@
 // Limits (docs/http.md): header ≤ max_header_bytes in total, ≤ max_headers fields, each line ≤ max_line → 431;
 // body ≤ max_body, sized or chunked → 413 (a declared length is refused before any body byte is read); the
 // whole header within header_timeout_s; each body read within read_timeout_s; max_connections open sockets,
-// beyond which a connection gets 503 and is closed. Framing errors → 400 and the connection closes.
+// beyond which a connection gets 503 and is closed; request bodies held at once by all connections ≤ max(256 MiB,
+// 4 × max_body) (503 above). Framing errors → 400 and the connection closes.
 #pragma once
 #include <atomic>
 #include <functional>
