@@ -389,8 +389,9 @@ TEST(HttpHostileLimits, DeadlinesAndConnectionCap) {
   }
 }
 
-TEST(HttpHostileLimits, AllowedHostsAndKeyComparison) {
-  ServerProcess srv({"--ctx", "256", "--api-key", "k3y-secret", "--allowed-hosts", "api.example,127.0.0.1"});
+TEST(HttpHostileLimits, AllowedHostsKeyComparisonAndCors) {
+  ServerProcess srv({"--ctx", "256", "--api-key", "k3y-secret", "--allowed-hosts", "api.example,127.0.0.1", "--cors",
+                     "https://app.example"});
   ASSERT_TRUE(srv.ok()) << srv.error();
   auto status = [&](const std::string& host, const std::string& auth) {
     const std::string body = R"({"content":"x"})";
@@ -409,4 +410,13 @@ TEST(HttpHostileLimits, AllowedHostsAndKeyComparison) {
   EXPECT_EQ(status("api.example", "Authorization: Bearer k3y-secret2\r\n"), 401); // longer
   EXPECT_EQ(status("api.example", "Authorization: Bearer K3Y-SECRET\r\n"), 401);
   EXPECT_EQ(status("api.example", "X-Api-Key: k3y-secret\r\n"), 200);
+  // CORS: the preflight needs no key; every answer carries the allowed origin
+  RawResponse pre = raw_request(srv.port(), "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: api.example\r\n"
+                                            "Origin: https://app.example\r\nAccess-Control-Request-Method: POST\r\n\r\n");
+  EXPECT_EQ(pre.status, 204);
+  EXPECT_EQ(pre.header("Access-Control-Allow-Origin"), "https://app.example");
+  EXPECT_NE(pre.header("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+  RawResponse h = raw_request(srv.port(), "GET /health HTTP/1.1\r\nHost: api.example\r\n\r\n");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.header("Access-Control-Allow-Origin"), "https://app.example");
 }
