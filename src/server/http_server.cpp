@@ -3,6 +3,7 @@
 #include "server/http_server.h"
 
 #include <algorithm>
+#include <cctype>
 #include <random>
 
 #include "server/api_error.h"
@@ -79,6 +80,21 @@ std::string host_name(const std::string& host) {
   }
   size_t colon = h.find(':');
   return colon == std::string::npos ? h : h.substr(0, colon);
+}
+
+// %XX sequences decoded (a model id in a path, as clients encode it); a malformed one is kept as it is.
+std::string percent_decode(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
 }
 
 bool is_loopback(const std::string& host) {
@@ -259,7 +275,7 @@ bool HttpServer::on_header(HttpRequest& req, HttpResponse& res) {
     }
     req.route = static_cast<int>(i);
     req.blocking = r.blocking;
-    if (r.prefix) req.path_param = p.substr(r.path.size());
+    if (r.prefix) req.path_param = percent_decode(p.substr(r.path.size()));
     break;
   }
   if (req.route < 0 && !allow.empty()) {

@@ -329,8 +329,24 @@ TEST_F(HttpHostile, DisconnectIsSeenBehindUnreadBytes) {
 
 // The header deadline, body read deadline, connection cap: on a server with short timeouts and 8 connections.
 TEST(HttpHostileLimits, DeadlinesAndConnectionCap) {
-  ServerProcess srv({"--ctx", "256", "--header-timeout", "1.5", "--read-timeout", "1.5", "--max-connections", "8"});
+  ServerProcess srv({"--ctx", "256", "--header-timeout", "1.5", "--read-timeout", "1.5", "--max-connections", "8",
+                     "--http-threads", "1"});
   ASSERT_TRUE(srv.ok()) << srv.error();
+  // the only worker waits on a long generation: /health and /metrics still answer at once (io threads)
+  {
+    RawConn gen(srv.port());
+    ASSERT_TRUE(gen.ok());
+    gen.send_all(post("/v1/completions", R"({"prompt":"busy","max_tokens":200,"logit_bias":{"151643":-100,"151645":-100}})"));
+    auto t0 = Clock::now();
+    while (metric(srv, "lily_requests_running") != 1 && seconds_since(t0) < 10)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_EQ(metric(srv, "lily_requests_running"), 1);
+    for (int i = 0; i < 5; ++i) {
+      auto s = Clock::now();
+      EXPECT_EQ(raw_request(srv.port(), get("/health"), 2).status, 200);
+      EXPECT_LT(seconds_since(s), 0.1);
+    }
+  }
   // a header that never ends: closed after the header deadline, not after each byte's timeout
   {
     RawConn c(srv.port());

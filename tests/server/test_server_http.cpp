@@ -93,6 +93,11 @@ TEST_F(ServerHttp, HealthModelsMetrics) {
   auto one = c.get(("/v1/models/" + id).c_str());
   ASSERT_TRUE(one);
   EXPECT_EQ(one->status, 200);
+  std::string encoded;  // as a client that percent-encodes the id sends it
+  for (char ch : id) encoded += ch == '-' ? std::string("%2D") : std::string(1, ch);
+  auto enc = c.get("/v1/models/" + encoded);
+  ASSERT_TRUE(enc);
+  EXPECT_EQ(enc->status, 200) << enc->body;
   auto none = c.get("/v1/models/nope");
   ASSERT_TRUE(none);
   EXPECT_EQ(none->status, 404);
