@@ -105,7 +105,9 @@ struct HttpTransport::Impl {
   HttpCallbacks cb;
   std::atomic<int> active{0};     // counted connections
   std::atomic<int> rejecting{0};  // over-limit connections being answered
-  std::atomic<bool> stopped{false};
+  std::atomic<bool> stopped{false};   // stop() began: accept no more
+  std::atomic<bool> io_stopped{false};  // the io threads are stopping: writes from workers give up
+  std::atomic<int> busy{0};           // requests read and not yet answered (stop() lets them finish, bounded)
   std::atomic<size_t> body_bytes{0};  // request body bytes held by all connections
   size_t body_budget = 0;             // cap on body_bytes (503 above): many slow large bodies cannot exhaust memory
   net::io_context ioc;
@@ -128,6 +130,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
     (reject_ ? t_.rejecting : t_.active).fetch_add(1);
   }
   ~Conn() {
+    mark_busy(false);
     uncharge();
     (reject_ ? t_.rejecting : t_.active).fetch_sub(1);
   }
@@ -155,7 +158,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
                        [buf, done](beast::error_code ec, size_t) { done->set_value(!ec); });
     });
     while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-      if (t_.stopped.load()) {
+      if (t_.io_stopped.load()) {
         broken_.store(true);
         return false;
       }
@@ -196,6 +199,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void uncharge() {
     t_.body_bytes.fetch_sub(charged_);
     charged_ = 0;
+  }
+  void mark_busy(bool b) {
+    if (busy_.exchange(b) != b) b ? t_.busy.fetch_add(1) : t_.busy.fetch_sub(1);
   }
 
   void next_request(bool first) {
@@ -317,6 +323,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   }
 
   void dispatch() {
+    mark_busy(true);
     if (!req_.blocking) {
       HttpResponse res;
       run(req_, res);
@@ -387,6 +394,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
     auto self = shared_from_this();
     const bool keep = ok && !close && !broken_.load();
     net::post(stream_.get_executor(), [self, keep] {
+      self->mark_busy(false);
       if (keep) self->next_request(false);
       else self->graceful_close();
     });
@@ -405,6 +413,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
     msg->prepare_payload();
     stream_.expires_after(ms(t_.lim.write_timeout_s));
     http::async_write(stream_, *msg, [self = shared_from_this(), msg, keep](beast::error_code ec, size_t) {
+      self->mark_busy(false);
       if (ec) return self->close_now();
       if (keep) self->next_request(false);
       else self->graceful_close();
@@ -460,6 +469,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::array<char, 4096> scratch_{};
   size_t drained_ = 0;
   size_t charged_ = 0;                                       // body bytes counted in t_.body_bytes
+  std::atomic<bool> busy_{false};                            // counted in t_.busy
 };
 
 }  // namespace
@@ -541,6 +551,11 @@ void HttpTransport::stop() {
     beast::error_code ec;
     impl_->acceptor.close(ec);
   });
+  // Answers already computed (a drained request's reply) still go out; bounded.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (!impl_->io.empty() && impl_->busy.load() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  impl_->io_stopped.store(true);
   if (impl_->io.empty()) {
     beast::error_code ec;
     impl_->acceptor.close(ec);
