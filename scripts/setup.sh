@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS="build-essential cmake ninja-build pkg-config git
-      nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev
+      nlohmann-json3-dev libboost1.81-dev libcli11-dev libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev
       clang libclang-rt-dev nginx"
 missing=$(for p in $PKGS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"; done)
 # Node.js runs the test oracles and client tests; some images ship nodejs with npm bundled (no npm package).

@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "server/http_client.h"
 #include "util/check.h"
 
 namespace lily::cli {
@@ -68,15 +68,16 @@ bool read_message(std::string& out) {
 }
 
 int run_chat(const ChatArgs& a) {
-  httplib::Client cli(a.url);
-  cli.set_read_timeout(3600, 0);
-  cli.set_connection_timeout(5, 0);
-  httplib::Headers headers;
-  if (!a.api_key.empty()) headers.emplace("Authorization", "Bearer " + a.api_key);
-  auto models = cli.Get("/v1/models", headers);
+  server::HttpClient cli = server::HttpClient::from_url(a.url);
+  cli.set_timeout(3600);
+  cli.set_connect_timeout(5);
+  server::HttpHeaders headers;
+  if (!a.api_key.empty()) headers.emplace_back("Authorization", "Bearer " + a.api_key);
+  std::string why;
+  auto models = cli.send("GET", "/v1/models", headers, "", {}, &why);
   if (!models || models->status != 200) {
     std::fprintf(stderr, "lily chat: no server at %s (%s)\n", a.url.c_str(),
-                 models ? ("HTTP " + std::to_string(models->status)).c_str() : "connection failed");
+                 models ? ("HTTP " + std::to_string(models->status)).c_str() : why.c_str());
     return 1;
   }
   auto mj = ojson::parse(models->body, nullptr, false);
@@ -117,14 +118,10 @@ int run_chat(const ChatArgs& a) {
     bool in_reasoning = false;
     auto t0 = std::chrono::steady_clock::now();
     double ttft = -1;
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/chat/completions";
-    req.headers = headers;
-    req.set_header("Content-Type", "application/json");
-    req.body = body.dump();
-    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
-      pending.append(d, n);
+    server::HttpHeaders req_headers = headers;
+    req_headers.emplace_back("Content-Type", "application/json");
+    auto on_data = [&](const std::string& piece) {
+      pending += piece;
       size_t end;
       while ((end = pending.find("\n\n")) != std::string::npos) {
         std::string ev = pending.substr(0, end);
@@ -156,20 +153,19 @@ int run_chat(const ChatArgs& a) {
       }
       return true;
     };
-    httplib::Response res;
-    httplib::Error err;
-    bool ok = cli.send(req, res, err);
+    std::string err;
+    auto res = cli.send("POST", "/v1/chat/completions", req_headers, body.dump(), on_data, &err);
     if (in_reasoning) std::fputs(reset, stdout);
     double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!ok) {
-      std::printf("\n(request failed: %s)\n", httplib::to_string(err).c_str());
+    if (!res) {
+      std::printf("\n(request failed: %s)\n", err.c_str());
       history.erase(history.end() - 1);
       continue;
     }
-    if (res.status != 200) {
-      auto j = ojson::parse(res.body, nullptr, false);
-      std::printf("\n(HTTP %d: %s)\n", res.status,
-                  j.is_object() && j.contains("error") ? j["error"].value("message", "").c_str() : res.body.c_str());
+    if (res->status != 200) {
+      auto j = ojson::parse(res->body, nullptr, false);
+      std::printf("\n(HTTP %d: %s)\n", res->status,
+                  j.is_object() && j.contains("error") ? j["error"].value("message", "").c_str() : res->body.c_str());
       history.erase(history.end() - 1);
       continue;
     }
@@ -226,12 +222,13 @@ int run_local(ChatArgs a) {
   }
   std::fprintf(stderr, "lily chat: loading the model (server log: %s)...\n", log.c_str());
   a.url = "http://127.0.0.1:" + std::to_string(port);
-  httplib::Client cli(a.url);
+  server::HttpClient cli = server::HttpClient::from_url(a.url);
+  cli.set_timeout(2);
   bool ready = false;
   for (int i = 0; i < 6000 && !ready; ++i) {
     int st = 0;
     if (waitpid(pid, &st, WNOHANG) == pid) break;  // the server exited: its log says why
-    auto r = cli.Get("/health");
+    auto r = cli.get("/health");
     ready = r && r->status == 200;
     if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

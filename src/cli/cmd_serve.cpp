@@ -197,7 +197,24 @@ CommandRegistrar reg({"serve", "Serve the model over an OpenAI-compatible HTTP A
                         sub.add_option("--gpu", a->gpu,
                                        "Run on this CUDA device only (one replica per GPU; indexes CUDA_VISIBLE_DEVICES "
                                        "when set)")->check(CLI::NonNegativeNumber);
-                        sub.add_option("--http-threads", a->opt.http_threads, "HTTP worker threads (0: queue + 32)");
+                        sub.add_option("--http-threads", a->opt.http_threads,
+                                       "Worker threads for tokenising and generation requests (0: queue + 32)")
+                            ->check(CLI::Range(0, 4096));
+                        sub.add_option("--io-threads", a->opt.io_threads, "Threads running the HTTP sockets")
+                            ->capture_default_str()->check(CLI::Range(1, 64));
+                        sub.add_option("--max-connections", a->opt.max_connections,
+                                       "Open client connections before new ones get 503")
+                            ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+                        sub.add_option("--header-timeout", a->opt.header_timeout_s,
+                                       "Seconds a client has to send a whole request header")
+                            ->capture_default_str()->check(CLI::Range(0.1, 3600.0));
+                        sub.add_option("--read-timeout", a->opt.read_timeout_s,
+                                       "Seconds each read of a request body may wait")
+                            ->capture_default_str()->check(CLI::Range(0.1, 3600.0));
+                        sub.add_option("--allowed-hosts", a->opt.allowed_hosts,
+                                       "Host header names accepted, comma-separated ('*': any; default: localhost, "
+                                       "127.0.0.1, [::1] when bound to loopback without --api-key, else any)")
+                            ->delimiter(',');
                         return std::function<int()>([a] { return run_serve(*a); });
                       }});
 

@@ -1,12 +1,9 @@
 // HTTP routes, lifecycle and the generation endpoints (see http_server.h). Response formatting lives in
-// responses.cpp.
+// responses.cpp; sockets, limits and framing in http_transport.cpp.
 #include "server/http_server.h"
 
-#include <httplib.h>
-
-#include <sys/socket.h>
-
 #include <algorithm>
+#include <cctype>
 #include <random>
 
 #include "server/api_error.h"
@@ -49,15 +46,70 @@ std::string log_safe(const std::string& s, size_t max = 128) {
   return out;
 }
 
-void send_json(httplib::Response& res, int status, const nlohmann::ordered_json& body) {
+void send_json(HttpResponse& res, int status, const nlohmann::ordered_json& body) {
   res.status = status;
   res.set_content(dump_json(body), "application/json");
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+void send_error(HttpResponse& res, const ApiError& e) {
   if (e.retry_after > 0) res.set_header("Retry-After", std::to_string(e.retry_after));
   res.status = e.status;
   res.set_content(dump_json(e.to_json()), "application/json");
+}
+
+// Equal strings, in a time that depends only on the length of `secret` (the configured API key).
+bool same_key(const std::string& given, const std::string& secret) {
+  unsigned char diff = given.size() == secret.size() ? 0 : 1;
+  for (size_t i = 0; i < secret.size(); ++i) {
+    const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+    diff |= static_cast<unsigned char>(g ^ static_cast<unsigned char>(secret[i]));
+  }
+  return diff == 0;
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s)
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
+  return s;
+}
+
+// The host name of a Host header value, lower case, without the port ("[::1]:8080" -> "[::1]").
+std::string host_name(const std::string& host) {
+  std::string h = lower(host);
+  if (!h.empty() && h[0] == '[') {
+    size_t close = h.find(']');
+    return close == std::string::npos ? h : h.substr(0, close + 1);
+  }
+  size_t colon = h.find(':');
+  return colon == std::string::npos ? h : h.substr(0, colon);
+}
+
+// %XX sequences decoded (a model id in a path, as clients encode it); a malformed one is kept as it is.
+std::string percent_decode(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "::1" || host == "localhost" || host.rfind("127.", 0) == 0;
+}
+
+// A POST body must be JSON: application/json, parameters (charset) allowed. Blocks HTML form and text/plain
+// posts from a web page (they need no CORS preflight).
+bool json_media_type(const std::string& ct) {
+  std::string t = lower(ct.substr(0, ct.find(';')));
+  while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
+  while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.erase(0, 1);
+  return t == "application/json";
 }
 
 }  // namespace
@@ -71,19 +123,33 @@ struct HttpServer::Gen {
   Clock::time_point arrival = Clock::now();
 };
 
-HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)), http_(std::make_unique<httplib::Server>()) {
+HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)) {
   fingerprint_ = "lily-0.1.0";
-  int threads = opt_.http_threads > 0 ? opt_.http_threads : opt_.queue + 32;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   metrics_.set_capacity(1, opt_.queue);  // the engine runs one sequence at a time (engine.h)
-  http_->set_payload_max_length(opt_.max_body);
-  http_->set_read_timeout(30, 0);
-  http_->set_write_timeout(30, 0);
-  http_->set_keep_alive_timeout(5);
-  http_->set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listen_fd_ = static_cast<int>(sock);
-  });
+  // The Host check (DNS rebinding, cross-site posts to a keyless local server): explicit names, or by default
+  // the loopback names when bound to loopback without an API key.
+  if (!opt_.allowed_hosts.empty()) {
+    for (const auto& h : opt_.allowed_hosts)
+      if (h != "*") hosts_.push_back(host_name(h));
+    if (std::find(opt_.allowed_hosts.begin(), opt_.allowed_hosts.end(), "*") != opt_.allowed_hosts.end())
+      hosts_.clear();
+  } else if (is_loopback(opt_.host) && opt_.api_key.empty()) {
+    hosts_ = {"localhost", "127.0.0.1", "[::1]"};
+  }
+  HttpLimits lim;
+  lim.max_body = opt_.max_body;
+  lim.max_connections = opt_.max_connections;
+  lim.header_timeout_s = opt_.header_timeout_s;
+  lim.read_timeout_s = opt_.read_timeout_s;
+  lim.io_threads = opt_.io_threads;
+  lim.workers = opt_.http_threads > 0 ? opt_.http_threads : opt_.queue + 32;
+  lim.worker_backlog = std::max(64, lim.workers);
+  HttpCallbacks cb;
+  cb.on_header = [this](HttpRequest& req, HttpResponse& res) { return on_header(req, res); };
+  cb.on_request = [this](HttpRequest& req, HttpResponse& res) { on_request(req, res); };
+  cb.decorate = [this](const HttpRequest& req, HttpResponse& res) { decorate(req, res); };
+  cb.closing = [this] { return draining_.load(); };
+  http_ = std::make_unique<HttpTransport>(lim, std::move(cb));
   routes();
 }
 
@@ -92,23 +158,11 @@ HttpServer::~HttpServer() {
 }
 
 void HttpServer::bind() {
-  if (opt_.port == 0) {
-    port_ = http_->bind_to_any_port(opt_.host);
-    if (port_ <= 0) fail("cannot listen on ", opt_.host, " (any port)");
-  } else {
-    if (!http_->bind_to_port(opt_.host, opt_.port))
-      fail("cannot listen on ", opt_.host, ":", opt_.port, " (address in use or not available)");
-    port_ = opt_.port;
-  }
-  // httplib listens with a backlog of 5 (compiled into Debian's library): 32 clients connecting at once
-  // overflowed the accept queue and a few of them read a reset connection after ~1.2 s (1 run in ~25 of
-  // ServerHttp.ConcurrentClientsCompleteOrGet429WithoutCrossTalk). Listening again on the bound socket raises it.
-  if (listen_fd_ >= 0 && ::listen(listen_fd_, SOMAXCONN) != 0)
-    fail("cannot set the listen backlog on ", opt_.host, ":", port_);
+  port_ = http_->bind(opt_.host, opt_.port);
 }
 
 void HttpServer::start() {
-  listen_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  http_->start();
 }
 
 void HttpServer::set_model(std::unique_ptr<ServedModel> model) {
@@ -132,7 +186,6 @@ void HttpServer::shutdown() {
   auto write_deadline = Clock::now() + std::chrono::seconds(5);
   while (in_flight_.load() > 0 && Clock::now() < write_deadline) std::this_thread::sleep_for(kPoll);
   http_->stop();
-  if (listen_thread_.joinable()) listen_thread_.join();
 }
 
 ServedModel& HttpServer::ready_model() {
@@ -150,118 +203,142 @@ ServedModel& HttpServer::ready_model() {
 }
 
 void HttpServer::routes() {
-  auto& s = *http_;
-  // Every handler runs inside this wrapper: errors become OpenAI error objects, nothing escapes.
-  auto wrap = [this](void (HttpServer::*fn)(const httplib::Request&, httplib::Response&)) {
-    return [this, fn](const httplib::Request& req, httplib::Response& res) {
-      try {
-        (this->*fn)(req, res);
-      } catch (const ApiError& e) {
-        send_error(res, e);
-        if (draining_.load()) res.set_header("Connection", "close");
-      } catch (const std::exception& e) {
-        log::error("internal error on ", log_safe(req.path), ": ", e.what());
-        send_error(res, ApiError(500, "server_error", "internal_error", "", e.what()));
-      }
-    };
+  routes_ = {
+      {"GET", "/metrics", false, &HttpServer::handle_metrics, false},
+      {"GET", "/v1/models", false, &HttpServer::handle_models, false},
+      {"GET", "/v1/models/", true, &HttpServer::handle_models, false},
+      {"POST", "/v1/chat/completions", false, &HttpServer::handle_chat, true},
+      {"POST", "/chat/completions", false, &HttpServer::handle_chat, true},
+      {"POST", "/v1/completions", false, &HttpServer::handle_completion, true},
+      {"POST", "/completions", false, &HttpServer::handle_completion, true},
+      {"POST", "/tokenize", false, &HttpServer::handle_tokenize, true},
+      {"POST", "/detokenize", false, &HttpServer::handle_detokenize, true},
+      {"POST", "/apply-template", false, &HttpServer::handle_apply_template, true},
   };
-
-  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    std::string rid = req.has_header("X-Request-Id") ? log_safe(req.get_header_value("X-Request-Id"), 64)
-                                                      : random_hex(16);
-    res.set_header("X-Request-Id", rid);
-    if (!opt_.cors_origin.empty()) {
-      res.set_header("Access-Control-Allow-Origin", opt_.cors_origin);
-      res.set_header("Vary", "Origin");
-      if (req.method == "OPTIONS") {
-        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key, X-Request-Id");
-        res.set_header("Access-Control-Max-Age", "86400");
-        res.status = 204;
-        return httplib::Server::HandlerResponse::Handled;
-      }
-    }
-    // Authenticate on the path exactly as the router sees it.
-    const std::string& p = req.path;
-    bool open = health_probe(p) || p == "/metrics" || p == "/v1/models" ||
-                p.rfind("/v1/models/", 0) == 0;
-    if (!opt_.api_key.empty() && !open) {
-      std::string key;
-      std::string auth = req.get_header_value("Authorization");
-      if (auth.rfind("Bearer ", 0) == 0) key = auth.substr(7);
-      else key = req.get_header_value("X-Api-Key");
-      if (key != opt_.api_key) {
-        send_error(res, ApiError(401, "authentication_error", "invalid_api_key", "", "invalid or missing API key"));
-        return httplib::Server::HandlerResponse::Handled;
-      }
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty() || res.content_provider_) return;
-    switch (res.status) {
-      case 404:
-        send_error(res, ApiError(404, "not_found_error", "", "", "no route for " + req.method + " " + log_safe(req.path)));
-        break;
-      case 413:
-        send_error(res, ApiError(413, "invalid_request_error", "body_too_large", "", "the request body is too large"));
-        break;
-      case 405:
-        send_error(res, ApiError(405, "invalid_request_error", "method_not_allowed", "", "method not allowed"));
-        break;
-      case 400:
-        send_error(res, ApiError(400, "invalid_request_error", "bad_request", "", "malformed HTTP request"));
-        break;
-      default:
-        send_error(res, ApiError(res.status, res.status >= 500 ? "server_error" : "invalid_request_error", "", "",
-                                 "HTTP error " + std::to_string(res.status)));
-    }
-  });
-
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-    send_error(res, ApiError(500, "server_error", "internal_error", "", "internal error"));
-  });
-
-  for (std::string_view path : kHealthPaths)
-    s.Get(std::string(path), [this, probe = *health_probe(path)](const httplib::Request&, httplib::Response& res) {
-      HealthReply h = health_reply(probe, ready_.load(), draining_.load());
-      if (h.retry_after > 0) res.set_header("Retry-After", std::to_string(h.retry_after));
-      res.status = h.status;
-      res.set_content(h.body, "application/json");
-    });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.render(), "text/plain; version=0.0.4");
-  });
-  s.Get("/v1/models", wrap(&HttpServer::handle_models));
-  s.Get(R"(/v1/models/(.+))", wrap(&HttpServer::handle_models));
-  s.Post("/v1/chat/completions", wrap(&HttpServer::handle_chat));
-  s.Post("/chat/completions", wrap(&HttpServer::handle_chat));
-  s.Post("/v1/completions", wrap(&HttpServer::handle_completion));
-  s.Post("/completions", wrap(&HttpServer::handle_completion));
-  s.Post("/tokenize", wrap(&HttpServer::handle_tokenize));
-  s.Post("/detokenize", wrap(&HttpServer::handle_detokenize));
-  s.Post("/apply-template", wrap(&HttpServer::handle_apply_template));
-  if (!opt_.cors_origin.empty()) s.Options(R"(.*)", [](const httplib::Request&, httplib::Response& res) { res.status = 204; });
+  for (std::string_view path : kHealthPaths)  // readiness and liveness probes (server/health.h)
+    routes_.push_back({"GET", std::string(path), false, &HttpServer::handle_health, false});
 }
 
-void HttpServer::handle_models(const httplib::Request& req, httplib::Response& res) {
+bool HttpServer::host_allowed(const std::string& host) const {
+  // No Host at all (HTTP/1.0; HTTP/1.1 requires one): not a browser, which always sends it.
+  if (hosts_.empty() || host.empty()) return true;
+  const std::string h = host_name(host);
+  return std::find(hosts_.begin(), hosts_.end(), h) != hosts_.end();
+}
+
+void HttpServer::decorate(const HttpRequest& req, HttpResponse& res) {
+  if (!res.header("X-Request-Id").empty()) return;
+  res.set_header("X-Request-Id", has_header(req.headers, "X-Request-Id") ? log_safe(req.header("X-Request-Id"), 64)
+                                                                         : random_hex(16));
+  if (!opt_.cors_origin.empty()) {
+    res.set_header("Access-Control-Allow-Origin", opt_.cors_origin);
+    res.set_header("Vary", "Origin");
+  }
+}
+
+bool HttpServer::on_header(HttpRequest& req, HttpResponse& res) {
+  // One id per request, in the log and in the response (a client's own X-Request-Id is kept).
+  if (!has_header(req.headers, "X-Request-Id")) req.headers.emplace_back("X-Request-Id", random_hex(16));
+  // Host first: a page on another origin that rebinds its name to 127.0.0.1 reaches nothing.
+  if (!host_allowed(req.header("Host"))) {
+    send_error(res, ApiError(403, "invalid_request_error", "host_not_allowed", "",
+                             "the Host '" + log_safe(req.header("Host"), 64) +
+                                 "' is not allowed (lily serve --allowed-hosts)"));
+    return true;
+  }
+  if (!opt_.cors_origin.empty() && req.method == "OPTIONS") {
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key, X-Request-Id");
+    res.set_header("Access-Control-Max-Age", "86400");
+    res.status = 204;
+    return true;
+  }
+  // Authenticate on the path exactly as the router sees it.
+  const std::string& p = req.path;
+  bool open = health_probe(p) || p == "/metrics" || p == "/v1/models" || p.rfind("/v1/models/", 0) == 0;
+  if (!opt_.api_key.empty() && !open) {
+    std::string key;
+    std::string auth = req.header("Authorization");
+    if (auth.rfind("Bearer ", 0) == 0) key = auth.substr(7);
+    else key = req.header("X-Api-Key");
+    if (!same_key(key, opt_.api_key)) {
+      send_error(res, ApiError(401, "authentication_error", "invalid_api_key", "", "invalid or missing API key"));
+      return true;
+    }
+  }
+  std::string allow;
+  for (size_t i = 0; i < routes_.size(); ++i) {
+    const Route& r = routes_[i];
+    const bool match = r.prefix ? p.size() > r.path.size() && p.rfind(r.path, 0) == 0 : p == r.path;
+    if (!match) continue;
+    if (r.method != req.method) {
+      if (allow.find(r.method) == std::string::npos) allow += (allow.empty() ? "" : ", ") + r.method;
+      continue;
+    }
+    req.route = static_cast<int>(i);
+    req.blocking = r.blocking;
+    if (r.prefix) req.path_param = percent_decode(p.substr(r.path.size()));
+    break;
+  }
+  if (req.route < 0 && !allow.empty()) {
+    res.set_header("Allow", allow);
+    send_error(res, ApiError(405, "invalid_request_error", "method_not_allowed", "",
+                             req.method.substr(0, 16) + " is not allowed on " + log_safe(p) + " (allowed: " + allow + ")"));
+    return true;
+  }
+  if (req.route < 0) {
+    send_error(res, ApiError(404, "not_found_error", "", "", "no route for " + log_safe(req.method, 16) + " " + log_safe(p)));
+    return true;
+  }
+  if (req.method == "POST" && !json_media_type(req.header("Content-Type"))) {
+    send_error(res, ApiError(415, "invalid_request_error", "unsupported_media_type", "",
+                             "the request body must be JSON (Content-Type: application/json)"));
+    return true;
+  }
+  return false;
+}
+
+// Every handler runs inside this wrapper: errors become OpenAI error objects, nothing escapes.
+void HttpServer::on_request(HttpRequest& req, HttpResponse& res) {
+  try {
+    (this->*routes_.at(static_cast<size_t>(req.route)).fn)(req, res);
+  } catch (const ApiError& e) {
+    send_error(res, e);
+    if (draining_.load()) res.close = true;
+  } catch (const std::exception& e) {
+    log::error("internal error on ", log_safe(req.path), ": ", e.what());
+    send_error(res, ApiError(500, "server_error", "internal_error", "", e.what()));
+  }
+}
+
+void HttpServer::handle_health(const HttpRequest& req, HttpResponse& res) {
+  const HealthReply h = health_reply(*health_probe(req.path), ready_.load(), draining_.load());
+  if (h.retry_after > 0) res.set_header("Retry-After", std::to_string(h.retry_after));
+  res.status = h.status;
+  res.set_content(h.body, "application/json");
+}
+
+void HttpServer::handle_metrics(const HttpRequest&, HttpResponse& res) {
+  res.set_content(metrics_.render(), "text/plain; version=0.0.4");
+}
+
+void HttpServer::handle_models(const HttpRequest& req, HttpResponse& res) {
   ServedModel& m = ready_model();
   nlohmann::ordered_json entry = {
       {"id", m.alias}, {"object", "model"}, {"created", m.created}, {"owned_by", "lily"},
       {"max_model_len", m.backend->max_context()},
       {"meta", {{"n_ctx_train", m.model->config.max_position_embeddings}, {"n_params", m.n_params},
                 {"n_vocab", m.model->config.vocab}, {"size", m.size_bytes}, {"demo", m.demo}}}};
-  if (req.matches.size() > 1) {
-    if (req.matches[1].str() != m.alias)
-      throw ApiError(404, "not_found_error", "model_not_found", "model", "the model '" + log_safe(req.matches[1].str()) + "' does not exist");
+  if (!req.path_param.empty()) {
+    if (req.path_param != m.alias)
+      throw ApiError(404, "not_found_error", "model_not_found", "model", "the model '" + log_safe(req.path_param) + "' does not exist");
     send_json(res, 200, entry);
     return;
   }
   send_json(res, 200, {{"object", "list"}, {"data", nlohmann::ordered_json::array({entry})}});
 }
 
-void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::handle_tokenize(const HttpRequest& req, HttpResponse& res) {
   ServedModel& m = ready_model();
   RequestLimits lim{m.n_vocab};
   ojson b = parse_body(req.body, lim);
@@ -294,7 +371,7 @@ void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response&
   send_json(res, 200, {{"tokens", tokens}});
 }
 
-void HttpServer::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::handle_detokenize(const HttpRequest& req, HttpResponse& res) {
   ServedModel& m = ready_model();
   ojson b = parse_body(req.body, {m.n_vocab});
   auto t = b.find("tokens");
@@ -308,14 +385,14 @@ void HttpServer::handle_detokenize(const httplib::Request& req, httplib::Respons
   send_json(res, 200, {{"content", m.tokenizer->decode(ids)}});
 }
 
-void HttpServer::handle_apply_template(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::handle_apply_template(const HttpRequest& req, HttpResponse& res) {
   ServedModel& m = ready_model();
   ojson b = parse_body(req.body, {m.n_vocab});
   ChatRequest cr = parse_chat_request(b, {m.n_vocab});
   send_json(res, 200, {{"prompt", m.renderer->render(cr.messages, cr.tools, cr.chat_template_kwargs)}});
 }
 
-void HttpServer::handle_chat(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::handle_chat(const HttpRequest& req, HttpResponse& res) {
   ServedModel& m = ready_model();
   RequestLimits lim{m.n_vocab};
   ojson body = parse_body(req.body, lim);
@@ -366,7 +443,7 @@ void HttpServer::handle_chat(const httplib::Request& req, httplib::Response& res
   submit_and_respond(g, req, res);
 }
 
-void HttpServer::handle_completion(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::handle_completion(const HttpRequest& req, HttpResponse& res) {
   ServedModel& m = ready_model();
   RequestLimits lim{m.n_vocab};
   ojson body = parse_body(req.body, lim);
@@ -398,7 +475,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
   submit_and_respond(g, req, res);
 }
 
-void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Request& req, httplib::Response& res) {
+void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& req, HttpResponse& res) {
   ServedModel& m = *model_;
   GenJob& job = *g->job;
   job.arrival = g->arrival;
@@ -407,7 +484,7 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Reque
   std::shared_ptr<Session> s = g->session;
   job.on_token = [s](const SampledToken& ev) { return s->on_token(ev); };
   job.on_done = [s, j = g->job.get()] { s->on_done(*j); };
-  g->fd = find_connection_fd(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  g->fd = req.fd;
   engine_->submit(g->job);  // throws 429 / 503 before any byte is sent
   in_flight_.fetch_add(1);
 
@@ -433,7 +510,7 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Reque
     metrics_.client_disconnect();
     return false;
   };
-  auto record = [this, g, rid = log_safe(res.get_header_value("X-Request-Id"), 64), path = log_safe(req.path)](int status) {
+  auto record = [this, g, rid = log_safe(req.header("X-Request-Id"), 64), path = log_safe(req.path)](int status) {
     const GenJob& j = *g->job;
     log::info("request ", rid, " ", path, " -> ", status, ": ", j.prompt.size(), " prompt tokens (", j.n_cached,
               " cached), ", j.n_generated, " generated, queue ", static_cast<int>(j.queue_ms), " ms, prefill ",
@@ -450,6 +527,7 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Reque
     if (!finished) {
       record(499);
       res.status = 499;
+      res.close = true;
       return;
     }
     const GenJob& j = *g->job;
@@ -470,41 +548,38 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const httplib::Reque
   }
 
   res.set_header("Cache-Control", "no-cache");
-  res.set_header("Connection", "keep-alive");
   res.set_header("X-Accel-Buffering", "no");
+  res.content_type = "text/event-stream";
   const Tokenizer* tok = m.tokenizer.get();
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, g, pump, record, tok](size_t, httplib::DataSink& sink) {
-        StreamFormatter fmt(g->info, *tok);
-        auto put = [&sink](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
-        bool ok = put(fmt.start());
-        if (ok) {
-          ok = pump([&](std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps) { return put(fmt.events(ev, lps)); },
-                    [&] { return put(": ping\n\n"); });
-        }
-        if (!ok) {
-          record(499);
-          return false;
-        }
-        const GenJob& j = *g->job;
-        if (j.finish == FinishReason::error || j.finish == FinishReason::cancelled) {
-          record(j.finish == FinishReason::error ? 500 : 503);
-          put(j.finish == FinishReason::error
-                  ? fmt.error("generation failed: " + j.error, j.error_code)
-                  : fmt.error("the server shut down before the request finished", "internal_error"));
-        } else {
-          record(200);
-          put(fmt.finish(*g->session, j));
-        }
-        put("data: [DONE]\n\n");
-        sink.done();
-        return true;
-      },
-      [this, g](bool success) {
-        if (!success) engine_->cancel(g->job);  // headers never went out: the provider did not run
-        in_flight_.fetch_sub(1);
-      });
+  res.stream = [this, g, pump, record, tok](StreamSink& sink) {
+    StreamFormatter fmt(g->info, *tok);
+    auto put = [&sink](const std::string& s) { return s.empty() || sink.write(s); };
+    bool ok = put(fmt.start());
+    if (ok) {
+      ok = pump([&](std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps) { return put(fmt.events(ev, lps)); },
+                [&] { return put(": ping\n\n"); });
+    }
+    if (!ok) {
+      record(499);
+      return false;
+    }
+    const GenJob& j = *g->job;
+    bool wrote = true;
+    if (j.finish == FinishReason::error || j.finish == FinishReason::cancelled) {
+      record(j.finish == FinishReason::error ? 500 : 503);
+      wrote = put(j.finish == FinishReason::error
+                      ? fmt.error("generation failed: " + j.error, j.error_code)
+                      : fmt.error("the server shut down before the request finished", "internal_error"));
+    } else {
+      record(200);
+      wrote = put(fmt.finish(*g->session, j));
+    }
+    return put("data: [DONE]\n\n") && wrote;
+  };
+  res.stream_done = [this, g](bool ran) {
+    if (!ran) engine_->cancel(g->job);  // headers never went out: the stream did not run
+    in_flight_.fetch_sub(1);
+  };
 }
 
 }  // namespace lily::server

@@ -1,7 +1,8 @@
-// The OpenAI-compatible HTTP server (api.md) on cpp-httplib: routing, auth, CORS, request validation, prompt
-// rendering and tokenisation on the HTTP threads; generation on the one engine thread (engine.h); SSE and JSON
-// formatting back on the HTTP threads. The listener starts before the model loads so /health reports 503
-// "loading"; shutdown() drains in-flight work within a deadline (api.md §10.1 row 8).
+// The OpenAI-compatible HTTP server (api.md): routing, Host check, auth, CORS, request validation, prompt
+// rendering and tokenisation on the HTTP worker threads; generation on the one engine thread (engine.h); SSE and
+// JSON formatting back on the worker threads. Sockets, limits and framing are the transport's (http_transport.h).
+// The listener starts before the model loads so /health reports 503 "loading"; shutdown() drains in-flight work
+// within a deadline (api.md §10.1 row 8).
 #pragma once
 #include <atomic>
 #include <memory>
@@ -9,11 +10,13 @@
 #include <string>
 #include <thread>
 
+#include <vector>
+
 #include "server/engine.h"
+#include "server/http_message.h"
+#include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/served_model.h"
-
-namespace httplib { class Server; struct Request; struct Response; }
 
 namespace lily::server {
 
@@ -29,7 +32,12 @@ struct ServerOptions {
   double drain_s = 30;                      // SIGTERM drain deadline
   bool prefix_cache = true;
   size_t cache_bytes = size_t{8} << 30;
-  int http_threads = 0;                     // 0: queue + 32
+  int http_threads = 0;                     // workers for blocking handlers; 0: queue + 32
+  int io_threads = 2;                       // threads running the sockets
+  int max_connections = 512;                // open client connections (503 above)
+  double header_timeout_s = 10;             // deadline for a whole request header
+  double read_timeout_s = 30;               // deadline for each body read
+  std::vector<std::string> allowed_hosts;   // Host header names allowed ("*": any); empty: the default (below)
   bool default_thinking = true;             // enable_thinking when the request does not say
 };
 
@@ -51,23 +59,37 @@ class HttpServer {
 
  private:
   struct Gen;  // one generation request in flight (defined in http_server.cpp)
+  using Handler = void (HttpServer::*)(const HttpRequest&, HttpResponse&);
+  struct Route {
+    std::string method;  // "GET" / "POST"
+    std::string path;    // exact path, or a prefix when prefix is set (the rest is req.path_param)
+    bool prefix;
+    Handler fn;
+    bool blocking;       // may block (tokenising, generation): runs on a worker thread
+  };
 
   void routes();
-  void handle_chat(const httplib::Request& req, httplib::Response& res);
-  void handle_completion(const httplib::Request& req, httplib::Response& res);
-  void handle_tokenize(const httplib::Request& req, httplib::Response& res);
-  void handle_detokenize(const httplib::Request& req, httplib::Response& res);
-  void handle_apply_template(const httplib::Request& req, httplib::Response& res);
-  void handle_models(const httplib::Request& req, httplib::Response& res);
-  void submit_and_respond(std::shared_ptr<Gen> g, const httplib::Request& req, httplib::Response& res);
+  bool on_header(HttpRequest& req, HttpResponse& res);  // Host, CORS, auth, routing, media type (io thread)
+  void on_request(HttpRequest& req, HttpResponse& res); // the routed handler, errors as OpenAI error objects
+  void decorate(const HttpRequest& req, HttpResponse& res);  // X-Request-Id, CORS on every response
+  bool host_allowed(const std::string& host) const;
+  void handle_health(const HttpRequest& req, HttpResponse& res);
+  void handle_metrics(const HttpRequest& req, HttpResponse& res);
+  void handle_chat(const HttpRequest& req, HttpResponse& res);
+  void handle_completion(const HttpRequest& req, HttpResponse& res);
+  void handle_tokenize(const HttpRequest& req, HttpResponse& res);
+  void handle_detokenize(const HttpRequest& req, HttpResponse& res);
+  void handle_apply_template(const HttpRequest& req, HttpResponse& res);
+  void handle_models(const HttpRequest& req, HttpResponse& res);
+  void submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& req, HttpResponse& res);
   ServedModel& ready_model();  // throws 503 while loading / draining
 
   ServerOptions opt_;
   Metrics metrics_;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread listen_thread_;
+  std::vector<Route> routes_;
+  std::vector<std::string> hosts_;  // allowed Host names (lower case, no port); empty: any
+  std::unique_ptr<HttpTransport> http_;
   int port_ = 0;
-  int listen_fd_ = -1;  // the listening socket (recorded when httplib creates it, for its backlog)
   std::unique_ptr<ServedModel> model_;
   std::unique_ptr<Engine> engine_;
   std::atomic<bool> ready_{false};

@@ -14,8 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include <httplib.h>
 #include <nlohmann/json.hpp>
+
+#include "server/http_client.h"
 
 namespace lily::test {
 
@@ -56,7 +57,7 @@ class ServerProcess {
         if (std::regex_search(text, m, re)) port_ = std::stoi(m[1]);
       }
       if (port_ != 0) {
-        auto r = client(2).Get("/health");
+        auto r = client(2).get("/health");
         if (r && r->status == 200) return;
       }
       int st = 0;
@@ -80,11 +81,10 @@ class ServerProcess {
     s << f.rdbuf();
     return s.str();
   }
-  httplib::Client client(int timeout_s = 60) const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(timeout_s, 0);
-    c.set_write_timeout(timeout_s, 0);
-    c.set_connection_timeout(5, 0);
+  lily::server::HttpClient client(double timeout_s = 60) const {
+    lily::server::HttpClient c("127.0.0.1", port_);
+    c.set_timeout(timeout_s);
+    c.set_connect_timeout(5);
     return c;
   }
   // Sends `sig` and waits up to timeout_s for the exit; returns the exit status (-1: killed / not exited).
@@ -120,8 +120,8 @@ class ServerProcess {
 };
 
 inline ojson post_json(const ServerProcess& s, const std::string& path, const ojson& body, int* status = nullptr,
-                       httplib::Headers headers = {}) {
-  auto r = s.client().Post(path.c_str(), headers, body.dump(), "application/json");
+                       lily::server::HttpHeaders headers = {}) {
+  auto r = s.client().post(path, body.dump(), "application/json", headers);
   if (!r) {
     if (status) *status = -1;
     return nullptr;
@@ -134,21 +134,13 @@ inline ojson post_json(const ServerProcess& s, const std::string& path, const oj
 // The raw SSE body of a streaming request (the bytes after the HTTP headers, chunked encoding removed).
 inline std::string post_stream(const ServerProcess& s, const std::string& path, const ojson& body, int* status) {
   std::string out;
-  httplib::Client c = s.client();
-  httplib::Request req;
-  req.method = "POST";
-  req.path = path;
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
-    out.append(d, n);
-    return true;
-  };
-  httplib::Response res;
-  httplib::Error err;
-  bool ok = c.send(req, res, err);
-  *status = ok ? res.status : -1;
-  if (ok && res.status != 200) out = res.body;
+  auto res = s.client().send("POST", path, {{"Content-Type", "application/json"}}, body.dump(),
+                             [&](const std::string& piece) {
+                               out += piece;
+                               return true;
+                             });
+  *status = res ? res->status : -1;
+  if (res && res->status != 200) out = res->body;
   return out;
 }
 

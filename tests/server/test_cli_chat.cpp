@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include <httplib.h>
+#include "server/http_client.h"
 
 TEST(CliChat, DemoSessionTwoTurnsThenStopsItsServer) {
   const std::string cmd = "printf 'Hello there\\nSecond turn\\n/quit\\n' | timeout 170 " + std::string(LILY_BINARY_DIR) +
@@ -32,7 +32,7 @@ TEST(CliChat, DemoSessionTwoTurnsThenStopsItsServer) {
   // The session's server is gone: the log names its port, which must no longer answer.
   std::smatch url;
   ASSERT_TRUE(std::regex_search(out, url, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) << out;
-  httplib::Client cli("127.0.0.1", std::stoi(url[1].str()));
-  cli.set_connection_timeout(2, 0);
-  EXPECT_FALSE(cli.Get("/health"));
+  lily::server::HttpClient cli("127.0.0.1", std::stoi(url[1].str()));
+  cli.set_connect_timeout(2);
+  EXPECT_FALSE(cli.get("/health"));
 }
