@@ -138,7 +138,7 @@ class CudaEngine {
   // Enqueued on stream(); returns once the tokens are staged (the call before it has finished).
   static constexpr int kPrefillChunk = 2048;
   // Tokens per chunk the backend uses: kPrefillChunk, or KernelOptions::prefill_chunk (benchmarks) up to it.
-  static int prefill_chunk();
+  int prefill_chunk() const;
   // logits() = lm_head(RMSNorm(h) * norm) for h [H] on the device (e.g. prefill_h(t)); enqueued on stream().
   void lm_head(const float* h);
   void prefill(const int32_t* tokens, int pos0, int n);

@@ -108,10 +108,8 @@ bool CudaEngine::prefill_skips(const char* family) const {
   return !opts_.skip.empty() && ("," + opts_.skip + ",").find("," + std::string(family) + ",") != std::string::npos;
 }
 
-int CudaEngine::prefill_chunk() {
-  static const int set = kernel_options_from_env().prefill_chunk;
-  static const int chunk = std::clamp(set > 0 ? set : kPrefillChunk, 16, kPrefillChunk);
-  return chunk;
+int CudaEngine::prefill_chunk() const {
+  return std::clamp(opts_.prefill_chunk > 0 ? opts_.prefill_chunk : kPrefillChunk, 16, kPrefillChunk);
 }
 
 const float* CudaEngine::prefill_h(int t) const { return pf_->h + (size_t)t * cfg_.hidden; }

@@ -107,7 +107,7 @@ class CudaBackend : public Backend {
   void forward_chunks(std::span<const int32_t> tokens, float* logits, bool all_logits) {
     const int n = (int)tokens.size(), V = cfg_.vocab;
     cudaStream_t s = engine_.stream();
-    const int chunk = CudaEngine::prefill_chunk();
+    const int chunk = engine_.prefill_chunk();
     for (int i0 = 0; i0 < n; i0 += chunk) {
       const int m = std::min(chunk, n - i0);
       engine_.prefill(tokens.data() + i0, pos_, m);
@@ -188,7 +188,6 @@ class CudaBackend : public Backend {
   }
 
  private:
- private:
   void reserve_kv(int n_tokens) {
     LILY_CHECK(kv_.reserve(kv_pool_, n_tokens), "CUDA backend: no KV pages left for ", n_tokens, " tokens");
     engine_.ensure_kv(n_tokens);
@@ -215,7 +214,7 @@ class CudaBackend : public Backend {
   IdPool kv_pool_{PageTable::pages_for(engine_.max_context(), engine_.page_tokens())};
   PageTable kv_{engine_.page_tokens()};
   IdPool state_slots_{1};
-  int slot_ = *state_slots_.alloc();
+  int state_slot_ = *state_slots_.alloc();
   bool device_ = false;         // this generation samples on the device
   bool chunked_ = true;         // prompts of >= kPrefillMin tokens through forward_chunks
   std::shared_ptr<SnapshotPool> pool_;    // device memory of save_state

@@ -174,7 +174,7 @@ void Engine::run(GenJob& job) {
   LILY_CHECK(n >= 1 && n < max_context_, "prompt of ", n, " tokens does not fit the context of ", max_context_);
 
   GenerateOptions g;
-  g.max_tokens = job.max_tokens;
+  g.max_tokens = std::min(job.max_tokens, max_context_ - n);  // the context's last KV slot stays free
   g.stop_ids = job.stop_ids;
   g.sampling.params = job.sampling;
   g.sampling.logprobs = job.logprobs;

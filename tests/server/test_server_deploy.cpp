@@ -88,24 +88,24 @@ TEST(ServerDeploy, ProbesOverHttpWithoutTheApiKeyAndThroughDrain) {
   ASSERT_TRUE(srv.ok()) << srv.error();
   auto c = srv.client(10);
   for (const char* p : {"/health", "/v1/health", "/health/ready", "/readyz", "/health/live", "/livez"}) {
-    auto r = c.Get(p);
+    auto r = c.get(p);
     ASSERT_TRUE(r) << p;
     EXPECT_EQ(r->status, 200) << p << " " << r->body;
   }
-  auto m = c.Get("/metrics");
+  auto m = c.get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_EQ(gauge(m->body, "lily_queue_capacity"), 3);
   EXPECT_EQ(gauge(m->body, "lily_sequence_slots_free"), 1);
 
   // A long request keeps the replica draining after SIGTERM: not ready, still live.
   std::thread gen([&] {
-    httplib::Headers h = {{"Authorization", "Bearer sekret"}};
+    lily::server::HttpHeaders h = {{"Authorization", "Bearer sekret"}};
     lily::test::ojson body = {{"prompt", "count"}, {"max_tokens", 400}, {"logit_bias", kNoEos}};
-    srv.client(60).Post("/v1/completions", h, body.dump(), "application/json");
+    srv.client(60).post("/v1/completions", body.dump(), "application/json", h);
   });
   bool busy = false;
   for (int i = 0; i < 200 && !busy; ++i) {
-    auto r = c.Get("/metrics");
+    auto r = c.get("/metrics");
     busy = r && gauge(r->body, "lily_sequence_slots_free") == 0;
     if (!busy) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -113,13 +113,13 @@ TEST(ServerDeploy, ProbesOverHttpWithoutTheApiKeyAndThroughDrain) {
   kill(srv.pid(), SIGTERM);
   bool saw_draining = false;
   for (int i = 0; i < 100 && !saw_draining; ++i) {
-    auto ready = c.Get("/health");
-    auto live = c.Get("/livez");
+    auto ready = c.get("/health");
+    auto live = c.get("/livez");
     if (ready && live && ready->status == 503) {
       saw_draining = true;
       EXPECT_EQ(live->status, 200);
       EXPECT_EQ(nlohmann::json::parse(live->body)["state"], "draining");
-      EXPECT_FALSE(ready->get_header_value("Retry-After").empty());
+      EXPECT_FALSE(ready->header("Retry-After").empty());
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
