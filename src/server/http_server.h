@@ -17,6 +17,8 @@ namespace httplib { class Server; struct Request; struct Response; }
 
 namespace lily::server {
 
+struct ChatRequest;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                          // 0: any free port (see HttpServer::port)
@@ -54,6 +56,10 @@ class HttpServer {
 
   void routes();
   void handle_chat(const httplib::Request& req, httplib::Response& res);
+  void handle_responses(const httplib::Request& req, httplib::Response& res);   // POST /v1/responses
+  void handle_messages(const httplib::Request& req, httplib::Response& res);    // POST /v1/messages[/count_tokens]
+  void run_chat(const ChatRequest& cr, std::shared_ptr<Gen> g, const httplib::Request& req,
+                httplib::Response& res);
   void handle_completion(const httplib::Request& req, httplib::Response& res);
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);
   void handle_detokenize(const httplib::Request& req, httplib::Response& res);

@@ -1,0 +1,67 @@
+// /v1/responses and /v1/messages on the real `lily serve --demo` binary: the official OpenAI, Anthropic and
+// Vercel AI SDKs (tests/server/agent_clients.mjs), both auth headers with each API's error shape, and the
+// `endpoint` label on the request counter.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include "server_harness.h"
+
+using namespace lily::test;
+
+namespace {
+
+std::string run_node(const std::string& script, const std::string& args) {
+  std::string cmd = "timeout 240 node " + std::string(LILY_SOURCE_DIR) + "/tests/server/" + script + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return "popen failed";
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  int rc = pclose(p);
+  return rc == 0 ? out : "exit " + std::to_string(rc) + ":\n" + out;
+}
+
+}  // namespace
+
+TEST(ServerAgentApis, OfficialSdksAuthErrorsAndMetrics) {
+  for (const char* pkg : {"openai", "@anthropic-ai/sdk", "ai", "@ai-sdk/openai"}) {
+    const std::string f = std::string(LILY_SOURCE_DIR) + "/tests/oracle/node_modules/" + pkg + "/package.json";
+    ASSERT_EQ(access(f.c_str(), R_OK), 0) << "run (cd tests/oracle && npm ci) first: " << f << " is missing";
+  }
+  ServerProcess srv({"--api-key", "sekret"});
+  ASSERT_TRUE(srv.ok()) << srv.error();
+  const ojson msg = {{"max_tokens", 2}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  int st = 0;
+  // x-api-key and Bearer both authenticate; a wrong key is a 401 in each API's own error shape
+  ojson ok = post_json(srv, "/v1/messages", msg, &st, {{"x-api-key", "sekret"}, {"anthropic-version", "2023-06-01"}});
+  EXPECT_EQ(st, 200) << ok.dump();
+  EXPECT_EQ(ok["type"], "message");
+  post_json(srv, "/v1/messages", msg, &st, {{"Authorization", "Bearer sekret"}});
+  EXPECT_EQ(st, 200);
+  ojson bad = post_json(srv, "/v1/messages", msg, &st, {{"x-api-key", "nope"}});
+  EXPECT_EQ(st, 401);
+  EXPECT_EQ(bad, ojson::parse(R"({"type":"error","error":{"type":"authentication_error","message":"invalid or missing API key"}})"));
+  bad = post_json(srv, "/v1/responses", {{"input", "hi"}}, &st, {{"x-api-key", "nope"}});
+  EXPECT_EQ(st, 401);
+  EXPECT_EQ(bad["error"]["type"], "authentication_error");
+  // a validation error on /v1/messages is Anthropic-shaped too, with the field named in the message
+  bad = post_json(srv, "/v1/messages", {{"messages", msg["messages"]}}, &st, {{"x-api-key", "sekret"}});
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(bad["type"], "error");
+  EXPECT_EQ(bad["error"]["type"], "invalid_request_error");
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("max_tokens"), std::string::npos) << bad.dump();
+  post_json(srv, "/v1/chat/completions", msg, &st, {{"Authorization", "Bearer sekret"}});
+  EXPECT_EQ(st, 200);
+
+  const std::string out = run_node("agent_clients.mjs", "http://127.0.0.1:" + std::to_string(srv.port()) + " sekret");
+  EXPECT_NE(out.find("agent clients: all checks passed"), std::string::npos) << out;
+
+  auto m = srv.client().Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* series : {"lily_requests_total{endpoint=\"messages\",status=\"200\"}",
+                             "lily_requests_total{endpoint=\"responses\",status=\"200\"}",
+                             "lily_requests_total{endpoint=\"chat\",status=\"200\"} 1\n",
+                             "lily_tool_call_parse_failures_total 0\n"})
+    EXPECT_NE(m->body.find(series), std::string::npos) << series << "\n" << m->body;
+}
