@@ -24,6 +24,14 @@ std::string sse_event(const std::string& name, const nlohmann::ordered_json& dat
   return "event: " + name + "\ndata: " + dump_json(data) + "\n\n";
 }
 
+void apply_logit_bias_header(nlohmann::ordered_json& body, const std::string& header) {
+  if (header.empty() || body.contains("logit_bias")) return;
+  auto j = nlohmann::ordered_json::parse(header, nullptr, false);
+  if (!j.is_object())
+    throw invalid_value("X-Lily-Logit-Bias", "the X-Lily-Logit-Bias header must be a JSON object of token id -> bias");
+  body["logit_bias"] = j;
+}
+
 void rethrow_renamed(const ApiError& e, const std::vector<std::pair<std::string, std::string>>& renames,
                      const std::string& messages_as) {
   ApiError out = e;

@@ -46,6 +46,10 @@ class ApiFormat {
 // `event: NAME\ndata: JSON\n\n` (both APIs name their SSE events).
 std::string sse_event(const std::string& name, const nlohmann::ordered_json& data);
 
+// The lily test header `X-Lily-Logit-Bias: {"id": bias, ...}` (for clients that cannot add body fields, such as
+// agents driven by environment variables): becomes the body's `logit_bias` unless the body has one.
+void apply_logit_bias_header(nlohmann::ordered_json& body, const std::string& header);
+
 // Renames an ApiError's `param` from the chat field the mapped request used to the field of the caller's API
 // (`renames`: chat name → API name; a chat name that starts with "messages" becomes `messages_as`).
 [[noreturn]] void rethrow_renamed(const ApiError& e, const std::vector<std::pair<std::string, std::string>>& renames,

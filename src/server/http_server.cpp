@@ -178,7 +178,7 @@ void HttpServer::routes() {
       res.set_header("Vary", "Origin");
       if (req.method == "OPTIONS") {
         res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key, X-Request-Id, Anthropic-Version, Anthropic-Beta");
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key, X-Request-Id, Anthropic-Version, Anthropic-Beta, X-Lily-Logit-Bias");
         res.set_header("Access-Control-Max-Age", "86400");
         res.status = 204;
         return httplib::Server::HandlerResponse::Handled;
@@ -337,7 +337,9 @@ void HttpServer::handle_chat(const httplib::Request& req, httplib::Response& res
 void HttpServer::handle_responses(const httplib::Request& req, httplib::Response& res) {
   ServedModel& m = ready_model();
   RequestLimits lim{m.n_vocab};
-  ResponsesRequest rr = parse_responses_request(parse_body(req.body, lim), lim);
+  ojson body = parse_body(req.body, lim);
+  apply_logit_bias_header(body, req.get_header_value("X-Lily-Logit-Bias"));
+  ResponsesRequest rr = parse_responses_request(body, lim);
   auto g = std::make_shared<Gen>();
   g->api = std::make_shared<ResponsesFormat>(rr.echo);
   g->api->id = "resp_" + random_hex(24);
@@ -351,6 +353,7 @@ void HttpServer::handle_messages(const httplib::Request& req, httplib::Response&
     ServedModel& m = ready_model();
     RequestLimits lim{m.n_vocab};
     ojson body = parse_body(req.body, lim);
+    apply_logit_bias_header(body, req.get_header_value("X-Lily-Logit-Bias"));
     if (req.path == "/v1/messages/count_tokens") {
       ChatRequest cr = parse_messages_request(body, lim, true);
       ojson kwargs = {{"enable_thinking", opt_.default_thinking}, {"preserve_thinking", true}};  // as run_chat

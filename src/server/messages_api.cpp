@@ -43,7 +43,7 @@ void map_message(const ojson& m, const std::string& p, ojson& out) {
   if (!m.is_object()) throw invalid_value(p, "'" + p + "' must be an object");
   std::string role = str_field(m, "role", p);
   if (role != "user" && role != "assistant")
-    throw invalid_value(p + ".role", "'" + p + ".role' must be 'user' or 'assistant', got '" + role + "'");
+    throw invalid_value(p + ".role", "'" + p + ".role' must be 'user', 'assistant' or 'system', got '" + role + "'");
   const ojson* c = member(m, "content");
   if (!c) throw invalid_value(p + ".content", "'" + p + ".content' is required");
   if (c->is_string()) {
@@ -148,11 +148,27 @@ ojson messages_to_chat(const ojson& b, bool count_only) {
     chat["max_tokens"] = *mt;
   }
   ojson msgs = ojson::array();
-  if (const ojson* s = member(b, "system")) msgs.push_back({{"role", "system"}, {"content", text_blocks(*s, "system", "\n\n")}});
+  std::string system;
+  if (const ojson* s = member(b, "system")) system = text_blocks(*s, "system", "\n\n");
   const ojson* in = member(b, "messages");
   if (!in) throw invalid_value("messages", "'messages' is required");
   if (!in->is_array() || in->empty()) throw invalid_value("messages", "'messages' must be a non-empty array");
-  for (size_t i = 0; i < in->size(); ++i) map_message((*in)[i], "messages[" + std::to_string(i) + "]", msgs);
+  for (size_t i = 0; i < in->size(); ++i) {
+    const ojson& m = (*in)[i];
+    std::string p = "messages[" + std::to_string(i) + "]";
+    // A system message inside the conversation (Claude Code sends them): the chat template takes one system
+    // message, first, so its text joins the system prompt.
+    if (m.is_object() && m.contains("role") && m["role"] == "system") {
+      const ojson* c = member(m, "content");
+      if (!c) throw invalid_value(p + ".content", "'" + p + ".content' is required");
+      std::string t = text_blocks(*c, p + ".content", "\n\n");
+      system += (system.empty() || t.empty() ? "" : "\n\n") + t;
+      continue;
+    }
+    map_message(m, p, msgs);
+  }
+  if (msgs.empty()) throw invalid_value("messages", "'messages' holds no user or assistant message");
+  if (!system.empty()) msgs.insert(msgs.begin(), ojson({{"role", "system"}, {"content", system}}));
   chat["messages"] = msgs;
   bool tools_off = false;
   if (const ojson* tc = member(b, "tool_choice")) {

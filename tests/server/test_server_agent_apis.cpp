@@ -5,6 +5,8 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include "server_harness.h"
 
 using namespace lily::test;
@@ -64,4 +66,40 @@ TEST(ServerAgentApis, OfficialSdksAuthErrorsAndMetrics) {
                              "lily_requests_total{endpoint=\"chat\",status=\"200\"} 1\n",
                              "lily_tool_call_parse_failures_total 0\n"})
     EXPECT_NE(m->body.find(series), std::string::npos) << series << "\n" << m->body;
+}
+
+// Claude Code (pinned npm package) runs headless against `lily serve --demo`, offline (ANTHROPIC_BASE_URL,
+// telemetry and updates off, a private HOME). The lily test header X-Lily-Logit-Bias (sent through
+// ANTHROPIC_CUSTOM_HEADERS) forces <|im_end|>, so each reply ends at once and the turn must complete without error.
+TEST(ServerAgentApis, ClaudeCodeHeadlessTurn) {
+  const std::string bin = std::string(LILY_SOURCE_DIR) + "/tests/oracle/node_modules/.bin/claude";
+  ASSERT_EQ(access(bin.c_str(), X_OK), 0) << "run (cd tests/oracle && npm ci) first: " << bin << " is missing";
+  ServerProcess srv({});
+  ASSERT_TRUE(srv.ok()) << srv.error();
+  ojson tok = post_json(srv, "/tokenize", {{"content", "<|im_end|>"}});
+  ASSERT_EQ(tok["tokens"].size(), 1u);
+  const std::string home = std::string(LILY_BINARY_DIR) + "/test-claude-home-" + std::to_string(getpid());
+  const std::string cmd = "mkdir -p " + home + " && cd " + home + " && HOME=" + home +
+      " ANTHROPIC_BASE_URL=http://127.0.0.1:" + std::to_string(srv.port()) + " ANTHROPIC_API_KEY=test" +
+      " ANTHROPIC_CUSTOM_HEADERS='X-Lily-Logit-Bias: {\"" + std::to_string(tok["tokens"][0].get<int>()) + "\": 100}'" +
+      " DISABLE_TELEMETRY=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1" +
+      " CLAUDE_CODE_MAX_OUTPUT_TOKENS=16 timeout 240 " + bin +
+      " -p 'Say hi' --model lily-demo --max-turns 1 --system-prompt 'Be brief.' --tools '' --output-format json"
+      " 2>/dev/null | tail -1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  pclose(p);
+  std::system(("rm -rf " + home).c_str());
+  ojson r = ojson::parse(out, nullptr, false);
+  ASSERT_TRUE(r.is_object()) << out;
+  EXPECT_EQ(r["is_error"], false) << out;
+  EXPECT_EQ(r["subtype"], "success") << out;
+  EXPECT_EQ(r["stop_reason"], "end_turn") << out;
+  EXPECT_GT(r["usage"]["input_tokens"].get<int>(), 100) << out;  // Claude Code read lily's usage
+  auto m = srv.client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("lily_requests_total{endpoint=\"messages\",status=\"200\"}"), std::string::npos) << m->body;
 }

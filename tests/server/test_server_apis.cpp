@@ -198,6 +198,10 @@ TEST(ServerApis, MessagesBlocksMapToChatMessages) {
       "tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"none"}})"), kLim);
   EXPECT_TRUE(none.tools.is_null());
   EXPECT_EQ(none.max_tokens, 5);
+  // system messages inside the conversation join the system prompt (the template takes one, first)
+  ojson sys = messages_to_chat(ojson::parse(R"({"max_tokens":5,"system":"A","messages":[{"role":"user","content":"x"},
+      {"role":"system","content":[{"type":"text","text":"B"}]}]})"), false);
+  EXPECT_EQ(sys["messages"], ojson::parse(R"([{"role":"system","content":"A\n\nB"},{"role":"user","content":"x"}])"));
   // count_tokens needs no max_tokens
   EXPECT_NO_THROW(parse_messages_request(ojson::parse(R"({"messages":[{"role":"user","content":"x"}]})"), kLim, true));
 }
@@ -213,7 +217,8 @@ TEST(ServerApis, MessagesErrorsAreAnthropicShaped) {
   };
   EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}]})").param, "max_tokens");
   EXPECT_EQ(err(R"({"max_tokens":5,"messages":[]})").param, "messages");
-  EXPECT_EQ(err(R"({"max_tokens":5,"messages":[{"role":"system","content":"x"}]})").param, "messages[0].role");
+  EXPECT_EQ(err(R"({"max_tokens":5,"messages":[{"role":"tool","content":"x"}]})").param, "messages[0].role");
+  EXPECT_EQ(err(R"({"max_tokens":5,"messages":[{"role":"system","content":"x"}]})").param, "messages");
   EXPECT_EQ(err(R"({"max_tokens":5,"temperature":1.5,"messages":[{"role":"user","content":"x"}]})").param, "temperature");
   EXPECT_EQ(err(R"({"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]})").param,
             "messages[0].content[0].type");
@@ -406,4 +411,16 @@ TEST(ServerApis, MalformedToolCallIsCountedInMetrics) {
   std::string t = m.render();
   EXPECT_NE(t.find("lily_tool_call_parse_failures_total 1\n"), std::string::npos) << t;
   EXPECT_NE(t.find("lily_requests_total{endpoint=\"messages\",status=\"200\"} 1\n"), std::string::npos) << t;
+}
+
+TEST(ServerApis, LogitBiasHeaderFillsTheBodyField) {
+  ojson b = {{"input", "x"}};
+  apply_logit_bias_header(b, R"({"7": 100})");
+  EXPECT_EQ(b["logit_bias"]["7"], 100);
+  apply_logit_bias_header(b, R"({"8": 1})");  // the body's own field wins
+  EXPECT_FALSE(b["logit_bias"].contains("8"));
+  ojson c = {{"input", "x"}};
+  EXPECT_THROW(apply_logit_bias_header(c, "[1]"), ApiError);
+  apply_logit_bias_header(c, "");
+  EXPECT_FALSE(c.contains("logit_bias"));
 }
