@@ -205,6 +205,10 @@ void HttpServer::routes() {
 
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty() || res.content_provider_) return;
+    auto send_error = [&req](httplib::Response& r, const ApiError& e) {  // Anthropic-shaped under /v1/messages
+      if (req.path.rfind("/v1/messages", 0) == 0) send_json(r, e.status, anthropic_error(e));
+      else ::lily::server::send_error(r, e);
+    };
     switch (res.status) {
       case 404:
         send_error(res, ApiError(404, "not_found_error", "", "", "no route for " + req.method + " " + log_safe(req.path)));
