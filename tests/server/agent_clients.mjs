@@ -234,4 +234,12 @@ const allText = { ...ban, [thinkOpen]: -100, [thinkClose]: -100, [toolOpen]: -10
   assert.ok((await s.usage).outputTokens > 0);
   assert.ok(['length', 'stop'].includes(await s.finishReason));
 }
+// ---------------- /metrics: the request counter by endpoint ----------------
+{
+  const text = await (await fetch(`${base}/metrics`)).text();
+  for (const series of ['lily_requests_total{endpoint="responses",status="200"}',
+    'lily_requests_total{endpoint="messages",status="200"}', 'lily_requests_total{endpoint="chat",status="200"} 1\n',
+    'lily_tool_call_parse_failures_total 0\n'])
+    assert.ok(text.includes(series), `${series} in /metrics`);
+}
 console.log('agent clients: all checks passed');

@@ -1,6 +1,6 @@
 // /v1/responses and /v1/messages on the real `lily serve --demo` binary: the official OpenAI, Anthropic and
 // Vercel AI SDKs (tests/server/agent_clients.mjs), both auth headers with each API's error shape, and the
-// `endpoint` label on the request counter.
+// `endpoint` label on the request counter (checked by the script, after its requests).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -63,13 +63,6 @@ TEST(ServerAgentApis, OfficialSdksAuthErrorsAndMetrics) {
   const std::string out = run_node("agent_clients.mjs", "http://127.0.0.1:" + std::to_string(srv.port()) + " sekret");
   EXPECT_NE(out.find("agent clients: all checks passed"), std::string::npos) << out;
 
-  auto m = srv.client().Get("/metrics");
-  ASSERT_TRUE(m);
-  for (const char* series : {"lily_requests_total{endpoint=\"messages\",status=\"200\"}",
-                             "lily_requests_total{endpoint=\"responses\",status=\"200\"}",
-                             "lily_requests_total{endpoint=\"chat\",status=\"200\"} 1\n",
-                             "lily_tool_call_parse_failures_total 0\n"})
-    EXPECT_NE(m->body.find(series), std::string::npos) << series << "\n" << m->body;
 }
 
 // Claude Code (pinned npm package) runs headless against `lily serve --demo`, offline (ANTHROPIC_BASE_URL,
@@ -103,7 +96,4 @@ TEST(ServerAgentApis, ClaudeCodeHeadlessTurn) {
   EXPECT_EQ(r["subtype"], "success") << out;
   EXPECT_EQ(r["stop_reason"], "end_turn") << out;
   EXPECT_GT(r["usage"]["input_tokens"].get<int>(), 100) << out;  // Claude Code read lily's usage
-  auto m = srv.client().Get("/metrics");
-  ASSERT_TRUE(m);
-  EXPECT_NE(m->body.find("lily_requests_total{endpoint=\"messages\",status=\"200\"}"), std::string::npos) << m->body;
 }
