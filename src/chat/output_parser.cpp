@@ -500,6 +500,7 @@ struct OutputParser::Impl {
           return true;
         }
         log::warn("tool call block without a valid <function=NAME> header returned as content");
+        res.tool_call_parse_failures++;
         emit_content("<tool_call>");
         emit_content(buf);
         buf.clear();
@@ -634,6 +635,7 @@ struct OutputParser::Impl {
         if (k == Next::tool_close) {
           if (!finish_json_call()) {
             log::warn("tool call block with invalid JSON returned as content");
+            res.tool_call_parse_failures++;
             emit_content("<tool_call>");
             emit_content(buf);
             emit_content("</tool_call>");

@@ -85,6 +85,7 @@ struct ParseResult {
   int reasoning_tokens = 0;   // tokens generated in the reasoning state, </think> included
   bool call_cut = false;      // output ended inside a tool call (its arguments were closed with what was parsed)
   bool reasoning_ended = false;  // reasoning was closed (</think> or an implicit end by a tool call)
+  int tool_call_parse_failures = 0;  // <tool_call> blocks returned as content (no valid header, invalid JSON)
 };
 
 class OutputParser {

@@ -10,8 +10,10 @@
 #include "server/conn_watch.h"
 #include "server/health.h"
 #include "server/job_setup.h"
+#include "server/messages_api.h"
 #include "server/request.h"
 #include "server/responses.h"
+#include "server/responses_api.h"
 #include "server/session.h"
 #include "server/structured_output.h"
 #include "util/check.h"
@@ -119,6 +121,8 @@ struct HttpServer::Gen {
   std::shared_ptr<GenJob> job = std::make_shared<GenJob>();
   std::shared_ptr<Session> session;
   ResponseInfo info;                // ids, model name, flags for formatting
+  std::shared_ptr<ApiFormat> api;   // /v1/responses, /v1/messages: their formatter (null: chat / completions)
+  std::string endpoint = "chat";    // metrics label
   int fd = -1;                      // the client's socket (disconnect polling)
   Clock::time_point arrival = Clock::now();
 };
@@ -211,6 +215,9 @@ void HttpServer::routes() {
       {"POST", "/chat/completions", false, &HttpServer::handle_chat, true},
       {"POST", "/v1/completions", false, &HttpServer::handle_completion, true},
       {"POST", "/completions", false, &HttpServer::handle_completion, true},
+      {"POST", "/v1/responses", false, &HttpServer::handle_responses, true},
+      {"POST", "/v1/messages", false, &HttpServer::handle_messages, true},
+      {"POST", "/v1/messages/count_tokens", false, &HttpServer::handle_messages, true},
       {"POST", "/tokenize", false, &HttpServer::handle_tokenize, true},
       {"POST", "/detokenize", false, &HttpServer::handle_detokenize, true},
       {"POST", "/apply-template", false, &HttpServer::handle_apply_template, true},
@@ -237,6 +244,10 @@ void HttpServer::decorate(const HttpRequest& req, HttpResponse& res) {
 }
 
 bool HttpServer::on_header(HttpRequest& req, HttpResponse& res) {
+  auto send_error = [&req](HttpResponse& r, const ApiError& e) {  // Anthropic-shaped under /v1/messages
+    if (req.path.rfind("/v1/messages", 0) == 0) send_json(r, e.status, anthropic_error(e));
+    else ::lily::server::send_error(r, e);
+  };
   // One id per request, in the log and in the response (a client's own X-Request-Id is kept).
   if (!has_header(req.headers, "X-Request-Id")) req.headers.emplace_back("X-Request-Id", random_hex(16));
   // Host first: a page on another origin that rebinds its name to 127.0.0.1 reaches nothing.
@@ -248,7 +259,7 @@ bool HttpServer::on_header(HttpRequest& req, HttpResponse& res) {
   }
   if (!opt_.cors_origin.empty() && req.method == "OPTIONS") {
     res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-    res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key, X-Request-Id");
+    res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key, X-Request-Id, Anthropic-Version, Anthropic-Beta, X-Lily-Logit-Bias");
     res.set_header("Access-Control-Max-Age", "86400");
     res.status = 204;
     return true;
@@ -397,13 +408,65 @@ void HttpServer::handle_chat(const HttpRequest& req, HttpResponse& res) {
   RequestLimits lim{m.n_vocab};
   ojson body = parse_body(req.body, lim);
   ChatRequest cr = parse_chat_request(body, lim);
+  auto g = std::make_shared<Gen>();
+  g->info.id = "chatcmpl-" + random_hex(24);
+  run_chat(cr, g, req, res);
+}
+
+// POST /v1/responses: the request mapped onto a chat request (responses_api.h), then the chat pipeline.
+void HttpServer::handle_responses(const HttpRequest& req, HttpResponse& res) {
+  ServedModel& m = ready_model();
+  RequestLimits lim{m.n_vocab};
+  ojson body = parse_body(req.body, lim);
+  apply_logit_bias_header(body, req.header("X-Lily-Logit-Bias"));
+  ResponsesRequest rr = parse_responses_request(body, lim);
+  auto g = std::make_shared<Gen>();
+  g->api = std::make_shared<ResponsesFormat>(rr.echo);
+  g->api->id = "resp_" + random_hex(24);
+  g->endpoint = "responses";
+  run_chat(rr.chat_req, g, req, res);
+}
+
+// POST /v1/messages and /v1/messages/count_tokens (messages_api.h); every error is Anthropic-shaped.
+void HttpServer::handle_messages(const HttpRequest& req, HttpResponse& res) {
+  try {
+    ServedModel& m = ready_model();
+    RequestLimits lim{m.n_vocab};
+    ojson body = parse_body(req.body, lim);
+    apply_logit_bias_header(body, req.header("X-Lily-Logit-Bias"));
+    if (req.path == "/v1/messages/count_tokens") {
+      ChatRequest cr = parse_messages_request(body, lim, true);
+      ojson kwargs = {{"enable_thinking", opt_.default_thinking}, {"preserve_thinking", true}};  // as run_chat
+      for (auto& [k, v] : cr.chat_template_kwargs.items()) kwargs[k] = v;
+      std::string prompt = m.renderer->render(cr.messages, cr.tools, kwargs);
+      send_json(res, 200, {{"input_tokens", m.tokenizer->encode(prompt, true).size()}});
+      return;
+    }
+    ChatRequest cr = parse_messages_request(body, lim);
+    auto g = std::make_shared<Gen>();
+    g->api = std::make_shared<MessagesFormat>();
+    g->api->id = "msg_" + random_hex(24);
+    g->endpoint = "messages";
+    run_chat(cr, g, req, res);
+  } catch (const ApiError& e) {
+    if (e.retry_after > 0) res.set_header("Retry-After", std::to_string(e.retry_after));
+    send_json(res, e.status, anthropic_error(e));
+  } catch (const std::exception& e) {
+    log::error("internal error on ", log_safe(req.path), ": ", e.what());
+    send_json(res, 500, anthropic_error(ApiError(500, "server_error", "internal_error", "", e.what())));
+  }
+}
+
+// The chat pipeline every chat-shaped endpoint shares: render → tokens → job + session → submit_and_respond.
+void HttpServer::run_chat(const ChatRequest& cr, std::shared_ptr<Gen> g, const HttpRequest& req,
+                          HttpResponse& res) {
+  ServedModel& m = *model_;
   ojson kwargs = ojson::object();
   kwargs["enable_thinking"] = opt_.default_thinking;
   kwargs["preserve_thinking"] = true;  // api.md §11: replay reasoning so the next turn hits the prefix cache
   for (auto& [k, v] : cr.chat_template_kwargs.items()) kwargs[k] = v;
   std::string prompt = m.renderer->render(cr.messages, cr.tools, kwargs);
 
-  auto g = std::make_shared<Gen>();
   GenJob& job = *g->job;
   job.prompt = m.tokenizer->encode(prompt, true);
   check_context(m, static_cast<int>(job.prompt.size()), "messages");
@@ -438,8 +501,12 @@ void HttpServer::handle_chat(const HttpRequest& req, HttpResponse& res) {
   g->info.logprobs = cr.logprobs;
   g->info.model = m.alias;
   g->info.fingerprint = fingerprint_;
-  g->info.id = "chatcmpl-" + random_hex(24);
   g->info.created = static_cast<int64_t>(std::time(nullptr));
+  if (g->api) {
+    g->api->model = m.alias;
+    g->api->created = g->info.created;
+    g->api->n_prompt = static_cast<int>(job.prompt.size());
+  }
   submit_and_respond(g, req, res);
 }
 
@@ -464,6 +531,7 @@ void HttpServer::handle_completion(const HttpRequest& req, HttpResponse& res) {
   job.logprobs = cr.logprobs >= 0;
   job.stop_ids = m.stop_ids;
   g->info.chat = false;
+  g->endpoint = "completions";
   g->info.stream = cr.stream;
   g->info.include_usage = cr.include_usage;
   g->info.logprobs = cr.logprobs >= 0;
@@ -515,7 +583,8 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& r
     log::info("request ", rid, " ", path, " -> ", status, ": ", j.prompt.size(), " prompt tokens (", j.n_cached,
               " cached), ", j.n_generated, " generated, queue ", static_cast<int>(j.queue_ms), " ms, prefill ",
               static_cast<int>(j.prompt_ms), " ms, decode ", static_cast<int>(j.gen_ms), " ms");
-    metrics_.request_done(status);
+    metrics_.request_done(status, g->endpoint);
+    metrics_.add_tool_call_parse_failures(g->session->tool_call_parse_failures);
     metrics_.add_prompt_tokens(static_cast<int64_t>(j.prompt.size()), j.n_cached);
     metrics_.add_generated_tokens(j.n_generated, g->session->reasoning_tokens);
     metrics_.observe_e2e(std::chrono::duration<double>(Clock::now() - g->arrival).count());
@@ -542,6 +611,10 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& r
       throw e;
     }
     record(200);
+    if (g->api) {
+      send_json(res, 200, g->api->response(gen_result(*g->session, j)));
+      return;
+    }
     send_json(res, 200, g->info.chat ? chat_response(g->info, *g->session, j, *m.tokenizer)
                                      : completion_response(g->info, *g->session, j, *m.tokenizer));
     return;
@@ -553,11 +626,14 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& r
   const Tokenizer* tok = m.tokenizer.get();
   res.stream = [this, g, pump, record, tok](StreamSink& sink) {
     StreamFormatter fmt(g->info, *tok);
+    ApiFormat* api = g->api.get();
     auto put = [&sink](const std::string& s) { return s.empty() || sink.write(s); };
-    bool ok = put(fmt.start());
+    bool ok = put(api ? api->start() : fmt.start());
     if (ok) {
-      ok = pump([&](std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps) { return put(fmt.events(ev, lps)); },
-                [&] { return put(": ping\n\n"); });
+      ok = pump([&](std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps) {
+                  return put(api ? api->events(ev) : fmt.events(ev, lps));
+                },
+                [&] { return put(api ? api->ping() : ": ping\n\n"); });
     }
     if (!ok) {
       record(499);
@@ -567,13 +643,15 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& r
     bool wrote = true;
     if (j.finish == FinishReason::error || j.finish == FinishReason::cancelled) {
       record(j.finish == FinishReason::error ? 500 : 503);
-      wrote = put(j.finish == FinishReason::error
-                      ? fmt.error("generation failed: " + j.error, j.error_code)
-                      : fmt.error("the server shut down before the request finished", "internal_error"));
+      std::string msg = j.finish == FinishReason::error ? "generation failed: " + j.error
+                                                        : "the server shut down before the request finished";
+      std::string code = j.finish == FinishReason::error ? j.error_code : "internal_error";
+      wrote = put(api ? api->error(msg, code) : fmt.error(msg, code));
     } else {
       record(200);
-      wrote = put(fmt.finish(*g->session, j));
+      wrote = put(api ? api->finish(gen_result(*g->session, j)) : fmt.finish(*g->session, j));
     }
+    if (api) return wrote;  // the Responses and Messages streams end with their own events
     return put("data: [DONE]\n\n") && wrote;
   };
   res.stream_done = [this, g](bool ran) {

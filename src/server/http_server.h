@@ -20,6 +20,8 @@
 
 namespace lily::server {
 
+struct ChatRequest;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                          // 0: any free port (see HttpServer::port)
@@ -76,6 +78,9 @@ class HttpServer {
   void handle_health(const HttpRequest& req, HttpResponse& res);
   void handle_metrics(const HttpRequest& req, HttpResponse& res);
   void handle_chat(const HttpRequest& req, HttpResponse& res);
+  void handle_responses(const HttpRequest& req, HttpResponse& res);   // POST /v1/responses
+  void handle_messages(const HttpRequest& req, HttpResponse& res);    // POST /v1/messages[/count_tokens]
+  void run_chat(const ChatRequest& cr, std::shared_ptr<Gen> g, const HttpRequest& req, HttpResponse& res);
   void handle_completion(const HttpRequest& req, HttpResponse& res);
   void handle_tokenize(const HttpRequest& req, HttpResponse& res);
   void handle_detokenize(const HttpRequest& req, HttpResponse& res);

@@ -53,7 +53,11 @@ Metrics::Metrics()
     : ttft_(latency_bounds()), inter_token_(latency_bounds()), e2e_(latency_bounds()), queue_wait_(latency_bounds()),
       prefill_rate_({10, 50, 100, 500, 1000, 2000, 5000, 10000, 20000, 50000}) {}
 
-void Metrics::request_done(int status) { std::lock_guard l(mu_); requests_[status]++; }
+void Metrics::request_done(int status, const std::string& endpoint) {
+  std::lock_guard l(mu_);
+  requests_[{endpoint, status}]++;
+}
+void Metrics::add_tool_call_parse_failures(int64_t n) { std::lock_guard l(mu_); tool_call_parse_failures_ += n; }
 void Metrics::request_rejected(const std::string& reason) { std::lock_guard l(mu_); rejected_[reason]++; }
 void Metrics::client_disconnect() { std::lock_guard l(mu_); disconnects_++; }
 void Metrics::add_prompt_tokens(int64_t n, int64_t cached) {
@@ -94,14 +98,17 @@ uint64_t Metrics::disconnects() const { std::lock_guard l(mu_); return disconnec
 std::string Metrics::render() const {
   std::lock_guard l(mu_);
   std::string out;
-  series(out, "lily_requests_total", "counter", "Finished HTTP requests on the generation endpoints by status.");
-  for (auto& [status, n] : requests_)
-    out += "lily_requests_total{status=\"" + std::to_string(status) + "\"} " + std::to_string(n) + "\n";
+  series(out, "lily_requests_total", "counter", "Finished HTTP requests on the generation endpoints by endpoint and status.");
+  for (auto& [key, n] : requests_)
+    out += "lily_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
+           std::to_string(n) + "\n";
   series(out, "lily_requests_rejected_total", "counter", "Requests rejected before generation, by reason.");
   for (auto& [reason, n] : rejected_)
     out += "lily_requests_rejected_total{reason=\"" + reason + "\"} " + std::to_string(n) + "\n";
   scalar(out, "lily_client_disconnects_total", "counter", "Requests cancelled because the client went away.",
          double(disconnects_));
+  scalar(out, "lily_tool_call_parse_failures_total", "counter",
+         "Generated <tool_call> blocks that did not parse (returned as content).", double(tool_call_parse_failures_));
   scalar(out, "lily_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", double(prompt_tokens_));
   scalar(out, "lily_prompt_tokens_cached_total", "counter", "Prompt tokens served from the prefix cache.",
          double(cached_tokens_));

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lily::server {
@@ -30,7 +31,9 @@ class Metrics {
  public:
   Metrics();
 
-  void request_done(int status);                        // requests_total{status}
+  // requests_total{endpoint, status}; endpoint: chat, completions, responses, messages.
+  void request_done(int status, const std::string& endpoint = "chat");
+  void add_tool_call_parse_failures(int64_t n);         // tool_call_parse_failures_total
   void request_rejected(const std::string& reason);     // requests_rejected_total{reason}
   void client_disconnect();
   void add_prompt_tokens(int64_t n, int64_t cached);
@@ -53,7 +56,8 @@ class Metrics {
 
  private:
   mutable std::mutex mu_;
-  std::map<int, uint64_t> requests_;             // status -> count
+  std::map<std::pair<std::string, int>, uint64_t> requests_;  // (endpoint, status) -> count
+  uint64_t tool_call_parse_failures_ = 0;
   std::map<std::string, uint64_t> rejected_;     // reason -> count
   uint64_t disconnects_ = 0;
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, reasoning_tokens_ = 0;

@@ -4,6 +4,7 @@
 #include "server/structured_output.h"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "server/api_error.h"
@@ -97,7 +98,12 @@ std::optional<double> get_number(const ojson& obj, const char* key, double lo, d
   if (!v->is_number()) wrong_type(key, "a number", *v);
   double x = v->get<double>();
   if (!std::isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo)) {
-    std::string range = (lo_open ? "(" : "[") + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    auto num = [](double v) {  // 0 and 2, not 0.000000 and 2.000000
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", v);
+      return std::string(buf);
+    };
+    std::string range = (lo_open ? "(" : "[") + num(lo) + ", " + num(hi) + "]";
     throw invalid_value(key, "'" + std::string(key) + "' must be in " + range);
   }
   return x;

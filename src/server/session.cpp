@@ -48,6 +48,7 @@ void Session::route_text(OutEvent::Kind kind, const std::string& t) {
   if (stop_.matched()) {
     ended_ = true;
     stop_string_hit = true;
+    stop_string = stop_.matched_string();
   }
 }
 
@@ -113,6 +114,7 @@ void Session::on_done(const GenJob& job) {
     parser_->finish(scratch_);
     for (auto& e : scratch_) route(e);
     reasoning_tokens = parser_->result().reasoning_tokens;
+    tool_call_parse_failures = parser_->result().tool_call_parse_failures;
   } else if (!ended_) {
     route_text(OutEvent::Kind::text, decoder_->flush());
   }

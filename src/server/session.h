@@ -66,6 +66,8 @@ class Session {
   std::vector<LogprobEntry> all_logprobs;
   int reasoning_tokens = 0;
   bool stop_string_hit = false;
+  std::string stop_string;           // the user stop string that ended the output
+  int tool_call_parse_failures = 0;  // tool-call blocks the parser returned as content (malformed)
 
  private:
   void emit(OutEvent ev);

@@ -13,7 +13,10 @@ std::string StopMatcher::push(const std::string& text) {
   size_t best = std::string::npos;
   for (auto& s : stops_) {
     size_t at = held_.find(s);
-    if (at != std::string::npos) best = std::min(best, at);
+    if (at != std::string::npos && at < best) {
+      best = at;
+      matched_string_ = s;
+    }
   }
   if (best != std::string::npos) {
     matched_ = true;

@@ -17,12 +17,14 @@ class StopMatcher {
   // End of output: releases the held-back tail (no match can complete any more).
   std::string flush();
   bool matched() const { return matched_; }
+  const std::string& matched_string() const { return matched_string_; }  // the stop string that matched
   bool empty() const { return stops_.empty(); }
 
  private:
   std::vector<std::string> stops_;
   std::string held_;
   bool matched_ = false;
+  std::string matched_string_;
 };
 
 }  // namespace lily::server

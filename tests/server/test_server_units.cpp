@@ -325,8 +325,8 @@ TEST(ServerMetrics, PrometheusText) {
   m.observe_ttft(7);
   m.set_queue(3, 1);
   std::string t = m.render();
-  EXPECT_NE(t.find("lily_requests_total{status=\"200\"} 2\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("lily_requests_total{status=\"429\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("lily_requests_total{endpoint=\"chat\",status=\"200\"} 2\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("lily_requests_total{endpoint=\"chat\",status=\"429\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("lily_prompt_tokens_cached_total 60\n"), std::string::npos);
   EXPECT_NE(t.find("lily_requests_queued 3\n"), std::string::npos);
   EXPECT_NE(t.find("lily_time_to_first_token_seconds_bucket{le=\"0.025\"} 1\n"), std::string::npos);
