@@ -233,7 +233,7 @@ TEST_F(StructuredE2E, TimingPerTokenWithAndWithoutSchema) {
   };
   std::vector<double> warm, free_ms, schema_ms;
   int n_warm = 0, n_free = 0, n_schema = 0;
-  for (int i = 0; i < int(schemas.size()); ++i) one(i, true, warm, n_warm);  // grammars compile (then cached)
+  for (int i = 0; i < int(schemas.size()); ++i) one(i, true, warm, n_warm);  // first use: compiled, then cached
   for (int i = 0; i < 20; ++i) {
     one(i, false, free_ms, n_free);
     one(i, true, schema_ms, n_schema);
@@ -246,7 +246,7 @@ TEST_F(StructuredE2E, TimingPerTokenWithAndWithoutSchema) {
   EXPECT_GT(median(free_ms), 0);
   EXPECT_GT(median(schema_ms), 0);
   std::printf("[timing] demo model, CPU, 20 requests each: median %.3f ms/token without a schema (%d tokens), %.3f "
-              "ms/token with the corpus schemas (%d tokens); first use of each schema (compile): median %.3f\n",
+              "ms/token with the corpus schemas (%d tokens; %.3f on each schema's first use)\n",
               median(free_ms), n_free, median(schema_ms), n_schema, median(warm));
 }
 
