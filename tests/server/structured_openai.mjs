@@ -2,7 +2,7 @@
 // forced tool calls (tool_choice "required" and a named function, parallel_tool_calls false/true) whose
 // arguments must parse and validate (ajv) against the tool's parameters; chat.completions.parse with
 // zodResponseFormat, json_schema and zodFunction; grammar/regex/json_object/text; the 400s (BadRequestError
-// naming keyword and schema path). Usage: node structured_openai.mjs BASE_URL. Exit 0 = pass.
+// naming keyword and schema path), stream == non-stream. Usage: node structured_openai.mjs BASE_URL. Exit 0 = pass.
 import assert from 'node:assert/strict';
 import { oracle, sampling, steering, tokenId, validator } from './structured_common.mjs';
 
@@ -16,7 +16,7 @@ const client = new OpenAI({ baseURL, apiKey: 'any', maxRetries: 0, timeout: 60_0
 const model = (await client.models.list()).data[0].id;
 const bias = await steering(baseURL);
 const messages = [{ role: 'user', content: 'Call a tool.' }];
-const SEEDS = [1, 2, 3, 4];
+const SEEDS = [1, 2, 3];
 
 const tools = [
   { type: 'function', function: { name: 'get_weather', description: 'Weather forecast', parameters: {
@@ -100,6 +100,24 @@ const plain = { type: 'object', properties: { id: { type: 'string', format: 'uui
 const plainValid = validator(plain);
 await parsed({ type: 'json_schema', json_schema: { name: 'plain', schema: plain, strict: true } },
   (p) => assert.equal(plainValid(p), null, JSON.stringify(p)));
+
+// Streaming: the same seed gives the same constrained content and tool calls as the non-streamed request.
+for (const extra of [{ response_format: zodResponseFormat(Reading, 'reading') }, { tools, tool_choice: 'required' }]) {
+  const body = { model, messages, max_tokens: 96, logit_bias: bias, ...sampling(7), ...extra };
+  const a = (await client.chat.completions.create(body)).choices[0];
+  let content = '', finish = null;
+  const args = [];
+  for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
+    const c = chunk.choices[0];
+    if (!c) continue;
+    content += c.delta.content ?? '';
+    for (const t of c.delta.tool_calls ?? []) args[t.index] = (args[t.index] ?? '') + (t.function?.arguments ?? '');
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  assert.equal(finish, a.finish_reason);
+  assert.equal(content, a.message.content ?? '');
+  assert.deepEqual(args, (a.message.tool_calls ?? []).map((t) => t.function.arguments));
+}
 
 // zodFunction (strict) under a forced call: parsed_arguments come back through zod.
 {
