@@ -216,10 +216,25 @@ class SchemaCompiler {
     for (auto it = s.begin(); it != s.end(); ++it)
       if (!kKeywords.count(it.key()) && !kAnnotations.count(it.key()))
         error(it.key(), path, "not supported by the grammar engine (it would not be enforced)");
-    auto only_annotations_beside = [&](const char* kw) {
+    auto only_annotations_beside = [&](const char* kw, const char* also = "") {
       for (auto it = s.begin(); it != s.end(); ++it)
-        if (it.key() != kw && !kAnnotations.count(it.key()) && it.key() != "$defs" && it.key() != "definitions")
+        if (it.key() != kw && it.key() != also && !kAnnotations.count(it.key()) && it.key() != "$defs" &&
+            it.key() != "definitions")
           error(it.key(), path, std::string("cannot be combined with '") + kw + "'");
+    };
+    // `type` beside `enum`/`const` (as zod and Pydantic write them) keeps the values of that type.
+    auto of_type = [&](const ojson& v) {
+      if (!s.contains("type")) return true;
+      const ojson& t = s["type"];
+      if (!t.is_string() && !t.is_array()) error("type", path, "must be a string or an array of strings");
+      for (const auto& x : t.is_array() ? t : ojson::array({t})) {
+        std::string n = x.is_string() ? x.get<std::string>() : "";
+        if ((n == "null" && v.is_null()) || (n == "boolean" && v.is_boolean()) || (n == "object" && v.is_object()) ||
+            (n == "array" && v.is_array()) || (n == "string" && v.is_string()) || (n == "number" && v.is_number()) ||
+            (n == "integer" && (v.is_number_integer() || (v.is_number_float() && v.get<double>() == std::floor(v.get<double>())))))
+          return true;
+      }
+      return false;
     };
     if (s.contains("$ref")) {
       only_annotations_beside("$ref");
@@ -235,13 +250,16 @@ class SchemaCompiler {
     }
     std::vector<Seq> alts;
     if (s.contains("const")) {
-      only_annotations_beside("const");
+      only_annotations_beside("const", "type");
+      if (!of_type(s["const"])) error("const", path, "the value is not of the schema's 'type'");
       return g_.rule("const", {lit(s["const"].dump())});
     }
     if (s.contains("enum")) {
-      only_annotations_beside("enum");
+      only_annotations_beside("enum", "type");
       if (!s["enum"].is_array() || s["enum"].empty()) error("enum", path, "must be a non-empty array");
-      for (const auto& v : s["enum"]) alts.push_back(lit(v.dump()));
+      for (const auto& v : s["enum"])
+        if (of_type(v)) alts.push_back(lit(v.dump()));
+      if (alts.empty()) error("enum", path, "no value is of the schema's 'type'");
       return g_.rule("enum", std::move(alts));
     }
     for (const char* kw : {"anyOf", "oneOf", "allOf"}) {

@@ -257,7 +257,14 @@ StructuredFilter::StructuredFilter(std::shared_ptr<const grammar::CompiledGramma
     : g_(std::move(g)), matcher_(g_), ids_(std::move(ids)), reasoning_(start_in_reasoning), triggered_(triggered) {}
 
 bool StructuredFilter::allowed(std::span<uint32_t> mask) {
-  if (reasoning_ || failed_ || (triggered_ && !in_call_)) return false;
+  if (failed_ || (triggered_ && !in_call_)) return false;
+  if (reasoning_) {  // free text, but the output may not end before the structure that must follow it
+    if (triggered_ || matcher_.accepting()) return false;
+    std::fill(mask.begin(), mask.end(), ~0u);
+    for (int32_t id : ids_.stop)
+      if (id >= 0 && size_t(id) / 32 < mask.size()) mask[size_t(id) / 32] &= ~(1u << (id % 32));
+    return true;
+  }
   size_t words = g_->vocab().mask_words();
   if (ended_ || !matcher_.can_continue()) {
     std::fill(mask.begin(), mask.end(), 0);

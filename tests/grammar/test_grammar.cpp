@@ -160,6 +160,13 @@ TEST(GrammarSchema, EnumConstCombinators) {
   EXPECT_FALSE(schema_ok(R"({"enum":["red","green",3,null]})", "\"blue\""));
   EXPECT_TRUE(schema_ok(R"({"const":{"k":[1,"é"]}})", R"({"k":[1,"é"]})"));
   EXPECT_FALSE(schema_ok(R"({"const":"a"})", "\"b\""));
+  // `type` beside enum/const (zod, Pydantic): the values of that type
+  EXPECT_TRUE(schema_ok(R"({"type":"string","enum":["a","b"]})", "\"b\""));
+  EXPECT_TRUE(schema_ok(R"({"type":["integer","null"],"enum":["a",2,2.5,null]})", "2"));
+  EXPECT_FALSE(schema_ok(R"({"type":["integer","null"],"enum":["a",2,2.5,null]})", "\"a\""));
+  EXPECT_FALSE(schema_ok(R"({"type":["integer","null"],"enum":["a",2,2.5,null]})", "2.5"));
+  EXPECT_TRUE(schema_ok(R"({"type":"string","const":"x"})", "\"x\""));
+  EXPECT_THROW(json_schema_grammar(ojson::parse(R"({"type":"string","enum":[1,null]})")), GrammarError);
   const char* any = R"({"anyOf":[{"type":"integer"},{"type":"string","maxLength":2}]})";
   EXPECT_TRUE(schema_ok(any, "5"));
   EXPECT_TRUE(schema_ok(any, "\"ab\""));

@@ -54,13 +54,23 @@ Walk drive(TokenFilter& f, const chat::DelimiterIds& ids, bool reasoning, std::m
           int patience) {
   Walk run;
   std::vector<uint32_t> mask((size_t(tok().vocab_size()) + 31) / 32);
+  // Reasoning is free, except that the output cannot end there (the structure must follow).
+  auto reasoning_mask = [&](int32_t next) {
+    ASSERT_TRUE(f.allowed(mask));
+    auto bit = [&](int32_t id) { return (mask[size_t(id) / 32] >> (id % 32)) & 1u; };
+    EXPECT_TRUE(bit(next));
+    for (int32_t id : ids.stop) EXPECT_FALSE(bit(id)) << id;
+    size_t ones = 0;
+    for (uint32_t w : mask) ones += size_t(__builtin_popcount(w));
+    EXPECT_GE(ones + ids.stop.size(), size_t(tok().vocab_size()));
+  };
   if (reasoning) {
     for (int32_t id : tok().encode("Let me think about {\"json\"} and <tool_call> here.\n")) {
-      EXPECT_FALSE(f.allowed(mask));  // reasoning is free
+      reasoning_mask(id);
       f.accept(id);
       run.ids.push_back(id);
     }
-    EXPECT_FALSE(f.allowed(mask));
+    reasoning_mask(ids.think_close);
     f.accept(ids.think_close);
     run.ids.push_back(ids.think_close);
   }
