@@ -526,9 +526,11 @@ TEST(CudaBackend, StructuredOutputEndingsDoNotHang) {
   base.sampling.params.temperature = 0.8f, base.sampling.params.top_k = 20, base.sampling.params.seed = 7;
   const GenerateResult full = masked_run(*host, prompt, base, true);
   ASSERT_EQ(full.tokens.size(), 30u);
-  GenerateOptions free_run = base;  // unmasked: the host's ids for the check after each ending
+  GenerateOptions free_run = base;  // unmasked, and the host path's ids for it
+  free_run.sampling.host = true;
   host->reset();
   const GenerateResult unmasked = generate(*host, prompt, free_run);
+  free_run.sampling.host = false;
   std::vector<std::pair<std::string, GenerateOptions>> endings;
   {
     GenerateOptions g = base;
