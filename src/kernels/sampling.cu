@@ -600,7 +600,7 @@ void apply_token_mask(float* logits, int vocab, uint32_t* slots, const uint64_t*
   const int blocks = (vocab + detail::kMaskPerBlock - 1) / detail::kMaskPerBlock;
   detail::apply_token_mask_kernel<<<blocks, detail::kMaskThreads, 0, stream>>>(
       logits, vocab, slots, token_mask_slot_words(vocab), counter, timeout_ns);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(cudaGetLastError());  // never LILY_CUDA_SYNC's synchronisation: it may wait for this very thread
 }
 
 void mark_context(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream) {

@@ -136,7 +136,7 @@ class CudaBackend : public Backend {
 
   // ---- the generation protocol: on the device where the sampler can be (else the host's, Backend's) ----
   // Structured output (setup.filter) samples on the device too: the host computes each mask while the step runs
-  // and the decode graph applies it before sampling (DeviceSampler::wait).
+  // and the decode graph applies it before sampling (runtime/device_sampler.cu).
   void begin_sampling(const SamplingSetup& setup, std::span<const int32_t> prompt) override {
     lily::Sampler(setup.params, cfg_.vocab);  // validates the parameters whichever side samples
     device_ = !setup.host && sampler_.begin(setup.params, prompt, setup.logprobs, setup.filter);

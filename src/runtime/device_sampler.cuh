@@ -4,7 +4,8 @@
 // memory) captured once per sampling configuration and kept for the last few. Per token the host launches a
 // graph (two may be queued) and reads 12 bytes. With a TokenFilter (structured output) the graph's tail first waits
 // for the host's mask of that token (kernels/sampling.h apply_token_mask), which the host computes while the
-// step's layers run: see DeviceSampler::wait. CUDA only: included by runtime/cuda_backend.cu.
+// step's layers run (device_sampler.cu states the order, above publish()). CUDA only: included by
+// runtime/cuda_backend.cu.
 #pragma once
 #include <cuda_runtime_api.h>
 
