@@ -23,6 +23,10 @@ struct KernelOptions {
   int prefill_chunk = 0;
   // LILY_PREFILL_MIN=n: prompts of at least n tokens take the chunked path; 0 = the backend's default (16).
   int prefill_min = 0;
+  // LILY_DEVICE_MASKS=1: structured output samples on the device, the host's token masks applied inside the
+  // decode graph (runtime/device_sampler.cu); off: a request with a token filter samples on the host (the logits
+  // copied per token). Off until the masked decode graphs have run on a GPU (bench/RESULTS.md, 2026-12-04).
+  bool device_masks = false;
   // LILY_CUDA_SYNC=1: synchronise after every launch so a failing kernel is named at once (slow; debugging).
   bool debug_sync = false;
   // LILY_TRACE=1 (`lily bench`): the persistent, attention split and combine launches stamp their blocks' phase

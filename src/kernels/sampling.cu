@@ -8,6 +8,8 @@
 //          top-p / min-p cuts, the draw.
 //   full path (kernels/sample_full.cuh): exact top-k / top-p / min-p cuts over the whole vocabulary by a radix
 //          select over the order-preserving keys of z in many blocks, then the draw.
+//   apply_token_mask (structured output; before the others): waits for the host's mask in mapped memory, then
+//          -inf on the ids it forbids (every path above keeps -inf ids out of the draw, as the host Sampler).
 // Keys: order-preserving uint32 of the float z; among equal keys the lower id comes first.
 // Tested by tests/gpu/test_sampling.cu.
 #include "kernels/common.cuh"
@@ -15,6 +17,7 @@
 #include "kernels/sampling.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 namespace lily::cuda {
@@ -269,12 +272,14 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
   if (threadIdx.x < n) se[threadIdx.x] = expf(z_of(sk[threadIdx.x]) - z0);  // the values the sums below add
   __syncthreads();
   if (threadIdx.x == 0) {  // the cuts: sums in rank order, one thread (the host Sampler's order)
+    int m = n;  // masked ids (z = -inf, sorted last) are never kept: the host Sampler keeps z > -inf only
+    while (m > 1 && sk[m - 1] <= key_of(-INFINITY)) --m;
     float zk = 0.f;
-    for (int j = 0; j < n; ++j) zk += se[j];
-    int keep = n;
+    for (int j = 0; j < m; ++j) zk += se[j];
+    int keep = m;
     if (a.p.top_p < 1.f) {
       float cum = 0.f;
-      for (int j = 0; j < n; ++j) {
+      for (int j = 0; j < m; ++j) {
         cum += se[j];
         if (cum >= a.p.top_p * zk) { keep = j + 1; break; }
       }
@@ -368,6 +373,63 @@ __global__ void count_tokens_kernel(int* counts, int vocab, const int* tokens, i
     if (flag) atomicOr(counts + t, kSampleInContext);
     else atomicAdd(counts + t, 1);
   }
+}
+
+// apply_token_mask: 2,048 ids (64 mask words) per block; thread 0 of every block waits for the slot.
+inline constexpr int kMaskThreads = 256;
+inline constexpr int kMaskPerBlock = 8 * kMaskThreads;
+
+// Mapped host memory written by a host thread: system-scope loads (the acquire orders the block's later loads
+// of the bits after the sequence word, through the barrier that follows it).
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t load_relaxed_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void __launch_bounds__(kMaskThreads) apply_token_mask_kernel(float* logits, int vocab, uint32_t* slots,
+                                                                        int slot_words, const uint64_t* counter,
+                                                                        long long timeout_ns) {
+  __shared__ uint32_t s_word;  // the slot's sequence word once it is this ticket's; 0 after a timeout
+  __shared__ uint32_t bits[kMaskPerBlock / 32];
+  const uint64_t ticket = *counter;
+  uint32_t* slot = slots + (ticket & 1) * static_cast<size_t>(slot_words);
+  if (threadIdx.x == 0) {
+    const uint32_t want = token_mask_word(ticket, false) >> 1;
+    const uint64_t t0 = global_ns();
+    unsigned pause = 64;
+    uint32_t w = load_acquire_sys(slot);
+    while ((w >> 1) != want) {
+      if (static_cast<long long>(global_ns() - t0) > timeout_ns) {  // the host never published: all allowed
+        w = 0u;
+        asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(slot + 2), "r"(want) : "memory");
+        break;
+      }
+      __nanosleep(pause);
+      pause = min(2 * pause, 2048u);
+      w = load_acquire_sys(slot);
+    }
+    s_word = w;
+  }
+  __syncthreads();
+  if (!(s_word & 1u)) return;  // every id allowed
+  const int base = blockIdx.x * kMaskPerBlock;  // a multiple of 32: bit (i & 31) of word i / 32
+  const int n = min(kMaskPerBlock, vocab - base);
+  if (static_cast<int>(threadIdx.x) < (n + 31) / 32)
+    bits[threadIdx.x] = load_relaxed_sys(slot + kTokenMaskHeader + base / 32 + threadIdx.x);
+  __syncthreads();
+  for (int j = threadIdx.x; j < n; j += kMaskThreads)
+    if (!((bits[j >> 5] >> (j & 31)) & 1u)) logits[base + j] = -INFINITY;
 }
 
 __global__ void add_logit_bias_kernel(float* logits, int vocab, const int* ids, const float* bias, int n) {
@@ -516,6 +578,29 @@ void add_logit_bias(float* logits, int vocab, const int* ids, const float* bias,
   if (n <= 0) return;
   detail::add_logit_bias_kernel<<<(n + 255) / 256, 256, 0, stream>>>(logits, vocab, ids, bias, n);
   CUDA_CHECK_LAUNCH();
+}
+
+uint32_t* token_mask_bits(uint32_t* slots, int vocab, uint64_t ticket) {
+  return slots + (ticket & 1) * static_cast<size_t>(token_mask_slot_words(vocab)) + kTokenMaskHeader;
+}
+
+void publish_token_mask(uint32_t* slots, int vocab, uint64_t ticket, bool masked) {
+  uint32_t& word = slots[(ticket & 1) * static_cast<size_t>(token_mask_slot_words(vocab))];
+  std::atomic_ref<uint32_t>(word).store(token_mask_word(ticket, masked), std::memory_order_release);
+}
+
+bool token_mask_timed_out(const uint32_t* slots, int vocab, uint64_t ticket) {
+  const volatile uint32_t* slot = slots + (ticket & 1) * static_cast<size_t>(token_mask_slot_words(vocab));
+  return slot[2] == token_mask_word(ticket, false) >> 1;
+}
+
+void apply_token_mask(float* logits, int vocab, uint32_t* slots, const uint64_t* counter, long long timeout_ns,
+                      cudaStream_t stream) {
+  LILY_CHECK(vocab > 0 && logits && slots && counter, "apply_token_mask: missing buffer");
+  const int blocks = (vocab + detail::kMaskPerBlock - 1) / detail::kMaskPerBlock;
+  detail::apply_token_mask_kernel<<<blocks, detail::kMaskThreads, 0, stream>>>(
+      logits, vocab, slots, token_mask_slot_words(vocab), counter, timeout_ns);
+  CUDA_CHECK(cudaGetLastError());  // never LILY_CUDA_SYNC's synchronisation: it may wait for this very thread
 }
 
 void mark_context(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream) {

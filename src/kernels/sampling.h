@@ -90,6 +90,34 @@ void mark_context(int* counts, int vocab, const int* tokens, int n, cudaStream_t
 void copy_to_mapped(uint32_t* dst_a, const uint32_t* src_a, int words_a, uint32_t* dst_b, const uint32_t* src_b,
                     int words_b, cudaStream_t stream);
 
+// ---- structured output: a host-computed token mask applied on the device (the decode graph's tail) ----
+// Two mask slots in mapped pinned host memory, each token_mask_slot_words(vocab) words: word 0 the slot's
+// sequence word, words 1..kTokenMaskHeader-1 spare (word 2: the kernel writes the sequence there when it gave up
+// waiting), then the bitmask (bit id % 32 of word id / 32, 1 = allowed). The n-th masked sample of a generation
+// (ticket n: the sampler's draw counter rng[0], which sample() increments once per call) reads slot n % 2. The
+// host publishes ticket n by writing the bits, then (release) the sequence word token_mask_word(n, masked).
+inline constexpr int kTokenMaskHeader = 4;
+inline constexpr long long kTokenMaskTimeoutNs = 2'000'000'000;  // then the step samples unconstrained
+inline int token_mask_slot_words(int vocab) { return kTokenMaskHeader + ((vocab + 31) / 32 + 3) / 4 * 4; }
+// The sequence word of ticket n: (n + 1) mod 2^31 shifted left once, bit 0 = a mask follows (0: all allowed).
+__host__ __device__ inline uint32_t token_mask_word(uint64_t ticket, bool masked) {
+  return (static_cast<uint32_t>((ticket + 1) & 0x7fffffffu) << 1) | (masked ? 1u : 0u);
+}
+// Host side: the bits of ticket n's slot (slots: the host pointer), to fill before publishing.
+uint32_t* token_mask_bits(uint32_t* slots, int vocab, uint64_t ticket);
+// Host side: publishes ticket n (masked: its bits are filled; else every id is allowed): a release store of the
+// sequence word after the bits.
+void publish_token_mask(uint32_t* slots, int vocab, uint64_t ticket, bool masked);
+// Host side: whether the kernel gave up waiting for ticket n (read once the step that used it has finished).
+bool token_mask_timed_out(const uint32_t* slots, int vocab, uint64_t ticket);
+// Device: waits until slot (counter[0] % 2)'s sequence word is that of ticket counter[0] (each block polls it,
+// with backoff), then sets logits[i] = -inf for every i < vocab whose bit is clear (the host Sampler's mask,
+// applied before logit_bias and the penalties as there). After timeout_ns without it, it leaves the logits
+// alone and records the timeout in the slot (word 2): the GPU never hangs on a host that failed to publish.
+// slots: the device pointer of the mapped slots; counter: the sampler's rng (device).
+void apply_token_mask(float* logits, int vocab, uint32_t* slots, const uint64_t* counter, long long timeout_ns,
+                      cudaStream_t stream);
+
 // The uniform number in [0,1) the sampler draws for (seed, counter); host and device give the same value.
 float sample_uniform(uint64_t seed, uint64_t counter);
 

@@ -22,6 +22,7 @@ cuda::KernelOptions parse_kernel_options(const std::function<const char*(const c
   o.prefill = flag("LILY_PREFILL", o.prefill);
   o.prefill_chunk = integer("LILY_PREFILL_CHUNK", o.prefill_chunk);
   o.prefill_min = integer("LILY_PREFILL_MIN", o.prefill_min);
+  o.device_masks = flag("LILY_DEVICE_MASKS", o.device_masks);
   o.debug_sync = flag("LILY_CUDA_SYNC", o.debug_sync);
   o.trace = flag("LILY_TRACE", o.trace);
   if (const char* e = env("LILY_SKIP")) o.skip = e;

@@ -32,7 +32,7 @@ class CudaBackend : public Backend {
   CudaBackend(const Config& c, DeviceWeights w, int max_context, int device, long long snapshot_device_bytes,
               bool chunked_prompts, const KernelOptions& kopt)
       : cfg_(c), engine_(c, std::move(w), max_context, device, true, kopt),
-        prefill_min_(kopt.prefill_min > 0 ? kopt.prefill_min : kPrefillMin) {
+        prefill_min_(kopt.prefill_min > 0 ? kopt.prefill_min : kPrefillMin), device_masks_(kopt.device_masks) {
     chunked_ = chunked_prompts && kopt.prefill;
     CUDA_CHECK(cudaMallocHost(&staging_, sizeof(StepDev) * kStaging));
     d_steps_ = device_alloc<StepDev>(kStaging);
@@ -48,6 +48,7 @@ class CudaBackend : public Backend {
     pool_ = std::make_shared<SnapshotPool>(engine_.gdn_state_bytes(), budget, device);
   }
   ~CudaBackend() override {
+    sampler_.unblock();  // (no step may wait for a token mask now)
     cudaStreamSynchronize(engine_.stream());
     cudaFree(d_steps_);
     cudaFreeHost(staging_);
@@ -69,6 +70,7 @@ class CudaBackend : public Backend {
   }
 
   void forward(std::span<const int32_t> tokens, float* logits, bool all_logits) override {
+    sampler_.unblock();  // it synchronises: a step an abandoned generation left queued must not wait for a mask
     const int n = (int)tokens.size();
     LILY_CHECK(pos_ + n <= engine_.max_context(), "CUDA backend: ", pos_ + n, " tokens exceed the context of ",
                engine_.max_context());
@@ -131,11 +133,15 @@ class CudaBackend : public Backend {
   // KernelOptions::prefill_min moves it
   static constexpr int kPrefillMin = 16;
   const int prefill_min_;
+  const bool device_masks_;  // structured output samples on the device (KernelOptions::device_masks)
 
   // ---- the generation protocol: on the device where the sampler can be (else the host's, Backend's) ----
+  // Structured output (setup.filter) samples on the device with KernelOptions::device_masks: the host computes
+  // each mask while the step runs and the decode graph applies it before sampling (runtime/device_sampler.cu).
   void begin_sampling(const SamplingSetup& setup, std::span<const int32_t> prompt) override {
     lily::Sampler(setup.params, cfg_.vocab);  // validates the parameters whichever side samples
-    device_ = !setup.host && !setup.filter && sampler_.begin(setup.params, prompt, setup.logprobs);
+    device_ = !setup.host && (!setup.filter || device_masks_) &&
+              sampler_.begin(setup.params, prompt, setup.logprobs, setup.filter);
     if (!device_) host_begin(setup, prompt);
   }
   void prefill(std::span<const int32_t> tokens, bool last) override {
@@ -172,6 +178,7 @@ class CudaBackend : public Backend {
   }
 
   void restore_state(const StateSnapshot& snap) override {
+    sampler_.unblock();  // (the host-copy case synchronises)
     LILY_CHECK(snap.size() == engine_.gdn_state_bytes() && snap.position >= 0 && snap.position <= pos_,
                "CUDA backend: state snapshot of ", snap.size(), " bytes at position ", snap.position,
                " does not match this sequence (", engine_.gdn_state_bytes(), " bytes, position ", pos_, ")");

@@ -6,6 +6,7 @@
 
 #include "kernels/common.cuh"
 #include "util/check.h"
+#include "util/log.h"
 
 namespace lily::cuda {
 
@@ -16,6 +17,7 @@ DeviceSampler::DeviceSampler(CudaEngine& engine) : engine_(engine) {
 }
 
 DeviceSampler::~DeviceSampler() {
+  unblock();
   cudaStreamSynchronize(engine_.stream());
   for (SampleGraphs& e : sample_graphs_)
     for (cudaGraphExec_t g : e.graph)
@@ -25,16 +27,21 @@ DeviceSampler::~DeviceSampler() {
                   (void*)top_dev_})
     cudaFree(p);
   if (top_host_) cudaFreeHost(top_host_);
+  if (mask_host_) cudaFreeHost(mask_host_);
   cudaFreeHost(host_step_);
 }
 
 void DeviceSampler::drop_queued() {
+  unblock();  // (a queued masked step may still wait for its mask)
   if (queued_ == 0) return;
   CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
   queued_ = 0;
 }
 
-bool DeviceSampler::begin(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs) {
+bool DeviceSampler::begin(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs,
+                          TokenFilter* filter) {
+  unblock();  // an abandoned generation's masked steps: they must not wait for the host (synchronised below)
+  filter_ = nullptr;
   const int V = engine_.config().vocab;
   if (p.top_logprobs > kMaxTopLogprobs || V > kSampleMaxVocab) return false;  // the host samples
   cudaStream_t s = engine_.stream();
@@ -48,6 +55,15 @@ bool DeviceSampler::begin(const lily::SamplingParams& p, std::span<const int32_t
   }
   CUDA_CHECK(cudaStreamSynchronize(s));  // launches an earlier generation left (its caller threw before waiting)
   queued_ = 0;
+  if (filter) {  // the mask slots, their sequence words cleared (no kernel reads them now); tickets from 0
+    const int words = 2 * token_mask_slot_words(V);
+    if (!mask_host_) {
+      CUDA_CHECK(cudaHostAlloc(&mask_host_, words * sizeof(uint32_t), cudaHostAllocMapped));
+      CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mask_dev_), mask_host_, 0));
+    }
+    std::fill(mask_host_, mask_host_ + words, 0u);
+  }
+  issued_ = published_ = 0;
   SampleConfig c;
   SamplingParams& d = c.params;
   d.temperature = p.temperature;
@@ -61,6 +77,7 @@ bool DeviceSampler::begin(const lily::SamplingParams& p, std::span<const int32_t
   d.update_counts = has_penalties(d);
   c.logprobs = logprobs;
   c.top_n = p.top_logprobs;
+  c.masked = filter != nullptr;
   const uint64_t rng[2] = {0, p.seed};  // draw counter, seed: in device memory, so the graph serves every seed
   CUDA_CHECK(cudaMemcpyAsync(rng_, rng, sizeof rng, cudaMemcpyHostToDevice, s));
   if (d.update_counts) CUDA_CHECK(cudaMemsetAsync(counts_, 0, (size_t)V * sizeof(int), s));
@@ -111,22 +128,68 @@ bool DeviceSampler::begin(const lily::SamplingParams& p, std::span<const int32_t
   hit->used = ++sample_uses_;
   for (int k = 0; k < 2; ++k) sample_graph_[k] = hit->graph[k];
   slot_ = 0;
+  filter_ = filter;
   sampling_ = true;
   return true;
+}
+
+// Structured output. Ticket n is the n-th sample of the generation (the eager one here is ticket 0, the step
+// launched k-th is ticket k); the host publishes the tickets in order, each as soon as its filter state is known:
+//   sample():  publish 0 → sample → accept(id 0) → publish 1
+//   wait() of the step of ticket j (it sampled id j): accept(id j) → publish j + 1
+// The generation loop (runtime/generate.cpp) launches the step of ticket j + 1 before waiting for that of ticket
+// j, so the host computes mask j + 1 while step j + 1's layers run, and the step's tail waits for it only if the
+// host is late. No hang: (1) a wait() is for the oldest queued step, ticket j, published by the sample() or
+// wait() before it (published_ = 2 + waits so far, checked below); (2) launch() (and the KV growth before it, which
+// may synchronise) runs when every enqueued ticket is published (the loop launches with at most one step queued:
+// issued_ = 1 + launches <= 2 + waits); (3) an exception between a launch and its publication (the filter throws,
+// NaN logits) publishes "all allowed" for it (unblock()), as do drop_queued(), begin() and the destructor before
+// they synchronise; (4) the kernel itself gives up after kTokenMaskTimeoutNs. A slot is rewritten (ticket n + 2)
+// only after ticket n's step has finished: publication n + 2 follows the wait for ticket n + 1's step.
+void DeviceSampler::publish(bool from_filter) {
+  const int V = engine_.config().vocab;
+  bool masked = false;
+  if (from_filter) {
+    uint32_t* bits = token_mask_bits(mask_host_, V, published_);
+    const size_t words = static_cast<size_t>(V + 31) / 32;
+    std::fill(bits, bits + words, 0u);
+    masked = filter_->allowed(std::span<uint32_t>(bits, words));
+  }
+  publish_token_mask(mask_host_, V, published_, masked);
+  ++published_;
+}
+
+void DeviceSampler::unblock() {
+  while (published_ < issued_) publish(false);
+}
+
+lily::SampledToken DeviceSampler::accept(lily::SampledToken r) {
+  if (!filter_) return r;
+  try {
+    filter_->accept(r.token);
+    publish(true);
+  } catch (...) {
+    unblock();
+    throw;
+  }
+  return r;
 }
 
 lily::SampledToken DeviceSampler::sample() {
   LILY_CHECK(sampling_ && queued_ == 0,
              "CUDA sampler: sample() without begin(), or with steps queued");
+  if (filter_) publish(true);  // ticket 0, before the sample that waits for it
   sample_tail(0);  // from the logits of position pos_ - 1: the step on the device is {its id, pos_ - 1}
+  if (filter_) ++issued_;
   CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
-  return sampled(0);
+  return accept(sampled(0));
 }
 
 void DeviceSampler::launch() {
   LILY_CHECK(sampling_ && queued_ < 2,
              "CUDA sampler: launch() without begin(), or a third");
   CUDA_CHECK(cudaGraphLaunch(sample_graph_[slot_], engine_.stream()));  // consumes {pending id, pos_}
+  if (filter_) ++issued_;
   CUDA_CHECK(cudaEventRecord(done_[slot_], engine_.stream()));
   slot_ ^= 1;
   ++queued_;
@@ -135,9 +198,26 @@ void DeviceSampler::launch() {
 lily::SampledToken DeviceSampler::wait() {
   LILY_CHECK(queued_ > 0, "CUDA sampler: wait() without launch()");
   const int k = queued_ == 2 ? slot_ : slot_ ^ 1;  // the older launch's slot
+  const uint64_t ticket = issued_ - static_cast<uint64_t>(queued_);  // that launch's (when masked)
+  if (filter_ && published_ <= ticket) {  // not by the protocol above: fail rather than wait for the timeout
+    unblock();
+    LILY_CHECK(false, "CUDA sampler: wait() for a step whose token mask was never published");
+  }
   CUDA_CHECK(cudaEventSynchronize(done_[k]));
   --queued_;
-  return sampled(k);
+  if (filter_ && token_mask_timed_out(mask_host_, engine_.config().vocab, ticket)) {
+    ++timeouts_;
+    log::warn("structured output: the token mask of sample ", ticket, " came later than ",
+              kTokenMaskTimeoutNs / 1000000, " ms; that token was sampled unconstrained (", timeouts_, " so far)");
+  }
+  lily::SampledToken r;
+  try {
+    r = sampled(k);
+  } catch (...) {  // NaN logits: the step queued behind must not wait for a mask
+    unblock();
+    throw;
+  }
+  return accept(std::move(r));
 }
 
 // The sampler on the logits, the id (and its log-probability) into the step's input (read by the next step's
@@ -149,6 +229,7 @@ void DeviceSampler::sample_tail(int slot) {
   const SamplingParams& d = c.params;
   int* counts = d.update_counts ? counts_ : nullptr;
   StepDev* step = engine_.step();
+  if (c.masked) apply_token_mask(engine_.logits(), engine_.config().vocab, mask_dev_, rng_, kTokenMaskTimeoutNs, s);
   add_logit_bias(engine_.logits(), engine_.config().vocab, bias_ids_, bias_vals_, c.n_bias, s);
   lily::cuda::sample(engine_.logits(), engine_.config().vocab, d, counts, rng_, &step->token, sample_scratch_, s,
          c.logprobs ? &step->logprob : nullptr, &step->pos, c.top_n, top_dev_ ? top_dev_->ids : nullptr,

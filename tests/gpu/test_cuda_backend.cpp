@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 
 #include <unistd.h>
 
@@ -54,6 +56,13 @@ CudaOptions small_opts() {
   CudaOptions o;
   o.max_context = 4096;
   o.progress = false;
+  return o;
+}
+
+// Structured output sampled on the device (KernelOptions::device_masks, off by default until verified here).
+CudaOptions masked_opts() {
+  CudaOptions o = small_opts();
+  o.kernels.device_masks = true;
   return o;
 }
 
@@ -379,4 +388,230 @@ TEST(CudaBackend, DeviceSamplingMatchesHostSampling) {
   dev->reset();
   dev->begin_sampling(top, prompt);
   EXPECT_FALSE(dev->samples_on_device());
+}
+
+// ---- structured output on the device (the mask computed on the host while the step runs) ----
+namespace {
+
+// A structured-output stand-in with a deterministic mask that depends on the ids accepted so far: after id x it
+// allows the ids congruent to x + 3 mod 7 and ids 1, 2, V - 1; every 4th position only three ids (fewer than
+// top_k); every 5th everything (allowed() returns false). It records the accepted ids, and those its mask forbade.
+// throw_at > 0: the throw_at-th allowed() (or accept(), with in_accept) throws.
+class ModFilter : public TokenFilter {
+ public:
+  explicit ModFilter(int vocab, int throw_at = 0, bool in_accept = false)
+      : V(vocab), throw_at_(throw_at), in_accept_(in_accept) {}
+  bool allowed(std::span<uint32_t> mask) override {
+    const int n = ++calls_;
+    if (!in_accept_ && n == throw_at_) throw std::runtime_error("test filter: allowed() fails");
+    open_ = n % 5 == 0;
+    if (open_) return false;
+    std::fill(mask.begin(), mask.end(), 0u);
+    const auto set = [&](int id) { mask[id / 32] |= 1u << (id % 32); };
+    if (n % 4 == 0) {
+      for (int id : {3, last_ % V, (last_ * 7 + 11) % V}) set(id);
+    } else {
+      for (int id = 0; id < V; ++id)
+        if (((id - last_ - 3) % 7 + 7) % 7 == 0) set(id);
+      for (int id : {1, 2, V - 1}) set(id);
+    }
+    cur_.assign(mask.begin(), mask.end());
+    ++masked_;
+    return true;
+  }
+  void accept(int32_t t) override {
+    if (in_accept_ && ++accepts_ == throw_at_) throw std::runtime_error("test filter: accept() fails");
+    if (!open_ && !((cur_[t / 32] >> (t % 32)) & 1u)) ++violations;
+    ids.push_back(t);
+    last_ = t;
+  }
+  int masked() const { return masked_; }
+  std::vector<int32_t> ids;  // accepted, in order
+  int violations = 0;        // accepted ids the last mask forbade
+
+ private:
+  int V, throw_at_;
+  bool in_accept_;
+  int calls_ = 0, accepts_ = 0, masked_ = 0, last_ = 0;
+  bool open_ = false;
+  std::vector<uint32_t> cur_;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// generate() with a fresh ModFilter on a reset backend; the filter's record in *f (if given).
+GenerateResult masked_run(Backend& be, const std::vector<int32_t>& prompt, GenerateOptions g, bool host,
+                          ModFilter* f = nullptr) {
+  ModFilter own(be.config().vocab);
+  be.reset();
+  g.sampling.host = host;
+  g.sampling.filter = f ? f : &own;
+  const auto t0 = std::chrono::steady_clock::now();
+  GenerateResult r = generate(be, prompt, g);
+  // a hang check, not a speed: a step waiting for a mask the host never published would take the kernel's
+  // 2 s timeout (kernels/sampling.h); these generations take milliseconds
+  EXPECT_LT(seconds_since(t0), 1.5) << (host ? "host" : "device") << " generation";
+  EXPECT_EQ(be.samples_on_device(), !host);
+  return r;
+}
+
+}  // namespace
+
+// Structured output sampled on the device against the host Sampler with the same filter: the same ids, log-
+// probabilities and top log-probabilities (masked alternatives at -inf on both) for greedy and seeded sampling
+// with top-k / top-p / min-p / penalties / logit_bias, no id the mask forbade, the same position and state after.
+TEST(CudaBackend, StructuredOutputSamplesOnTheDevice) {
+  const Model& model = golden_model("mlx");
+  const int V = model.config.vocab;
+  const std::vector<int32_t> prompt = random_tokens(12, V, 6);
+  auto host = make_cuda_backend(model, small_opts());
+  auto dev = make_cuda_backend(model, masked_opts());
+  std::vector<lily::SamplingParams> cases(6);
+  cases[0].temperature = 0, cases[0].top_logprobs = 5;
+  cases[1].temperature = 0.8f, cases[1].top_k = 20, cases[1].top_p = 0.9f, cases[1].seed = 7;
+  cases[2].temperature = 0.9f, cases[2].top_k = 30, cases[2].repetition_penalty = 1.3f,
+  cases[2].presence_penalty = 0.5f, cases[2].frequency_penalty = 0.3f, cases[2].seed = 3, cases[2].top_logprobs = 20;
+  cases[3].temperature = 1.0f, cases[3].top_p = 0.95f, cases[3].seed = 11, cases[3].top_logprobs = 4;  // full path
+  cases[4].temperature = 1.2f, cases[4].min_p = 0.05f, cases[4].seed = 5;
+  cases[5].temperature = 0.8f, cases[5].top_k = 64, cases[5].seed = 17;
+  cases[5].logit_bias = {{prompt[0], 3.f}, {4, 2.f}, {1, -100.f}};
+  for (size_t c = 0; c < cases.size(); ++c) {
+    SCOPED_TRACE(c);
+    GenerateOptions g;
+    g.max_tokens = 40;
+    g.sampling.params = cases[c];
+    g.sampling.logprobs = true;
+    ModFilter fa(V), fb(V);
+    const GenerateResult a = masked_run(*host, prompt, g, true, &fa);
+    const GenerateResult b = masked_run(*dev, prompt, g, false, &fb);
+    EXPECT_EQ(a.ids(), b.ids());
+    EXPECT_EQ(fa.violations, 0);
+    EXPECT_EQ(fb.violations, 0);
+    EXPECT_GE(fb.masked(), 25) << "the mask must constrain most positions";
+    ASSERT_GE(fb.ids.size(), b.tokens.size());  // the filter saw every reported id, in order
+    EXPECT_TRUE(std::equal(b.tokens.begin(), b.tokens.end(), fb.ids.begin(),
+                           [](const SampledToken& t, int32_t id) { return t.token == id; }));
+    double lp_err = 0, top_err = 0;
+    for (size_t i = 0; i < std::min(a.tokens.size(), b.tokens.size()); ++i) {
+      lp_err = std::max(lp_err, std::fabs(static_cast<double>(b.tokens[i].logprob) - a.tokens[i].logprob));
+      const auto &ta = a.tokens[i].top, &tb = b.tokens[i].top;
+      ASSERT_EQ(tb.size(), ta.size()) << "token " << i;
+      for (size_t j = 0; j < ta.size(); ++j) {
+        EXPECT_EQ(tb[j].token, ta[j].token) << "token " << i << ", rank " << j;
+        if (std::isinf(ta[j].logprob) || std::isinf(tb[j].logprob))
+          EXPECT_EQ(tb[j].logprob, ta[j].logprob) << "token " << i << ", rank " << j;
+        else
+          top_err = std::max(top_err, std::fabs(static_cast<double>(tb[j].logprob) - ta[j].logprob));
+      }
+    }
+    std::printf("masked case %zu: %zu tokens, max |device - host| logprob %.3g, top %.3g\n", c, b.tokens.size(),
+                lp_err, top_err);
+    EXPECT_LT(lp_err, 1e-4);
+    EXPECT_LT(top_err, 1e-4);
+    EXPECT_EQ(dev->position(), host->position());
+    std::vector<float> la(V), lb(V);
+    const int32_t t = a.tokens.back().token;
+    host->forward(std::span<const int32_t>(&t, 1), la.data(), false);
+    dev->forward(std::span<const int32_t>(&t, 1), lb.data(), false);
+    EXPECT_LE(compare(lb, la).rel, 1e-6) << "the states differ after generation";
+  }
+}
+
+// Every way a masked generation ends returns at once (no step left waiting for a mask), with the host path's
+// ids, and the backend serves the next generation (masked or not) as a fresh one: a stop id, on_token ending it
+// (at the first id and later), max_tokens 1..3, an interrupt before the first id and later.
+TEST(CudaBackend, StructuredOutputEndingsDoNotHang) {
+  const Model& model = golden_model("mlx");
+  const int V = model.config.vocab;
+  const std::vector<int32_t> prompt = random_tokens(12, V, 7);
+  auto host = make_cuda_backend(model, small_opts());
+  auto dev = make_cuda_backend(model, masked_opts());
+  GenerateOptions base;
+  base.max_tokens = 30;
+  base.sampling.params.temperature = 0.8f, base.sampling.params.top_k = 20, base.sampling.params.seed = 7;
+  const GenerateResult full = masked_run(*host, prompt, base, true);
+  ASSERT_EQ(full.tokens.size(), 30u);
+  GenerateOptions free_run = base;  // unmasked, and the host path's ids for it
+  free_run.sampling.host = true;
+  host->reset();
+  const GenerateResult unmasked = generate(*host, prompt, free_run);
+  free_run.sampling.host = false;
+  std::vector<std::pair<std::string, GenerateOptions>> endings;
+  {
+    GenerateOptions g = base;
+    g.stop_ids = {full.tokens[6].token};
+    endings.emplace_back("stop id", g);
+  }
+  for (int at : {0, 4}) {
+    GenerateOptions g = base;
+    g.on_token = [at](const SampledToken&, int i, bool) { return i == at ? FinishReason::stop : FinishReason::none; };
+    endings.emplace_back("on_token at " + std::to_string(at), g);
+  }
+  for (int n : {1, 2, 3}) {
+    GenerateOptions g = base;
+    g.max_tokens = n;
+    endings.emplace_back("max_tokens " + std::to_string(n), g);
+  }
+  for (int at : {1, 5}) {  // (the first call is before the prompt)
+    GenerateOptions g = base;
+    // (each run's copy of the options counts its own calls)
+    g.interrupt = [at, calls = 0]() mutable { return ++calls > at ? FinishReason::cancelled : FinishReason::none; };
+    endings.emplace_back("interrupt after " + std::to_string(at), g);
+  }
+  for (const auto& [name, g] : endings) {
+    SCOPED_TRACE(name);
+    const GenerateResult a = masked_run(*host, prompt, g, true);
+    const GenerateResult b = masked_run(*dev, prompt, g, false);
+    EXPECT_EQ(a.ids(), b.ids());
+    EXPECT_EQ(a.finish, b.finish);
+    EXPECT_EQ(dev->position(), host->position());
+    // the next generations: masked as the reference, then unmasked (no mask left behind)
+    EXPECT_EQ(masked_run(*dev, prompt, base, false).ids(), full.ids());
+    dev->reset();
+    EXPECT_EQ(generate(*dev, prompt, free_run).ids(), unmasked.ids());
+    EXPECT_TRUE(dev->samples_on_device());
+  }
+}
+
+// A filter that throws (in allowed() or accept(), at the first id or with steps queued) or an on_token that
+// throws fails the generation; the reset() after it returns at once (no queued step waits for its mask) and the
+// backend serves the next masked generation as the host path does.
+TEST(CudaBackend, StructuredOutputThrowingFilterDoesNotHang) {
+  const Model& model = golden_model("mlx");
+  const int V = model.config.vocab;
+  const std::vector<int32_t> prompt = random_tokens(12, V, 8);
+  auto host = make_cuda_backend(model, small_opts());
+  auto dev = make_cuda_backend(model, masked_opts());
+  GenerateOptions base;
+  base.max_tokens = 24;
+  base.sampling.params.temperature = 0.9f, base.sampling.params.top_p = 0.9f, base.sampling.params.seed = 9;
+  const std::vector<int32_t> want = masked_run(*host, prompt, base, true).ids();
+  const auto after = [&](const std::string& what) {
+    const auto t0 = std::chrono::steady_clock::now();
+    dev->reset();
+    EXPECT_LT(seconds_since(t0), 1.0) << what << ": reset() waited (for the mask timeout?)";
+    EXPECT_EQ(masked_run(*dev, prompt, base, false).ids(), want) << what;
+  };
+  for (const bool in_accept : {false, true})
+    for (const int at : {1, 2, 3, 7}) {
+      const std::string what = std::string(in_accept ? "accept" : "allowed") + " throws at call " + std::to_string(at);
+      ModFilter f(V, at, in_accept);
+      GenerateOptions g = base;
+      g.sampling.filter = &f;
+      dev->reset();
+      EXPECT_THROW(generate(*dev, prompt, g), std::runtime_error) << what;
+      after(what);
+    }
+  ModFilter f(V);
+  GenerateOptions g = base;
+  g.sampling.filter = &f;
+  g.on_token = [](const SampledToken&, int i, bool) -> FinishReason {
+    if (i == 3) throw std::runtime_error("test: on_token fails");
+    return FinishReason::none;
+  };
+  dev->reset();
+  EXPECT_THROW(generate(*dev, prompt, g), std::runtime_error);
+  after("on_token throws");
 }

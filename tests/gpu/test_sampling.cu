@@ -7,11 +7,16 @@
 // tolerance of 2e-5 on the cut masses and on the uniform's position.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstring>
 #include <limits>
 #include <numeric>
+#include <thread>
 
 #include "kernel_test_util.h"
 #include "kernels/sampling.h"
+#include "runtime/sampler.h"
 
 namespace lily::cuda::test {
 namespace {
@@ -389,6 +394,140 @@ TEST(Sampling, NanLogitsGiveTheNanToken) {
   l[V - 1] = std::numeric_limits<float>::quiet_NaN();
   l[77] = 30.f;
   EXPECT_EQ(s.run(l, {}, greedy, 0), 77);
+}
+
+// Token masks (apply_token_mask) in mapped pinned host memory, two slots, as the decode graph uses them.
+struct MaskSlots {
+  int V;
+  uint32_t* host = nullptr;
+  uint32_t* dev = nullptr;
+  explicit MaskSlots(int v) : V(v) {
+    const size_t words = 2 * static_cast<size_t>(token_mask_slot_words(v));
+    CUDA_CHECK(cudaHostAlloc(&host, words * sizeof(uint32_t), cudaHostAllocMapped));
+    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), host, 0));
+    std::fill(host, host + words, 0u);
+  }
+  ~MaskSlots() { cudaFreeHost(host); }
+  void publish(uint64_t ticket, const std::vector<uint32_t>* bits) {  // null: every id allowed
+    if (bits) std::copy(bits->begin(), bits->end(), token_mask_bits(host, V, ticket));
+    publish_token_mask(host, V, ticket, bits != nullptr);
+  }
+};
+
+// A mask allowing about one id in `every` (at least one).
+std::vector<uint32_t> random_mask(std::mt19937_64& rng, int V, int every) {
+  std::vector<uint32_t> m((V + 31) / 32, 0u);
+  for (int i = 0; i < V; ++i)
+    if (rng() % every == 0) m[i / 32] |= 1u << (i % 32);
+  const int any = static_cast<int>(rng() % V);
+  m[any / 32] |= 1u << (any % 32);
+  return m;
+}
+bool allowed_by(const std::vector<uint32_t>& m, int i) { return (m[i / 32] >> (i % 32)) & 1u; }
+
+// The kernel waits for its ticket's mask, published by another host thread only after the main thread has seen
+// the stream still busy (a stale mask of ticket n - 2 in the same slot is not taken), then masks the forbidden ids
+// of an odd vocabulary to -inf and leaves the others bit for bit; an "all allowed" ticket leaves every logit; with a
+// short timeout and nothing published it gives up, leaves the logits and records the timeout.
+TEST(Sampling, TokenMaskWaitsForTheHost) {
+  for (int V : {5003, 70001, kVocab}) {
+    SCOPED_TRACE(V);
+    std::mt19937_64 rng(V);
+    const std::vector<float> l = random_logits(rng, V, 6.f);
+    DevBuf<float> d(V);
+    DevBuf<uint64_t> counter(2);
+    MaskSlots slots(V);
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (uint64_t ticket : {0ull, 1ull, 2ull, 3ull, 8ull}) {
+      SCOPED_TRACE(ticket);
+      const uint64_t c[2] = {ticket, 0};
+      CUDA_CHECK(cudaMemcpy(counter.p, c, sizeof c, cudaMemcpyHostToDevice));
+      const std::vector<uint32_t> none((V + 31) / 32, 0u);
+      if (ticket >= 2) slots.publish(ticket - 2, &none);  // stale: this slot's previous ticket, nothing allowed
+      const std::vector<uint32_t> mask = random_mask(rng, V, 2 + static_cast<int>(ticket % 3) * 5);
+      const bool all = ticket == 3;
+      d.upload(l);
+      std::atomic<bool> go{false};
+      apply_token_mask(d.p, V, slots.dev, counter.p, 10'000'000'000LL, s);
+      std::thread publisher([&] {
+        while (!go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        slots.publish(ticket, all ? nullptr : &mask);
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << "the kernel did not wait for the host";
+      (void)cudaGetLastError();  // (not ready is a status, not an error: leave nothing for the next launch check)
+      go.store(true);
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      publisher.join();
+      const std::vector<float> got = d.download();
+      int wrong = 0, masked = 0;
+      for (int i = 0; i < V; ++i) {
+        const bool keep = all || allowed_by(mask, i);
+        masked += !keep;
+        if (keep ? std::memcmp(&got[i], &l[i], sizeof(float)) != 0 : got[i] != -INFINITY) ++wrong;
+      }
+      EXPECT_EQ(wrong, 0) << masked << " masked";
+      EXPECT_TRUE(all || masked > 0);
+      EXPECT_FALSE(token_mask_timed_out(slots.host, V, ticket));
+    }
+    // nothing published for ticket 5 (its slot holds ticket 3's): gives up after 50 ms, logits untouched
+    const uint64_t c[2] = {5, 0};
+    CUDA_CHECK(cudaMemcpy(counter.p, c, sizeof c, cudaMemcpyHostToDevice));
+    d.upload(l);
+    apply_token_mask(d.p, V, slots.dev, counter.p, 50'000'000LL, s);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    EXPECT_EQ(d.download(), l);
+    EXPECT_TRUE(token_mask_timed_out(slots.host, V, 5));
+    EXPECT_FALSE(token_mask_timed_out(slots.host, V, 3));
+    CUDA_CHECK(cudaStreamDestroy(s));
+  }
+}
+
+// The sampler over masked logits against the host Sampler with the same mask (lily::Sampler applies it first):
+// greedy, the fast path with fewer allowed ids than top_k (the -inf candidates must never be drawn), top-p / min-p
+// on both paths and plain sampling over everything; the same token, an allowed one, and the same log-probability.
+TEST(Sampling, MaskedLogitsSampleAsTheHost) {
+  const int V = 9001;
+  std::mt19937_64 rng(62);
+  Sampler s(V);
+  DevBuf<float> lp(1);
+  MaskSlots slots(V);
+  struct Case { float temperature; int top_k; float top_p; float min_p; int every; };
+  for (const Case& k : {Case{0.f, 0, 1.f, 0.f, 7}, Case{1.f, 20, 1.f, 0.f, 3000}, Case{0.8f, 40, 0.9f, 0.f, 5},
+                        Case{1.f, 0, 0.9f, 0.f, 7}, Case{1.2f, 100, 1.f, 0.05f, 2}, Case{1.f, 0, 1.f, 0.f, 11},
+                        Case{0.9f, 64, 1.f, 0.f, 1500}}) {
+    SamplingParams p;
+    p.temperature = k.temperature;
+    p.top_k = k.top_k;
+    p.top_p = k.top_p;
+    p.min_p = k.min_p;
+    p.update_counts = false;
+    lily::SamplingParams hp;
+    hp.temperature = k.temperature;
+    hp.top_k = k.top_k;
+    hp.top_p = k.top_p;
+    hp.min_p = k.min_p;
+    hp.seed = 21;
+    lily::Sampler host(hp, V);
+    for (uint64_t t = 0; t < 12; ++t) {
+      const std::vector<float> l = random_logits(rng, V, 5.f);
+      const std::vector<uint32_t> mask = random_mask(rng, V, k.every);
+      slots.publish(t, &mask);  // before the launch: no wait
+      s.logits.upload(l);
+      const uint64_t r[2] = {t, hp.seed};
+      CUDA_CHECK(cudaMemcpy(s.rng.p, r, sizeof r, cudaMemcpyHostToDevice));
+      apply_token_mask(s.logits.p, V, slots.dev, s.rng.p, 1'000'000'000LL, nullptr);
+      sample(s.logits.p, V, p, nullptr, s.rng.p, s.token.p, s.scratch.p, nullptr, lp.p);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const int got = s.token.download()[0];
+      const lily::SampledToken want = host.sample(l.data(), mask.data());
+      ASSERT_TRUE(got >= 0 && got < V && allowed_by(mask, got)) << "token " << got << " is masked";
+      EXPECT_EQ(got, want.token) << "top_k " << k.top_k << " top_p " << k.top_p << " draw " << t;
+      EXPECT_NEAR(lp.download()[0], want.logprob, 1e-4) << "top_k " << k.top_k << " draw " << t;
+    }
+  }
 }
 
 TEST(Sampling, UniformIsCounterBased) {
