@@ -463,7 +463,7 @@ void HttpServer::run_chat(const ChatRequest& cr, std::shared_ptr<Gen> g, const H
   ServedModel& m = *model_;
   ojson kwargs = ojson::object();
   kwargs["enable_thinking"] = opt_.default_thinking;
-  kwargs["preserve_thinking"] = true;  // api.md §11: replay reasoning so the next turn hits the prefix cache
+  kwargs["preserve_thinking"] = true;  // docs/api.md §11: replay reasoning so the next turn hits the prefix cache
   for (auto& [k, v] : cr.chat_template_kwargs.items()) kwargs[k] = v;
   std::string prompt = m.renderer->render(cr.messages, cr.tools, kwargs);
 

@@ -1,8 +1,8 @@
-// The OpenAI-compatible HTTP server (api.md): routing, Host check, auth, CORS, request validation, prompt
+// The OpenAI-compatible HTTP server (docs/api.md): routing, Host check, auth, CORS, request validation, prompt
 // rendering and tokenisation on the HTTP worker threads; generation on the one engine thread (engine.h); SSE and
 // JSON formatting back on the worker threads. Sockets, limits and framing are the transport's (http_transport.h).
 // The listener starts before the model loads so /health reports 503 "loading"; shutdown() drains in-flight work
-// within a deadline (api.md §10.1 row 8).
+// within a deadline (docs/api.md §10.1 row 8).
 #pragma once
 #include <atomic>
 #include <memory>

@@ -25,7 +25,7 @@ ApiError schema_error(const std::string& param, const GrammarError& e) {
   return invalid_value(param, std::string(e.what()), e.keyword.empty() ? "invalid_value" : "unsupported_schema");
 }
 
-// The parameter's value is raw text (chat.md §3.4: strings unquoted) when its schema is exactly a string.
+// The parameter's value is raw text (docs/chat.md §3.4: strings unquoted) when its schema is exactly a string.
 bool raw_string_param(const ojson& s) {
   if (!s.is_object()) return false;
   if (s.contains("type")) return s["type"].is_string() && s["type"] == "string";

@@ -1,4 +1,4 @@
-// Structured output (api.md rows response_format, tool_choice; docs/structured_output.md): the request fields
+// Structured output (docs/api.md rows response_format, tool_choice; docs/structured_output.md): the request fields
 // that constrain generation — response_format json_object / json_schema, the `grammar` (GBNF) and `regex`
 // extensions, tool_choice "required" or a named function — become a grammar, and per request a TokenFilter that
 // leaves the reasoning block free, then allows only tokens the grammar accepts, and the end-of-output ids only
