@@ -4,22 +4,10 @@
 #include <cstdio>
 
 #include "server/api_error.h"
+#include "server/json_fields.h"
 
 namespace lily::server {
 namespace {
-
-const ojson* member(const ojson& obj, const char* key) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::string str_field(const ojson& obj, const char* key, const std::string& param) {
-  const ojson* v = member(obj, key);
-  if (!v) throw invalid_value(param + "." + key, "'" + param + "." + key + "' is required");
-  if (!v->is_string()) throw invalid_value(param + "." + key, "'" + param + "." + key + "' must be a string");
-  return v->get<std::string>();
-}
 
 // A string or an array of text blocks (system, tool_result content) → one string; blocks join with `sep`.
 std::string text_blocks(const ojson& v, const std::string& param, const char* sep) {

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "server/api_error.h"
+#include "server/json_fields.h"
 #include "util/utf8.h"
 
 namespace lily::server {
@@ -84,13 +85,6 @@ class PathTracker : public nlohmann::json_sax<ojson> {
   }
   std::vector<Frame> frames_;
 };
-
-// A present, non-null member, or nullptr. OpenAI SDKs send null for "not set".
-const ojson* member(const ojson& obj, const char* key) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
 
 std::optional<double> get_number(const ojson& obj, const char* key, double lo, double hi, bool lo_open = false) {
   const ojson* v = member(obj, key);

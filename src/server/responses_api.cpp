@@ -2,25 +2,10 @@
 #include "server/responses_api.h"
 
 #include "server/api_error.h"
+#include "server/json_fields.h"
 
 namespace lily::server {
 namespace {
-
-const ojson* member(const ojson& obj, const char* key) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::string str_field(const ojson& obj, const char* key, const std::string& param, bool required = true) {
-  const ojson* v = member(obj, key);
-  if (!v) {
-    if (required) throw invalid_value(param + "." + key, "'" + param + "." + key + "' is required");
-    return {};
-  }
-  if (!v->is_string()) throw invalid_value(param + "." + key, "'" + param + "." + key + "' must be a string");
-  return v->get<std::string>();
-}
 
 // A message item's content: a string or input_text / output_text / refusal parts → one string.
 std::string content_text(const ojson& content, const std::string& param) {
