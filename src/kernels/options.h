@@ -25,7 +25,7 @@ struct KernelOptions {
   int prefill_min = 0;
   // LILY_DEVICE_MASKS=1: structured output samples on the device, the host's token masks applied inside the
   // decode graph (runtime/device_sampler.cu); off: a request with a token filter samples on the host (the logits
-  // copied per token). Off until the masked decode graphs have run on a GPU (bench/RESULTS.md, 2026-12-04).
+  // copied per token). Off until the masked decode graphs have run on a GPU (bench/RESULTS.md).
   bool device_masks = false;
   // LILY_CUDA_SYNC=1: synchronise after every launch so a failing kernel is named at once (slow; debugging).
   bool debug_sync = false;

@@ -119,6 +119,17 @@ class ServerProcess {
   std::string log_, error_;
 };
 
+// A gauge or counter without labels from the server's /metrics, or -1.
+inline double metric(const ServerProcess& s, const std::string& name) {
+  auto r = s.client().get("/metrics");
+  if (!r) return -1;
+  std::istringstream in(r->body);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  return -1;
+}
+
 inline ojson post_json(const ServerProcess& s, const std::string& path, const ojson& body, int* status = nullptr,
                        lily::server::HttpHeaders headers = {}) {
   auto r = s.client().post(path, body.dump(), "application/json", headers);

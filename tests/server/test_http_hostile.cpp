@@ -33,16 +33,6 @@ class HttpHostile : public ::testing::Test {
 };
 ServerProcess* HttpHostile::srv_ = nullptr;
 
-double metric(const ServerProcess& s, const std::string& name) {
-  auto r = s.client().get("/metrics");
-  if (!r) return -1;
-  std::istringstream in(r->body);
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  return -1;
-}
-
 std::string get(const std::string& path, const std::string& extra = "") {
   return "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" + extra + "\r\n";
 }

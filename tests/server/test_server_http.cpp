@@ -66,16 +66,6 @@ std::string stream_text(const std::vector<ojson>& events) {
   return reasoning + "|" + content;
 }
 
-double metric(const ServerProcess& s, const std::string& name) {
-  auto r = s.client().get("/metrics");
-  if (!r) return -1;
-  std::istringstream in(r->body);
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  return -1;
-}
-
 }  // namespace
 
 TEST_F(ServerHttp, HealthModelsMetrics) {
