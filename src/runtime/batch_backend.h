@@ -1,0 +1,47 @@
+// The seam between the scheduler (runtime/scheduler.h) and a backend that runs many sequences at once. The
+// backend holds `max_seqs()` state slots (each: one sequence's recurrent state and KV entries); the scheduler
+// decides which sequence lives in which slot and calls step() with one entry per slot that advances: decode
+// tokens of running sequences and pieces of prompts, mixed in one forward pass so each weight is read once per
+// step. A slot's result must not depend on which other slots share its step (bit for bit on the CPU).
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "model/config.h"
+#include "runtime/backend.h"
+
+namespace lily {
+
+// One slot's part of a step: `tokens` consumed at positions position(slot) .. position(slot) + n - 1.
+struct BatchEntry {
+  int slot = 0;
+  std::span<const int32_t> tokens;      // [n >= 1]
+  float* logits = nullptr;              // [vocab] the last token's logits, or null (a prompt piece that is not last)
+};
+
+class BatchBackend {
+ public:
+  virtual ~BatchBackend() = default;
+  virtual const Config& config() const = 0;
+  virtual std::string name() const = 0;       // "cpu"
+  virtual int max_seqs() const = 0;           // state slots
+  virtual int max_context() const = 0;        // tokens one slot can hold
+  virtual int position(int slot) const = 0;   // tokens the slot has consumed
+  virtual void reset(int slot) = 0;           // empty sequence at position 0
+
+  // One forward pass over every entry (distinct slots, in any order). Token ids are validated before any
+  // state changes.
+  virtual void step(std::span<const BatchEntry> batch) = 0;
+
+  // The slot's recurrent state now (StateSnapshot::position = position(slot)), and its restoration: the slot
+  // keeps KV entries [0, s.position) and takes the snapshot's recurrent state (the tokens must be the same ones
+  // that produced the snapshot; s.position <= position(slot)).
+  virtual StateSnapshot save_state(int slot) const = 0;
+  virtual void restore_state(int slot, const StateSnapshot& s) = 0;
+  // dst's KV entries become src's first n_tokens (n_tokens <= position(src)); dst's position becomes n_tokens and
+  // its recurrent state is undefined until restore_state() (a snapshot at n_tokens) or reset(). src unchanged.
+  virtual void copy_prefix(int dst, int src, int n_tokens) = 0;
+};
+
+}  // namespace lily
