@@ -23,7 +23,7 @@
 #include "runtime/sampler.h"
 #include "runtime/token_filter.h"
 #include "server/metrics.h"
-#include "server/prefix_cache.h"
+#include "runtime/prefix_cache.h"
 
 namespace lily::server {
 

@@ -17,7 +17,7 @@
 #include "server/engine.h"
 #include "server/job_setup.h"
 #include "server/metrics.h"
-#include "server/prefix_cache.h"
+#include "runtime/prefix_cache.h"
 #include "server/request.h"
 #include "server/responses.h"
 #include "server/session.h"

@@ -1,10 +1,10 @@
 // Byte-capped LRU of recurrent-state snapshots keyed by token prefix (see prefix_cache.h).
-#include "server/prefix_cache.h"
+#include "runtime/prefix_cache.h"
 
 #include <algorithm>
 #include <cstring>
 
-namespace lily::server {
+namespace lily {
 
 uint64_t PrefixCache::hash_step(uint64_t h, int32_t token) {
   // FNV-1a over the token's 4 bytes, then a multiply-xorshift to spread the bits.
@@ -65,4 +65,4 @@ void PrefixCache::clear() {
   bytes_ = 0;
 }
 
-}  // namespace lily::server
+}  // namespace lily

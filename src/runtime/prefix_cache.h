@@ -13,7 +13,7 @@
 
 #include "runtime/backend.h"
 
-namespace lily::server {
+namespace lily {
 
 class PrefixCache {
  public:
@@ -47,4 +47,4 @@ class PrefixCache {
   std::list<Entry> entries_;  // front = most recently used
 };
 
-}  // namespace lily::server
+}  // namespace lily

@@ -1,0 +1,426 @@
+// Continuous batching over a BatchBackend (see scheduler.h).
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "util/check.h"
+
+namespace lily {
+
+struct Scheduler::Seq {
+  SeqSpec spec;
+  Sampler sampler;
+  std::vector<int32_t> ctx;             // the prompt, then the sampled ids
+  std::vector<int> cuts;                // checkpoint positions in (0, prompt), ascending
+  int n_prompt = 0;
+  int slot = -1;                        // the slot it runs in, or -1 (waiting)
+  int consumed = 0;                     // tokens of ctx its slot has consumed
+  uint64_t order = 0;                   // admission order: preemption takes the newest
+  bool admitted_once = false, prefilled = false;
+  bool done = false;                    // on_done ran
+  bool tail = false;                    // done, and turn_tail still to be fed in its slot
+  bool preempted = false;               // dropped in this step, to go back to the queue
+  SeqResult result;
+  Seq(SeqSpec s, int vocab) : spec(std::move(s)), sampler(spec.sampling.params, vocab) {}
+};
+
+namespace {
+
+int lcp(const std::vector<int32_t>& a, const std::vector<int32_t>& b, int limit) {
+  int n = std::min({static_cast<int>(a.size()), static_cast<int>(b.size()), limit});
+  int i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(BatchBackend& backend, SchedulerOptions options)
+    : be_(backend),
+      opt_(options),
+      vocab_(backend.config().vocab),
+      max_context_(backend.max_context()),
+      kv_pool_(options.kv_pages > 0 ? options.kv_pages
+                                    : backend.max_seqs() * PageTable::pages_for(backend.max_context(), options.kv_page_tokens)),
+      cache_(options.cache_bytes) {
+  LILY_CHECK(opt_.kv_page_tokens >= 1 && opt_.max_step_tokens >= 1 && opt_.prefill_chunk >= 1,
+             "scheduler: kv_page_tokens, max_step_tokens and prefill_chunk must be >= 1");
+  LILY_CHECK(be_.max_seqs() >= 1, "scheduler: the backend has no state slot");
+  slots_.reserve(static_cast<size_t>(be_.max_seqs()));
+  for (int i = 0; i < be_.max_seqs(); ++i) slots_.emplace_back(opt_.kv_page_tokens);
+  logits_.resize(static_cast<size_t>(be_.max_seqs()) * vocab_);
+  mask_.resize(static_cast<size_t>((vocab_ + 31) / 32));
+}
+
+Scheduler::~Scheduler() = default;
+
+void Scheduler::add(SeqSpec spec) {
+  const int n = static_cast<int>(spec.prompt.size());
+  LILY_CHECK(n >= 1, "scheduler: empty prompt");
+  LILY_CHECK(spec.max_tokens >= 1, "scheduler: max_tokens must be >= 1, got ", spec.max_tokens);
+  LILY_CHECK(n < max_context_, "scheduler: a prompt of ", n, " tokens does not fit the context of ", max_context_);
+  LILY_CHECK(PageTable::pages_for(n, opt_.kv_page_tokens) <= kv_pool_.capacity(), "scheduler: a prompt of ", n,
+             " tokens does not fit the KV pool of ", kv_pool_.capacity() * opt_.kv_page_tokens, " tokens");
+  for (int32_t t : spec.prompt)
+    LILY_CHECK(t >= 0 && t < vocab_, "scheduler: prompt token id ", t, " outside [0, ", vocab_, ")");
+  auto s = std::make_unique<Seq>(std::move(spec), vocab_);  // the Sampler validates the parameters
+  s->sampler.add_prompt(s->spec.prompt);
+  s->ctx = s->spec.prompt;
+  s->n_prompt = n;
+  std::vector<int> cuts = s->spec.checkpoints;
+  if (opt_.checkpoint_interval > 0)
+    for (int c = opt_.checkpoint_interval; c < n; c += opt_.checkpoint_interval) cuts.push_back(c);
+  std::sort(cuts.begin(), cuts.end());
+  for (int c : cuts)
+    if (c > 0 && c < n && (s->cuts.empty() || s->cuts.back() != c)) s->cuts.push_back(c);
+  waiting_.push_back(std::move(s));
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats st;
+  for (const auto& s : running_) st.running += s->done ? 0 : 1;
+  st.waiting = static_cast<int>(waiting_.size());
+  for (const Slot& sl : slots_) st.slots_used += sl.owner ? 1 : 0;
+  st.slots_total = static_cast<int>(slots_.size());
+  st.kv_pages_used = kv_pool_.in_use();
+  st.kv_pages_total = kv_pool_.capacity();
+  st.kv_page_tokens = opt_.kv_page_tokens;
+  st.preemptions = preemptions_;
+  st.cached_tokens = cached_tokens_;
+  st.steps = steps_;
+  st.cache_entries = cache_.count();
+  st.cache_bytes = cache_.bytes();
+  return st;
+}
+
+// Frees the pages of idle slots, least recently used first, until `pages_needed` are free; never `keep`.
+bool Scheduler::evict_idle(int pages_needed, const Slot* keep) {
+  while (kv_pool_.available() < pages_needed) {
+    Slot* lru = nullptr;
+    for (Slot& sl : slots_)
+      if (!sl.owner && &sl != keep && !sl.kv.pages().empty() && (!lru || sl.last_used < lru->last_used)) lru = &sl;
+    if (!lru) return false;
+    lru->kv.release(kv_pool_);
+    lru->tokens.clear();
+    be_.reset(static_cast<int>(lru - slots_.data()));
+  }
+  return true;
+}
+
+bool Scheduler::reserve(Slot& slot, int n_tokens) {
+  const int need = PageTable::pages_for(n_tokens, opt_.kv_page_tokens) - static_cast<int>(slot.kv.pages().size());
+  if (need > 0 && !evict_idle(need, &slot)) return false;
+  return slot.kv.reserve(kv_pool_, n_tokens);
+}
+
+// Finds a slot and the longest reusable prefix for `s`; false (nothing changed) when no slot or too few pages.
+bool Scheduler::admit(Seq& s) {
+  const int L = static_cast<int>(s.ctx.size());
+  const int limit = L - 1;  // at least one token is recomputed, for its logits
+  int dst = -1, src = -1, start = 0;
+  const StateSnapshot* snap = nullptr;
+  // A free slot to start from scratch: an empty one, else the least recently used idle one.
+  for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+    const Slot& sl = slots_[i];
+    if (sl.owner) continue;
+    if (dst < 0 || (sl.tokens.empty() && !slots_[dst].tokens.empty()) ||
+        (sl.tokens.empty() == slots_[dst].tokens.empty() && sl.last_used < slots_[dst].last_used))
+      dst = i;
+  }
+  if (dst < 0) return false;
+  if (opt_.prefix_cache) {
+    int best_lcp = 0;
+    std::vector<int> common(slots_.size());
+    for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+      const Slot& sl = slots_[i];
+      common[i] = lcp(sl.tokens, s.ctx, limit);
+      best_lcp = std::max(best_lcp, common[i]);
+      // An idle slot whose tokens all prefix the context continues from its live state.
+      if (!sl.owner && common[i] == static_cast<int>(sl.tokens.size()) && common[i] > start) {
+        dst = i;
+        start = common[i];
+      }
+    }
+    if (best_lcp > start)
+      if (const StateSnapshot* c = cache_.lookup(s.ctx, best_lcp); c && c->position > start) {
+        snap = c;
+        start = c->position;
+        src = -1;
+        for (int i = 0; i < static_cast<int>(slots_.size()); ++i)  // holder of the KV: an idle one is taken as is
+          if (common[i] >= start && (src < 0 || (!slots_[i].owner && slots_[src].owner))) src = i;
+        if (!slots_[src].owner) {
+          dst = src;
+          src = -1;
+        } else if (dst == src || slots_[dst].owner) {
+          dst = -1;  // a free slot other than the holder
+          for (int i = 0; i < static_cast<int>(slots_.size()); ++i)
+            if (!slots_[i].owner && (dst < 0 || slots_[i].last_used < slots_[dst].last_used)) dst = i;
+        }
+      }
+  }
+  Slot& d = slots_[dst];
+  // Pages: what the slot keeps of its own, plus the whole context; idle slots (not the source) can be evicted.
+  const int keep_pages = std::min(static_cast<int>(d.kv.pages().size()), PageTable::pages_for(start, opt_.kv_page_tokens));
+  const int need = PageTable::pages_for(L, opt_.kv_page_tokens) - keep_pages;
+  int evictable = kv_pool_.available() + static_cast<int>(d.kv.pages().size()) - keep_pages;
+  for (int i = 0; i < static_cast<int>(slots_.size()); ++i)
+    if (!slots_[i].owner && i != dst && i != src) evictable += static_cast<int>(slots_[i].kv.pages().size());
+  // One page of headroom per running sequence, so an admission does not force a preemption at the next step.
+  const int headroom = static_cast<int>(std::count_if(running_.begin(), running_.end(), [](const auto& r) { return !r->done; }));
+  if (evictable < need + headroom) return false;
+
+  if (src >= 0) {
+    be_.copy_prefix(dst, src, start);
+    be_.restore_state(dst, *snap);
+  } else if (snap) {
+    be_.restore_state(dst, *snap);
+  } else if (start == 0) {
+    be_.reset(dst);
+  }
+  d.tokens.assign(s.ctx.begin(), s.ctx.begin() + start);
+  d.kv.truncate(kv_pool_, start);
+  d.owner = &s;
+  if (!reserve(d, L)) {  // cannot happen after the count above; keep the slot consistent if it does
+    d.owner = nullptr;
+    return false;
+  }
+  d.last_used = ++clock_;
+  s.slot = dst;
+  s.consumed = start;
+  s.order = ++admissions_;
+  if (!s.admitted_once) {
+    s.admitted_once = true;
+    s.result.n_cached = start;
+    cached_tokens_ += start;
+    if (s.spec.on_admitted) s.spec.on_admitted(start);
+  }
+  return true;
+}
+
+// Takes the sequence out of its slot: the slot keeps its consumed tokens (KV and live state) for reuse, or is
+// emptied (its state is not usable, or its pages are needed).
+void Scheduler::release(Seq& s, bool keep_tokens) {
+  if (s.slot < 0) return;
+  Slot& sl = slots_[s.slot];
+  sl.owner = nullptr;
+  sl.last_used = ++clock_;
+  if (keep_tokens) {
+    sl.kv.truncate(kv_pool_, static_cast<int>(sl.tokens.size()));
+  } else {
+    sl.kv.release(kv_pool_);
+    sl.tokens.clear();
+    be_.reset(s.slot);
+  }
+  s.slot = -1;
+}
+
+void Scheduler::finish(Seq& s, FinishReason reason) {
+  if (s.done) return;
+  s.done = true;
+  s.result.finish = reason;
+  if (s.spec.on_done) s.spec.on_done(s.result);
+}
+
+void Scheduler::preempt(Seq& s) {
+  release(s, false);
+  s.consumed = 0;
+  s.preempted = true;
+  s.result.preemptions++;
+  preemptions_++;
+}
+
+void Scheduler::abort_all(FinishReason reason, const std::string& error) {
+  for (auto& s : running_) {
+    if (!s->done && reason == FinishReason::error) s->result.error = error;
+    finish(*s, reason);
+    release(*s, false);
+  }
+  running_.clear();
+  for (auto& s : waiting_) {
+    if (reason == FinishReason::error) s->result.error = error;
+    finish(*s, reason);
+  }
+  waiting_.clear();
+}
+
+// Samples the next id of `s` from its last position's logits, reports it and decides whether it goes on.
+void Scheduler::sample(Seq& s, const float* logits) {
+  TokenFilter* filter = s.spec.sampling.filter;
+  const bool masked = filter && filter->allowed(mask_);
+  SampledToken t;
+  try {
+    t = s.sampler.sample(logits, masked ? mask_.data() : nullptr);
+  } catch (const NanLogitsError& e) {
+    s.result.error = e.what();
+    s.result.nan_logits = true;
+    finish(s, FinishReason::error);
+    release(s, false);  // the state that produced them is not finite
+    return;
+  }
+  if (filter) filter->accept(t.token);
+  if (!s.spec.sampling.logprobs) t.logprob = std::numeric_limits<float>::quiet_NaN();
+  s.ctx.push_back(t.token);
+  const int index = s.result.n_generated++;
+  const bool stop = std::find(s.spec.stop_ids.begin(), s.spec.stop_ids.end(), t.token) != s.spec.stop_ids.end();
+  const FinishReason ended = s.spec.on_token ? s.spec.on_token(t, index, stop) : FinishReason::none;
+  if (stop || ended != FinishReason::none) {
+    s.result.stopped_by_id = stop;
+    finish(s, stop ? FinishReason::stop : ended);
+    const auto& tail = s.spec.turn_tail;
+    s.tail = stop && opt_.prefix_cache && !tail.empty() && tail.front() == t.token &&
+             s.consumed + static_cast<int>(tail.size()) < max_context_;
+  } else if (s.result.n_generated >= s.spec.max_tokens || static_cast<int>(s.ctx.size()) > max_context_) {
+    finish(s, FinishReason::length);  // no room to consume the new id
+  }
+  if (s.done && !s.tail) release(s, true);
+}
+
+int Scheduler::step() {
+  // Interruptions: running sequences keep their consumed tokens in the slot; waiting ones just end.
+  for (auto& s : running_)
+    if (!s->done && s->spec.interrupt)
+      if (const FinishReason r = s->spec.interrupt(); r != FinishReason::none) {
+        finish(*s, r);
+        release(*s, true);
+      }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    const FinishReason r = (*it)->spec.interrupt ? (*it)->spec.interrupt() : FinishReason::none;
+    if (r == FinishReason::none) {
+      ++it;
+      continue;
+    }
+    finish(**it, r);
+    it = waiting_.erase(it);
+  }
+  std::erase_if(running_, [](const auto& s) { return s->done && !s->tail; });
+
+  while (!waiting_.empty()) {
+    Seq& s = *waiting_.front();
+    if (PageTable::pages_for(static_cast<int>(s.ctx.size()), opt_.kv_page_tokens) > kv_pool_.capacity()) {
+      finish(s, FinishReason::length);  // its context outgrew the whole KV pool
+      waiting_.pop_front();
+      continue;
+    }
+    if (!admit(s)) break;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+
+  // The batch: turn tails, decode ids (always), then prompt pieces in admission order within the token budget.
+  struct Item {
+    Seq* seq;
+    int n;
+    bool logits;
+  };
+  std::vector<Item> items;
+  int budget = opt_.max_step_tokens;
+  for (auto& sp : running_) {
+    Seq& s = *sp;
+    if (!s.tail) continue;
+    const int n = static_cast<int>(s.spec.turn_tail.size());
+    if (reserve(slots_[s.slot], s.consumed + n)) items.push_back({&s, n, false});
+    else release(s, true), s.tail = false;
+  }
+  for (auto& sp : running_) {
+    Seq& s = *sp;
+    if (s.done || s.preempted || s.result.n_generated == 0 || static_cast<int>(s.ctx.size()) - s.consumed != 1) continue;
+    while (s.slot >= 0 && !reserve(slots_[s.slot], s.consumed + 1)) {
+      Seq* victim = nullptr;  // the newest running sequence that is not done
+      for (auto& o : running_)
+        if (!o->done && !o->preempted && o->slot >= 0 && (!victim || o->order > victim->order)) victim = o.get();
+      if (victim == &s && std::count_if(running_.begin(), running_.end(),
+                                        [](const auto& o) { return !o->done && !o->preempted && o->slot >= 0; }) == 1) {
+        finish(s, FinishReason::length);  // alone and still no room: the KV pool is the limit
+        release(s, true);
+        break;
+      }
+      preempt(*victim);
+    }
+    if (s.slot < 0 || s.done) continue;
+    items.push_back({&s, 1, true});
+    budget -= 1;
+  }
+  for (auto& sp : running_) {
+    Seq& s = *sp;
+    if (s.done || s.preempted || s.slot < 0) continue;
+    const int left = static_cast<int>(s.ctx.size()) - s.consumed;
+    if (s.result.n_generated > 0 && left == 1) continue;  // decoding: above
+    if (budget <= 0) break;
+    int end = s.consumed + std::min({left, opt_.prefill_chunk, budget});
+    for (int c : s.cuts)
+      if (c > s.consumed && c < end) {
+        end = c;
+        break;
+      }
+    items.push_back({&s, end - s.consumed, end == static_cast<int>(s.ctx.size())});
+    budget -= end - s.consumed;
+  }
+  // Preempted sequences go back to the head of the queue, oldest first.
+  std::vector<Seq*> back;
+  for (auto& s : running_)
+    if (s->preempted) back.push_back(s.get());
+  std::sort(back.begin(), back.end(), [](const Seq* a, const Seq* b) { return a->order > b->order; });
+  for (Seq* p : back) {
+    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == p; });
+    p->preempted = false;
+    waiting_.push_front(std::move(*it));
+    running_.erase(it);
+  }
+  if (items.empty()) {
+    std::erase_if(running_, [](const auto& s) { return s->done && !s->tail; });
+    return 0;
+  }
+
+  std::vector<BatchEntry> batch;
+  batch.reserve(items.size());
+  int n_tokens = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Seq& s = *items[i].seq;
+    const int32_t* from = s.tail ? s.spec.turn_tail.data() : s.ctx.data() + s.consumed;
+    batch.push_back({s.slot, std::span<const int32_t>(from, static_cast<size_t>(items[i].n)),
+                     items[i].logits ? logits_.data() + i * static_cast<size_t>(vocab_) : nullptr});
+    n_tokens += items[i].n;
+  }
+  try {
+    be_.step(batch);
+  } catch (const std::exception& e) {
+    for (const Item& it : items) {  // their slots' states are unknown
+      it.seq->result.error = e.what();
+      finish(*it.seq, FinishReason::error);
+      it.seq->tail = false;
+      release(*it.seq, false);
+    }
+    std::erase_if(running_, [](const auto& s) { return s->done && !s->tail; });
+    return static_cast<int>(items.size());
+  }
+  ++steps_;
+  if (on_step) on_step(static_cast<int>(items.size()), n_tokens);
+
+  for (size_t i = 0; i < items.size(); ++i) {
+    Seq& s = *items[i].seq;
+    Slot& sl = slots_[s.slot];
+    const int32_t* fed = batch[i].tokens.data();
+    sl.tokens.insert(sl.tokens.end(), fed, fed + items[i].n);
+    sl.last_used = ++clock_;
+    if (s.tail) {  // the next turn starts here: remember it
+      cache_.insert(sl.tokens, be_.save_state(s.slot));
+      s.tail = false;
+      release(s, true);
+      continue;
+    }
+    s.consumed += items[i].n;
+    if (opt_.prefix_cache && std::binary_search(s.cuts.begin(), s.cuts.end(), s.consumed))
+      cache_.insert(std::span(s.ctx.data(), static_cast<size_t>(s.consumed)), be_.save_state(s.slot));
+    if (!items[i].logits) continue;
+    if (!s.prefilled) {
+      s.prefilled = true;
+      if (s.spec.on_prefilled) s.spec.on_prefilled();
+    }
+    sample(s, batch[i].logits);
+  }
+  std::erase_if(running_, [](const auto& s) { return s->done && !s->tail; });
+  return static_cast<int>(items.size());
+}
+
+}  // namespace lily
