@@ -1,13 +1,17 @@
-// CpuForward: the fp32 reference forward pass (docs/model.md §2), one function per block.
+// CpuBatchForward: the fp32 reference forward pass (docs/model.md §2), one function per block, over the
+// tokens of many sequences at once.
 // note: every matrix product goes through matmul_rows, whose per-row results do not depend on how many
-// tokens are processed together, and every other step is per token in a fixed order, so chunked prefill
-// and token-by-token decode give bit-identical logits.
+// rows are processed together; MoE sums each token's experts in ascending expert index; everything else
+// (norms, conv, delta rule, attention) runs per token over that token's own sequence in a fixed order. So a
+// sequence's logits are bit-identical whether it runs alone or batched, prefilled in one piece or token by
+// token.
 #include "model/forward_cpu.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <unordered_set>
 
 #include "model/blocks_cpu.h"
 #include "model/matmul_cpu.h"
@@ -70,19 +74,40 @@ void add_into(float* x, const float* y, int64_t n) {
 
 }  // namespace
 
-CpuForward::CpuForward(const Model& model, int max_context, ThreadPool* pool)
+// One group's rows in one pass: rows [row0, row0 + n) of the activations, positions pos0 .. pos0 + n - 1.
+struct CpuBatchForward::Segment {
+  CpuSequenceState* st = nullptr;
+  const int32_t* tokens = nullptr;  // [n]
+  int n = 0;
+  int row0 = 0;
+  int pos0 = 0;
+  float* logits = nullptr;          // [n][vocab] (all) or [vocab] (the last row's), or null
+  bool all_logits = false;
+};
+
+struct CpuBatchForward::Pass {
+  std::vector<Segment> segs;
+  std::vector<int> seg_of_row;      // [rows]
+  int rows = 0;
+};
+
+CpuBatchForward::CpuBatchForward(const Model& model, ThreadPool* pool)
     : model_(model), cfg_(model.config), own_pool_(pool) {
   check_weights(model);
-  max_context_ = max_context > 0 ? max_context : cfg_.max_position_embeddings;
-  if (max_context_ <= 0) max_context_ = 1 << 18;
-  state_.resize(cfg_.n_layers);
-  reset();
 }
 
-void CpuForward::reset() {
-  pos_ = 0;
+CpuSequenceState CpuBatchForward::new_state() const {
+  CpuSequenceState s;
+  s.layers.resize(cfg_.n_layers);
+  reset(s);
+  return s;
+}
+
+void CpuBatchForward::reset(CpuSequenceState& s) const {
+  s.position = 0;
+  s.layers.resize(cfg_.n_layers);
   for (int i = 0; i < cfg_.n_layers; ++i) {
-    LayerState& st = state_[i];
+    CpuLayerState& st = s.layers[i];
     st.k.clear();
     st.v.clear();
     if (!cfg_.is_attention(i)) {
@@ -92,66 +117,114 @@ void CpuForward::reset() {
   }
 }
 
-void CpuForward::forward(std::span<const int32_t> tokens, float* logits, bool all_logits) {
-  const int64_t n_total = static_cast<int64_t>(tokens.size());
-  if (n_total == 0) return;
-  LILY_CHECK(pos_ + n_total <= max_context_, "cpu backend: ", pos_, " + ", n_total,
-             " tokens exceed the context limit of ", max_context_);
+void CpuBatchForward::forward(std::span<const CpuGroup> groups) {
+  std::unordered_set<const CpuSequenceState*> seen;
+  for (size_t g = 0; g < groups.size(); ++g) {  // validate before any state changes
+    const CpuGroup& gr = groups[g];
+    if (gr.tokens.empty()) continue;
+    LILY_CHECK(gr.state && static_cast<int>(gr.state->layers.size()) == cfg_.n_layers, "cpu forward: group ", g,
+               " has no sequence state");
+    LILY_CHECK(seen.insert(gr.state).second, "cpu forward: group ", g, " repeats the state of an earlier group");
+    for (int32_t t : gr.tokens)
+      LILY_CHECK(t >= 0 && t < cfg_.vocab, "token id ", t, " outside [0, ", cfg_.vocab, ")");
+  }
   pool_ = own_pool_ ? own_pool_ : &ThreadPool::global();
-  for (int32_t t : tokens)  // validate before any state changes
-    LILY_CHECK(t >= 0 && t < cfg_.vocab, "token id ", t, " outside [0, ", cfg_.vocab, ")");
-  for (int64_t off = 0; off < n_total; off += kPromptChunk) {
-    const int n = static_cast<int>(std::min<int64_t>(kPromptChunk, n_total - off));
-    const bool last = off + n == n_total;
-    float* out = nullptr;
-    if (logits && all_logits) out = logits + off * cfg_.vocab;
-    else if (logits && last) out = logits;
-    forward_chunk(tokens.data() + off, n, out, all_logits);
+  const int64_t V = cfg_.vocab;
+  std::vector<int> done(groups.size(), 0);  // tokens of each group consumed so far
+  Pass p;
+  for (;;) {
+    p.segs.clear();
+    p.seg_of_row.clear();
+    p.rows = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const CpuGroup& gr = groups[g];
+      const int left = static_cast<int>(gr.tokens.size()) - done[g];
+      if (left == 0) continue;
+      const int n = std::min({left, kPromptChunk, std::max(1, kPassRows - p.rows)});
+      Segment s;
+      s.st = gr.state;
+      s.tokens = gr.tokens.data() + done[g];
+      s.n = n;
+      s.row0 = p.rows;
+      s.pos0 = gr.state->position;
+      s.all_logits = gr.all_logits;
+      if (gr.logits && gr.all_logits) s.logits = gr.logits + done[g] * V;
+      else if (gr.logits && n == left) s.logits = gr.logits;
+      p.seg_of_row.insert(p.seg_of_row.end(), n, static_cast<int>(p.segs.size()));
+      p.segs.push_back(s);
+      p.rows += n;
+      done[g] += n;
+    }
+    if (p.segs.empty()) break;
+    run_pass(p);
   }
 }
 
 // h = embed; per layer: norm -> mixer -> residual -> norm -> MoE -> residual; final norm -> lm_head.
-void CpuForward::forward_chunk(const int32_t* tokens, int n, float* logits, bool all_logits) {
+void CpuBatchForward::run_pass(const Pass& p) {
   const int64_t H = cfg_.hidden;
+  const int n = p.rows;
   std::vector<float> x(n * H), r(n * H), mix(n * H);  // [n][H] residual stream, normed input, block output
-  embed(tokens, n, x.data());
+  embed(p, x.data());
   for (int i = 0; i < cfg_.n_layers; ++i) {
     const LayerWeights& lw = model_.weights.layers[i];
     norm_rows(x.data(), lw.input_layernorm, n, r.data());
-    if (cfg_.is_attention(i)) attention(i, r.data(), n, mix.data());
-    else gdn(i, r.data(), n, mix.data());
+    if (cfg_.is_attention(i)) attention(i, r.data(), p, mix.data());
+    else gdn(i, r.data(), p, mix.data());
     add_into(x.data(), mix.data(), n * H);
     norm_rows(x.data(), lw.post_attention_layernorm, n, r.data());
     moe(i, r.data(), n, mix.data());
     add_into(x.data(), mix.data(), n * H);
   }
-  pos_ += n;
-  if (!logits) return;
-  if (all_logits) head(x.data(), n, logits);
-  else head(x.data() + (n - 1) * H, 1, logits);
+  for (const Segment& s : p.segs) s.st->position += s.n;
+  head(x.data(), p);
 }
 
-void CpuForward::embed(const int32_t* tokens, int n, float* x) {
-  for (int t = 0; t < n; ++t)
-    gather_row(model_.weights.embed_tokens, tokens[t], x + static_cast<int64_t>(t) * cfg_.hidden);
+void CpuBatchForward::embed(const Pass& p, float* x) {
+  for (const Segment& s : p.segs)
+    for (int t = 0; t < s.n; ++t)
+      gather_row(model_.weights.embed_tokens, s.tokens[t], x + static_cast<int64_t>(s.row0 + t) * cfg_.hidden);
 }
 
-void CpuForward::norm_rows(const float* x, const std::vector<float>& w, int n, float* y) {
+void CpuBatchForward::norm_rows(const float* x, const std::vector<float>& w, int n, float* y) {
   const int64_t H = cfg_.hidden;
   for (int t = 0; t < n; ++t) rms_norm(x + t * H, w.data(), H, cfg_.eps, y + t * H);
 }
 
-void CpuForward::head(const float* x, int n, float* logits) {
-  const int64_t H = cfg_.hidden;
-  std::vector<float> xn(n * H);
-  norm_rows(x, model_.weights.norm, n, xn.data());
-  matmul_rows(model_.weights.lm_head, xn.data(), n, H, logits, cfg_.vocab, *pool_);
+// The rows that want logits go through lm_head together; one segment's rows are written in place, several
+// segments' through a staging buffer.
+void CpuBatchForward::head(const float* x, const Pass& p) {
+  const int64_t H = cfg_.hidden, V = cfg_.vocab;
+  std::vector<const Segment*> outs;
+  int64_t rows = 0;
+  for (const Segment& s : p.segs)
+    if (s.logits) outs.push_back(&s), rows += s.all_logits ? s.n : 1;
+  if (outs.empty()) return;
+  std::vector<float> xn(rows * H);  // [rows][H] normed final hidden states of the rows that want logits
+  int64_t r = 0;
+  for (const Segment* s : outs) {
+    const int first = s->all_logits ? 0 : s->n - 1;
+    norm_rows(x + (s->row0 + first) * H, model_.weights.norm, s->n - first, xn.data() + r * H);
+    r += s->n - first;
+  }
+  if (outs.size() == 1) {
+    matmul_rows(model_.weights.lm_head, xn.data(), rows, H, outs[0]->logits, V, *pool_);
+    return;
+  }
+  std::vector<float> logits(rows * V);  // [rows][V]
+  matmul_rows(model_.weights.lm_head, xn.data(), rows, H, logits.data(), V, *pool_);
+  r = 0;
+  for (const Segment* s : outs) {
+    const int64_t m = s->all_logits ? s->n : 1;
+    std::copy(logits.begin() + r * V, logits.begin() + (r + m) * V, s->logits);
+    r += m;
+  }
 }
 
 // Gated DeltaNet (§2.2): projections, causal depthwise conv + SiLU, per-head delta rule, gated norm, out_proj.
-void CpuForward::gdn(int layer, const float* x, int n, float* out) {
+void CpuBatchForward::gdn(int layer, const float* x, const Pass& p, float* out) {
   const GdnWeights& w = model_.weights.layers[layer].gdn;
-  LayerState& st = state_[layer];
+  const int n = p.rows;
   const int64_t H = cfg_.hidden, C = cfg_.conv_dim(), kd = cfg_.key_dim(), vd = cfg_.value_dim();
   const int Kc = cfg_.conv_kernel, Hv = cfg_.lin_v_heads, Dk = cfg_.lin_k_dim, Dv = cfg_.lin_v_dim;
   const int v_per_k = cfg_.lin_v_heads / cfg_.lin_k_heads;
@@ -162,35 +235,47 @@ void CpuForward::gdn(int layer, const float* x, int n, float* out) {
   matmul_rows(w.in_proj_b, x, n, H, b.data(), Hv, *pool_);
   matmul_rows(w.in_proj_a, x, n, H, a.data(), Hv, *pool_);
 
-  // Causal conv: tap j multiplies the input Kc-1-j steps back; inputs before this chunk come from the state.
+  // Causal conv per segment: tap j multiplies the input Kc-1-j steps back; inputs before the segment come from
+  // its sequence's conv state.
   pool_->parallel_for(
       0, C,
       [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c)
-          for (int t = 0; t < n; ++t) {
-            float acc = 0;
-            for (int j = 0; j < Kc; ++j) {
-              const int src = t - (Kc - 1) + j;
-              const float in = src >= 0 ? qkv[src * C + c] : st.conv[(Kc - 1 + src) * C + c];
-              acc += w.conv1d[c * Kc + j] * in;
+        for (const Segment& s : p.segs) {
+          const float* conv = s.st->layers[layer].conv.data();
+          for (int64_t c = c0; c < c1; ++c)
+            for (int t = 0; t < s.n; ++t) {
+              float acc = 0;
+              for (int j = 0; j < Kc; ++j) {
+                const int src = t - (Kc - 1) + j;
+                const float in = src >= 0 ? qkv[(s.row0 + src) * C + c] : conv[(Kc - 1 + src) * C + c];
+                acc += w.conv1d[c * Kc + j] * in;
+              }
+              u[(s.row0 + t) * C + c] = silu(acc);
             }
-            u[t * C + c] = silu(acc);
-          }
+        }
       },
       256);
-  // New conv state: the last Kc-1 raw rows of [old state; this chunk's qkv].
-  std::vector<float> window((Kc - 1 + n) * C);
-  std::copy(st.conv.begin(), st.conv.end(), window.begin());
-  std::copy(qkv.begin(), qkv.end(), window.begin() + (Kc - 1) * C);
-  std::copy(window.end() - (Kc - 1) * C, window.end(), st.conv.begin());
+  // New conv state: the last Kc-1 raw rows of [old state; the segment's qkv].
+  std::vector<float> window;
+  for (const Segment& s : p.segs) {
+    std::vector<float>& conv = s.st->layers[layer].conv;
+    window.resize((Kc - 1 + s.n) * C);
+    std::copy(conv.begin(), conv.end(), window.begin());
+    std::copy(qkv.begin() + s.row0 * C, qkv.begin() + (s.row0 + s.n) * C, window.begin() + (Kc - 1) * C);
+    std::copy(window.end() - (Kc - 1) * C, window.end(), conv.begin());
+  }
 
+  // The delta rule per (segment, value head), each over its tokens in order.
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(Dk));
-  pool_->parallel_for(0, Hv, [&](int64_t h0, int64_t h1) {
+  const int64_t n_segs = static_cast<int64_t>(p.segs.size());
+  pool_->parallel_for(0, n_segs * Hv, [&](int64_t i0, int64_t i1) {
     std::vector<float> qn(Dk), kn(Dk), o(Dv);
-    for (int64_t h = h0; h < h1; ++h) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Segment& s = p.segs[i / Hv];
+      const int64_t h = i % Hv;
       const int64_t kh = h / v_per_k;  // value head h reads key head h / (Hv/Hk)
-      float* S = st.S.data() + h * Dk * Dv;
-      for (int t = 0; t < n; ++t) {
+      float* S = s.st->layers[layer].S.data() + h * Dk * Dv;
+      for (int64_t t = s.row0; t < s.row0 + s.n; ++t) {
         const float* ut = u.data() + t * C;
         std::copy(ut + kh * Dk, ut + (kh + 1) * Dk, qn.begin());
         std::copy(ut + kd + kh * Dk, ut + kd + (kh + 1) * Dk, kn.begin());
@@ -208,10 +293,10 @@ void CpuForward::gdn(int layer, const float* x, int n, float* out) {
 }
 
 // Gated full attention (§2.3): per-head [query | gate] split, q/k norms, partial RoPE, causal softmax over
-// the KV cache, sigmoid output gate, o_proj.
-void CpuForward::attention(int layer, const float* x, int n, float* out) {
+// each sequence's KV cache, sigmoid output gate, o_proj.
+void CpuBatchForward::attention(int layer, const float* x, const Pass& p, float* out) {
   const AttnWeights& w = model_.weights.layers[layer].attn;
-  LayerState& st = state_[layer];
+  const int n = p.rows;
   const int64_t H = cfg_.hidden, Hq = cfg_.n_heads, d = cfg_.head_dim;
   const int64_t kvw = cfg_.n_kv_heads * d, group = cfg_.n_heads / cfg_.n_kv_heads;
   std::vector<float> qg(n * Hq * 2 * d), k(n * kvw), v(n * kvw);  // projections
@@ -220,41 +305,47 @@ void CpuForward::attention(int layer, const float* x, int n, float* out) {
   matmul_rows(w.k_proj, x, n, H, k.data(), kvw, *pool_);
   matmul_rows(w.v_proj, x, n, H, v.data(), kvw, *pool_);
 
-  st.k.resize((pos_ + n) * kvw);
-  st.v.resize((pos_ + n) * kvw);
-  for (int t = 0; t < n; ++t) {
-    const int64_t pos = pos_ + t;
-    for (int64_t h = 0; h < Hq; ++h) {
-      float* qh = q.data() + (t * Hq + h) * d;
-      rms_norm(qg.data() + (t * Hq + h) * 2 * d, w.q_norm.data(), d, cfg_.eps, qh);
-      rope_neox(qh, cfg_.rope_dim, pos, cfg_.rope_theta);
+  int64_t max_ctx = 0;
+  for (const Segment& s : p.segs) {
+    CpuLayerState& st = s.st->layers[layer];
+    st.k.resize((s.pos0 + s.n) * kvw);
+    st.v.resize((s.pos0 + s.n) * kvw);
+    max_ctx = std::max<int64_t>(max_ctx, s.pos0 + s.n);
+    for (int64_t t = s.row0; t < s.row0 + s.n; ++t) {
+      const int64_t pos = s.pos0 + (t - s.row0);
+      for (int64_t h = 0; h < Hq; ++h) {
+        float* qh = q.data() + (t * Hq + h) * d;
+        rms_norm(qg.data() + (t * Hq + h) * 2 * d, w.q_norm.data(), d, cfg_.eps, qh);
+        rope_neox(qh, cfg_.rope_dim, pos, cfg_.rope_theta);
+      }
+      for (int64_t g = 0; g < cfg_.n_kv_heads; ++g) {
+        float* kc = st.k.data() + pos * kvw + g * d;
+        rms_norm(k.data() + t * kvw + g * d, w.k_norm.data(), d, cfg_.eps, kc);
+        rope_neox(kc, cfg_.rope_dim, pos, cfg_.rope_theta);
+      }
+      std::copy(v.begin() + t * kvw, v.begin() + (t + 1) * kvw, st.v.begin() + pos * kvw);
     }
-    for (int64_t g = 0; g < cfg_.n_kv_heads; ++g) {
-      float* kc = st.k.data() + pos * kvw + g * d;
-      rms_norm(k.data() + t * kvw + g * d, w.k_norm.data(), d, cfg_.eps, kc);
-      rope_neox(kc, cfg_.rope_dim, pos, cfg_.rope_theta);
-    }
-    std::copy(v.begin() + t * kvw, v.begin() + (t + 1) * kvw, st.v.begin() + pos * kvw);
   }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   pool_->parallel_for(0, n * Hq, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores(pos_ + n);
+    std::vector<float> scores(max_ctx);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / Hq, h = i % Hq, g = h / group;
+      const Segment& s = p.segs[p.seg_of_row[t]];
+      const CpuLayerState& st = s.st->layers[layer];
       float* o = att.data() + i * d;
-      attend_head(q.data() + i * d, st.k.data() + g * d, st.v.data() + g * d, pos_ + t + 1, kvw, static_cast<int>(d),
-                  scale, scores.data(), o);
+      attend_head(q.data() + i * d, st.k.data() + g * d, st.v.data() + g * d, s.pos0 + (t - s.row0) + 1, kvw,
+                  static_cast<int>(d), scale, scores.data(), o);
       const float* gate = qg.data() + (t * Hq + h) * 2 * d + d;
       for (int64_t j = 0; j < d; ++j) o[j] *= sigmoid_f32(gate[j]);
     }
   });
   matmul_rows(w.o_proj, att.data(), n, Hq * d, out, H, *pool_);
 }
-
 // Sparse MoE (§2.4): softmax router over all experts, top-k renormalised, SwiGLU experts (tokens grouped by
-// expert so each expert's weights are read once per chunk), plus the sigmoid-gated shared expert.
-void CpuForward::moe(int layer, const float* x, int n, float* out) {
+// expert so each expert's weights are read once per pass), plus the sigmoid-gated shared expert.
+void CpuBatchForward::moe(int layer, const float* x, int n, float* out) {
   const MoeWeights& w = model_.weights.layers[layer].moe;
   const int64_t H = cfg_.hidden, E = cfg_.n_experts, K = cfg_.top_k, F = cfg_.moe_ffn, Fs = cfg_.shared_ffn;
   std::vector<float> router(n * E);            // [n][E]
@@ -302,11 +393,11 @@ void CpuForward::moe(int layer, const float* x, int n, float* out) {
 }
 
 // Snapshot layout: for each GDN layer in order, conv [Kc-1][conv_dim] then S [Hv][Dk][Dv], all fp32.
-std::vector<uint8_t> CpuForward::save_state() const {
+std::vector<uint8_t> CpuBatchForward::save_state(const CpuSequenceState& s) const {
   std::vector<uint8_t> bytes;
   for (int i = 0; i < cfg_.n_layers; ++i) {
     if (cfg_.is_attention(i)) continue;
-    for (const auto* vec : {&state_[i].conv, &state_[i].S}) {
+    for (const auto* vec : {&s.layers[i].conv, &s.layers[i].S}) {
       const auto* p = reinterpret_cast<const uint8_t*>(vec->data());
       bytes.insert(bytes.end(), p, p + vec->size() * sizeof(float));
     }
@@ -314,18 +405,18 @@ std::vector<uint8_t> CpuForward::save_state() const {
   return bytes;
 }
 
-void CpuForward::restore_state(int position, std::span<const uint8_t> bytes) {
+void CpuBatchForward::restore_state(CpuSequenceState& s, int position, std::span<const uint8_t> bytes) const {
   size_t expected = 0;
   for (int i = 0; i < cfg_.n_layers; ++i)
-    if (!cfg_.is_attention(i)) expected += (state_[i].conv.size() + state_[i].S.size()) * sizeof(float);
+    if (!cfg_.is_attention(i)) expected += (s.layers[i].conv.size() + s.layers[i].S.size()) * sizeof(float);
   LILY_CHECK(bytes.size() == expected, "cpu backend: state snapshot has ", bytes.size(), " bytes, expected ",
              expected);
-  LILY_CHECK(position >= 0 && position <= pos_, "cpu backend: snapshot position ", position,
-             " is beyond the cached ", pos_, " tokens");
+  LILY_CHECK(position >= 0 && position <= s.position, "cpu backend: snapshot position ", position,
+             " is beyond the cached ", s.position, " tokens");
   const int64_t kvw = static_cast<int64_t>(cfg_.n_kv_heads) * cfg_.head_dim;
   size_t off = 0;
   for (int i = 0; i < cfg_.n_layers; ++i) {
-    LayerState& st = state_[i];
+    CpuLayerState& st = s.layers[i];
     if (cfg_.is_attention(i)) {
       st.k.resize(position * kvw);
       st.v.resize(position * kvw);
@@ -336,7 +427,42 @@ void CpuForward::restore_state(int position, std::span<const uint8_t> bytes) {
       off += vec->size() * sizeof(float);
     }
   }
-  pos_ = position;
+  s.position = position;
+}
+
+void CpuBatchForward::copy_prefix(CpuSequenceState& dst, const CpuSequenceState& src, int n) const {
+  LILY_CHECK(n >= 0 && n <= src.position, "cpu backend: prefix of ", n, " tokens, the source holds ",
+             src.position);
+  const int64_t kvw = static_cast<int64_t>(cfg_.n_kv_heads) * cfg_.head_dim;
+  if (dst.layers.size() != src.layers.size()) dst = new_state();
+  for (int i = 0; i < cfg_.n_layers; ++i) {
+    if (!cfg_.is_attention(i)) continue;
+    CpuLayerState& d = dst.layers[i];
+    const CpuLayerState& s = src.layers[i];
+    if (&d == &s) {  // the same sequence: a truncation
+      d.k.resize(n * kvw);
+      d.v.resize(n * kvw);
+      continue;
+    }
+    d.k.assign(s.k.begin(), s.k.begin() + n * kvw);
+    d.v.assign(s.v.begin(), s.v.begin() + n * kvw);
+  }
+  dst.position = n;
+}
+
+CpuForward::CpuForward(const Model& model, int max_context, ThreadPool* pool)
+    : f_(model, pool), state_(f_.new_state()) {
+  max_context_ = max_context > 0 ? max_context : f_.config().max_position_embeddings;
+  if (max_context_ <= 0) max_context_ = 1 << 18;
+}
+
+void CpuForward::forward(std::span<const int32_t> tokens, float* logits, bool all_logits) {
+  const int64_t n_total = static_cast<int64_t>(tokens.size());
+  if (n_total == 0) return;
+  LILY_CHECK(state_.position + n_total <= max_context_, "cpu backend: ", state_.position, " + ", n_total,
+             " tokens exceed the context limit of ", max_context_);
+  const CpuGroup g{&state_, tokens, logits, all_logits};
+  f_.forward(std::span<const CpuGroup>(&g, 1));
 }
 
 }  // namespace lily
