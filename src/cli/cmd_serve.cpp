@@ -50,6 +50,8 @@ void banner(const server::ServedModel& m, const server::ServerOptions& o, int po
   std::fprintf(stderr, "    backend  %s, context %d tokens, %.1f M parameters, %.1f MiB of weights\n",
                m.backend->name().c_str(), m.backend->max_context(), double(m.n_params) / 1e6,
                double(m.size_bytes) / (1 << 20));
+  std::fprintf(stderr, "    batch    %d sequences at once, KV budget %s\n", m.batch ? m.batch->max_seqs() : 1,
+               o.kv_tokens > 0 ? (std::to_string(o.kv_tokens) + " tokens").c_str() : "every sequence its full context");
   std::fprintf(stderr, "    queue    %d waiting requests, prefix cache %s\n", o.queue,
                o.prefix_cache ? (std::to_string(o.cache_bytes >> 20) + " MiB").c_str() : "off");
   std::fprintf(stderr, "    url      %s/v1   (OpenAI base_url)%s\n", url.c_str(),
@@ -126,7 +128,7 @@ int run_serve(ServeArgs a) {
       load.check_tensors = a.check_tensors;
       m = server::load_served_model(
           d, a.ctx, alias, [device](const Model& model, int ctx) { return make_device_backend(model, device, ctx); },
-          load);
+          load, a.opt.max_seqs);
       m->demo = a.demo;
     } catch (const std::exception& e) {
       err = e.what();
@@ -177,6 +179,13 @@ CommandRegistrar reg({"serve", "Serve the model over an OpenAI-compatible HTTP A
                         sub.add_option("--cors", a->opt.cors_origin, "Allowed CORS origin (e.g. '*')");
                         sub.add_option("--queue", a->opt.queue, "Waiting requests before 429")->capture_default_str()
                             ->check(CLI::Range(0, 4096));
+                        sub.add_option("--max-seqs", a->opt.max_seqs,
+                                       "Sequences generated at once (continuous batching; the CUDA backend: 1 for now)")
+                            ->capture_default_str()->check(CLI::Range(1, 1024));
+                        sub.add_option("--kv-tokens", a->opt.kv_tokens,
+                                       "KV-cache budget in tokens shared by all sequences (0: every sequence its full "
+                                       "context); a sequence that needs more waits, or is preempted and recomputed")
+                            ->capture_default_str()->check(CLI::Range(0, 1 << 30));
                         sub.add_option("--timeout", a->opt.timeout_s, "Per-request time limit in seconds (0: none)")
                             ->capture_default_str()->check(CLI::Range(0.0, 1e7));
                         sub.add_option("--drain", a->opt.drain_s, "Seconds to finish in-flight work on SIGTERM")

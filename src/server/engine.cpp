@@ -21,8 +21,8 @@ double ms_since(Clock::time_point t) {
 }  // namespace
 
 Engine::Engine(Backend& backend, Metrics& metrics, EngineOptions options)
-    : backend_(backend), metrics_(metrics), opt_(options), cache_(options.cache_bytes) {
-  max_context_ = backend_.max_context();
+    : backend_(&backend), metrics_(metrics), opt_(options), cache_(options.cache_bytes) {
+  max_context_ = backend_->max_context();
   start_over();
   thread_ = std::thread([this] { loop(); });
 }
@@ -38,17 +38,19 @@ void Engine::submit(std::shared_ptr<GenJob> job) {
   }
   // queue_size requests may wait behind the running one; while no request runs, the first in the queue is about
   // to start (the engine thread has not yet taken it), so it does not count as waiting
-  const int room = opt_.queue_size + (running_ ? 0 : 1);
-  if (static_cast<int>(queue_.size()) >= room) {
+  const int running = batch_ ? sched_running_ : running_ ? 1 : 0;
+  const int waiting = static_cast<int>(queue_.size()) + sched_waiting_;
+  const int room = opt_.queue_size + std::max(0, max_seqs_ - running);
+  if (waiting >= room) {
     metrics_.request_rejected("queue_full");
     ApiError e(429, "rate_limit_error", "queue_full", "",
                "the server is busy: " + std::to_string(queue_.size()) + " requests are waiting; retry later");
-    double wait = avg_job_s_ * double(queue_.size() + 1);
+    double wait = avg_job_s_ * double(waiting + 1) / max_seqs_;
     e.retry_after = std::max(1, static_cast<int>(std::ceil(wait)));
     throw e;
   }
   queue_.push_back(std::move(job));
-  metrics_.set_queue(static_cast<int>(queue_.size()), running_ ? 1 : 0);
+  update_gauges();
   cv_.notify_all();
 }
 
@@ -61,7 +63,7 @@ void Engine::cancel(const std::shared_ptr<GenJob>& job) {
     if (it != queue_.end()) {
       removed = *it;
       queue_.erase(it);
-      metrics_.set_queue(static_cast<int>(queue_.size()), running_ ? 1 : 0);
+      update_gauges();
     }
   }
   if (removed) finish(*removed, FinishReason::cancelled);
@@ -69,7 +71,8 @@ void Engine::cancel(const std::shared_ptr<GenJob>& job) {
 
 int Engine::estimated_wait_s() const {
   std::lock_guard l(mu_);
-  return std::max(1, static_cast<int>(std::ceil(avg_job_s_ * double(queue_.size() + 1))));
+  const double waiting = double(queue_.size() + static_cast<size_t>(sched_waiting_) + 1);
+  return std::max(1, static_cast<int>(std::ceil(avg_job_s_ * waiting / max_seqs_)));
 }
 
 void Engine::shutdown(Clock::time_point drain_deadline) {
@@ -86,6 +89,7 @@ void Engine::shutdown(Clock::time_point drain_deadline) {
       std::lock_guard l(mu_);
       for (auto& j : queue_) j->cancel.store(true);
       if (running_) running_->cancel.store(true);
+      for (auto& j : in_scheduler_) j->cancel.store(true);
       cancelled = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -94,12 +98,14 @@ void Engine::shutdown(Clock::time_point drain_deadline) {
 }
 
 void Engine::start_over() {
-  backend_.reset();
+  if (!backend_) return;
+  backend_->reset();
   resident_.clear();
 }
 
 void Engine::update_gauges() {
-  metrics_.set_queue(static_cast<int>(queue_.size()), running_ ? 1 : 0);
+  if (batch_) metrics_.set_queue(static_cast<int>(queue_.size()) + sched_waiting_, sched_running_);
+  else metrics_.set_queue(static_cast<int>(queue_.size()), running_ ? 1 : 0);
 }
 
 void Engine::loop() {
@@ -155,9 +161,9 @@ int Engine::prepare_prefix(GenJob& job) {
   const int r = static_cast<int>(resident_.size());
   while (lcp < r && lcp < n && resident_[lcp] == p[lcp]) ++lcp;
   const int limit = std::min(lcp, n - 1);  // recompute at least one token for its logits
-  if (lcp == r && r <= n - 1 && backend_.position() == r) return r;  // continue the live sequence
+  if (lcp == r && r <= n - 1 && backend_->position() == r) return r;  // continue the live sequence
   if (const StateSnapshot* s = cache_.lookup(p, limit)) {
-    backend_.restore_state(*s);
+    backend_->restore_state(*s);
     resident_.resize(s->position);
     return s->position;
   }
@@ -184,7 +190,7 @@ void Engine::run(GenJob& job) {
   if (opt_.checkpoint_interval > 0)
     for (int c = opt_.checkpoint_interval; c < n; c += opt_.checkpoint_interval) g.checkpoints.push_back(c);
   if (opt_.prefix_cache)
-    g.on_checkpoint = [&](int pos) { cache_.insert(std::span(job.prompt.data(), static_cast<size_t>(pos)), backend_.save_state()); };
+    g.on_checkpoint = [&](int pos) { cache_.insert(std::span(job.prompt.data(), static_cast<size_t>(pos)), backend_->save_state()); };
   g.on_prefilled = [&] {
     job.prompt_ms = ms_since(start);
     if (n > job.n_cached && job.prompt_ms > 0)
@@ -216,7 +222,7 @@ void Engine::run(GenJob& job) {
   job.n_cached = prepare_prefix(job);
   GenerateResult r;
   try {
-    r = generate(backend_, job.prompt, job.n_cached, g);
+    r = generate(*backend_, job.prompt, job.n_cached, g);
   } catch (...) {
     resident_.clear();  // the backend state is unknown: run() fails and start_over() follows
     throw;
@@ -224,7 +230,7 @@ void Engine::run(GenJob& job) {
   // What the backend consumed: the prompt, then the generated ids whose steps ran (look-ahead steps included).
   std::vector<int32_t> seq = job.prompt;
   for (const SampledToken& t : r.tokens) seq.push_back(t.token);
-  seq.resize(static_cast<size_t>(backend_.position()));
+  seq.resize(static_cast<size_t>(backend_->position()));
   resident_ = std::move(seq);
   if (!r.prefilled) {
     // Interrupted prefill: the resident tokens are exactly what was consumed, so they stay reusable.
@@ -240,13 +246,13 @@ void Engine::run(GenJob& job) {
   }
   // After a stop id, put the state where the next turn of this conversation starts, then remember it.
   if (r.stopped_by_id && opt_.prefix_cache && !job.turn_tail.empty() && r.tokens.back().token == job.turn_tail.front()) {
-    const bool consumed = backend_.position() == n + static_cast<int>(r.tokens.size());  // the stop id's step ran
+    const bool consumed = backend_->position() == n + static_cast<int>(r.tokens.size());  // the stop id's step ran
     const std::span<const int32_t> tail(job.turn_tail.data() + (consumed ? 1 : 0),
                                         job.turn_tail.size() - (consumed ? 1 : 0));
-    if (backend_.position() + static_cast<int>(tail.size()) < max_context_) {
-      if (!tail.empty()) backend_.forward(tail, nullptr, false);
+    if (backend_->position() + static_cast<int>(tail.size()) < max_context_) {
+      if (!tail.empty()) backend_->forward(tail, nullptr, false);
       resident_.insert(resident_.end(), tail.begin(), tail.end());
-      cache_.insert(resident_, backend_.save_state());
+      cache_.insert(resident_, backend_->save_state());
     }
   }
 }

@@ -1,9 +1,11 @@
-// The engine thread: the only thread that touches the Backend and the prefix cache. HTTP threads submit
-// GenJobs into a bounded FIFO (full -> 429 queue_full with Retry-After); the engine runs one job at a time:
-// restore the longest usable prefix (live state or a PrefixCache snapshot), then the runtime's generation loop
-// (runtime/generate.h) prefills the rest in pieces with state checkpoints and decodes. Every prefill piece and
-// every decode step checks the job's cancel flag and deadline, so a client disconnect frees the engine within
-// one step (docs/api.md §10.1 rows 6-7).
+// The engine thread: the only thread that touches the backend and the prefix cache. HTTP threads submit
+// GenJobs into a bounded FIFO (full -> 429 queue_full with Retry-After). Over a BatchBackend (the CPU backend)
+// the engine runs the continuous-batching scheduler (runtime/scheduler.h): every admitted job advances in each
+// step, prompts in pieces between decode ids. Over a single-sequence Backend (the CUDA backend until its batched
+// step lands) it runs one job at a time: restore the longest usable prefix (live state or a PrefixCache
+// snapshot), then the runtime's generation loop (runtime/generate.h). Either way every prompt piece and decode
+// step checks the job's cancel flag and deadline, so a client disconnect frees its resources within one step
+// (docs/api.md §10.1 rows 6-7).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -19,7 +21,10 @@
 #include <vector>
 
 #include "runtime/backend.h"
+#include "runtime/batch_backend.h"
 #include "runtime/generate.h"
+#include "runtime/prefix_cache.h"
+#include "runtime/scheduler.h"
 #include "runtime/sampler.h"
 #include "runtime/token_filter.h"
 #include "server/metrics.h"
@@ -60,7 +65,8 @@ struct GenJob {
 };
 
 struct EngineOptions {
-  int queue_size = 16;                  // waiting jobs (the running one not counted)
+  int queue_size = 16;                  // waiting jobs (running ones not counted)
+  int kv_pages = 0;                     // batched: KV pool pages of 256 tokens (<= 0: every slot's full context)
   bool prefix_cache = true;
   size_t cache_bytes = size_t{8} << 30; // prefix-cache pool cap
   int checkpoint_interval = 8192;       // extra snapshot every K prompt tokens
@@ -71,7 +77,8 @@ struct EngineOptions {
 
 class Engine {
  public:
-  Engine(Backend& backend, Metrics& metrics, EngineOptions options);
+  Engine(Backend& backend, Metrics& metrics, EngineOptions options);       // one job at a time
+  Engine(BatchBackend& backend, Metrics& metrics, EngineOptions options);  // continuous batching
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -85,28 +92,36 @@ class Engine {
   void shutdown(Clock::time_point drain_deadline);
   bool accepting() const { return accepting_.load(); }
   int max_context() const { return max_context_; }
+  int max_seqs() const { return max_seqs_; }      // jobs that run at once
   // Seconds a new request would wait (>= 1), for Retry-After.
   int estimated_wait_s() const;
 
  private:
   void loop();
+  void loop_batched();
+  SeqSpec spec_for(const std::shared_ptr<GenJob>& job);
   void run(GenJob& job);
   int prepare_prefix(GenJob& job);
   void finish(GenJob& job, FinishReason reason);
   void update_gauges();
   void start_over();  // backend at position 0, nothing resident
 
-  Backend& backend_;
+  Backend* backend_ = nullptr;          // one job at a time, or
+  BatchBackend* batch_ = nullptr;       // continuous batching through sched_
+  std::unique_ptr<Scheduler> sched_;
   Metrics& metrics_;
   EngineOptions opt_;
   int max_context_ = 0;
+  int max_seqs_ = 1;
   PrefixCache cache_;
   std::vector<int32_t> resident_;       // tokens whose KV (and, at the end, live state) the backend holds
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<GenJob>> queue_;
-  std::shared_ptr<GenJob> running_;
+  std::shared_ptr<GenJob> running_;     // one job at a time: the running one
+  int sched_running_ = 0, sched_waiting_ = 0;  // batched: jobs in the scheduler (under mu_)
+  std::vector<std::shared_ptr<GenJob>> in_scheduler_;  // batched: handed to the scheduler, not done (under mu_)
   bool stop_ = false;
   std::atomic<bool> accepting_{true};
   std::atomic<bool> exited_{false};

@@ -129,7 +129,7 @@ struct HttpServer::Gen {
 
 HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)) {
   fingerprint_ = "lily-0.1.0";
-  metrics_.set_capacity(1, opt_.queue);  // the engine runs one sequence at a time (engine.h)
+  metrics_.set_capacity(1, opt_.queue);  // until set_model: the engine's sequence slots
   // The Host check (DNS rebinding, cross-site posts to a keyless local server): explicit names, or by default
   // the loopback names when bound to loopback without an API key.
   if (!opt_.allowed_hosts.empty()) {
@@ -175,7 +175,10 @@ void HttpServer::set_model(std::unique_ptr<ServedModel> model) {
   eo.queue_size = opt_.queue;
   eo.prefix_cache = opt_.prefix_cache;
   eo.cache_bytes = opt_.cache_bytes;
-  engine_ = std::make_unique<Engine>(*model_->backend, metrics_, eo);
+  eo.kv_pages = opt_.kv_tokens > 0 ? (opt_.kv_tokens + 255) / 256 : 0;
+  if (model_->batch) engine_ = std::make_unique<Engine>(*model_->batch, metrics_, eo);
+  else engine_ = std::make_unique<Engine>(*model_->backend, metrics_, eo);
+  metrics_.set_capacity(engine_->max_seqs(), opt_.queue);
   ready_.store(true);
 }
 

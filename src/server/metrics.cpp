@@ -51,7 +51,8 @@ void Histogram::render(std::string& out, const std::string& name, const std::str
 
 Metrics::Metrics()
     : ttft_(latency_bounds()), inter_token_(latency_bounds()), e2e_(latency_bounds()), queue_wait_(latency_bounds()),
-      prefill_rate_({10, 50, 100, 500, 1000, 2000, 5000, 10000, 20000, 50000}) {}
+      prefill_rate_({10, 50, 100, 500, 1000, 2000, 5000, 10000, 20000, 50000}),
+      batch_size_({1, 2, 4, 8, 16, 32, 64, 128}) {}
 
 void Metrics::request_done(int status, const std::string& endpoint) {
   std::lock_guard l(mu_);
@@ -91,6 +92,18 @@ void Metrics::set_capacity(int sequence_slots, int queue_capacity) {
   sequence_slots_ = sequence_slots;
   queue_capacity_ = queue_capacity;
 }
+void Metrics::set_pools(int kv_pages_used, int kv_pages_total, int kv_page_tokens, int slots_used, int slots_total,
+                        int64_t preemptions) {
+  std::lock_guard l(mu_);
+  pools_ = true;
+  kv_pages_used_ = kv_pages_used;
+  kv_pages_total_ = kv_pages_total;
+  kv_page_tokens_ = kv_page_tokens;
+  slots_used_ = slots_used;
+  slots_total_ = slots_total;
+  preemptions_ = preemptions;
+}
+void Metrics::observe_batch(int sequences) { std::lock_guard l(mu_); batch_size_.observe(sequences); }
 int Metrics::running() const { std::lock_guard l(mu_); return running_; }
 int Metrics::queued() const { std::lock_guard l(mu_); return queued_; }
 uint64_t Metrics::disconnects() const { std::lock_guard l(mu_); return disconnects_; }
@@ -115,7 +128,7 @@ std::string Metrics::render() const {
   scalar(out, "lily_generation_tokens_total", "counter", "Generated tokens.", double(generated_tokens_));
   scalar(out, "lily_reasoning_tokens_total", "counter", "Generated tokens in the reasoning state.",
          double(reasoning_tokens_));
-  scalar(out, "lily_requests_running", "gauge", "Requests the engine is working on (0 or 1: the engine is busy).",
+  scalar(out, "lily_requests_running", "gauge", "Requests the engine is working on (holding a sequence slot).",
          running_);
   scalar(out, "lily_requests_queued", "gauge", "Requests waiting for the engine.", queued_);
   // Free capacity for a balancer's least-load choice: a replica with a free slot starts a request at once; one
@@ -132,6 +145,17 @@ std::string Metrics::render() const {
          double(checkpoints_));
   scalar(out, "lily_state_checkpoint_bytes", "gauge", "Host bytes held by prefix-cache checkpoints.",
          double(checkpoint_bytes_));
+  if (pools_) {
+    scalar(out, "lily_kv_pages_used", "gauge", "KV-cache pages held (running sequences and cached prefixes).",
+           kv_pages_used_);
+    scalar(out, "lily_kv_pages_total", "gauge", "KV-cache pages in the pool.", kv_pages_total_);
+    scalar(out, "lily_kv_page_tokens", "gauge", "Tokens per KV-cache page.", kv_page_tokens_);
+    scalar(out, "lily_state_slots_used", "gauge", "Recurrent-state slots held by running sequences.", slots_used_);
+    scalar(out, "lily_state_slots_total", "gauge", "Recurrent-state slots (--max-seqs).", slots_total_);
+    scalar(out, "lily_preemptions_total", "counter",
+           "Running sequences dropped for KV pages and recomputed later.", double(preemptions_));
+    batch_size_.render(out, "lily_batch_size", "Sequences in one forward step.");
+  }
   ttft_.render(out, "lily_time_to_first_token_seconds", "From arrival to the first generated token.");
   inter_token_.render(out, "lily_inter_token_latency_seconds", "Time between consecutive generated tokens.");
   e2e_.render(out, "lily_e2e_request_latency_seconds", "From arrival to the end of generation.");

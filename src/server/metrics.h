@@ -48,6 +48,10 @@ class Metrics {
   void set_checkpoints(int64_t count, int64_t bytes);
   // Capacity, for least-load routing by a balancer: sequences the engine runs at once, waiting requests before 429.
   void set_capacity(int sequence_slots, int queue_capacity);
+  // The scheduler's pools (continuous batching): KV pages and recurrent-state slots in use, preemptions so far.
+  void set_pools(int kv_pages_used, int kv_pages_total, int kv_page_tokens, int slots_used, int slots_total,
+                 int64_t preemptions);
+  void observe_batch(int sequences);                    // sequences in one forward step
 
   int running() const;
   int queued() const;
@@ -64,7 +68,10 @@ class Metrics {
   int running_ = 0, queued_ = 0;
   int sequence_slots_ = 1, queue_capacity_ = 0;  // set_capacity
   int64_t kv_tokens_ = 0, checkpoints_ = 0, checkpoint_bytes_ = 0;
-  Histogram ttft_, inter_token_, e2e_, queue_wait_, prefill_rate_;
+  int kv_pages_used_ = 0, kv_pages_total_ = 0, kv_page_tokens_ = 0, slots_used_ = 0, slots_total_ = 0;
+  int64_t preemptions_ = 0;
+  bool pools_ = false;                          // set_pools was called (the scheduler runs)
+  Histogram ttft_, inter_token_, e2e_, queue_wait_, prefill_rate_, batch_size_;
 };
 
 }  // namespace lily::server

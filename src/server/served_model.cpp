@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/cpu_backend.h"
+#include "runtime/cpu_batch_backend.h"
 #include "model/synth.h"
 #include "server/structured_output.h"
 #include "util/check.h"
@@ -97,7 +98,8 @@ ModelFiles check_model_files(const std::string& dir) {
 }
 
 std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, const std::string& alias,
-                                               const BackendFactory& make_backend, const LoadOptions& load) {
+                                               const BackendFactory& make_backend, const LoadOptions& load,
+                                               int max_seqs) {
   auto sm = std::make_unique<ServedModel>();
   sm->dir = dir;
   sm->alias = alias;
@@ -143,6 +145,11 @@ std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, 
     ctx = max_ctx;
   }
   sm->backend = make_backend ? make_backend(*sm->model, ctx) : std::make_unique<CpuBackend>(*sm->model, ctx);
+  LILY_CHECK(max_seqs >= 1, "--max-seqs ", max_seqs, ": at least 1");
+  if (sm->backend->name() == "cpu") sm->batch = std::make_unique<CpuBatchBackend>(*sm->model, max_seqs, ctx);
+  else if (max_seqs > 1)
+    log::warn("--max-seqs ", max_seqs, ": the ", sm->backend->name(),
+              " backend runs one sequence at a time (its batched step is not built yet)");
   sm->n_params = count_params(*sm->model);
   sm->size_bytes = sm->model->weights.bytes_on_disk;
   sm->created = static_cast<int64_t>(std::time(nullptr));

@@ -13,6 +13,7 @@
 #include "chat/output_parser.h"
 #include "model/weights.h"
 #include "runtime/backend.h"
+#include "runtime/batch_backend.h"
 #include "server/chat_render.h"
 #include "tokenizer/tokenizer.h"
 
@@ -25,7 +26,8 @@ struct ServedModel {
   std::string dir;
   bool demo = false;
   std::unique_ptr<Model> model;
-  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Backend> backend;      // the model's backend (its name, context; the engine when batch is null)
+  std::unique_ptr<BatchBackend> batch;   // continuous batching (CPU): the engine's backend when set
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ChatRenderer> renderer;
   chat::DelimiterIds ids;                // think / tool_call delimiters and end-of-output ids
@@ -56,10 +58,12 @@ ModelFiles check_model_files(const std::string& dir);
 using BackendFactory = std::function<std::unique_ptr<Backend>(const Model& model, int ctx)>;
 
 // Loads the model directory and creates the backend with `ctx` tokens of context (<= 0: the model's maximum,
-// capped at 32768). `make_backend` null: the CPU backend. Throws lily::Error naming what is wrong.
+// capped at 32768). `make_backend` null: the CPU backend. On the CPU backend the engine batches `max_seqs`
+// sequences (ServedModel::batch); the CUDA backend runs one at a time until its batched step lands. Throws
+// lily::Error naming what is wrong.
 std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, const std::string& alias,
                                                const BackendFactory& make_backend = nullptr,
-                                               const LoadOptions& load = {});
+                                               const LoadOptions& load = {}, int max_seqs = 1);
 
 // Hugging Face cache lookup ($HF_HOME/hub or ~/.cache/huggingface/hub): the newest snapshot of
 // mlx-community/Qwen3.6-35B-A3B-4bit or Qwen/Qwen3.6-35B-A3B that has a config.json.

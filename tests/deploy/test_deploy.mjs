@@ -106,7 +106,7 @@ class Replica {
   async waitBusy(ms = 10000) {  // until the engine runs a request
     const t0 = Date.now();
     while (Date.now() - t0 < ms) {
-      if ((await this.metrics()).lily_sequence_slots_free === 0) return true;
+      if ((await this.metrics()).lily_requests_running > 0) return true;
       await sleep(10);
     }
     return false;
@@ -267,7 +267,7 @@ async function affinity() {
 
 async function burst() {
   console.log('(d) bursts larger than one replica\'s queue (--queue 1: one running + one waiting per replica)');
-  const reps = await startReplicas(3, ['--queue', '1']);
+  const reps = await startReplicas(3, ['--queue', '1', '--max-seqs', '1']);
   let lb = await Nginx.start(reps);
   const byAddr = Object.fromEntries(reps.map((r) => [r.addr, r]));
   const m0 = await reps[0].metrics();
@@ -370,7 +370,7 @@ async function killed() {
   const reps = await startReplicas(3, ['--queue', '4']);
   const lb = await Nginx.start(reps);
   const { key, rep } = await keyAndReplica(lb, reps, 'kill');
-  // In flight on the doomed replica: one stream running, a stream and a plain request waiting behind it.
+  // In flight on the doomed replica: two streams and a plain request, batched together.
   const inflight = [
     chat(lb.url, [{ role: 'user', content: 'doomed 0' }], { key, max_tokens: 1500, stream: true, timeoutMs: 30000 }),
     chat(lb.url, [{ role: 'user', content: 'doomed 1' }], { key, max_tokens: 1500, stream: true, timeoutMs: 30000 }),

@@ -84,7 +84,7 @@ TEST(RequestFields, ConversationKeysAreAccepted) {
 }
 
 TEST(ServerDeploy, ProbesOverHttpWithoutTheApiKeyAndThroughDrain) {
-  ServerProcess srv({"--ctx", "512", "--api-key", "sekret", "--queue", "3"});
+  ServerProcess srv({"--ctx", "512", "--api-key", "sekret", "--queue", "3", "--max-seqs", "2"});
   ASSERT_TRUE(srv.ok()) << srv.error();
   auto c = srv.client(10);
   for (const char* p : {"/health", "/v1/health", "/health/ready", "/readyz", "/health/live", "/livez"}) {
@@ -95,7 +95,8 @@ TEST(ServerDeploy, ProbesOverHttpWithoutTheApiKeyAndThroughDrain) {
   auto m = c.get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_EQ(gauge(m->body, "lily_queue_capacity"), 3);
-  EXPECT_EQ(gauge(m->body, "lily_sequence_slots_free"), 1);
+  EXPECT_EQ(gauge(m->body, "lily_sequence_slots"), 2);
+  EXPECT_EQ(gauge(m->body, "lily_sequence_slots_free"), 2);
 
   // A long request keeps the replica draining after SIGTERM: not ready, still live.
   std::thread gen([&] {
@@ -106,7 +107,7 @@ TEST(ServerDeploy, ProbesOverHttpWithoutTheApiKeyAndThroughDrain) {
   bool busy = false;
   for (int i = 0; i < 200 && !busy; ++i) {
     auto r = c.get("/metrics");
-    busy = r && gauge(r->body, "lily_sequence_slots_free") == 0;
+    busy = r && gauge(r->body, "lily_sequence_slots_free") == 1;
     if (!busy) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_TRUE(busy) << "the long request never ran";

@@ -551,7 +551,7 @@ TEST(ServerLifecycle, ApiKeyIsRequiredOnGenerationEndpoints) {
 }
 
 TEST(ServerLifecycle, QueueFullAnswers429WithRetryAfter) {
-  ServerProcess srv({"--ctx", "512", "--queue", "1"});
+  ServerProcess srv({"--ctx", "512", "--queue", "1", "--max-seqs", "1"});  // one runs, one waits
   ASSERT_TRUE(srv.ok()) << srv.error();
   std::vector<std::thread> th;
   std::vector<int> status(4);
