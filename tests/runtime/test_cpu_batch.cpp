@@ -1,6 +1,7 @@
-// CpuBatchBackend on the tiny golden checkpoint: sequences stepped together (prompt pieces and decode tokens
-// mixed, slots joining and leaving) give logits bit-identical to each sequence run alone through CpuForward;
-// copy_prefix + restore_state continue a sequence exactly; invalid steps throw before any slot changes.
+// CpuBatchBackend on the tiny golden checkpoint (both layouts): sequences stepped together (prompt pieces and
+// decode tokens mixed, slots joining and leaving) give logits bit-identical to each sequence run alone through
+// CpuForward; copy_prefix + restore_state continue a sequence exactly; invalid steps throw before any slot
+// changes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,9 +17,11 @@ using namespace lily;
 
 namespace {
 
-const Model& golden_model() {
-  static Model model = load_model(std::string(LILY_SOURCE_DIR) + "/tests/data/golden/hf");
-  return model;
+// layout: "hf" (bf16) or "mlx" (affine 4/8-bit), the same tiny model.
+const Model& golden_model(const std::string& layout = "hf") {
+  static Model hf = load_model(std::string(LILY_SOURCE_DIR) + "/tests/data/golden/hf");
+  static Model mlx = load_model(std::string(LILY_SOURCE_DIR) + "/tests/data/golden/mlx");
+  return layout == "mlx" ? mlx : hf;
 }
 
 std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
@@ -53,10 +56,7 @@ std::vector<std::vector<float>> run_alone(const Model& model, const Script& s, T
   return out;
 }
 
-}  // namespace
-
-TEST(CpuBatch, MixedStepsMatchSequencesRunAlone) {
-  const Model& model = golden_model();
+void check_mixed_steps(const Model& model) {
   const int V = model.config.vocab;
   ThreadPool pool(2);
   const int chunk = CpuBatchForward::kPromptChunk;
@@ -75,8 +75,9 @@ TEST(CpuBatch, MixedStepsMatchSequencesRunAlone) {
     for (int n : scripts[i].pieces) total += n;
     scripts[i].tokens = random_tokens(total, V, 100 + i);
   }
-  std::vector<std::vector<std::vector<float>>> alone;
-  for (const Script& s : scripts) alone.push_back(run_alone(model, s, pool));
+  std::vector<std::vector<std::vector<float>>> alone;  // on one thread: the thread count does not matter either
+  ThreadPool one(1);
+  for (const Script& s : scripts) alone.push_back(run_alone(model, s, one));
 
   CpuBatchBackend be(model, 5, 0, &pool);
   EXPECT_EQ(be.max_seqs(), 5);
@@ -118,6 +119,11 @@ TEST(CpuBatch, MixedStepsMatchSequencesRunAlone) {
   for (const Script& s : scripts) pieces += static_cast<int>(s.pieces.size());
   EXPECT_EQ(checked, pieces);
 }
+
+}  // namespace
+
+TEST(CpuBatch, MixedStepsMatchSequencesRunAloneHf) { check_mixed_steps(golden_model("hf")); }
+TEST(CpuBatch, MixedStepsMatchSequencesRunAloneMlx) { check_mixed_steps(golden_model("mlx")); }
 
 // More prompt rows in one step than one pass takes: the step runs several passes, each group gets a row in
 // each pass it has tokens left for.
