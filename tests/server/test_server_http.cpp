@@ -191,7 +191,7 @@ TEST_F(ServerHttp, ErrorTable) {
       {R"({"model":"m","messages":[{"role":"user","content":123}]})", 400, "invalid_request_error", "messages[0].content", ""},
       {R"({"model":"m","messages":[{"role":"wizard","content":"a"}]})", 400, "invalid_request_error", "messages[0].role", ""},
       {R"({"model":"m",)" + ok_msgs + R"(,"temperature":"hot"})", 400, "invalid_request_error", "temperature", ""},
-      {R"({"model":"m",)" + ok_msgs + R"(,"n":3})", 400, "not_supported_error", "n", ""},
+      {R"({"model":"m",)" + ok_msgs + R"(,"n":17})", 400, "invalid_request_error", "n", ""},
       {R"({"model":"m",)" + ok_msgs + R"(,"top_logprobs":50})", 400, "invalid_request_error", "top_logprobs", ""},
       {R"({"model":"m",)" + ok_msgs + R"(,"max_tokens":-1})", 400, "invalid_request_error", "max_tokens", ""},
       {R"({"model":"m",)" + ok_msgs + R"(,"logit_bias":{"999999":1}})", 400, "invalid_request_error", "logit_bias", ""},
