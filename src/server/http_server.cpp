@@ -670,7 +670,7 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& r
       n_prompt += j.prompt.size();
       n_cached += j.n_cached;
       n_generated += j.n_generated;
-      queue_ms = i == 0 ? j.queue_ms : queue_ms;
+      if (i == 0) queue_ms = j.queue_ms;  // the request's wait for its first choice
       prompt_ms += j.prompt_ms;
       gen_ms += j.gen_ms;
       n_reasoning += g->sessions[i]->reasoning_tokens;
