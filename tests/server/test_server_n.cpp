@@ -1,9 +1,9 @@
 // `n` (several samples of one prompt, docs/api.md §2) against the real `lily serve --demo`: choice i of a seeded
-// request equals the one-choice request with seed + i (byte for byte, reasoning, content, logprobs), usage counts
-// the prompt once and sums the completions, streaming interleaves the choices by index and each rebuilds its
-// non-streaming text with its own finish_reason, greedy choices agree, a structured-output filter per choice,
-// out-of-range n is 400, a queue that cannot take every choice rejects the whole request, and a client that leaves
-// frees all of its choices.
+// request equals the one-choice request with seed + i (byte for byte: reasoning, content, logprobs, forced tool
+// calls and their ids, structured output), usage counts the prompt once and sums the completions, streamed chunks
+// carry their choice's index and each choice rebuilds its non-streaming text and logprobs with its own
+// finish_reason, greedy choices agree, out-of-range n is 400, a queue that cannot take every choice rejects the
+// whole request, and a client that leaves frees all of its choices.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -84,6 +84,7 @@ struct StreamedChoice {
   int roles = 0, finishes = 0;
   bool after_finish = false;  // a chunk came after the finish chunk
   std::string finish;
+  ojson lp_content = ojson::array(), lp_reasoning = ojson::array();  // chat logprobs entries, in order
 };
 
 std::map<int, StreamedChoice> streamed(const std::vector<ojson>& events, bool chat) {
@@ -97,6 +98,10 @@ std::map<int, StreamedChoice> streamed(const std::vector<ojson>& events, bool ch
         if (d.contains("role")) ++s.roles;
         if (d.contains("reasoning_content")) s.reasoning += d["reasoning_content"].get<std::string>();
         if (d.contains("content") && d["content"].is_string()) s.content += d["content"].get<std::string>();
+        if (c["logprobs"].is_object()) {
+          for (const auto& x : c["logprobs"]["content"]) s.lp_content.push_back(x);
+          for (const auto& x : c["logprobs"].value("reasoning_content", ojson::array())) s.lp_reasoning.push_back(x);
+        }
       } else {
         s.text += c["text"].get<std::string>();
       }
@@ -134,6 +139,30 @@ TEST_F(ServerN, StructuredOutputFiltersAreOnePerChoice) {
   expect_choices_equal_single_runs(*srv_, "/v1/chat/completions", b, 3, 99);
 }
 
+// A forced call: each choice has its own constrained-decoding state and call ids from seed + i.
+TEST_F(ServerN, ForcedToolCallChoicesEqualOneChoiceRequests) {
+  ojson b = chat("Weather in Rome?", 96, 1.0);
+  b["chat_template_kwargs"] = {{"enable_thinking", false}};
+  b["tools"] = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {
+      "type": "object", "properties": {"city": {"enum": ["Rome", "Oslo"]}, "days": {"enum": [1, 2, 3]}},
+      "required": ["city", "days"], "additionalProperties": false}}}])");
+  b["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  b["parallel_tool_calls"] = false;
+  expect_choices_equal_single_runs(*srv_, "/v1/chat/completions", b, 3, 314);
+  b["seed"] = 314;
+  b["n"] = 3;
+  int st = 0;
+  ojson r = post_json(*srv_, "/v1/chat/completions", b, &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  std::set<std::string> ids;
+  for (const auto& c : r["choices"]) {
+    ASSERT_EQ(c["finish_reason"], "tool_calls") << r.dump();
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r.dump();
+    ids.insert(c["message"]["tool_calls"][0]["id"].get<std::string>());
+  }
+  EXPECT_EQ(ids.size(), 3u) << "call ids repeat across choices: " << r.dump();
+}
+
 TEST_F(ServerN, GreedyChoicesAreIdentical) {
   ojson b = chat("Hello there", 12, 0.0);
   b["n"] = 2;
@@ -146,10 +175,12 @@ TEST_F(ServerN, GreedyChoicesAreIdentical) {
   EXPECT_EQ(choice_body(r["choices"][0]).dump(), choice_body(r["choices"][1]).dump());
 }
 
-TEST_F(ServerN, StreamingChatInterleavesChoicesThatRebuildTheNonStreamingOnes) {
+TEST_F(ServerN, StreamingChatChoicesCarryTheirIndexAndRebuildTheNonStreamingOnes) {
   ojson b = chat("Write a poem", 16, 1.0);
   b["seed"] = 5;
   b["n"] = 3;
+  b["logprobs"] = true;
+  b["top_logprobs"] = 1;
   int st = 0;
   ojson full = post_json(*srv_, "/v1/chat/completions", b, &st);
   ASSERT_EQ(st, 200) << full.dump();
@@ -186,6 +217,10 @@ TEST_F(ServerN, StreamingChatInterleavesChoicesThatRebuildTheNonStreamingOnes) {
     EXPECT_EQ(s.finish, full["choices"][i]["finish_reason"]);
     EXPECT_EQ(s.reasoning, m.value("reasoning_content", ""));
     EXPECT_EQ(s.content, m["content"].is_string() ? m["content"].get<std::string>() : "");
+    const ojson& lp = full["choices"][i]["logprobs"];
+    EXPECT_EQ(s.lp_content.dump(), lp["content"].dump());
+    EXPECT_EQ(s.lp_reasoning.dump(), lp.value("reasoning_content", ojson::array()).dump());
+    EXPECT_FALSE(s.lp_content.empty() && s.lp_reasoning.empty());
   }
 }
 
