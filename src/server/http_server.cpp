@@ -721,7 +721,7 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& r
   res.set_header("X-Accel-Buffering", "no");
   res.content_type = "text/event-stream";
   const Tokenizer* tok = m.tokenizer.get();
-  res.stream = [this, g, pump, failure, record, tok](StreamSink& sink) {
+  res.stream = [this, g, pump, failure, record, cancel_all, tok](StreamSink& sink) {
     // One formatter per choice; chunks of the choices interleave in the order their tokens arrive.
     std::vector<StreamFormatter> fmt;
     for (size_t i = 0; i < g->jobs.size(); ++i) fmt.emplace_back(g->info, *tok, static_cast<int>(i));
@@ -741,6 +741,7 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& r
                 [&] { return put(api ? api->ping() : ": ping\n\n"); });
     }
     if (!ok) {
+      cancel_all();  // (pump has already; not when the first write failed)
       record(499);
       return false;
     }
