@@ -483,6 +483,7 @@ void HttpServer::run_chat(const ChatRequest& cr, std::shared_ptr<Gen> g, const H
   const int max_tokens = resolve_max_tokens(cr.max_tokens, m, static_cast<int>(prompt_ids.size()), opt_.max_tokens_cap);
   const std::vector<int> checkpoints = turn_checkpoints(prompt_ids, m);
   const int n = g->api ? 1 : cr.n;  // the Responses and Messages APIs have no n
+  const chat::ToolSet tools = cr.tools.is_array() ? chat::ToolSet::from_json(cr.tools) : chat::ToolSet{};
   // Choice i samples with seed + i (a random base seed when the request sets none), so that it equals the
   // one-choice request with that seed; its tool-call ids likewise.
   for (int i = 0; i < n; ++i) {
@@ -497,7 +498,7 @@ void HttpServer::run_chat(const ChatRequest& cr, std::shared_ptr<Gen> g, const H
     so.logprobs = cr.logprobs;
     so.parser = po;
     so.wake = g->wake;
-    if (cr.tools.is_array()) so.tools = chat::ToolSet::from_json(cr.tools);
+    so.tools = tools;
     g->sessions.push_back(std::make_shared<Session>(*m.tokenizer, so));
 
     auto job = std::make_shared<GenJob>();
