@@ -116,15 +116,23 @@ bool json_media_type(const std::string& ct) {
 
 }  // namespace
 
-// One generation request: the job the engine runs and the session that turns its tokens into events.
+// One generation request: per choice (`n`, docs/api.md §2) the job the engine runs and the session that turns
+// its tokens into events. Choice i is jobs[i] / sessions[i]; /v1/responses and /v1/messages have one choice.
 struct HttpServer::Gen {
-  std::shared_ptr<GenJob> job = std::make_shared<GenJob>();
-  std::shared_ptr<Session> session;
+  std::vector<std::shared_ptr<GenJob>> jobs;       // [n]
+  std::vector<std::shared_ptr<Session>> sessions;  // [n]
+  std::shared_ptr<Wakeup> wake = std::make_shared<Wakeup>();  // news from any of the sessions
   ResponseInfo info;                // ids, model name, flags for formatting
   std::shared_ptr<ApiFormat> api;   // /v1/responses, /v1/messages: their formatter (null: chat / completions)
   std::string endpoint = "chat";    // metrics label
   int fd = -1;                      // the client's socket (disconnect polling)
   Clock::time_point arrival = Clock::now();
+
+  std::vector<ChoiceOut> choices() const {
+    std::vector<ChoiceOut> out;
+    for (size_t i = 0; i < jobs.size(); ++i) out.push_back({sessions[i].get(), jobs[i].get()});
+    return out;
+  }
 };
 
 HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)) {
@@ -470,32 +478,46 @@ void HttpServer::run_chat(const ChatRequest& cr, std::shared_ptr<Gen> g, const H
   for (auto& [k, v] : cr.chat_template_kwargs.items()) kwargs[k] = v;
   std::string prompt = m.renderer->render(cr.messages, cr.tools, kwargs);
 
-  GenJob& job = *g->job;
-  job.prompt = m.tokenizer->encode(prompt, true);
-  check_context(m, static_cast<int>(job.prompt.size()), "messages");
+  const std::vector<int32_t> prompt_ids = m.tokenizer->encode(prompt, true);
+  check_context(m, static_cast<int>(prompt_ids.size()), "messages");
+  const bool in_reasoning = chat::initial_reasoning_state(prompt_ids, m.ids);
+  const SamplingParams sampling = resolve_sampling(cr.sampling, m, in_reasoning ? SamplingMode::thinking
+                                                                                 : SamplingMode::non_thinking);
+  const int max_tokens = resolve_max_tokens(cr.max_tokens, m, static_cast<int>(prompt_ids.size()), opt_.max_tokens_cap);
+  const std::vector<int> checkpoints = turn_checkpoints(prompt_ids, m);
+  const int n = g->api ? 1 : cr.n;  // the Responses and Messages APIs have no n
+  const chat::ToolSet tools = cr.tools.is_array() ? chat::ToolSet::from_json(cr.tools) : chat::ToolSet{};
+  // Choice i samples with seed + i (a random base seed when the request sets none), so that it equals the
+  // one-choice request with that seed; its tool-call ids likewise.
+  for (int i = 0; i < n; ++i) {
+    chat::ParserOptions po;
+    po.ids = m.ids;
+    po.start_in_reasoning = in_reasoning;
+    if (cr.sampling.seed) po.id_seed = *cr.sampling.seed + static_cast<uint64_t>(i);
+    SessionOptions so;
+    so.chat = true;
+    so.stop = cr.stop;
+    so.parallel_tool_calls = cr.parallel_tool_calls;
+    so.logprobs = cr.logprobs;
+    so.parser = po;
+    so.wake = g->wake;
+    so.tools = tools;
+    g->sessions.push_back(std::make_shared<Session>(*m.tokenizer, so));
 
-  chat::ParserOptions po;
-  po.ids = m.ids;
-  po.start_in_reasoning = chat::initial_reasoning_state(job.prompt, m.ids);
-  if (cr.sampling.seed) po.id_seed = *cr.sampling.seed;
-  SessionOptions so;
-  so.chat = true;
-  so.stop = cr.stop;
-  so.parallel_tool_calls = cr.parallel_tool_calls;
-  so.logprobs = cr.logprobs;
-  so.parser = po;
-  if (cr.tools.is_array()) so.tools = chat::ToolSet::from_json(cr.tools);
-  g->session = std::make_shared<Session>(*m.tokenizer, so);
-
-  job.sampling = resolve_sampling(cr.sampling, m, po.start_in_reasoning ? SamplingMode::thinking
-                                                                         : SamplingMode::non_thinking);
-  job.max_tokens = resolve_max_tokens(cr.max_tokens, m, static_cast<int>(job.prompt.size()), opt_.max_tokens_cap);
-  if (cr.logprobs) job.sampling.top_logprobs = cr.top_logprobs;
-  job.logprobs = cr.logprobs;
-  job.stop_ids = m.stop_ids;
-  job.turn_tail = m.turn_tail;
-  job.checkpoints = turn_checkpoints(job.prompt, m);
-  if (cr.structured) job.filter = make_token_filter(*cr.structured, *m.grammars, m.ids, po.start_in_reasoning);
+    auto job = std::make_shared<GenJob>();
+    job->prompt = prompt_ids;
+    job->sampling = sampling;
+    job->sampling.seed += static_cast<uint64_t>(i);
+    job->max_tokens = max_tokens;
+    if (cr.logprobs) job->sampling.top_logprobs = cr.top_logprobs;
+    job->logprobs = cr.logprobs;
+    job->stop_ids = m.stop_ids;
+    job->turn_tail = m.turn_tail;
+    job->checkpoints = checkpoints;
+    // a filter keeps per-sequence grammar state: one per choice
+    if (cr.structured) job->filter = make_token_filter(*cr.structured, *m.grammars, m.ids, in_reasoning);
+    g->jobs.push_back(std::move(job));
+  }
 
   g->info.chat = true;
   g->info.stream = cr.stream;
@@ -508,7 +530,7 @@ void HttpServer::run_chat(const ChatRequest& cr, std::shared_ptr<Gen> g, const H
   if (g->api) {
     g->api->model = m.alias;
     g->api->created = g->info.created;
-    g->api->n_prompt = static_cast<int>(job.prompt.size());
+    g->api->n_prompt = static_cast<int>(prompt_ids.size());
   }
   submit_and_respond(g, req, res);
 }
@@ -519,20 +541,29 @@ void HttpServer::handle_completion(const HttpRequest& req, HttpResponse& res) {
   ojson body = parse_body(req.body, lim);
   CompletionRequest cr = parse_completion_request(body, lim);
   auto g = std::make_shared<Gen>();
-  GenJob& job = *g->job;
-  job.prompt = cr.prompt_is_tokens ? cr.prompt_tokens : m.tokenizer->encode(cr.prompt_text, true);
-  if (job.prompt.empty()) throw invalid_value("prompt", "'prompt' encodes to no tokens");
-  check_context(m, static_cast<int>(job.prompt.size()), "prompt");
-  SessionOptions so;
-  so.chat = false;
-  so.stop = cr.stop;
-  so.logprobs = cr.logprobs >= 0;
-  g->session = std::make_shared<Session>(*m.tokenizer, so);
-  job.sampling = resolve_sampling(cr.sampling, m, SamplingMode::raw);
-  job.max_tokens = resolve_max_tokens(cr.max_tokens, m, static_cast<int>(job.prompt.size()), opt_.max_tokens_cap);
-  if (cr.logprobs > 0) job.sampling.top_logprobs = cr.logprobs;
-  job.logprobs = cr.logprobs >= 0;
-  job.stop_ids = m.stop_ids;
+  const std::vector<int32_t> prompt_ids =
+      cr.prompt_is_tokens ? cr.prompt_tokens : m.tokenizer->encode(cr.prompt_text, true);
+  if (prompt_ids.empty()) throw invalid_value("prompt", "'prompt' encodes to no tokens");
+  check_context(m, static_cast<int>(prompt_ids.size()), "prompt");
+  const SamplingParams sampling = resolve_sampling(cr.sampling, m, SamplingMode::raw);
+  const int max_tokens = resolve_max_tokens(cr.max_tokens, m, static_cast<int>(prompt_ids.size()), opt_.max_tokens_cap);
+  for (int i = 0; i < cr.n; ++i) {  // choice i samples with seed + i, as on the chat path
+    SessionOptions so;
+    so.chat = false;
+    so.stop = cr.stop;
+    so.logprobs = cr.logprobs >= 0;
+    so.wake = g->wake;
+    g->sessions.push_back(std::make_shared<Session>(*m.tokenizer, so));
+    auto job = std::make_shared<GenJob>();
+    job->prompt = prompt_ids;
+    job->sampling = sampling;
+    job->sampling.seed += static_cast<uint64_t>(i);
+    job->max_tokens = max_tokens;
+    if (cr.logprobs > 0) job->sampling.top_logprobs = cr.logprobs;
+    job->logprobs = cr.logprobs >= 0;
+    job->stop_ids = m.stop_ids;
+    g->jobs.push_back(std::move(job));
+  }
   g->info.chat = false;
   g->endpoint = "completions";
   g->info.stream = cr.stream;
@@ -548,53 +579,120 @@ void HttpServer::handle_completion(const HttpRequest& req, HttpResponse& res) {
 
 void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& req, HttpResponse& res) {
   ServedModel& m = *model_;
-  GenJob& job = *g->job;
-  job.arrival = g->arrival;
-  if (opt_.timeout_s > 0)
-    job.deadline = g->arrival + std::chrono::milliseconds(static_cast<int64_t>(opt_.timeout_s * 1000));
-  std::shared_ptr<Session> s = g->session;
-  job.on_token = [s](const SampledToken& ev) { return s->on_token(ev); };
-  job.on_done = [s, j = g->job.get()] { s->on_done(*j); };
+  const size_t n = g->jobs.size();
+  for (size_t i = 0; i < n; ++i) {
+    GenJob& job = *g->jobs[i];
+    job.arrival = g->arrival;
+    if (opt_.timeout_s > 0)
+      job.deadline = g->arrival + std::chrono::milliseconds(static_cast<int64_t>(opt_.timeout_s * 1000));
+    std::shared_ptr<Session> s = g->sessions[i];
+    job.on_token = [s](const SampledToken& ev) { return s->on_token(ev); };
+    job.on_done = [s, j = g->jobs[i].get()] { s->on_done(*j); };
+  }
   g->fd = req.fd;
-  engine_->submit(g->job);  // throws 429 / 503 before any byte is sent
+  // All n choices or none: a 429 / 503 for choice k withdraws the choices already queued (before any byte is sent).
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      engine_->submit(g->jobs[i]);
+    } catch (...) {
+      for (size_t k = 0; k < i; ++k) engine_->cancel(g->jobs[k]);
+      throw;
+    }
+  }
   in_flight_.fetch_add(1);
+  auto cancel_all = [this, g] {
+    for (auto& j : g->jobs) engine_->cancel(j);
+  };
 
-  // Waits for events; polls the client socket; cancels the job when the client is gone.
-  auto pump = [this, g](const std::function<bool(std::vector<OutEvent>&, std::vector<LogprobEntry>&)>& write,
-                        const std::function<bool()>& ping) {
+  // Waits for events from any choice; polls the client socket; cancels every job when the client is gone.
+  // write(i, events, logprobs, finished): choice i's news (finished: its job has just ended). A choice that
+  // ends in an error or cancellation ends the request: the other choices are cancelled (the caller reports it).
+  // Returns false when the client is gone.
+  using Write = std::function<bool(size_t, std::vector<OutEvent>&, std::vector<LogprobEntry>&, bool)>;
+  auto pump = [this, g, cancel_all](const Write& write, const std::function<bool()>& ping) {
     auto last_write = Clock::now();
+    std::vector<bool> done(g->jobs.size(), false);
+    size_t n_done = 0;
     for (;;) {
-      std::vector<OutEvent> ev;
-      std::vector<LogprobEntry> lps;
-      bool done = g->session->take(ev, lps, kPoll);
-      if (!ev.empty() || !lps.empty()) {
-        if (!write(ev, lps)) break;
-        last_write = Clock::now();
-      } else if (ping && std::chrono::duration<double>(Clock::now() - last_write).count() > kPingSeconds) {
+      const uint64_t seen = g->wake->seq();
+      bool news = false, failed = false;
+      for (size_t i = 0; i < g->jobs.size(); ++i) {
+        if (done[i]) continue;
+        std::vector<OutEvent> ev;
+        std::vector<LogprobEntry> lps;
+        const bool finished = g->sessions[i]->take(ev, lps, std::chrono::milliseconds(0));
+        if (finished) {
+          done[i] = true;
+          ++n_done;
+          const FinishReason f = g->jobs[i]->finish;
+          failed = failed || f == FinishReason::error || f == FinishReason::cancelled;
+        }
+        if (!ev.empty() || !lps.empty() || finished) {
+          if (!write(i, ev, lps, finished)) {
+            cancel_all();
+            metrics_.client_disconnect();
+            return false;
+          }
+          news = news || !ev.empty() || !lps.empty();
+        }
+      }
+      if (news) last_write = Clock::now();
+      if (failed) {
+        cancel_all();
+        return true;
+      }
+      if (n_done == g->jobs.size()) return true;
+      if (ping && std::chrono::duration<double>(Clock::now() - last_write).count() > kPingSeconds) {
         if (!ping()) break;
         last_write = Clock::now();
       }
-      if (done) return true;
       if (peer_closed(g->fd)) break;
+      g->wake->wait(seen, kPoll);
     }
-    engine_->cancel(g->job);
+    cancel_all();
     metrics_.client_disconnect();
     return false;
   };
+  // The job that ended the request in failure (error first, then cancellation), or null. Reads only jobs whose
+  // session has reported the end (their result fields are then final).
+  auto failure = [g]() -> const GenJob* {
+    const GenJob* cancelled = nullptr;
+    for (size_t i = 0; i < g->jobs.size(); ++i) {
+      if (!g->sessions[i]->finished()) continue;
+      const GenJob& j = *g->jobs[i];
+      if (j.finish == FinishReason::error) return &j;
+      if (j.finish == FinishReason::cancelled && !cancelled) cancelled = &j;
+    }
+    return cancelled;
+  };
   auto record = [this, g, rid = log_safe(req.header("X-Request-Id"), 64), path = log_safe(req.path)](int status) {
-    const GenJob& j = *g->job;
-    log::info("request ", rid, " ", path, " -> ", status, ": ", j.prompt.size(), " prompt tokens (", j.n_cached,
-              " cached), ", j.n_generated, " generated, queue ", static_cast<int>(j.queue_ms), " ms, prefill ",
-              static_cast<int>(j.prompt_ms), " ms, decode ", static_cast<int>(j.gen_ms), " ms");
+    size_t n_prompt = 0;
+    int n_cached = 0, n_generated = 0, n_reasoning = 0, parse_failures = 0;
+    double queue_ms = 0, prompt_ms = 0, gen_ms = 0;
+    for (size_t i = 0; i < g->jobs.size(); ++i) {
+      const GenJob& j = *g->jobs[i];
+      n_prompt += j.prompt.size();
+      n_cached += j.n_cached;
+      n_generated += j.n_generated;
+      if (i == 0) queue_ms = j.queue_ms;  // the request's wait for its first choice
+      prompt_ms += j.prompt_ms;
+      gen_ms += j.gen_ms;
+      n_reasoning += g->sessions[i]->reasoning_tokens;
+      parse_failures += g->sessions[i]->tool_call_parse_failures;
+    }
+    log::info("request ", rid, " ", path, " -> ", status, ": ", n_prompt, " prompt tokens (", n_cached,
+              " cached), ", n_generated, " generated", g->jobs.size() > 1 ? " in " + std::to_string(g->jobs.size()) + " choices" : "",
+              ", queue ", static_cast<int>(queue_ms), " ms, prefill ", static_cast<int>(prompt_ms), " ms, decode ",
+              static_cast<int>(gen_ms), " ms");
     metrics_.request_done(status, g->endpoint);
-    metrics_.add_tool_call_parse_failures(g->session->tool_call_parse_failures);
-    metrics_.add_prompt_tokens(static_cast<int64_t>(j.prompt.size()), j.n_cached);
-    metrics_.add_generated_tokens(j.n_generated, g->session->reasoning_tokens);
+    metrics_.add_tool_call_parse_failures(parse_failures);
+    metrics_.add_prompt_tokens(static_cast<int64_t>(n_prompt), n_cached);
+    metrics_.add_generated_tokens(n_generated, n_reasoning);
     metrics_.observe_e2e(std::chrono::duration<double>(Clock::now() - g->arrival).count());
   };
 
   if (!g->info.stream) {
-    bool finished = pump([](auto&, auto&) { return true; }, nullptr);
+    bool finished = pump([](size_t, auto&, auto&, bool) { return true; }, nullptr);
     in_flight_.fetch_sub(1);
     if (!finished) {
       record(499);
@@ -602,12 +700,11 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& r
       res.close = true;
       return;
     }
-    const GenJob& j = *g->job;
-    if (j.finish == FinishReason::error) {
-      record(500);
-      throw ApiError(500, "server_error", j.error_code, "", "generation failed: " + j.error);
-    }
-    if (j.finish == FinishReason::cancelled) {
+    if (const GenJob* f = failure()) {
+      if (f->finish == FinishReason::error) {
+        record(500);
+        throw ApiError(500, "server_error", f->error_code, "", "generation failed: " + f->error);
+      }
       record(503);
       ApiError e(503, "unavailable_error", "shutting_down", "", "the server shut down before the request finished");
       e.retry_after = 1;
@@ -615,11 +712,12 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& r
     }
     record(200);
     if (g->api) {
-      send_json(res, 200, g->api->response(gen_result(*g->session, j)));
+      send_json(res, 200, g->api->response(gen_result(*g->sessions[0], *g->jobs[0])));
       return;
     }
-    send_json(res, 200, g->info.chat ? chat_response(g->info, *g->session, j, *m.tokenizer)
-                                     : completion_response(g->info, *g->session, j, *m.tokenizer));
+    const std::vector<ChoiceOut> choices = g->choices();
+    send_json(res, 200, g->info.chat ? chat_response(g->info, choices, *m.tokenizer)
+                                     : completion_response(g->info, choices, *m.tokenizer));
     return;
   }
 
@@ -627,38 +725,46 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& r
   res.set_header("X-Accel-Buffering", "no");
   res.content_type = "text/event-stream";
   const Tokenizer* tok = m.tokenizer.get();
-  res.stream = [this, g, pump, record, tok](StreamSink& sink) {
-    StreamFormatter fmt(g->info, *tok);
+  res.stream = [this, g, pump, failure, record, cancel_all, tok](StreamSink& sink) {
+    // One formatter per choice; chunks of the choices interleave in the order their tokens arrive.
+    std::vector<StreamFormatter> fmt;
+    for (size_t i = 0; i < g->jobs.size(); ++i) fmt.emplace_back(g->info, *tok, static_cast<int>(i));
     ApiFormat* api = g->api.get();
     auto put = [&sink](const std::string& s) { return s.empty() || sink.write(s); };
-    bool ok = put(api ? api->start() : fmt.start());
+    bool ok = true;
+    if (api) ok = put(api->start());
+    for (size_t i = 0; ok && !api && i < fmt.size(); ++i) ok = put(fmt[i].start());
     if (ok) {
-      ok = pump([&](std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps) {
-                  return put(api ? api->events(ev) : fmt.events(ev, lps));
+      ok = pump([&](size_t i, std::vector<OutEvent>& ev, std::vector<LogprobEntry>& lps, bool finished) {
+                  if (api) return put(api->events(ev));
+                  if (!put(fmt[i].events(ev, lps))) return false;
+                  const GenJob& j = *g->jobs[i];
+                  const bool failed = j.finish == FinishReason::error || j.finish == FinishReason::cancelled;
+                  return !finished || failed || put(fmt[i].finish_choice(*g->sessions[i], j));
                 },
                 [&] { return put(api ? api->ping() : ": ping\n\n"); });
     }
     if (!ok) {
+      cancel_all();  // (pump has already; not when the first write failed)
       record(499);
       return false;
     }
-    const GenJob& j = *g->job;
     bool wrote = true;
-    if (j.finish == FinishReason::error || j.finish == FinishReason::cancelled) {
-      record(j.finish == FinishReason::error ? 500 : 503);
-      std::string msg = j.finish == FinishReason::error ? "generation failed: " + j.error
-                                                        : "the server shut down before the request finished";
-      std::string code = j.finish == FinishReason::error ? j.error_code : "internal_error";
-      wrote = put(api ? api->error(msg, code) : fmt.error(msg, code));
+    if (const GenJob* f = failure()) {
+      const bool error = f->finish == FinishReason::error;
+      record(error ? 500 : 503);
+      std::string msg = error ? "generation failed: " + f->error : "the server shut down before the request finished";
+      std::string code = error ? f->error_code : "internal_error";
+      wrote = put(api ? api->error(msg, code) : fmt[0].error(msg, code));
     } else {
       record(200);
-      wrote = put(api ? api->finish(gen_result(*g->session, j)) : fmt.finish(*g->session, j));
+      wrote = put(api ? api->finish(gen_result(*g->sessions[0], *g->jobs[0])) : fmt[0].usage_chunk(g->choices()));
     }
     if (api) return wrote;  // the Responses and Messages streams end with their own events
     return put("data: [DONE]\n\n") && wrote;
   };
-  res.stream_done = [this, g](bool ran) {
-    if (!ran) engine_->cancel(g->job);  // headers never went out: the stream did not run
+  res.stream_done = [this, g, cancel_all](bool ran) {
+    if (!ran) cancel_all();  // headers never went out: the stream did not run
     in_flight_.fetch_sub(1);
   };
 }

@@ -357,8 +357,7 @@ ChatRequest parse_chat_request(const ojson& b, const RequestLimits& limits) {
   if (model && !model->is_string()) wrong_type("model", "a string", *model);
   check_messages(b);
   r.messages = b["messages"];
-  if (auto n = get_int(b, "n", 1, std::numeric_limits<int32_t>::max()); n && *n != 1)
-    throw not_supported("n", "only n = 1 is supported");
+  r.n = int(get_int(b, "n", 1, kMaxChoices).value_or(1));
   r.max_tokens = get_max_tokens(b);
   r.sampling = get_sampling(b, limits);
   r.stop = get_stop(b);
@@ -432,8 +431,7 @@ CompletionRequest parse_completion_request(const ojson& b, const RequestLimits& 
   } else {
     wrong_type("prompt", "a string or an array of token ids", prompt);
   }
-  if (auto n = get_int(b, "n", 1, std::numeric_limits<int32_t>::max()); n && *n != 1)
-    throw not_supported("n", "only n = 1 is supported");
+  r.n = int(get_int(b, "n", 1, kMaxChoices).value_or(1));
   if (auto bo = get_int(b, "best_of", 1, std::numeric_limits<int32_t>::max()); bo && *bo > 1)
     throw not_supported("best_of", "best_of > 1 is not supported");
   if (const ojson* s = member(b, "suffix")) {

@@ -30,6 +30,10 @@ struct SamplingRequest {
   std::vector<std::pair<int32_t, float>> logit_bias;  // token id -> bias in [-100, 100]
 };
 
+// `n`: samples of one prompt per request (docs/api.md §2); more are 400 (unbounded n is a known OOM, vLLM
+// CVE-2026-34756).
+constexpr int kMaxChoices = 16;
+
 struct ChatRequest {
   ojson messages;                      // array of message objects, as sent (normalised by the chat layer)
   ojson tools;                         // array or null (null also when tool_choice is "none")
@@ -37,6 +41,7 @@ struct ChatRequest {
   std::string tool_choice_name;        // tool_choice = function
   bool parallel_tool_calls = true;
   std::optional<int> max_tokens;       // max_completion_tokens wins over max_tokens
+  int n = 1;                           // choices, 1..kMaxChoices
   SamplingRequest sampling;
   std::vector<std::string> stop;       // <= 16 entries, 1..256 bytes
   bool stream = false;
@@ -53,6 +58,7 @@ struct CompletionRequest {
   std::vector<int32_t> prompt_tokens;  // when the prompt is token ids (non-empty)
   bool prompt_is_tokens = false;
   std::optional<int> max_tokens;
+  int n = 1;                           // choices, 1..kMaxChoices
   SamplingRequest sampling;
   std::vector<std::string> stop;
   bool stream = false;

@@ -1,6 +1,8 @@
 // Response and SSE chunk formatting (see responses.h).
 #include "server/responses.h"
 
+#include <algorithm>
+
 namespace lily::server {
 namespace {
 
@@ -57,62 +59,96 @@ const char* finish_reason(const Session& s, const GenJob& job) {
   return s.tool_calls.empty() ? "stop" : "tool_calls";
 }
 
-ojson usage(const Session& s, const GenJob& job) {
-  int n_prompt = static_cast<int>(job.prompt.size());
-  int n_gen = job.n_generated + (job.stopped_by_id ? 1 : 0);
+// The prompt is shared by the choices: counted once, with the cache hits of the choice that found the fewest.
+ojson usage(std::span<const ChoiceOut> choices) {
+  const int n_prompt = static_cast<int>(choices.front().job->prompt.size());
+  int n_gen = 0, n_reasoning = 0, n_cached = n_prompt;
+  for (const auto& c : choices) {
+    n_gen += c.job->n_generated + (c.job->stopped_by_id ? 1 : 0);
+    n_reasoning += c.session->reasoning_tokens;
+    n_cached = std::min(n_cached, c.job->n_cached);
+  }
   return {{"prompt_tokens", n_prompt},
           {"completion_tokens", n_gen},
           {"total_tokens", n_prompt + n_gen},
-          {"prompt_tokens_details", {{"cached_tokens", job.n_cached}}},
-          {"completion_tokens_details", {{"reasoning_tokens", s.reasoning_tokens}}}};
+          {"prompt_tokens_details", {{"cached_tokens", n_cached}}},
+          {"completion_tokens_details", {{"reasoning_tokens", n_reasoning}}}};
 }
 
-ojson timings(const GenJob& job) {
-  return {{"cache_n", job.n_cached},
-          {"prompt_n", static_cast<int>(job.prompt.size()) - job.n_cached},
-          {"prompt_ms", job.prompt_ms},
-          {"predicted_n", job.n_generated},
-          {"predicted_ms", job.gen_ms}};
+// Sums over the choices' jobs (their prompt and decode times add up on the engine).
+ojson timings(std::span<const ChoiceOut> choices) {
+  const int n_prompt = static_cast<int>(choices.front().job->prompt.size());
+  int n_cached = n_prompt, n_gen = 0;
+  double prompt_ms = 0, gen_ms = 0;
+  for (const auto& c : choices) {
+    n_cached = std::min(n_cached, c.job->n_cached);
+    n_gen += c.job->n_generated;
+    prompt_ms += c.job->prompt_ms;
+    gen_ms += c.job->gen_ms;
+  }
+  return {{"cache_n", n_cached},
+          {"prompt_n", n_prompt - n_cached},
+          {"prompt_ms", prompt_ms},
+          {"predicted_n", n_gen},
+          {"predicted_ms", gen_ms}};
 }
 
 }  // namespace
 
 std::string dump_json(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
-ojson chat_response(const ResponseInfo& info, const Session& s, const GenJob& job, const Tokenizer& tok) {
-  ojson msg = {{"role", "assistant"}};
-  bool null_content = s.content.empty() && (!s.tool_calls.empty() || !s.reasoning.empty());
-  msg["content"] = null_content ? ojson(nullptr) : ojson(s.content);
-  if (info.include_reasoning && !s.reasoning.empty()) {
-    msg["reasoning_content"] = s.reasoning;
-    msg["reasoning"] = s.reasoning;
+ojson chat_response(const ResponseInfo& info, std::span<const ChoiceOut> choices, const Tokenizer& tok) {
+  ojson list = ojson::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Session& s = *choices[i].session;
+    ojson msg = {{"role", "assistant"}};
+    bool null_content = s.content.empty() && (!s.tool_calls.empty() || !s.reasoning.empty());
+    msg["content"] = null_content ? ojson(nullptr) : ojson(s.content);
+    if (info.include_reasoning && !s.reasoning.empty()) {
+      msg["reasoning_content"] = s.reasoning;
+      msg["reasoning"] = s.reasoning;
+    }
+    if (!s.tool_calls.empty()) {
+      ojson calls = ojson::array();
+      for (const auto& c : s.tool_calls)
+        calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      msg["tool_calls"] = calls;
+    }
+    list.push_back({{"index", i}, {"message", msg},
+                    {"logprobs", info.logprobs ? chat_logprobs(s.all_logprobs, tok, info.include_reasoning) : ojson(nullptr)},
+                    {"finish_reason", finish_reason(s, *choices[i].job)}});
   }
-  if (!s.tool_calls.empty()) {
-    ojson calls = ojson::array();
-    for (const auto& c : s.tool_calls)
-      calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-    msg["tool_calls"] = calls;
-  }
-  ojson choice = {{"index", 0}, {"message", msg},
-                  {"logprobs", info.logprobs ? chat_logprobs(s.all_logprobs, tok, info.include_reasoning) : ojson(nullptr)},
-                  {"finish_reason", finish_reason(s, job)}};
   return {{"id", info.id}, {"object", "chat.completion"}, {"created", info.created}, {"model", info.model},
-          {"system_fingerprint", info.fingerprint}, {"choices", ojson::array({choice})},
-          {"usage", usage(s, job)}, {"timings", timings(job)}};
+          {"system_fingerprint", info.fingerprint}, {"choices", list},
+          {"usage", usage(choices)}, {"timings", timings(choices)}};
+}
+
+ojson completion_response(const ResponseInfo& info, std::span<const ChoiceOut> choices, const Tokenizer& tok) {
+  ojson list = ojson::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Session& s = *choices[i].session;
+    size_t offset = info.echo.size();
+    list.push_back({{"index", i}, {"text", info.echo + s.text},
+                    {"logprobs", info.logprobs ? completion_logprobs(s.all_logprobs, tok, offset) : ojson(nullptr)},
+                    {"finish_reason", finish_reason(s, *choices[i].job)}});
+  }
+  return {{"id", info.id}, {"object", "text_completion"}, {"created", info.created}, {"model", info.model},
+          {"system_fingerprint", info.fingerprint}, {"choices", list},
+          {"usage", usage(choices)}, {"timings", timings(choices)}};
+}
+
+ojson chat_response(const ResponseInfo& info, const Session& s, const GenJob& job, const Tokenizer& tok) {
+  const ChoiceOut one{&s, &job};
+  return chat_response(info, std::span<const ChoiceOut>(&one, 1), tok);
 }
 
 ojson completion_response(const ResponseInfo& info, const Session& s, const GenJob& job, const Tokenizer& tok) {
-  size_t offset = info.echo.size();
-  ojson choice = {{"index", 0}, {"text", info.echo + s.text},
-                  {"logprobs", info.logprobs ? completion_logprobs(s.all_logprobs, tok, offset) : ojson(nullptr)},
-                  {"finish_reason", finish_reason(s, job)}};
-  return {{"id", info.id}, {"object", "text_completion"}, {"created", info.created}, {"model", info.model},
-          {"system_fingerprint", info.fingerprint}, {"choices", ojson::array({choice})},
-          {"usage", usage(s, job)}, {"timings", timings(job)}};
+  const ChoiceOut one{&s, &job};
+  return completion_response(info, std::span<const ChoiceOut>(&one, 1), tok);
 }
 
 ojson StreamFormatter::chunk(ojson delta_or_text, const char* finish) {
-  ojson choice = {{"index", 0}};
+  ojson choice = {{"index", index_}};
   if (info_.chat) choice["delta"] = std::move(delta_or_text);
   else choice["text"] = std::move(delta_or_text);
   if (info_.logprobs && !lps_.empty()) {
@@ -183,15 +219,21 @@ std::string StreamFormatter::events(std::vector<OutEvent>& ev, std::vector<Logpr
   return out;
 }
 
+std::string StreamFormatter::finish_choice(const Session& s, const GenJob& job) {
+  return event(chunk(info_.chat ? ojson::object() : ojson(""), finish_reason(s, job)));
+}
+
+std::string StreamFormatter::usage_chunk(std::span<const ChoiceOut> choices) {
+  if (!info_.include_usage) return {};
+  ojson u = {{"id", info_.id}, {"object", info_.chat ? "chat.completion.chunk" : "text_completion"},
+             {"created", info_.created}, {"model", info_.model}, {"system_fingerprint", info_.fingerprint},
+             {"choices", ojson::array()}, {"usage", usage(choices)}};
+  return event(u);
+}
+
 std::string StreamFormatter::finish(const Session& s, const GenJob& job) {
-  std::string out = event(chunk(info_.chat ? ojson::object() : ojson(""), finish_reason(s, job)));
-  if (info_.include_usage) {
-    ojson u = {{"id", info_.id}, {"object", info_.chat ? "chat.completion.chunk" : "text_completion"},
-               {"created", info_.created}, {"model", info_.model}, {"system_fingerprint", info_.fingerprint},
-               {"choices", ojson::array()}, {"usage", usage(s, job)}};
-    out += event(u);
-  }
-  return out;
+  const ChoiceOut one{&s, &job};
+  return finish_choice(s, job) + usage_chunk(std::span<const ChoiceOut>(&one, 1));
 }
 
 std::string StreamFormatter::error(const std::string& message, const std::string& code) {

@@ -13,6 +13,24 @@ OutEvent text_event(OutEvent::Kind kind, std::string text) {
 
 }  // namespace
 
+void Wakeup::notify() {
+  {
+    std::lock_guard l(mu_);
+    ++seq_;
+  }
+  cv_.notify_all();
+}
+
+uint64_t Wakeup::seq() {
+  std::lock_guard l(mu_);
+  return seq_;
+}
+
+void Wakeup::wait(uint64_t seen, std::chrono::milliseconds timeout) {
+  std::unique_lock l(mu_);
+  cv_.wait_for(l, timeout, [&] { return seq_ != seen; });
+}
+
 Session::Session(const Tokenizer& tok, SessionOptions opt) : tok_(tok), opt_(std::move(opt)), stop_(opt_.stop) {
   if (opt_.chat) parser_ = std::make_unique<chat::OutputParser>(opt_.parser, opt_.tools);
   else decoder_.emplace(tok_);
@@ -104,6 +122,7 @@ bool Session::on_token(const SampledToken& ev) {
     held_lp_->reasoning_token = parser_ && parser_->result().reasoning_tokens > rt0;
   }
   cv_.notify_all();
+  if (opt_.wake) opt_.wake->notify();
   return !ended_;
 }
 
@@ -129,6 +148,12 @@ void Session::on_done(const GenJob& job) {
     done_ = true;
   }
   cv_.notify_all();
+  if (opt_.wake) opt_.wake->notify();
+}
+
+bool Session::finished() {
+  std::lock_guard l(mu_);
+  return done_;
 }
 
 bool Session::take(std::vector<OutEvent>& events, std::vector<LogprobEntry>& lps, std::chrono::milliseconds timeout) {

@@ -4,7 +4,9 @@
 // queued for the HTTP thread and also accumulated, so streaming and non-streaming responses are built from the
 // same events (docs/api.md principle: one generation and parsing path).
 #pragma once
+#include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,6 +41,20 @@ struct ToolCallOut {
   std::string id, name, arguments;
 };
 
+// Wakes the one HTTP thread that waits on several sessions (the n choices of a request) when any of them has
+// news: it reads seq(), drains every session, then waits until seq() moves on (no news is lost in between).
+class Wakeup {
+ public:
+  void notify();
+  uint64_t seq();
+  void wait(uint64_t seen, std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t seq_ = 0;  // notifications so far
+};
+
 struct SessionOptions {
   bool chat = true;                       // false: /v1/completions (no parser)
   std::vector<std::string> stop;
@@ -46,6 +62,7 @@ struct SessionOptions {
   bool logprobs = false;                  // keep per-token logprob entries
   chat::ParserOptions parser;             // chat: delimiter ids, initial reasoning state
   chat::ToolSet tools;
+  std::shared_ptr<Wakeup> wake;           // also notified on news (null: only take()'s own wait)
 };
 
 class Session {
@@ -59,6 +76,8 @@ class Session {
   // HTTP thread: waits up to `timeout` for news; moves pending events/logprobs out. Returns true when the
   // job has finished (everything produced has been handed out by this call or earlier).
   bool take(std::vector<OutEvent>& events, std::vector<LogprobEntry>& lps, std::chrono::milliseconds timeout);
+  // True once the job has ended (on_done ran): its GenJob result fields are final.
+  bool finished();
 
   // Accumulated results (complete once take() returned true).
   std::string reasoning, content, text;

@@ -1,6 +1,7 @@
 // The official `openai` npm client (v6, pinned in tests/oracle/package.json) against a running `lily serve`:
 // model list, non-streaming and streaming chat with usage, stream == non-stream for one seed, a tool-calling
-// history, /v1/completions, and typed errors with `param`. Usage: node openai_client.mjs BASE_URL. Exit 0 = pass.
+// history, n = 2 choices (non-streaming and streaming), /v1/completions, and typed errors with `param`.
+// Usage: node openai_client.mjs BASE_URL. Exit 0 = pass.
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
 import path from 'node:path';
@@ -62,6 +63,29 @@ const t = await client.chat.completions.create({
 assert.ok(['stop', 'length', 'tool_calls'].includes(t.choices[0].finish_reason));
 assert.ok(t.usage.prompt_tokens > 40, 'tools and history were rendered into the prompt');
 
+// n = 2: one choice per index, streamed chunks interleaved by index rebuild the same texts
+const two = await client.chat.completions.create({ model, messages: user('Hi'), max_tokens: 8, seed: 9, temperature: 1, n: 2 });
+assert.deepEqual(two.choices.map((ch) => ch.index), [0, 1]);
+const twoStream = await client.chat.completions.create({
+  model, messages: user('Hi'), max_tokens: 8, seed: 9, temperature: 1, n: 2, stream: true,
+  stream_options: { include_usage: true },
+});
+const texts = ['', ''], finishes = [null, null];
+let twoUsage = null;
+for await (const chunk of twoStream) {
+  if (chunk.usage) twoUsage = chunk.usage;
+  for (const ch of chunk.choices) {
+    texts[ch.index] += (ch.delta.reasoning_content ?? '') + (ch.delta.content ?? '');
+    if (ch.finish_reason) finishes[ch.index] = ch.finish_reason;
+  }
+}
+for (const i of [0, 1]) {
+  const m = two.choices[i].message;
+  assert.equal(texts[i], (m.reasoning_content ?? '') + (m.content ?? ''), `choice ${i} text`);
+  assert.equal(finishes[i], two.choices[i].finish_reason, `choice ${i} finish_reason`);
+}
+assert.equal(twoUsage.completion_tokens, two.usage.completion_tokens);
+
 // raw completions
 const c = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 5, seed: 1 });
 assert.equal(c.object, 'text_completion');
@@ -80,7 +104,7 @@ async function expectError(params, status, param) {
   assert.fail(`no error for ${JSON.stringify(params)}`);
 }
 await expectError({ messages: user('x'), temperature: 'hot' }, 400, 'temperature');
-await expectError({ messages: user('x'), n: 2 }, 400, 'n');
+await expectError({ messages: user('x'), n: 17 }, 400, 'n');
 await expectError({ messages: [{ role: 'wizard', content: 'x' }] }, 400, 'messages[0].role');
 await expectError({ messages: user('x'), tools: [{ type: 'function', function: { name: 'f', parameters: 'nope' } }] },
   400, 'tools[0].function.parameters');

@@ -191,7 +191,7 @@ TEST_F(ServerHttp, ErrorTable) {
       {R"({"model":"m","messages":[{"role":"user","content":123}]})", 400, "invalid_request_error", "messages[0].content", ""},
       {R"({"model":"m","messages":[{"role":"wizard","content":"a"}]})", 400, "invalid_request_error", "messages[0].role", ""},
       {R"({"model":"m",)" + ok_msgs + R"(,"temperature":"hot"})", 400, "invalid_request_error", "temperature", ""},
-      {R"({"model":"m",)" + ok_msgs + R"(,"n":3})", 400, "not_supported_error", "n", ""},
+      {R"({"model":"m",)" + ok_msgs + R"(,"n":17})", 400, "invalid_request_error", "n", ""},
       {R"({"model":"m",)" + ok_msgs + R"(,"top_logprobs":50})", 400, "invalid_request_error", "top_logprobs", ""},
       {R"({"model":"m",)" + ok_msgs + R"(,"max_tokens":-1})", 400, "invalid_request_error", "max_tokens", ""},
       {R"({"model":"m",)" + ok_msgs + R"(,"logit_bias":{"999999":1}})", 400, "invalid_request_error", "logit_bias", ""},
@@ -624,9 +624,10 @@ TEST(ServerLifecycle, NanLogitsAnswer500NanLogits) {
   ServerProcess srv({"--model", dir.string(), "--ctx", "256"}, 180, false);
   ASSERT_TRUE(srv.ok()) << srv.error();
   const ojson body = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 4}};
-  for (double temperature : {0.0, 0.7}) {
+  for (auto [temperature, n] : {std::pair{0.0, 1}, std::pair{0.7, 1}, std::pair{0.7, 3}}) {
     ojson b = body;
     b["temperature"] = temperature;
+    b["n"] = n;  // n = 3: the first failing choice ends the request, the others are withdrawn
     if (temperature > 0) b["top_k"] = 0;  // (the GPU sampler's full-vocabulary path)
     int status = 0;
     const ojson r = post_json(srv, "/v1/chat/completions", b, &status);
@@ -638,7 +639,12 @@ TEST(ServerLifecycle, NanLogitsAnswer500NanLogits) {
     EXPECT_NE(sse.find("\"code\":\"nan_logits\""), std::string::npos) << sse;
     EXPECT_EQ(sse.find("\"content\":\""), std::string::npos) << "a token was emitted: " << sse;
     EXPECT_NE(sse.find("data: [DONE]"), std::string::npos) << sse;
+    EXPECT_EQ(sse.find("\"finish_reason\":\""), std::string::npos) << "a failed choice was finished: " << sse;
   }
+  auto t0 = Clock::now();
+  while (metric(srv, "lily_requests_queued") != 0 && seconds_since(t0) < 10)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(metric(srv, "lily_requests_queued"), 0);
   auto h = srv.client().get("/health");
   ASSERT_TRUE(h);
   EXPECT_EQ(h->status, 200);

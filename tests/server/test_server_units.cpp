@@ -121,6 +121,9 @@ TEST(ServerRequest, ValidChatRequestParses) {
   EXPECT_EQ(r.sampling.logit_bias.size(), 2u);
   EXPECT_EQ(*r.max_tokens, 11);  // max_completion_tokens wins
   EXPECT_EQ(r.chat_template_kwargs["enable_thinking"], false);  // reasoning_effort none
+  EXPECT_EQ(r.n, 1);                                            // n absent
+  EXPECT_EQ(parse_chat_request(chat_body(R"(,"n":16)"), kLimits).n, 16);
+  EXPECT_EQ(parse_chat_request(chat_body(R"(,"n":null)"), kLimits).n, 1);
 }
 
 TEST(ServerRequest, EveryFieldIsTypeAndRangeChecked) {
@@ -137,7 +140,8 @@ TEST(ServerRequest, EveryFieldIsTypeAndRangeChecked) {
       {R"(,"repetition_penalty":11)", "repetition_penalty"}, {R"(,"seed":"x")", "seed"},
       {R"(,"max_tokens":0)", "max_tokens"},           {R"(,"max_tokens":-5)", "max_tokens"},
       {R"(,"max_tokens":"9")", "max_tokens"},         {R"(,"max_completion_tokens":1e20)", "max_completion_tokens"},
-      {R"(,"n":2)", "n"},                             {R"(,"n":0)", "n"},
+      {R"(,"n":17)", "n"},                            {R"(,"n":0)", "n"},
+      {R"(,"n":-1)", "n"},                            {R"(,"n":2.5)", "n"},
       {R"(,"stop":5)", "stop"},                       {R"(,"stop":[""])", "stop"},
       {R"(,"stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"])", "stop"},
       {R"(,"stream":"yes")", "stream"},               {R"(,"stream_options":3)", "stream_options"},
@@ -202,8 +206,12 @@ TEST(ServerRequest, CompletionPrompts) {
   EXPECT_TRUE(r.prompt_is_tokens);
   EXPECT_EQ(r.prompt_tokens.size(), 3u);
   EXPECT_EQ(r.logprobs, 2);
-  r = parse_completion_request(parse_body(R"({"prompt":["hello"]})", kLimits), kLimits);
+  EXPECT_EQ(r.n, 1);
+  r = parse_completion_request(parse_body(R"({"prompt":["hello"],"n":3})", kLimits), kLimits);
   EXPECT_EQ(r.prompt_text, "hello");
+  EXPECT_EQ(r.n, 3);
+  for (std::string b : {R"({"prompt":"a","n":17})", R"({"prompt":"a","n":0})", R"({"prompt":"a","n":"2"})"})
+    expect_error([&] { parse_completion_request(parse_body(b, kLimits), kLimits); }, 400, "n");
   for (std::string b : {R"({"prompt":[-1]})", R"({"prompt":[1000]})", R"({"prompt":[]})", R"({"prompt":""})",
                         R"({"prompt":["a","b"]})", R"({"prompt":5})", R"({})"})
     expect_error([&] { parse_completion_request(parse_body(b, kLimits), kLimits); }, 400, "prompt");
