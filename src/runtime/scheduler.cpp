@@ -276,6 +276,23 @@ void Scheduler::sample(Seq& s, const float* logits) {
   if (s.done && !s.tail) release(s, true);
 }
 
+// Whether `s` should wait for a running sequence that is still consuming a prefix they share (the same system
+// prompt, or n samples of one prompt): that one gets a checkpoint where the common part ends, and `s` starts
+// from it (its KV copied, the snapshot restored) instead of computing the same tokens again.
+bool Scheduler::waits_for_prefix(const Seq& s) {
+  if (!opt_.prefix_cache) return false;
+  const int L = static_cast<int>(s.ctx.size());
+  for (auto& rp : running_) {
+    Seq& r = *rp;
+    if (r.done || r.slot < 0) continue;
+    const int k = lcp(r.ctx, s.ctx, std::min(L - 1, r.n_prompt - 1));
+    if (k < 1 || r.consumed >= k || (k < kSharedPrefixMin && k < L - 1)) continue;
+    if (!std::binary_search(r.cuts.begin(), r.cuts.end(), k)) r.cuts.insert(std::upper_bound(r.cuts.begin(), r.cuts.end(), k), k);
+    return true;
+  }
+  return false;
+}
+
 int Scheduler::step() {
   // Interruptions: running sequences keep their consumed tokens in the slot; waiting ones just end.
   for (auto& s : running_)
@@ -295,16 +312,22 @@ int Scheduler::step() {
   }
   std::erase_if(running_, [](const auto& s) { return s->done && !s->tail; });
 
-  while (!waiting_.empty()) {
-    Seq& s = *waiting_.front();
+  // Admission in FIFO order; a sequence waiting for a running one's prompt to pass their common prefix is
+  // skipped, the first that does not fit stops the line.
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    Seq& s = **it;
     if (PageTable::pages_for(static_cast<int>(s.ctx.size()), opt_.kv_page_tokens) > kv_pool_.capacity()) {
       finish(s, FinishReason::length);  // its context outgrew the whole KV pool
-      waiting_.pop_front();
+      it = waiting_.erase(it);
+      continue;
+    }
+    if (waits_for_prefix(s)) {
+      ++it;
       continue;
     }
     if (!admit(s)) break;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(*it));
+    it = waiting_.erase(it);
   }
 
   // The batch: turn tails, decode ids (always), then prompt pieces in admission order within the token budget.

@@ -9,7 +9,9 @@
 // goes on sampling where it stopped (same sampler, same RNG counter): its output does not change.
 // Prefix reuse: a new sequence starts from the longest prefix of its context that some slot's KV holds and for
 // which the slot's live state or a PrefixCache snapshot gives the recurrent state (KV copied between slots with
-// BatchBackend::copy_prefix). One thread (the caller's) drives it.
+// BatchBackend::copy_prefix). A sequence whose prompt shares a prefix with one still being consumed (the same
+// long system prompt; n samples of one prompt) waits until that prefix is done and starts from it, so the
+// common tokens are computed once. One thread (the caller's) drives it.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -105,6 +107,8 @@ class Scheduler {
     explicit Slot(int page_tokens) : kv(page_tokens) {}
   };
 
+  static constexpr int kSharedPrefixMin = 64;  // tokens in common worth waiting for (a whole prompt always is)
+  bool waits_for_prefix(const Seq& s);
   bool admit(Seq& s);
   bool reserve(Slot& slot, int n_tokens);
   bool evict_idle(int pages_needed, const Slot* keep);

@@ -346,3 +346,36 @@ TEST(Scheduler, RejectsWhatCanNeverRun) {
   EXPECT_EQ(y.ids, solo(std::vector<int32_t>(40, 1), 11, 0, false));
   expect_empty(sch);
 }
+
+TEST(Scheduler, SamplesOfOnePromptComputeItOnce) {
+  std::mt19937 rng(8);
+  HashBackend be(4, 4096);
+  SchedulerOptions o;
+  o.prefill_chunk = 16;
+  Scheduler sch(be, o);
+  const std::vector<int32_t> prompt = random_prompt(rng, 50);
+  std::vector<Outcome> out(4);
+  std::vector<int> cached(4, -1);
+  for (int i = 0; i < 4; ++i) {  // n = 4: arrive together, seeds differ
+    SeqSpec s = spec_of(prompt, 12, 40 + i, out[i]);
+    s.on_admitted = [&cached, i](int n) { cached[i] = n; };
+    sch.add(std::move(s));
+  }
+  run_to_idle(sch);
+  EXPECT_EQ(cached, (std::vector<int>{0, 49, 49, 49}));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(out[i].ids, solo(prompt, 12, 40 + i)) << i;
+  // A different prompt with a short common head does not wait for it.
+  Outcome a, b;
+  int cached_b = -1;
+  std::vector<int32_t> pa = random_prompt(rng, 40), pb = pa;
+  pb.resize(10);
+  pb = random_prompt(rng, 30, pb);
+  sch.add(spec_of(pa, 3, 1, a));
+  SeqSpec sb = spec_of(pb, 3, 2, b);
+  sb.on_admitted = [&](int n) { cached_b = n; };
+  sch.add(std::move(sb));
+  sch.step();
+  EXPECT_EQ(cached_b, 0);
+  run_to_idle(sch);
+  expect_empty(sch);
+}
