@@ -119,16 +119,22 @@ class ServerProcess {
   std::string log_, error_;
 };
 
-// A gauge or counter without labels from the server's /metrics, or -1.
-inline double metric(const ServerProcess& s, const std::string& name) {
-  auto r = s.client().get("/metrics");
-  if (!r) return -1;
-  std::istringstream in(r->body);
+// A gauge or counter without labels from a /metrics text, or -1.
+inline double metric_in(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
   std::string line;
   while (std::getline(in, line))
     if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
   return -1;
 }
+
+inline std::string metrics_text(const ServerProcess& s) {
+  auto r = s.client().get("/metrics");
+  return r ? r->body : std::string();
+}
+
+// A gauge or counter without labels from the server's /metrics, or -1.
+inline double metric(const ServerProcess& s, const std::string& name) { return metric_in(metrics_text(s), name); }
 
 inline ojson post_json(const ServerProcess& s, const std::string& path, const ojson& body, int* status = nullptr,
                        lily::server::HttpHeaders headers = {}) {
