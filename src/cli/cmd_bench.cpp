@@ -2,13 +2,19 @@
 // second, achieved GB/s, % of the bandwidth floor (bytes per token / measured copy bandwidth) and time per
 // kernel family — as a terminal table or JSON. Weights: `--synthetic full` (random full-size weights made
 // on the GPU, no disk) or `--model DIR`. Needs the CUDA build; otherwise it says so and fails.
+// `--concurrency 1,4,8` measures the continuous-batching scheduler instead (runtime/bench_concurrency.h): total and
+// per-stream tok/s with that many sequences at once, on the backend that batches (the CPU backend today).
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "runtime/bench_concurrency.h"
 #include "runtime/bench_loop.h"
+#include "runtime/cpu_batch_backend.h"
+#include "util/thread_pool.h"
 #include "server/engine.h"
 #ifdef LILY_HAVE_CUDA
 #include "model/forward_cuda.h"
@@ -26,7 +32,59 @@ struct BenchArgs {
   bool json = false;
   bool no_breakdown = false;
   bool no_loops = false;
+  std::string concurrency;              // comma-separated client counts: the scheduler benchmark
+  int gen_tokens = 256;
+  int prompt_tokens = 100;
 };
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) v.push_back(std::stoi(item));
+  return v;
+}
+
+// The scheduler with C sequences at once on the CPU batch backend (the CUDA batched step is not built yet).
+int run_concurrency(const BenchArgs& a) {
+  if (a.model_dir.empty()) {
+    std::fprintf(stderr, "lily bench --concurrency: give --model DIR (runs on the CPU backend, which batches; the "
+                         "CUDA backend runs one sequence per step until its batched step lands)\n");
+    return 2;
+  }
+  ConcurrencyBenchOptions o;
+  o.concurrency = parse_list(a.concurrency);
+  o.gen_tokens = a.gen_tokens;
+  o.prompt_tokens = a.prompt_tokens;
+  if (o.concurrency.empty()) {
+    std::fprintf(stderr, "lily bench --concurrency: expected a list such as 1,4,8\n");
+    return 2;
+  }
+  const Model model = load_model(a.model_dir);
+  const int slots = *std::max_element(o.concurrency.begin(), o.concurrency.end());
+  CpuBatchBackend be(model, slots, o.prompt_tokens + o.gen_tokens + 16);
+  const std::vector<ConcurrencyPoint> pts = run_concurrency_bench(be, o);
+  if (a.json) {
+    nlohmann::json j;
+    j["backend"] = be.name();
+    j["prompt_tokens"] = o.prompt_tokens;
+    j["gen_tokens"] = o.gen_tokens;
+    for (const ConcurrencyPoint& p : pts)
+      j["points"].push_back({{"clients", p.clients}, {"total_tok_per_s", p.total_tok_per_s},
+                             {"stream_tok_per_s", p.stream_tok_per_s}, {"ttft_ms", p.ttft_ms},
+                             {"mean_batch", p.mean_batch}, {"steps", p.steps}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("scheduler on the %s backend, %d threads: %d-token prompts, %d ids each, chat sampling\n",
+              be.name().c_str(), ThreadPool::global().size(), o.prompt_tokens, o.gen_tokens);
+  std::printf("%8s %12s %13s %10s %11s %7s\n", "clients", "total tok/s", "stream tok/s", "TTFT ms", "mean batch", "steps");
+  for (const ConcurrencyPoint& p : pts)
+    std::printf("%8d %12.1f %13.1f %10.1f %11.2f %7d\n", p.clients, p.total_tok_per_s, p.stream_tok_per_s, p.ttft_ms,
+                p.mean_batch, p.steps);
+  return 0;
+}
 
 #ifdef LILY_HAVE_CUDA
 std::vector<int> parse_contexts(const std::string& s) {
@@ -104,6 +162,7 @@ nlohmann::json to_json(const BenchReport& r, const LoopBenchReport& lr) {
 #endif
 
 int run_bench(const BenchArgs& a) {
+  if (!a.concurrency.empty()) return run_concurrency(a);
 #ifdef LILY_HAVE_CUDA
   if (a.synthetic.empty() == a.model_dir.empty()) {
     std::fprintf(stderr, "lily bench: give exactly one of --synthetic full or --model DIR\n");
@@ -151,6 +210,11 @@ const CommandRegistrar reg{Command{
       sub.add_flag("--json", a->json, "print JSON instead of a table");
       sub.add_flag("--no-breakdown", a->no_breakdown, "skip the per-kernel-family pass");
       sub.add_flag("--no-loops", a->no_loops, "skip the generation-loop measurement");
+      sub.add_option("--concurrency", a->concurrency,
+                     "comma-separated client counts (e.g. 1,4,8,16,64): total and per-stream tok/s through the "
+                     "continuous-batching scheduler (CPU backend, --model DIR)");
+      sub.add_option("--gen-tokens", a->gen_tokens, "--concurrency: ids generated per sequence")->capture_default_str();
+      sub.add_option("--prompt-tokens", a->prompt_tokens, "--concurrency: prompt tokens per sequence")->capture_default_str();
       return [a] { return run_bench(*a); };
     }}};
 

@@ -166,8 +166,14 @@ bool Scheduler::admit(Seq& s) {
   int evictable = kv_pool_.available() + static_cast<int>(d.kv.pages().size()) - keep_pages;
   for (int i = 0; i < static_cast<int>(slots_.size()); ++i)
     if (!slots_[i].owner && i != dst && i != src) evictable += static_cast<int>(slots_[i].kv.pages().size());
-  // One page of headroom per running sequence, so an admission does not force a preemption at the next step.
-  const int headroom = static_cast<int>(std::count_if(running_.begin(), running_.end(), [](const auto& r) { return !r->done; }));
+  // A page of headroom per running sequence that may still grow into a new page, so an admission does not force
+  // a preemption at the next step.
+  int headroom = 0;
+  for (const auto& r : running_) {
+    if (r->done || r->slot < 0) continue;
+    const int most = std::min(r->n_prompt + r->spec.max_tokens, max_context_);
+    headroom += PageTable::pages_for(most, opt_.kv_page_tokens) > static_cast<int>(slots_[r->slot].kv.pages().size());
+  }
   if (evictable < need + headroom) return false;
 
   if (src >= 0) {

@@ -62,3 +62,21 @@ TEST(CliGenerate, TextAndChatPromptsFeedTheTokenizersIds) {
   }
   EXPECT_EQ(shown, tok.decode(ids, /*skip_special=*/true) + "\n");
 }
+
+TEST(CliBench, ConcurrencyRunsEveryClientInTheSameSteps) {
+  const std::string cmd = std::string(LILY_BINARY_DIR) + "/lily bench --model " + LILY_SOURCE_DIR +
+                          "/tests/data/golden/hf --concurrency 1,3 --gen-tokens 8 --prompt-tokens 5 --json 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << cmd;
+  const auto j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["points"].size(), 2u) << out;
+  EXPECT_EQ(j["points"][1]["clients"], 3);
+  EXPECT_EQ(j["points"][1]["steps"], 8);  // the prompts in one step, then every step decodes all three
+  EXPECT_DOUBLE_EQ(j["points"][1]["mean_batch"].get<double>(), 3.0);
+  EXPECT_GT(j["points"][1]["total_tok_per_s"].get<double>(), 0);
+}

@@ -1,0 +1,28 @@
+// `lily bench --concurrency`: total and per-stream decode rate through the continuous-batching scheduler
+// (runtime/scheduler.h) with C sequences at once, each a ~100-token prompt and a fixed number of generated ids
+// (no stop id), chat-default sampling. Measures what the scheduler and the batched step give, without HTTP.
+#pragma once
+#include <vector>
+
+#include "runtime/batch_backend.h"
+
+namespace lily {
+
+struct ConcurrencyBenchOptions {
+  std::vector<int> concurrency = {1, 4, 8, 16, 64};  // levels above the backend's slots are skipped
+  int prompt_tokens = 100;
+  int gen_tokens = 256;
+};
+
+struct ConcurrencyPoint {
+  int clients = 0;
+  double total_tok_per_s = 0;           // generated ids of all sequences / wall time from start to the last id
+  double stream_tok_per_s = 0;          // median over sequences of (ids - 1) / (last id - first id)
+  double ttft_ms = 0;                   // median time to the first id
+  double mean_batch = 0;                // sequences per step
+  int steps = 0;
+};
+
+std::vector<ConcurrencyPoint> run_concurrency_bench(BatchBackend& be, const ConcurrencyBenchOptions& opt);
+
+}  // namespace lily
