@@ -2,7 +2,10 @@
 // BPE tokenizer and Qwen3.6 chat template) on a free loopback port, and small HTTP helpers around it.
 // Every wait is bounded; the process is killed if it does not exit.
 #pragma once
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -182,6 +185,33 @@ inline bool parse_sse(const std::string& body, std::vector<ojson>& events, bool&
     events.push_back(std::move(j));
   }
   return true;
+}
+
+// Opens a streaming /v1/completions request on a raw socket, reads until its first text chunk, and closes the
+// connection (a client that goes away mid-stream).
+inline bool abandon_stream(const ServerProcess& srv, const ojson& body) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(srv.port()));
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return close(fd), false;
+  ojson b = body;
+  b["stream"] = true;
+  const std::string s = b.dump();
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(s.size()) + "\r\n\r\n" + s;
+  if (send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) return close(fd), false;
+  std::string got;
+  char buf[4096];
+  const auto t0 = Clock::now();
+  while (got.find("\"text\"") == std::string::npos && seconds_since(t0) < 60) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return got.find("\"text\"") != std::string::npos;
 }
 
 }  // namespace lily::test

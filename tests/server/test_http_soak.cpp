@@ -1,7 +1,9 @@
 // Soak (ctest label "soak", run by hand: `ctest --test-dir build -L soak`; not in scripts/test.sh): mixed valid
 // and hostile traffic against `lily serve --demo` for LILY_SOAK_SECONDS (default 60). After a warm-up with the
 // same traffic, the server's resident memory (VmRSS) and open descriptors must stay flat, every valid request
-// must succeed, and /health must answer at the end.
+// must succeed, and /health must answer at the end. A second test runs 32 clients of random generation
+// requests and disconnects through the continuous-batching engine: nothing lost, nothing crossed (probe
+// requests keep their solo output under load), pools and memory back to where they were.
 #include <dirent.h>
 
 #include <gtest/gtest.h>
@@ -164,4 +166,69 @@ TEST(HttpSoak, MixedTrafficKeepsMemoryAndDescriptorsFlat) {
   EXPECT_LE(fds1, fds0 + 2);
   EXPECT_LT(rss1 - rss0, 32 * 1024) << "resident memory grew by " << (rss1 - rss0) / 1024 << " MiB";
   EXPECT_EQ(raw_request(srv.port(), req("GET", "/health")).status, 200);
+}
+
+TEST(HttpSoak, ThirtyTwoClientsOfRandomRequestsAndDisconnects) {
+  const char* env = std::getenv("LILY_SOAK_SECONDS");
+  const double seconds = env ? std::atof(env) : 60;
+  ServerProcess srv({"--ctx", "512", "--max-seqs", "8", "--queue", "64"});
+  ASSERT_TRUE(srv.ok()) << srv.error();
+  const ojson no_eos = {{"151643", -100}, {"151645", -100}, {"151662", -100}, {"151663", -100}, {"151664", -100}};
+  const ojson probe = {{"prompt", "the probe"}, {"max_tokens", 24}, {"seed", 4242}, {"temperature", 0.8},
+                       {"logit_bias", no_eos}};
+  const ojson solo = post_json(srv, "/v1/completions", probe);
+  ASSERT_TRUE(solo.contains("choices")) << solo.dump();
+  std::atomic<int> ok{0}, lost{0}, crossed{0}, abandoned{0};
+  auto run_for = [&](double s, unsigned seed) {
+    std::vector<std::thread> th;
+    std::atomic<bool> stop{false};
+    for (int t = 0; t < 32; ++t)
+      th.emplace_back([&, t] {
+        std::mt19937 rng(seed * 1000 + static_cast<unsigned>(t));
+        while (!stop.load()) {
+          const int kind = static_cast<int>(rng() % 10);
+          if (kind == 0) {  // the probe: its solo text under any load
+            const ojson r = post_json(srv, "/v1/completions", probe);
+            (r.contains("choices") && r["choices"][0]["text"] == solo["choices"][0]["text"] ? ok : crossed)++;
+            continue;
+          }
+          const int max_tokens = 1 + static_cast<int>(rng() % 60);
+          ojson b = {{"prompt", "client " + std::to_string(t) + " asks " + std::to_string(rng() % 1000)},
+                     {"max_tokens", max_tokens}, {"seed", static_cast<int>(rng() % 100000)}, {"logit_bias", no_eos}};
+          if (kind <= 2) {  // goes away mid-stream
+            abandon_stream(srv, b);
+            abandoned++;
+            continue;
+          }
+          int st = 0;
+          const ojson r = post_json(srv, "/v1/completions", b, &st);
+          const bool full = st == 200 && r.contains("usage") && r["usage"]["completion_tokens"] == max_tokens;
+          (full ? ok : lost)++;
+        }
+      });
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(s * 1000)));
+    stop.store(true);
+    for (auto& x : th) x.join();
+    const auto t0 = Clock::now();  // abandoned streams end within a step
+    while (metric(srv, "lily_requests_running") != 0 && seconds_since(t0) < 10)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  };
+  run_for(std::max(5.0, seconds * 0.2), 1);  // warm-up
+  const long rss0 = vm_rss_kib(srv.pid());
+  run_for(seconds, 2);
+  const long rss1 = vm_rss_kib(srv.pid());
+  const std::string m = metrics_text(srv);
+  std::printf("[ soak ] 32 clients, %.0f s: %d complete, %d lost, %d crossed, %d abandoned; VmRSS %ld -> %ld KiB; "
+              "%.0f steps, %.2f sequences per step, %.0f preemptions\n",
+              seconds, ok.load(), lost.load(), crossed.load(), abandoned.load(), rss0, rss1,
+              metric_in(m, "lily_batch_size_count"),
+              metric_in(m, "lily_batch_size_sum") / std::max(1.0, metric_in(m, "lily_batch_size_count")),
+              metric_in(m, "lily_preemptions_total"));
+  EXPECT_EQ(lost.load(), 0);
+  EXPECT_EQ(crossed.load(), 0);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(metric_in(m, "lily_requests_running"), 0);
+  EXPECT_EQ(metric_in(m, "lily_requests_queued"), 0);
+  EXPECT_EQ(metric_in(m, "lily_state_slots_used"), 0);
+  EXPECT_LT(rss1 - rss0, 32 * 1024) << "resident memory grew by " << (rss1 - rss0) / 1024 << " MiB";
 }

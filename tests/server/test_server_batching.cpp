@@ -2,10 +2,6 @@
 // with different seeds, sampling settings and lengths, some of them abandoned mid-stream, give each the exact
 // text it gets alone (docs/api.md: a request's output does not depend on which others share its steps); a KV
 // budget smaller than the load preempts and recomputes without changing any output; pools return to zero.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -36,32 +32,6 @@ ojson request(int i) {
 std::string text_of(const ojson& r) {
   if (!r.is_object() || !r.contains("choices")) return "<error: " + r.dump() + ">";
   return r["choices"][0]["text"].get<std::string>();
-}
-
-// Opens a streaming request on a raw socket, reads until the first text chunk, and closes the connection.
-bool abandon_stream(const ServerProcess& srv, const ojson& body) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(srv.port()));
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return close(fd), false;
-  ojson b = body;
-  b["stream"] = true;
-  const std::string s = b.dump();
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                          "Content-Length: " + std::to_string(s.size()) + "\r\n\r\n" + s;
-  if (send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) return close(fd), false;
-  std::string got;
-  char buf[4096];
-  const auto t0 = Clock::now();
-  while (got.find("\"text\"") == std::string::npos && seconds_since(t0) < 60) {
-    const ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    got.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  return got.find("\"text\"") != std::string::npos;
 }
 
 void wait_idle(const ServerProcess& srv) {
