@@ -3,6 +3,8 @@
 # layout (~19.5 GB), the Qwen3 tokenizer and the Qwen3.6 chat template staged by tools/gpu_stage.sh are copied
 # next to it, the server starts on the CUDA backend, and tools/gpu_serve_client.py drives the HTTP API.
 # Usage (after tools/gpu_stage.sh): bash tools/gpu_serve.sh .device/stage [OUTDIR]
+# Environment: LILY_SERVE_CTX (--ctx), LILY_SERVE_ARGS (more serve flags, e.g. "--max-seqs 16"), and the client's
+# LILY_PROMPT_LENGTHS (prompt times), LILY_CLIENTS (e.g. 1,4,8,16,64: concurrent clients' tok/s), LILY_CLIENTS_ONLY.
 set -euo pipefail
 BIN=$(cd "$1" && pwd)
 OUT=${2:-${OUT:-/tmp}}
@@ -15,7 +17,7 @@ if [ ! -f "$DIR/.synth-done" ]; then
 fi
 cp "$BIN/tokenizer.json" "$BIN/tokenizer_config.json" "$BIN/chat_template.jinja" "$DIR/"
 PORT=18080
-"$BIN/lily" serve --model "$DIR" --device cuda --port $PORT --ctx ${LILY_SERVE_CTX:-16384} > "$OUT/serve.log" 2>&1 &
+"$BIN/lily" serve --model "$DIR" --device cuda --port $PORT --ctx ${LILY_SERVE_CTX:-16384} ${LILY_SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
 PID=$!
 trap 'kill $PID 2>/dev/null || true' EXIT
 python3 "$(dirname "$0")/gpu_serve_client.py" "http://127.0.0.1:$PORT" 2>&1 | tee "$OUT/serve_client.txt"

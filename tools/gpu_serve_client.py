@@ -201,11 +201,52 @@ def prompt_times(lengths):
               (n, ms[0], ms[1], n / (ms[1] / 1e3), r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)))
 
 
+def concurrency(levels):
+    """Issue 29's table: C clients at once, each a ~100-token prompt and 256 generated tokens (end-of-text ids
+    biased away), chat defaults without thinking; total tok/s = all completion tokens / wall time, per-stream =
+    median of each stream's tokens / (last delta - first delta)."""
+    no_eos = {"151643": -100, "151645": -100}
+    for c in levels:
+        res = [None] * c
+
+        def client(i):
+            body = {"messages": [{"role": "user", "content": ("Client %d: " % i) + "tell me about the sea " * 18}],
+                    "max_tokens": 256, "stream": True, "logit_bias": no_eos,
+                    "chat_template_kwargs": {"enable_thinking": False}}
+            req = urllib.request.Request(BASE + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+            times = []
+            with urllib.request.urlopen(req, timeout=600) as resp:
+                for line in resp:
+                    if line.startswith(b"data: {") and b'"content"' in line:
+                        times.append(time.time())
+            res[i] = times
+
+        t0 = time.time()
+        th = [threading.Thread(target=client, args=(i,)) for i in range(c)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        wall = time.time() - t0
+        total = sum(len(r) for r in res)
+        rates = [(len(r) - 1) / (r[-1] - r[0]) for r in res if len(r) > 1 and r[-1] > r[0]]
+        gaps = [b - a for r in res for a, b in zip(r, r[1:])]
+        print("%3d clients: total %7.1f tok/s, per stream %6.1f tok/s (median), TTFT median %6.1f ms, worst gap "
+              "%6.1f ms" % (c, total / wall, statistics.median(rates) if rates else 0,
+                            statistics.median([r[0] - t0 for r in res if r]) * 1e3, max(gaps or [0]) * 1e3))
+
+
 def main():
     print("ready after %.1f s (load + warm-up)" % wait_ready())
     lengths = [int(x) for x in os.environ.get("LILY_PROMPT_LENGTHS", "").split(",") if x]
     if lengths:
         prompt_times(lengths)
+    levels = [int(x) for x in os.environ.get("LILY_CLIENTS", "").split(",") if x]
+    if levels:
+        concurrency(levels)
+        if os.environ.get("LILY_CLIENTS_ONLY"):
+            return
     model = json.loads(get("/v1/models"))["data"][0]
     print(json.dumps(model))
     reps = max(10, min(270, (model["max_model_len"] - 800) // 15))  # ~15 tokens each: a ~4K-token prompt

@@ -55,6 +55,15 @@ std::string resolve_device(const std::string& device) {
   return gpu ? "cuda" : "cpu";
 }
 
+std::unique_ptr<BatchBackend> make_device_batch_backend(Backend& backend, int max_seqs) {
+#ifdef LILY_HAVE_CUDA
+  if (backend.name() == "cuda") return make_cuda_batch_backend(backend, max_seqs);
+#endif
+  (void)backend;
+  (void)max_seqs;
+  return nullptr;
+}
+
 std::unique_ptr<Backend> make_device_backend(const Model& model, const std::string& device, int max_context) {
   if (resolve_device(device) == "cuda") {
 #ifdef LILY_HAVE_CUDA

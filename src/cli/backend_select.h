@@ -9,6 +9,7 @@
 
 #include "model/weights.h"
 #include "runtime/backend.h"
+#include "runtime/batch_backend.h"
 
 namespace lily::cli {
 
@@ -28,5 +29,7 @@ std::string resolve_device(const std::string& device);
 // The backend for `device` ("auto", "cuda", "cpu"); max_context <= 0: the model's maximum.
 // `model` must outlive the returned backend.
 std::unique_ptr<Backend> make_device_backend(const Model& model, const std::string& device, int max_context = 0);
+// The batch backend over a device backend (CUDA: runtime/cuda_batch_backend), or null (CPU: the server makes its own).
+std::unique_ptr<BatchBackend> make_device_batch_backend(Backend& backend, int max_seqs);
 
 }  // namespace lily::cli

@@ -128,7 +128,7 @@ int run_serve(ServeArgs a) {
       load.check_tensors = a.check_tensors;
       m = server::load_served_model(
           d, a.ctx, alias, [device](const Model& model, int ctx) { return make_device_backend(model, device, ctx); },
-          load, a.opt.max_seqs);
+          load, a.opt.max_seqs, make_device_batch_backend);
       m->demo = a.demo;
     } catch (const std::exception& e) {
       err = e.what();
@@ -180,8 +180,9 @@ CommandRegistrar reg({"serve", "Serve the model over an OpenAI-compatible HTTP A
                         sub.add_option("--queue", a->opt.queue, "Waiting requests before 429")->capture_default_str()
                             ->check(CLI::Range(0, 4096));
                         sub.add_option("--max-seqs", a->opt.max_seqs,
-                                       "Sequences generated at once (continuous batching; the CUDA backend: 1 for now)")
-                            ->capture_default_str()->check(CLI::Range(1, 1024));
+                                       "Sequences generated at once (continuous batching; 0: 8 on the CPU backend, 1 on "
+                                       "CUDA, where more runs the batched prompt-path step, not yet measured)")
+                            ->capture_default_str()->check(CLI::Range(0, 1024));
                         sub.add_option("--kv-tokens", a->opt.kv_tokens,
                                        "KV-cache budget in tokens shared by all sequences (0: every sequence its full "
                                        "context); a sequence that needs more waits, or is preempted and recomputed")

@@ -119,6 +119,63 @@ void CudaEngine::ensure_kv(int n_tokens) {
   while (pages_ < need) add_page(pages_++);
 }
 
+size_t CudaEngine::kv_page_bytes() const {
+  return kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim) * page_table_.size() * sizeof(uint16_t);
+}
+
+// Another sequence's state, laid out as the engine's own (the constructor): GDN rings + states in one buffer,
+// a page table per attention layer.
+SeqStateDev CudaEngine::seq_alloc() {
+  const Config& c = cfg_;
+  SeqStateDev st;
+  st.gdn = device_alloc<uint8_t>(gdn_state_bytes_);
+  CUDA_CHECK(cudaMemsetAsync(st.gdn, 0, gdn_state_bytes_, stream_));
+  st.ring.assign(c.n_layers, nullptr);
+  st.S.assign(c.n_layers, nullptr);
+  const size_t ring_floats = (size_t)4 * c.conv_dim();
+  const size_t s_floats = (size_t)c.lin_v_heads * c.lin_k_dim * c.lin_v_dim;
+  float* p = static_cast<float*>(st.gdn);
+  const int max_pages = (max_context_ + page_tokens_ - 1) / page_tokens_;
+  for (int i = 0; i < c.n_layers; ++i) {
+    if (c.is_attention(i)) {
+      uint16_t** t = device_alloc<uint16_t*>(max_pages);
+      CUDA_CHECK(cudaMemsetAsync(t, 0, max_pages * sizeof(uint16_t*), stream_));
+      st.page_table.push_back(t);
+      continue;
+    }
+    st.ring[i] = p;
+    st.S[i] = p + ring_floats;
+    p += ring_floats + s_floats;
+  }
+  return st;
+}
+
+void CudaEngine::seq_free(SeqStateDev& st) {
+  cudaStreamSynchronize(stream_);
+  if (st.gdn) cudaFree(st.gdn);
+  for (auto* t : st.page_table) cudaFree(t);
+  for (void* b : st.page_blocks) cudaFree(b);
+  st = SeqStateDev{};
+}
+
+void CudaEngine::seq_ensure_kv(SeqStateDev& st, int n_tokens) {
+  if (st.page_table.empty()) return;
+  LILY_CHECK(n_tokens <= max_context_, "CUDA backend: context of ", n_tokens, " tokens exceeds the maximum ",
+             max_context_);
+  const size_t elems = kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim);
+  const int need = (n_tokens + page_tokens_ - 1) / page_tokens_;
+  while (st.pages < need) {
+    uint16_t* block = device_alloc<uint16_t>(elems * st.page_table.size());
+    st.page_blocks.push_back(block);
+    for (size_t a = 0; a < st.page_table.size(); ++a) {
+      uint16_t* ptr = block + a * elems;
+      CUDA_CHECK(cudaMemcpyAsync(st.page_table[a] + st.pages, &ptr, sizeof(ptr), cudaMemcpyHostToDevice, stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));  // &ptr is a host stack variable
+    }
+    st.pages++;
+  }
+}
+
 size_t CudaEngine::kv_bytes_to_come() const {
   const int max_pages = (max_context_ + page_tokens_ - 1) / page_tokens_;
   return static_cast<size_t>(max_pages - pages_) * kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim) *

@@ -76,6 +76,25 @@ void free_weights(DeviceWeights& w);
 // Fills n bf16 values with random numbers in [-1, 1) (seeded), e.g. a benchmark's KV pages.
 void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, cudaStream_t s);
 
+// One more sequence's device state for the batched step (runtime/cuda_batch_backend.cu): the GDN conv rings and
+// recurrent states of every linear-attention layer (one buffer, the layout of CudaEngine::gdn_state) and KV pages.
+struct SeqStateDev {
+  void* gdn = nullptr;                   // [gdn_state_bytes]
+  std::vector<float*> ring, S;           // [n_layers] into gdn (null for attention layers)
+  std::vector<uint16_t**> page_table;    // [n_attn] device [max_pages]
+  std::vector<void*> page_blocks;        // one allocation per page index (all attention layers)
+  int pages = 0;
+};
+
+// A sequence's rows in a pass of the prompt path over several sequences: rows [row0, row0 + n) of the pass are
+// its tokens at positions pos0 .. pos0 + n - 1, with its own state (the engine's own, or a SeqStateDev's).
+struct SeqRows {
+  int row0 = 0, n = 0, pos0 = 0;
+  const std::vector<float*>* ring = nullptr;            // [n_layers]
+  const std::vector<float*>* S = nullptr;               // [n_layers]
+  const std::vector<uint16_t**>* page_table = nullptr;  // [n_attn]
+};
+
 // ---- the engine: one sequence's state and the captured decode step ----
 struct StepDev {
   int token;                    // the token being consumed
@@ -145,6 +164,18 @@ class CudaEngine {
   void prefill_alloc();  // the prompt path's buffers (~0.5 GB for the real model; prefill allocates them if needed)
   bool prefill_supported() const;  // the prompt path's kernels take this model's shapes
   const float* prefill_h(int t) const;
+  // The prompt path over several sequences at once (the batched step): rows_tokens [n_rows] (host), each
+  // sequence's rows and state in `seqs` (their KV pages allocated up to pos0 + n); n_rows <= kPrefillChunk.
+  // Every weight product runs once over all rows; GDN and attention per sequence on its own state.
+  void prefill_rows(const int32_t* rows_tokens, int n_rows, const SeqRows* seqs, int n_seqs);
+  // logits [n][vocab] (device) = lm_head(RMSNorm(h) * norm) of the last pass's rows `rows` [n] (host), n <=
+  // kPrefillChunk, as one GEMM (the lm_head read once for all of them). Enqueued on stream().
+  void head_rows(const int* rows, int n, float* logits);
+  // Another sequence's state for the batched step: allocated zeroed, KV pages on demand (seq_ensure_kv).
+  SeqStateDev seq_alloc();
+  void seq_free(SeqStateDev& st);
+  void seq_ensure_kv(SeqStateDev& st, int n_tokens);
+  size_t kv_page_bytes() const;  // one page index over all attention layers
 
   // GDN conv rings + recurrent states of all linear-attention layers, one contiguous device buffer.
   void* gdn_state() const { return gdn_state_; }
@@ -160,8 +191,8 @@ class CudaEngine {
   void project(std::initializer_list<PrefillOut> outs, const GemmX& x, int n);
   void prefill_free();
   bool prefill_skips(const char* family) const;
-  void prefill_gdn(int layer, int pos0, int n);
-  void prefill_attention(int layer, int pos0, int n);
+  void prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n);
+  void prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_moe(int layer, int n);
   void add_page(int page);
 

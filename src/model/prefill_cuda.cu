@@ -116,10 +116,16 @@ const float* CudaEngine::prefill_h(int t) const { return pf_->h + (size_t)t * cf
 
 void CudaEngine::prefill(const int32_t* tokens, int pos0, int n) {
   LILY_CHECK(n >= 1 && n <= kPrefillChunk, "prefill: ", n, " tokens in one chunk (1..", kPrefillChunk, ")");
+  ensure_kv(pos0 + n);
+  const SeqRows own{0, n, pos0, &ring_, &S_, &page_table_};
+  prefill_rows(tokens, n, &own, 1);
+}
+
+void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs, int n_seqs) {
+  LILY_CHECK(n >= 1 && n <= kPrefillChunk, "prefill: ", n, " rows in one pass (1..", kPrefillChunk, ")");
   prefill_alloc();
   PrefillBuffers& b = *pf_;
   const Config& c = cfg_;
-  ensure_kv(pos0 + n);
   CUDA_CHECK(cudaStreamSynchronize(stream_));  // the pinned staging is free again
   for (int t = 0; t < n; ++t) b.host[t] = tokens[t];
   CUDA_CHECK(cudaMemcpyAsync(b.tokens, b.host, sizeof(int) * n, cudaMemcpyHostToDevice, stream_));
@@ -127,11 +133,25 @@ void CudaEngine::prefill(const int32_t* tokens, int pos0, int n) {
   embed_rows(w_.embed_tokens, b.tokens, n, b.h, stream_);
   for (int i = 0; i < c.n_layers; ++i) {
     if (c.is_attention(i))
-      prefill_attention(i, pos0, n);  // h += o_proj(attention(norm(h)))
+      prefill_attention(i, seqs, n_seqs, n);  // h += o_proj(attention(norm(h)))
     else
-      prefill_gdn(i, pos0, n);  // h += out_proj(gdn(norm(h)))
-    prefill_moe(i, n);          // h += MoE(norm(h))
+      prefill_gdn(i, seqs, n_seqs, n);  // h += out_proj(gdn(norm(h)))
+    prefill_moe(i, n);                  // h += MoE(norm(h))
   }
+}
+
+void CudaEngine::head_rows(const int* rows, int n, float* logits) {
+  LILY_CHECK(pf_ && n >= 1 && n <= kPrefillChunk, "head_rows: ", n, " rows without a pass before");
+  PrefillBuffers& b = *pf_;
+  const Config& c = cfg_;
+  const int H = c.hidden;
+  float* gathered = b.ysh;  // [n][H]: free once the last layer's MoE has combined
+  for (int i = 0; i < n; ++i)
+    CUDA_CHECK(cudaMemcpyAsync(gathered + (size_t)i * H, b.h + (size_t)rows[i] * H, sizeof(float) * H,
+                               cudaMemcpyDeviceToDevice, stream_));
+  const GemmXBuf xh = at_width(b.x, H);
+  gemm_x_prep(gathered, H, n, w_.norm, c.eps, xh, nullptr, stream_);
+  gemm(w_.lm_head, 0, xh.view(), n, logits, c.vocab, false, stream_);
 }
 
 // y = W x for matrices sharing x: one launch per run of matrices of the same format and width.
@@ -147,7 +167,7 @@ void CudaEngine::project(std::initializer_list<PrefillOut> outs, const GemmX& x,
   if (b.n > 0) gemm_multi(b, x, n, false, stream_);
 }
 
-void CudaEngine::prefill_gdn(int layer, int pos0, int n) {
+void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) {
   PrefillBuffers& b = *pf_;
   const Config& c = cfg_;
   const GdnMixerDev& g = w_.layers[layer].gdn;
@@ -162,14 +182,18 @@ void CudaEngine::prefill_gdn(int layer, int pos0, int n) {
   project({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}}, xh.view(),
           n);
   if (!prefill_skips("gdn_core"))
-    launch_gdn_chunk(qkv, z, a, bb, g.conv1d, g.A_log, g.dt_bias, g.norm, ring_[layer], S_[layer], b.mix, b.scratch,
-                     pos0, n, dims, c.eps, stream_);
+    for (int q = 0; q < n_seqs; ++q) {  // each sequence's rows over its own ring and state, one after another
+      const SeqRows& r = seqs[q];
+      const size_t t = (size_t)r.row0;
+      launch_gdn_chunk(qkv + t * cd, z + t * vd, a + t * Hv, bb + t * Hv, g.conv1d, g.A_log, g.dt_bias, g.norm,
+                       (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.scratch, r.pos0, r.n, dims, c.eps, stream_);
+    }
   const GemmXBuf xm = at_width(b.x, vd);
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
   gemm(g.out_proj, 0, xm.view(), n, b.h, H, true, stream_);
 }
 
-void CudaEngine::prefill_attention(int layer, int pos0, int n) {
+void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n) {
   PrefillBuffers& b = *pf_;
   const Config& c = cfg_;
   const AttnDev& at = w_.layers[layer].attn;
@@ -181,15 +205,20 @@ void CudaEngine::prefill_attention(int layer, int pos0, int n) {
   gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
   project({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, xh.view(), n);
   KvPages kv;
-  kv.pages = page_table_[attn_index_[layer]];
   kv.page_tokens = page_tokens_;
   kv.n_kv = c.n_kv_heads;
   kv.head_dim = d;
   AttnIn in;
   in.q_norm = at.q_norm, in.k_norm = at.k_norm, in.eps = c.eps;
   attn_in_rope(in, c.rope_dim, c.rope_theta);
-  in.qg = qg, in.k = k, in.v = v;
-  if (!prefill_skips("attn_core")) launch_attention_chunk(in, kv, pos0, n, c.n_heads, b.scratch, b.mix, stream_);
+  if (!prefill_skips("attn_core"))
+    for (int q = 0; q < n_seqs; ++q) {  // each sequence's rows over its own KV pages
+      const SeqRows& r = seqs[q];
+      const size_t t = (size_t)r.row0;
+      kv.pages = (*r.page_table)[attn_index_[layer]];
+      in.qg = qg + t * qr, in.k = k + t * kvd, in.v = v + t * kvd;
+      launch_attention_chunk(in, kv, r.pos0, r.n, c.n_heads, b.scratch, b.mix + t * od, stream_);
+    }
   const GemmXBuf xm = at_width(b.x, od);
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
   gemm(at.o_proj, 0, xm.view(), n, b.h, H, true, stream_);

@@ -17,6 +17,7 @@
 #include "runtime/resources.h"
 #include "runtime/snapshot_pool.cuh"
 #include "runtime/cuda_backend.h"
+#include "runtime/cuda_batch_backend.cuh"
 
 namespace lily::cuda {
 
@@ -56,6 +57,7 @@ class CudaBackend : public Backend {
 
   const Config& config() const override { return cfg_; }
   std::string name() const override { return "cuda"; }
+  CudaEngine& engine() { return engine_; }  // (the batch backend's, runtime/cuda_batch_backend.cuh)
   ResourceUse resources() const override {
     return {kv_pool_.in_use(), kv_pool_.capacity(), engine_.page_tokens(), state_slots_.in_use(),
             state_slots_.capacity()};
@@ -246,6 +248,12 @@ std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions
   LILY_CHECK(c.shared_ffn == c.moe_ffn, "CUDA backend: the shared expert's FFN (", c.shared_ffn,
              ") must equal the routed experts' FFN (", c.moe_ffn, "); kernels/moe.cu fuses them");
   return std::make_unique<cuda::CudaBackend>(model, opt);
+}
+
+std::unique_ptr<BatchBackend> make_cuda_batch_backend(Backend& cuda_backend, int max_seqs) {
+  auto* b = dynamic_cast<cuda::CudaBackend*>(&cuda_backend);
+  if (!b || !b->engine().prefill_supported()) return nullptr;
+  return std::make_unique<cuda::CudaBatchBackend>(b->engine(), max_seqs);
 }
 
 std::unique_ptr<Backend> make_bench_cuda_backend(const std::string& model_dir, int max_context, int device) {

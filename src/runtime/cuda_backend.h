@@ -9,6 +9,7 @@
 #include "model/kernel_options.h"
 #include "model/weights.h"
 #include "runtime/backend.h"
+#include "runtime/batch_backend.h"
 
 namespace lily {
 
@@ -37,6 +38,12 @@ struct DeviceWeights;
 std::unique_ptr<Backend> make_cuda_backend(const Config& c, DeviceWeights w, int max_context, int device,
                                            long long snapshot_device_bytes = -1);
 }  // namespace cuda
+
+// Continuous batching on the GPU: `max_seqs` more sequence states over the engine of `cuda_backend` (one
+// made by make_cuda_backend; it must outlive the result, and the two are not used at the same time). Each
+// step is one pass of the chunked prompt path over every sequence's tokens (runtime/cuda_batch_backend.cuh).
+// Null when `cuda_backend` is not a CUDA backend or its prompt path does not take the model's shapes.
+std::unique_ptr<BatchBackend> make_cuda_batch_backend(Backend& cuda_backend, int max_seqs);
 
 // For `lily bench`: the CUDA Backend over the checkpoint in `model_dir`, or (empty) over synthetic full-size
 // weights in the MLX 4-bit layout generated on the GPU.

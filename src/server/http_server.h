@@ -28,7 +28,7 @@ struct ServerOptions {
   std::string api_key;                      // empty: no auth
   std::string cors_origin;                  // empty: no CORS headers
   int queue = 16;                           // waiting requests before 429
-  int max_seqs = 8;                         // sequences batched at once (CPU backend; CUDA: 1 for now)
+  int max_seqs = 0;                         // sequences batched at once (0: 8 on the CPU backend, 1 on CUDA)
   int kv_tokens = 0;                        // KV-cache budget in tokens for all sequences (0: each its full context)
   double timeout_s = 600;                   // per-request generation time limit
   size_t max_body = size_t{8} << 20;        // request body cap (413 above)

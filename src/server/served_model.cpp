@@ -99,7 +99,7 @@ ModelFiles check_model_files(const std::string& dir) {
 
 std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, const std::string& alias,
                                                const BackendFactory& make_backend, const LoadOptions& load,
-                                               int max_seqs) {
+                                               int max_seqs, const BatchFactory& make_batch) {
   auto sm = std::make_unique<ServedModel>();
   sm->dir = dir;
   sm->alias = alias;
@@ -145,11 +145,16 @@ std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, 
     ctx = max_ctx;
   }
   sm->backend = make_backend ? make_backend(*sm->model, ctx) : std::make_unique<CpuBackend>(*sm->model, ctx);
-  LILY_CHECK(max_seqs >= 1, "--max-seqs ", max_seqs, ": at least 1");
-  if (sm->backend->name() == "cpu") sm->batch = std::make_unique<CpuBatchBackend>(*sm->model, max_seqs, ctx);
-  else if (max_seqs > 1)
-    log::warn("--max-seqs ", max_seqs, ": the ", sm->backend->name(),
-              " backend runs one sequence at a time (its batched step is not built yet)");
+  const bool cpu = sm->backend->name() == "cpu";
+  if (max_seqs <= 0) max_seqs = cpu ? 8 : 1;
+  if (cpu) {
+    sm->batch = std::make_unique<CpuBatchBackend>(*sm->model, max_seqs, ctx);
+  } else if (max_seqs > 1) {
+    if (make_batch) sm->batch = make_batch(*sm->backend, max_seqs);
+    if (!sm->batch)
+      log::warn("--max-seqs ", max_seqs, ": the ", sm->backend->name(),
+                " backend cannot batch this model; it runs one sequence at a time");
+  }
   sm->n_params = count_params(*sm->model);
   sm->size_bytes = sm->model->weights.bytes_on_disk;
   sm->created = static_cast<int64_t>(std::time(nullptr));

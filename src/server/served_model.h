@@ -56,14 +56,17 @@ ModelFiles check_model_files(const std::string& dir);
 
 // Creates the backend for a loaded model with `ctx` tokens of context (the CLI passes its --device choice).
 using BackendFactory = std::function<std::unique_ptr<Backend>(const Model& model, int ctx)>;
+// Creates the batch backend over a device backend (CUDA: runtime/cuda_backend.h), or null.
+using BatchFactory = std::function<std::unique_ptr<BatchBackend>(Backend& backend, int max_seqs)>;
 
 // Loads the model directory and creates the backend with `ctx` tokens of context (<= 0: the model's maximum,
-// capped at 32768). `make_backend` null: the CPU backend. On the CPU backend the engine batches `max_seqs`
-// sequences (ServedModel::batch); the CUDA backend runs one at a time until its batched step lands. Throws
-// lily::Error naming what is wrong.
+// capped at 32768). `make_backend` null: the CPU backend. The engine batches `max_seqs` sequences
+// (ServedModel::batch; <= 0: 8 on the CPU backend, 1 on a device backend): on the CPU backend always, on a device
+// backend when max_seqs > 1 through `make_batch`. Throws lily::Error naming what is wrong.
 std::unique_ptr<ServedModel> load_served_model(const std::string& dir, int ctx, const std::string& alias,
                                                const BackendFactory& make_backend = nullptr,
-                                               const LoadOptions& load = {}, int max_seqs = 1);
+                                               const LoadOptions& load = {}, int max_seqs = 0,
+                                               const BatchFactory& make_batch = nullptr);
 
 // Hugging Face cache lookup ($HF_HOME/hub or ~/.cache/huggingface/hub): the newest snapshot of
 // mlx-community/Qwen3.6-35B-A3B-4bit or Qwen/Qwen3.6-35B-A3B that has a config.json.
