@@ -134,8 +134,13 @@ int run_serve(ServeArgs a) {
       err = e.what();
     }
     if (m) {
-      banner(*m, a.opt, port);
-      srv.set_model(std::move(m));
+      try {
+        const server::ServedModel* shown = m.get();
+        srv.set_model(std::move(m));  // the engine: checks its options against the model (e.g. --kv-tokens)
+        banner(*shown, a.opt, port);
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
     }
     {
       std::lock_guard l(mu);

@@ -167,11 +167,13 @@ void CudaEngine::seq_ensure_kv(SeqStateDev& st, int n_tokens) {
   while (st.pages < need) {
     uint16_t* block = device_alloc<uint16_t>(elems * st.page_table.size());
     st.page_blocks.push_back(block);
+    std::vector<uint16_t*> ptrs(st.page_table.size());  // host copies, alive until the sync below
     for (size_t a = 0; a < st.page_table.size(); ++a) {
-      uint16_t* ptr = block + a * elems;
-      CUDA_CHECK(cudaMemcpyAsync(st.page_table[a] + st.pages, &ptr, sizeof(ptr), cudaMemcpyHostToDevice, stream_));
-      CUDA_CHECK(cudaStreamSynchronize(stream_));  // &ptr is a host stack variable
+      ptrs[a] = block + a * elems;
+      CUDA_CHECK(cudaMemcpyAsync(st.page_table[a] + st.pages, &ptrs[a], sizeof(uint16_t*), cudaMemcpyHostToDevice,
+                                 stream_));
     }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
     st.pages++;
   }
 }

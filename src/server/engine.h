@@ -66,7 +66,7 @@ struct GenJob {
 
 struct EngineOptions {
   int queue_size = 16;                  // waiting jobs (running ones not counted)
-  int kv_pages = 0;                     // batched: KV pool pages of 256 tokens (<= 0: every slot's full context)
+  int kv_tokens = 0;                    // batched: the KV pool in tokens (<= 0: every slot its full context)
   bool prefix_cache = true;
   size_t cache_bytes = size_t{8} << 30; // prefix-cache pool cap
   int checkpoint_interval = 8192;       // extra snapshot every K prompt tokens

@@ -20,10 +20,12 @@ Engine::Engine(BatchBackend& backend, Metrics& metrics, EngineOptions options)
     : batch_(&backend), metrics_(metrics), opt_(options), cache_(0) {
   max_context_ = batch_->max_context();
   max_seqs_ = batch_->max_seqs();
+  LILY_CHECK(opt_.kv_tokens <= 0 || opt_.kv_tokens >= max_context_, "--kv-tokens ", opt_.kv_tokens,
+             " is below the context of ", max_context_, " tokens: a request of the full context could never run");
   SchedulerOptions so;
   so.prefill_chunk = std::max(1, opt_.prefill_chunk);
   so.max_step_tokens = so.prefill_chunk;
-  so.kv_pages = opt_.kv_pages;
+  so.kv_pages = opt_.kv_tokens > 0 ? PageTable::pages_for(opt_.kv_tokens, so.kv_page_tokens) : 0;
   so.prefix_cache = opt_.prefix_cache;
   so.cache_bytes = opt_.cache_bytes;
   so.checkpoint_interval = opt_.checkpoint_interval;

@@ -183,7 +183,7 @@ void HttpServer::set_model(std::unique_ptr<ServedModel> model) {
   eo.queue_size = opt_.queue;
   eo.prefix_cache = opt_.prefix_cache;
   eo.cache_bytes = opt_.cache_bytes;
-  eo.kv_pages = opt_.kv_tokens > 0 ? (opt_.kv_tokens + 255) / 256 : 0;
+  eo.kv_tokens = opt_.kv_tokens;
   if (model_->batch) engine_ = std::make_unique<Engine>(*model_->batch, metrics_, eo);
   else engine_ = std::make_unique<Engine>(*model_->backend, metrics_, eo);
   metrics_.set_capacity(engine_->max_seqs(), opt_.queue);

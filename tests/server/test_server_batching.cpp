@@ -86,7 +86,7 @@ TEST(ServerBatching, ConcurrentRequestsGetTheirSoloOutputs) {
 TEST(ServerBatching, AKvBudgetPreemptsAndRecomputesWithoutChangingOutputs) {
   // Three 256-token pages for three requests that each need two: two are admitted (one page each plus a page of
   // headroom per running sequence), and the newer is preempted when both cross their first page.
-  ServerProcess srv({"--ctx", "1024", "--max-seqs", "3", "--kv-tokens", "768", "--no-prefix-cache"});
+  ServerProcess srv({"--ctx", "768", "--max-seqs", "3", "--kv-tokens", "768", "--no-prefix-cache"});
   ASSERT_TRUE(srv.ok()) << srv.error();
   auto body = [](int i) {
     ojson b = request(i);
