@@ -24,7 +24,8 @@ GemmXBuf at_width(GemmXBuf b, int K) {
 
 struct PrefillBuffers {
   int* tokens = nullptr;        // [n] device
-  int* host = nullptr;          // [n] pinned staging of the tokens
+  int* host = nullptr;          // [2n] pinned staging of the tokens, then of the sequences' positions
+  int* pos = nullptr;           // [n] device: each sequence's first position in a pass (prefill_rows)
   float* h = nullptr;           // [n][H] residual stream of the chunk
   GemmXBuf x;                   // GEMM inputs: [n][<= max(H, mixer width)] or [n * top_k][F]
   float* proj = nullptr;        // [n][max(gdn proj, attn proj)] projections, one matrix after the other
@@ -56,7 +57,8 @@ void CudaEngine::prefill_alloc() {
   const int attn_proj = c.q_proj_rows() + 2 * c.n_kv_heads * d;
   const int mix = std::max(c.value_dim(), c.n_heads * d);
   b->tokens = device_alloc<int>(n);
-  CUDA_CHECK(cudaMallocHost(&b->host, sizeof(int) * n));
+  CUDA_CHECK(cudaMallocHost(&b->host, sizeof(int) * 2 * n));
+  b->pos = device_alloc<int>(n);
   b->h = device_alloc<float>((size_t)n * H);
   // rows of width <= max(H, mix) for the chunk's tokens, or of width F for their n * k expert slots: one
   // allocation of x_elems values (and x_elems / 64 group sums), viewed at each width (at_width)
@@ -85,7 +87,7 @@ void CudaEngine::prefill_alloc() {
 void CudaEngine::prefill_free() {
   if (!pf_) return;
   PrefillBuffers& b = *pf_;
-  for (void* p : {(void*)b.tokens, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits,
+  for (void* p : {(void*)b.tokens, (void*)b.pos, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits,
                   (void*)b.idx, (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles, (void*)b.x_row,
                   (void*)b.w_slot, (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh})
     if (p) cudaFree(p);
@@ -122,13 +124,16 @@ void CudaEngine::prefill(const int32_t* tokens, int pos0, int n) {
 }
 
 void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs, int n_seqs) {
-  LILY_CHECK(n >= 1 && n <= kPrefillChunk, "prefill: ", n, " rows in one pass (1..", kPrefillChunk, ")");
+  LILY_CHECK(n >= 1 && n <= kPrefillChunk && n_seqs >= 1 && n_seqs <= n, "prefill: ", n, " rows of ", n_seqs,
+             " sequences in one pass (1..", kPrefillChunk, " rows)");
   prefill_alloc();
   PrefillBuffers& b = *pf_;
   const Config& c = cfg_;
   CUDA_CHECK(cudaStreamSynchronize(stream_));  // the pinned staging is free again
   for (int t = 0; t < n; ++t) b.host[t] = tokens[t];
+  for (int q = 0; q < n_seqs; ++q) b.host[kPrefillChunk + q] = seqs[q].pos0;
   CUDA_CHECK(cudaMemcpyAsync(b.tokens, b.host, sizeof(int) * n, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(b.pos, b.host + kPrefillChunk, sizeof(int) * n_seqs, cudaMemcpyHostToDevice, stream_));
 
   embed_rows(w_.embed_tokens, b.tokens, n, b.h, stream_);
   for (int i = 0; i < c.n_layers; ++i) {
@@ -185,8 +190,12 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
     for (int q = 0; q < n_seqs; ++q) {  // each sequence's rows over its own ring and state, one after another
       const SeqRows& r = seqs[q];
       const size_t t = (size_t)r.row0;
-      launch_gdn_chunk(qkv + t * cd, z + t * vd, a + t * Hv, bb + t * Hv, g.conv1d, g.A_log, g.dt_bias, g.norm,
-                       (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.scratch, r.pos0, r.n, dims, c.eps, stream_);
+      if (r.n == 1)  // a decode row: the one-token step, one launch instead of the chunk's four
+        launch_gdn_step(qkv + t * cd, z + t * vd, a + t * Hv, bb + t * Hv, g.conv1d, g.A_log, g.dt_bias, g.norm,
+                        (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.pos + q, dims, c.eps, stream_);
+      else
+        launch_gdn_chunk(qkv + t * cd, z + t * vd, a + t * Hv, bb + t * Hv, g.conv1d, g.A_log, g.dt_bias, g.norm,
+                         (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.scratch, r.pos0, r.n, dims, c.eps, stream_);
     }
   const GemmXBuf xm = at_width(b.x, vd);
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
