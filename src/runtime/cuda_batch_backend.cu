@@ -16,6 +16,7 @@ CudaBatchBackend::CudaBatchBackend(CudaEngine& engine, int max_seqs) : eng_(engi
   for (int i = 0; i < max_seqs; ++i) slots_.push_back(eng_.seq_alloc());
   pos_.assign(static_cast<size_t>(max_seqs), 0);
   logits_ = device_alloc<float>(static_cast<size_t>(max_seqs) * eng_.config().vocab);
+  CUDA_CHECK(cudaMallocHost(&staged_, sizeof(float) * static_cast<size_t>(max_seqs) * eng_.config().vocab));
   CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
 }
 
@@ -23,6 +24,7 @@ CudaBatchBackend::~CudaBatchBackend() {
   cudaStreamSynchronize(eng_.stream());
   for (SeqStateDev& st : slots_) eng_.seq_free(st);
   cudaFree(logits_);
+  cudaFreeHost(staged_);
 }
 
 int CudaBatchBackend::check(int slot) const {
@@ -100,10 +102,11 @@ void CudaBatchBackend::pass(std::span<const BatchEntry> batch, const std::vector
   for (size_t i = 0; i < head_rows.size(); i += slots_.size()) {  // the logits buffer holds max_seqs rows
     const int m = static_cast<int>(std::min(slots_.size(), head_rows.size() - i));
     eng_.head_rows(head_rows.data() + i, m, logits_);
-    for (int j = 0; j < m; ++j)
-      CUDA_CHECK(cudaMemcpyAsync(head_dst[i + j], logits_ + static_cast<size_t>(j) * V, sizeof(float) * V,
-                                 cudaMemcpyDeviceToHost, eng_.stream()));
+    CUDA_CHECK(cudaMemcpyAsync(staged_, logits_, sizeof(float) * V * static_cast<size_t>(m), cudaMemcpyDeviceToHost,
+                               eng_.stream()));
     CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
+    for (int j = 0; j < m; ++j)
+      std::memcpy(head_dst[i + j], staged_ + static_cast<size_t>(j) * V, sizeof(float) * V);
   }
   for (const Piece& p : pieces) pos_[batch[p.entry].slot] += p.n;
   CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));

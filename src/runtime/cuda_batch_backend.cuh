@@ -42,6 +42,7 @@ class CudaBatchBackend : public BatchBackend {
   std::vector<SeqStateDev> slots_;      // [max_seqs]
   std::vector<int> pos_;                // [max_seqs] tokens consumed
   float* logits_ = nullptr;             // device [max_seqs][vocab]
+  float* staged_ = nullptr;             // pinned host [max_seqs][vocab]: one copy for the pass's logits
 };
 
 }  // namespace lily::cuda
