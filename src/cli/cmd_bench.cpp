@@ -35,6 +35,7 @@ struct BenchArgs {
   std::string concurrency;              // comma-separated client counts: the scheduler benchmark
   int gen_tokens = 256;
   int prompt_tokens = 100;
+  std::string device = "cpu";           // --concurrency with --model: cpu or cuda
 };
 
 std::vector<int> parse_list(const std::string& s) {
@@ -46,11 +47,12 @@ std::vector<int> parse_list(const std::string& s) {
   return v;
 }
 
-// The scheduler with C sequences at once on the CPU batch backend (the CUDA batched step is not built yet).
+// The scheduler with C sequences at once: on the CUDA batch backend (--synthetic full, or --model DIR --device
+// cuda), else on the CPU batch backend (--model DIR).
 int run_concurrency(const BenchArgs& a) {
-  if (a.model_dir.empty()) {
-    std::fprintf(stderr, "lily bench --concurrency: give --model DIR (runs on the CPU backend, which batches; the "
-                         "CUDA backend runs one sequence per step until its batched step lands)\n");
+  if (a.model_dir.empty() == a.synthetic.empty()) {
+    std::fprintf(stderr, "lily bench --concurrency: give --model DIR (CPU, or CUDA with --device cuda) or "
+                         "--synthetic full (CUDA)\n");
     return 2;
   }
   ConcurrencyBenchOptions o;
@@ -61,9 +63,26 @@ int run_concurrency(const BenchArgs& a) {
     std::fprintf(stderr, "lily bench --concurrency: expected a list such as 1,4,8\n");
     return 2;
   }
-  const Model model = load_model(a.model_dir);
   const int slots = *std::max_element(o.concurrency.begin(), o.concurrency.end());
-  CpuBatchBackend be(model, slots, o.prompt_tokens + o.gen_tokens + 16);
+  const int ctx = o.prompt_tokens + o.gen_tokens + 16;
+  std::unique_ptr<Backend> single;       // the CUDA backend whose engine the batch backend runs on
+  std::unique_ptr<BatchBackend> batch;
+  std::unique_ptr<Model> model;
+  if (!a.synthetic.empty() || a.device == "cuda") {
+#ifdef LILY_HAVE_CUDA
+    single = make_bench_cuda_backend(a.model_dir, ctx, 0);
+    batch = make_cuda_batch_backend(*single, slots);
+#endif
+    if (!batch) {
+      std::fprintf(stderr, "lily bench --concurrency: no CUDA batch backend (a build without CUDA, or shapes the "
+                           "prompt path does not take)\n");
+      return 1;
+    }
+  } else {
+    model = std::make_unique<Model>(load_model(a.model_dir));
+    batch = std::make_unique<CpuBatchBackend>(*model, slots, ctx);
+  }
+  BatchBackend& be = *batch;
   const std::vector<ConcurrencyPoint> pts = run_concurrency_bench(be, o);
   if (a.json) {
     nlohmann::json j;
@@ -77,7 +96,7 @@ int run_concurrency(const BenchArgs& a) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("scheduler on the %s backend, %d threads: %d-token prompts, %d ids each, chat sampling\n",
+  std::printf("scheduler on the %s batch backend (%d host threads): %d-token prompts, %d ids each, chat sampling\n",
               be.name().c_str(), ThreadPool::global().size(), o.prompt_tokens, o.gen_tokens);
   std::printf("%8s %12s %13s %10s %11s %7s\n", "clients", "total tok/s", "stream tok/s", "TTFT ms", "mean batch", "steps");
   for (const ConcurrencyPoint& p : pts)
@@ -212,7 +231,8 @@ const CommandRegistrar reg{Command{
       sub.add_flag("--no-loops", a->no_loops, "skip the generation-loop measurement");
       sub.add_option("--concurrency", a->concurrency,
                      "comma-separated client counts (e.g. 1,4,8,16,64): total and per-stream tok/s through the "
-                     "continuous-batching scheduler (CPU backend, --model DIR)");
+                     "continuous-batching scheduler (--model DIR on the CPU or --device cuda; --synthetic full on CUDA)");
+      sub.add_option("--device", a->device, "--concurrency with --model: cpu or cuda")->capture_default_str();
       sub.add_option("--gen-tokens", a->gen_tokens, "--concurrency: ids generated per sequence")->capture_default_str();
       sub.add_option("--prompt-tokens", a->prompt_tokens, "--concurrency: prompt tokens per sequence")->capture_default_str();
       return [a] { return run_bench(*a); };
