@@ -38,6 +38,9 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     [ $rc -eq 0 ] || { status=1; echo "$name FAILED (rc=$rc)"; grep -E -A2 "FAILED|Failure|exception" "$OUT/$name.log" | head -20; }
   done
 fi
+echo "== new: the scheduler over the CUDA batch backend (lily bench --concurrency)"
+timeout 300 "$BIN/$NEW" bench --synthetic full --concurrency 1,4,8,16,64 > "$OUT/concurrency_new.txt" 2>&1
+tail -7 "$OUT/concurrency_new.txt"
 echo "== new: full bench (per-family breakdown, plan)"
 timeout 200 "$BIN/$NEW" bench --synthetic full --no-loops > "$OUT/bench_new.txt" 2>&1
 head -60 "$OUT/bench_new.txt" | grep -vE "^\s*$" | head -45

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 STAGE=.device/stage
 rm -rf "$STAGE" && mkdir -p "$STAGE"
-for b in lily test_batched test_gemv test_moe test_sampling test_mixer_kernels test_cuda_backend test_gdn_fused test_full_step bench_kernels bench_stream bench_prefill; do
+for b in lily test_batched test_gemv test_moe test_sampling test_mixer_kernels test_cuda_backend test_cuda_batch test_gdn_fused test_full_step bench_kernels bench_stream bench_prefill; do
   cp "$BUILD/$b" "$STAGE/"
 done
 strip "$STAGE"/* 2>/dev/null || true  # (before the text files below)
