@@ -178,6 +178,17 @@ void CudaEngine::seq_ensure_kv(SeqStateDev& st, int n_tokens) {
   }
 }
 
+void CudaEngine::seq_shrink_kv(SeqStateDev& st, int n_tokens) {
+  const int keep = (std::max(n_tokens, 0) + page_tokens_ - 1) / page_tokens_;
+  if (st.pages <= keep) return;
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // no queued work reads them
+  while (st.pages > keep) {
+    CUDA_CHECK(cudaFree(st.page_blocks.back()));
+    st.page_blocks.pop_back();
+    st.pages--;
+  }
+}
+
 size_t CudaEngine::kv_bytes_to_come() const {
   const int max_pages = (max_context_ + page_tokens_ - 1) / page_tokens_;
   return static_cast<size_t>(max_pages - pages_) * kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim) *

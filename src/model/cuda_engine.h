@@ -175,6 +175,7 @@ class CudaEngine {
   SeqStateDev seq_alloc();
   void seq_free(SeqStateDev& st);
   void seq_ensure_kv(SeqStateDev& st, int n_tokens);
+  void seq_shrink_kv(SeqStateDev& st, int n_tokens);  // frees the pages beyond those holding [0, n_tokens)
   size_t kv_page_bytes() const;  // one page index over all attention layers
 
   // GDN conv rings + recurrent states of all linear-attention layers, one contiguous device buffer.

@@ -28,6 +28,9 @@ class BatchBackend {
   virtual int max_seqs() const = 0;           // state slots
   virtual int max_context() const = 0;        // tokens one slot can hold
   virtual int position(int slot) const = 0;   // tokens the slot has consumed
+  // KV tokens the backend's memory can hold for all slots together (the scheduler's default KV budget), or 0:
+  // every slot its whole context.
+  virtual int64_t kv_capacity_tokens() const { return 0; }
   virtual void reset(int slot) = 0;           // empty sequence at position 0
 
   // One forward pass over every entry (distinct slots, in any order). Token ids are validated before any

@@ -18,6 +18,13 @@ CudaBatchBackend::CudaBatchBackend(CudaEngine& engine, int max_seqs) : eng_(engi
   logits_ = device_alloc<float>(static_cast<size_t>(max_seqs) * eng_.config().vocab);
   CUDA_CHECK(cudaMallocHost(&staged_, sizeof(float) * static_cast<size_t>(max_seqs) * eng_.config().vocab));
   CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
+  // The KV budget: free memory less 2 GiB for the allocator and snapshots, less a page per slot (pages are
+  // allocated per slot in whole pages of page_tokens).
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const size_t margin = size_t{2} << 30, per_token = std::max<size_t>(1, eng_.kv_page_bytes() / eng_.page_tokens());
+  const int64_t tokens = free_b > margin ? static_cast<int64_t>((free_b - margin) / per_token) : 0;
+  kv_capacity_ = std::max<int64_t>(tokens - static_cast<int64_t>(max_seqs) * eng_.page_tokens(), eng_.page_tokens());
 }
 
 CudaBatchBackend::~CudaBatchBackend() {
@@ -36,6 +43,7 @@ int CudaBatchBackend::check(int slot) const {
 void CudaBatchBackend::reset(int slot) {
   SeqStateDev& st = slots_[check(slot)];
   CUDA_CHECK(cudaMemsetAsync(st.gdn, 0, eng_.gdn_state_bytes(), eng_.stream()));
+  eng_.seq_shrink_kv(st, 0);  // device memory follows the scheduler's page accounting
   pos_[slot] = 0;
 }
 
@@ -131,6 +139,7 @@ void CudaBatchBackend::restore_state(int slot, const StateSnapshot& s) {
              " is beyond slot ", slot, "'s ", pos_[slot], " tokens");
   CUDA_CHECK(cudaMemcpyAsync(st.gdn, s.bytes.data(), s.bytes.size(), cudaMemcpyHostToDevice, eng_.stream()));
   CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
+  eng_.seq_shrink_kv(st, s.position);
   pos_[slot] = s.position;
 }
 
@@ -149,6 +158,7 @@ void CudaBatchBackend::copy_prefix(int dst, int src, int n_tokens) {
                                  eng_.stream()));
     CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
   }
+  eng_.seq_shrink_kv(slots_[dst], n_tokens);
   pos_[dst] = n_tokens;
 }
 

@@ -24,6 +24,7 @@ class CudaBatchBackend : public BatchBackend {
   int max_seqs() const override { return static_cast<int>(slots_.size()); }
   int max_context() const override { return eng_.max_context(); }
   int position(int slot) const override { return pos_.at(check(slot)); }
+  int64_t kv_capacity_tokens() const override { return kv_capacity_; }
   void reset(int slot) override;
   void step(std::span<const BatchEntry> batch) override;
   StateSnapshot save_state(int slot) const override;
@@ -43,6 +44,7 @@ class CudaBatchBackend : public BatchBackend {
   std::vector<int> pos_;                // [max_seqs] tokens consumed
   float* logits_ = nullptr;             // device [max_seqs][vocab]
   float* staged_ = nullptr;             // pinned host [max_seqs][vocab]: one copy for the pass's logits
+  int64_t kv_capacity_ = 0;             // KV tokens the free device memory held at construction (less a margin)
 };
 
 }  // namespace lily::cuda

@@ -25,7 +25,16 @@ Engine::Engine(BatchBackend& backend, Metrics& metrics, EngineOptions options)
   SchedulerOptions so;
   so.prefill_chunk = std::max(1, opt_.prefill_chunk);
   so.max_step_tokens = so.prefill_chunk;
-  so.kv_pages = opt_.kv_tokens > 0 ? PageTable::pages_for(opt_.kv_tokens, so.kv_page_tokens) : 0;
+  // The KV budget: --kv-tokens, else what the backend's memory holds (when that is less than every slot's context).
+  int64_t kv_tokens = opt_.kv_tokens;
+  const int64_t fits = batch_->kv_capacity_tokens();
+  if (kv_tokens <= 0 && fits > 0 && fits < int64_t{max_seqs_} * max_context_) {
+    kv_tokens = std::max<int64_t>(fits, max_context_);
+    log::info("engine: KV budget ", kv_tokens, " tokens (what free device memory holds; --kv-tokens sets it)");
+  }
+  so.kv_pages = kv_tokens > 0 ? PageTable::pages_for(static_cast<int>(std::min<int64_t>(kv_tokens, 1 << 30)),
+                                                     so.kv_page_tokens)
+                              : 0;
   so.prefix_cache = opt_.prefix_cache;
   so.cache_bytes = opt_.cache_bytes;
   so.checkpoint_interval = opt_.checkpoint_interval;
