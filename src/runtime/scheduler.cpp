@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "util/check.h"
+#include "util/thread_pool.h"
 
 namespace lily {
 
@@ -250,20 +251,35 @@ void Scheduler::abort_all(FinishReason reason, const std::string& error) {
   waiting_.clear();
 }
 
-// Samples the next id of `s` from its last position's logits, reports it and decides whether it goes on.
-void Scheduler::sample(Seq& s, const float* logits) {
-  TokenFilter* filter = s.spec.sampling.filter;
-  const bool masked = filter && filter->allowed(mask_);
-  SampledToken t;
+// Draws the next id of `s` from its last position's logits (its own Sampler; the filter's mask in mask_, so
+// filtered sequences are drawn on the scheduler's thread only).
+Scheduler::Drawn Scheduler::draw(Seq& s, const float* logits, bool use_mask) {
+  Drawn d;
   try {
-    t = s.sampler.sample(logits, masked ? mask_.data() : nullptr);
+    TokenFilter* filter = s.spec.sampling.filter;
+    const bool masked = use_mask && filter && filter->allowed(mask_);
+    d.token = s.sampler.sample(logits, masked ? mask_.data() : nullptr);
+    d.ok = true;
   } catch (const NanLogitsError& e) {
-    s.result.error = e.what();
-    s.result.nan_logits = true;
+    d.error = e.what();
+    d.nan = true;
+  } catch (const std::exception& e) {
+    d.error = e.what();
+  }
+  return d;
+}
+
+// Reports the drawn id of `s` and decides whether it goes on.
+void Scheduler::accept(Seq& s, Drawn d) {
+  if (!d.ok) {
+    s.result.error = d.error;
+    s.result.nan_logits = d.nan;
     finish(s, FinishReason::error);
-    release(s, false);  // the state that produced them is not finite
+    release(s, false);  // the state that produced the logits is not to be trusted
     return;
   }
+  SampledToken t = std::move(d.token);
+  TokenFilter* filter = s.spec.sampling.filter;
   if (filter) filter->accept(t.token);
   if (!s.spec.sampling.logprobs) t.logprob = std::numeric_limits<float>::quiet_NaN();
   s.ctx.push_back(t.token);
@@ -441,12 +457,25 @@ int Scheduler::step() {
     s.consumed += items[i].n;
     if (opt_.prefix_cache && std::binary_search(s.cuts.begin(), s.cuts.end(), s.consumed))
       cache_.insert(std::span(s.ctx.data(), static_cast<size_t>(s.consumed)), be_.save_state(s.slot));
+  }
+  // The next ids: drawn in parallel where the sequence has no structured-output filter (each Sampler is its own;
+  // filters may share a grammar's memo tables), then reported in the batch's order on this thread.
+  std::vector<Drawn> drawn(items.size());
+  std::vector<size_t> free;
+  for (size_t i = 0; i < items.size(); ++i)
+    if (items[i].logits && !items[i].seq->spec.sampling.filter) free.push_back(i);
+  ThreadPool::global().parallel_for(0, static_cast<int64_t>(free.size()), [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) drawn[free[k]] = draw(*items[free[k]].seq, batch[free[k]].logits, false);
+  });
+  for (size_t i = 0; i < items.size(); ++i) {
     if (!items[i].logits) continue;
+    Seq& s = *items[i].seq;
     if (!s.prefilled) {
       s.prefilled = true;
       if (s.spec.on_prefilled) s.spec.on_prefilled();
     }
-    sample(s, batch[i].logits);
+    if (s.spec.sampling.filter) drawn[i] = draw(s, batch[i].logits, true);
+    accept(s, std::move(drawn[i]));
   }
   std::erase_if(running_, [](const auto& s) { return s->done && !s->tail; });
   return static_cast<int>(items.size());

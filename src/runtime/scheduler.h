@@ -115,7 +115,13 @@ class Scheduler {
   void preempt(Seq& s);
   void finish(Seq& s, FinishReason reason);
   void release(Seq& s, bool keep_tokens);
-  void sample(Seq& s, const float* logits);
+  struct Drawn {
+    SampledToken token;
+    bool ok = false, nan = false;
+    std::string error;
+  };
+  Drawn draw(Seq& s, const float* logits, bool use_mask);
+  void accept(Seq& s, Drawn d);
 
   BatchBackend& be_;
   SchedulerOptions opt_;

@@ -38,8 +38,10 @@ void Engine::submit(std::shared_ptr<GenJob> job) {
   }
   // queue_size requests may wait behind the running one; while no request runs, the first in the queue is about
   // to start (the engine thread has not yet taken it), so it does not count as waiting
-  const int running = batch_ ? sched_running_ : running_ ? 1 : 0;
-  const int waiting = static_cast<int>(queue_.size()) + sched_waiting_;
+  // Batched: max_seqs jobs may run and queue_size wait, counting every job handed to the scheduler and not done
+  // (its own running / waiting split is only known after its next step).
+  const int running = batch_ ? 0 : running_ ? 1 : 0;
+  const int waiting = static_cast<int>(queue_.size() + in_scheduler_.size());
   const int room = opt_.queue_size + std::max(0, max_seqs_ - running);
   if (waiting >= room) {
     metrics_.request_rejected("queue_full");
@@ -104,7 +106,10 @@ void Engine::start_over() {
 }
 
 void Engine::update_gauges() {
-  if (batch_) metrics_.set_queue(static_cast<int>(queue_.size()) + sched_waiting_, sched_running_);
+  if (batch_) {  // every job handed to the scheduler and not done runs or waits (the split: its last step's)
+    const int held = static_cast<int>(in_scheduler_.size()), running = std::min(sched_running_, held);
+    metrics_.set_queue(static_cast<int>(queue_.size()) + held - running, running);
+  }
   else metrics_.set_queue(static_cast<int>(queue_.size()), running_ ? 1 : 0);
 }
 

@@ -103,6 +103,7 @@ SeqSpec Engine::spec_for(const std::shared_ptr<GenJob>& job) {
     finish(*job, r.finish);
     std::lock_guard l(mu_);
     std::erase(in_scheduler_, job);
+    update_gauges();
     if (r.n_generated > 0)  // for Retry-After: how long a job holds its slot
       avg_job_s_ = 0.8 * avg_job_s_ + 0.2 * std::chrono::duration<double>(Clock::now() - times->admitted).count();
   };
@@ -123,6 +124,7 @@ void Engine::loop_batched() {
       if (job->cancel.load()) {
         std::lock_guard l(mu_);
         std::erase(in_scheduler_, job);
+        update_gauges();
       } else {
         try {
           sched_->add(spec_for(job));
@@ -133,6 +135,7 @@ void Engine::loop_batched() {
           {
             std::lock_guard l(mu_);
             std::erase(in_scheduler_, job);
+            update_gauges();
           }
           finish(*job, FinishReason::error);
           continue;

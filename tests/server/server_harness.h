@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -39,36 +40,20 @@ class ServerProcess {
                                      "--host", "127.0.0.1"};
     if (demo) argv.insert(argv.begin() + 2, "--demo");
     argv.insert(argv.end(), args.begin(), args.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      setenv("XDG_CACHE_HOME", (std::string(LILY_BINARY_DIR) + "/test-cache").c_str(), 1);
-      setenv("LILY_LOG", "warn", 1);
-      FILE* f = freopen(log_.c_str(), "w", stderr);
-      (void)f;
-      std::vector<char*> av;
-      for (auto& a : argv) av.push_back(a.data());
-      av.push_back(nullptr);
-      execv(av[0], av.data());
-      _exit(127);
-    }
-    auto t0 = Clock::now();
-    std::regex re("listening on http://127\\.0\\.0\\.1:([0-9]+)");
-    while (seconds_since(t0) < ready_timeout_s) {
-      if (port_ == 0) {
-        std::smatch m;
-        std::string text = log_text();
-        if (std::regex_search(text, m, re)) port_ = std::stoi(m[1]);
-      }
-      if (port_ != 0) {
-        auto r = client(2).get("/health");
-        if (r && r->status == 200) return;
-      }
-      int st = 0;
-      if (waitpid(pid_, &st, WNOHANG) == pid_) {
-        pid_ = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // A server that printed its banner but never answered /health (seen about once in a few hundred starts
+    // under ctest -j2, cause not found: docs in bench/RESULTS.md) is reported on stderr, its log kept, and
+    // started once more; a second failure fails the test.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const double limit = attempt == 0 ? std::min(ready_timeout_s, 60.0) : ready_timeout_s;
+      std::string last = "nothing yet";
+      if (start(argv, limit, last)) return;
+      if (attempt == 1 || pid_ <= 0 || port_ == 0) break;
+      const std::string kept = log_ + ".stuck";
+      std::fprintf(stderr, "[ harness ] lily serve (port %d) printed its banner but /health gave %s for %.0f s; "
+                   "log kept at %s; starting it again\n", port_, last.c_str(), limit, kept.c_str());
+      stop(SIGKILL, 5);
+      std::rename(log_.c_str(), kept.c_str());
+      port_ = 0;
     }
     error_ = "server did not become ready; log:\n" + log_text();
   }
@@ -112,6 +97,43 @@ class ServerProcess {
   }
 
  private:
+  // Forks `argv` with stderr to log_ and waits up to limit_s for /health 200 (true); `last` says what /health
+  // last answered.
+  bool start(std::vector<std::string> argv, double limit_s, std::string& last) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      setenv("XDG_CACHE_HOME", (std::string(LILY_BINARY_DIR) + "/test-cache").c_str(), 1);
+      setenv("LILY_LOG", "warn", 1);
+      FILE* f = freopen(log_.c_str(), "w", stderr);
+      (void)f;
+      std::vector<char*> av;
+      for (auto& a : argv) av.push_back(a.data());
+      av.push_back(nullptr);
+      execv(av[0], av.data());
+      _exit(127);
+    }
+    auto t0 = Clock::now();
+    std::regex re("listening on http://127\\.0\\.0\\.1:([0-9]+)");
+    while (seconds_since(t0) < limit_s) {
+      if (port_ == 0) {
+        std::smatch m;
+        std::string text = log_text();
+        if (std::regex_search(text, m, re)) port_ = std::stoi(m[1]);
+      }
+      if (port_ != 0) {
+        auto r = client(2).get("/health");
+        if (r && r->status == 200) return true;
+        last = r ? "HTTP " + std::to_string(r->status) : "no answer";
+      }
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
   static int& counter() {
     static int c = 0;
     return c;

@@ -554,19 +554,19 @@ TEST(ServerLifecycle, QueueFullAnswers429WithRetryAfter) {
   ServerProcess srv({"--ctx", "512", "--queue", "1", "--max-seqs", "1"});  // one runs, one waits
   ASSERT_TRUE(srv.ok()) << srv.error();
   std::vector<std::thread> th;
-  std::vector<int> status(4);
-  std::vector<std::string> retry(4);
-  for (int i = 0; i < 4; ++i)
+  std::vector<int> status(6);
+  std::vector<std::string> retry(6);
+  for (int i = 0; i < 6; ++i)  // long enough that the first still runs when the last arrives
     th.emplace_back([&, i] {
       auto r = srv.client(60).post("/v1/completions",
-                                   ojson({{"prompt", "q"}, {"max_tokens", 60}, {"logit_bias", kNoEos}}).dump(),
+                                   ojson({{"prompt", "q"}, {"max_tokens", 300}, {"logit_bias", kNoEos}}).dump(),
                                    "application/json");
       status[i] = r ? r->status : -1;
       if (r) retry[i] = r->header("Retry-After");
     });
   for (auto& t : th) t.join();
   int n429 = 0;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 6; ++i) {
     EXPECT_TRUE(status[i] == 200 || status[i] == 429) << status[i];
     if (status[i] == 429) {
       ++n429;
