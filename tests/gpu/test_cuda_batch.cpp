@@ -52,7 +52,6 @@ std::vector<std::vector<std::vector<float>>> run(BatchBackend& be, const std::ve
   for (int s = 0; s < be.max_seqs(); ++s) be.reset(s);
   for (size_t step = 0;; ++step) {
     std::vector<BatchEntry> batch;
-    std::vector<size_t> who;
     for (size_t q = 0; q < seqs.size(); ++q) {
       if (only >= 0 && static_cast<int>(q) != only) continue;
       if (step >= seqs[q].cuts.size()) continue;
@@ -61,7 +60,6 @@ std::vector<std::vector<std::vector<float>>> run(BatchBackend& be, const std::ve
       batch.push_back({only >= 0 ? 0 : static_cast<int>(q),
                        std::span<const int32_t>(seqs[q].tokens.data() + from, static_cast<size_t>(to - from)),
                        out[q].back().data()});
-      who.push_back(q);
     }
     if (batch.empty()) break;
     if (step % 2) std::reverse(batch.begin(), batch.end());  // the order of entries must not matter
