@@ -73,6 +73,10 @@ SeqSpec Engine::spec_for(const std::shared_ptr<GenJob>& job) {
     j->n_cached = n_cached;
     j->queue_ms = ms_between(j->arrival, times->admitted);
     metrics_.observe_queue_wait(j->queue_ms / 1000.0);
+    std::lock_guard l(mu_);  // running from now (the step's end sets the exact split again)
+    sched_running_++;
+    sched_waiting_ = std::max(0, sched_waiting_ - 1);
+    update_gauges();
   };
   s.on_prefilled = [this, j, times, n] {
     j->prompt_ms = ms_between(times->admitted, Clock::now());
