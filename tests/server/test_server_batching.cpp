@@ -108,3 +108,19 @@ TEST(ServerBatching, AKvBudgetPreemptsAndRecomputesWithoutChangingOutputs) {
   EXPECT_LE(metric(srv, "lily_kv_pages_used"), 3);
   wait_idle(srv);
 }
+
+TEST(ServerBatching, TheChoicesOfOneRequestComputeItsPromptOnce) {
+  ServerProcess srv({"--ctx", "1024", "--max-seqs", "4"});
+  ASSERT_TRUE(srv.ok()) << srv.error();
+  std::string words;
+  for (int i = 0; i < 200; ++i) words += "word ";
+  const double before = metric(srv, "lily_prompt_tokens_cached_total");
+  int st = 0;
+  const ojson r = post_json(srv, "/v1/completions",
+                            {{"prompt", words}, {"max_tokens", 8}, {"n", 4}, {"temperature", 1.0}, {"seed", 5}}, &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  const int n = r["usage"]["prompt_tokens"].get<int>();
+  // choice 0 computes the prompt; choices 1..3 wait for it and restore all of it but the last token
+  EXPECT_EQ(metric(srv, "lily_prompt_tokens_cached_total") - before, 3.0 * (n - 1));
+  wait_idle(srv);
+}
