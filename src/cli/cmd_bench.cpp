@@ -38,12 +38,20 @@ struct BenchArgs {
   std::string device = "cpu";           // --concurrency with --model: cpu or cuda
 };
 
-std::vector<int> parse_list(const std::string& s) {
+// A comma-separated list of counts (suffix k = 1024): contexts, client counts.
+std::vector<int> parse_counts(const std::string& s) {
   std::vector<int> v;
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) v.push_back(std::stoi(item));
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    int mult = 1;
+    if (item.back() == 'k' || item.back() == 'K') {
+      mult = 1024;
+      item.pop_back();
+    }
+    v.push_back(std::stoi(item) * mult);
+  }
   return v;
 }
 
@@ -56,7 +64,7 @@ int run_concurrency(const BenchArgs& a) {
     return 2;
   }
   ConcurrencyBenchOptions o;
-  o.concurrency = parse_list(a.concurrency);
+  o.concurrency = parse_counts(a.concurrency);
   o.gen_tokens = a.gen_tokens;
   o.prompt_tokens = a.prompt_tokens;
   if (o.concurrency.empty()) {
@@ -106,22 +114,6 @@ int run_concurrency(const BenchArgs& a) {
 }
 
 #ifdef LILY_HAVE_CUDA
-std::vector<int> parse_contexts(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    int mult = 1;
-    if (item.back() == 'k' || item.back() == 'K') {
-      mult = 1024;
-      item.pop_back();
-    }
-    v.push_back(std::stoi(item) * mult);
-  }
-  return v;
-}
-
 void print_table(const BenchReport& r, const LoopBenchReport& lr) {
   std::printf("device  : %s\nweights : %s (%.2f GB resident)\ncopy bw : %.0f GB/s (device-to-device, read+write)\n",
               r.device.c_str(), r.weights.c_str(), r.weight_bytes / 1e9, r.copy_gb_per_s);
@@ -193,7 +185,7 @@ int run_bench(const BenchArgs& a) {
   }
   BenchOptions o;
   o.model_dir = a.model_dir;
-  o.contexts = parse_contexts(a.contexts);
+  o.contexts = parse_counts(a.contexts);
   o.steps = a.steps;
   o.breakdown = !a.no_breakdown;
   const BenchReport r = run_decode_bench(o);

@@ -41,31 +41,16 @@ CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int de
   moe_ = moe_scratch_alloc(c.n_experts, c.top_k, c.moe_ffn);
 
   attn_index_.assign(c.n_layers, -1);
-  ring_.assign(c.n_layers, nullptr);
-  S_.assign(c.n_layers, nullptr);
   const size_t ring_floats = (size_t)4 * c.conv_dim();
   const size_t s_floats = (size_t)c.lin_v_heads * c.lin_k_dim * c.lin_v_dim;
   int n_gdn = 0, n_attn = 0;
-  for (int i = 0; i < c.n_layers; ++i) (c.is_attention(i) ? n_attn : n_gdn)++;
-  gdn_state_bytes_ = (size_t)n_gdn * (ring_floats + s_floats) * sizeof(float);
-  gdn_state_ = device_alloc<uint8_t>(gdn_state_bytes_);
-  float* p = static_cast<float*>(gdn_state_);
   for (int i = 0; i < c.n_layers; ++i) {
-    if (c.is_attention(i)) {
-      attn_index_[i] = (int)page_table_.size();
-      page_table_.push_back(nullptr);
-      continue;
-    }
-    ring_[i] = p;
-    S_[i] = p + ring_floats;
-    p += ring_floats + s_floats;
+    if (c.is_attention(i)) attn_index_[i] = n_attn++;
+    else n_gdn++;
   }
+  gdn_state_bytes_ = (size_t)n_gdn * (ring_floats + s_floats) * sizeof(float);
   page_tokens_ = kPageTokens;
-  const int max_pages = (max_context_ + page_tokens_ - 1) / page_tokens_;
-  for (auto& t : page_table_) {
-    t = device_alloc<uint16_t*>(max_pages);
-    CUDA_CHECK(cudaMemsetAsync(t, 0, max_pages * sizeof(uint16_t*), stream_));
-  }
+  own_ = seq_alloc();
   if (n_attn > 0) {
     attn_.max_splits = kAttnMaxSplits;
     attn_.partial = device_alloc<float>(attn_scratch_floats(c.n_kv_heads, kAttnMaxSplits, c.n_heads / c.n_kv_heads, d));
@@ -84,47 +69,28 @@ CudaEngine::~CudaEngine() {
   prefill_free();
   if (graph_) cudaGraphExecDestroy(graph_);
   if (graph_nohead_) cudaGraphExecDestroy(graph_nohead_);
+  seq_free(own_);
   for (void* p : {(void*)step_, (void*)h_, (void*)x_, (void*)proj_, (void*)mix_, (void*)logits_,
-                  gdn_state_, (void*)attn_.partial, (void*)gdn_scratch_, (void*)gdn_barrier_})
+                  (void*)attn_.partial, (void*)gdn_scratch_, (void*)gdn_barrier_})
     if (p) cudaFree(p);
-  for (auto* t : page_table_) cudaFree(t);
-  for (void* b : page_blocks_) cudaFree(b);
   moe_scratch_free(moe_);
   free_weights(w_);
   cudaStreamDestroy(stream_);
 }
 
 void CudaEngine::reset_state() {
-  CUDA_CHECK(cudaMemsetAsync(gdn_state_, 0, gdn_state_bytes_, stream_));
+  CUDA_CHECK(cudaMemsetAsync(own_.gdn, 0, gdn_state_bytes_, stream_));
 }
 
-// One page index for every attention layer: a single allocation cut into per-layer pages.
-void CudaEngine::add_page(int page) {
-  const size_t elems = kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim);
-  const size_t n_attn = page_table_.size();
-  uint16_t* block = device_alloc<uint16_t>(elems * n_attn);
-  page_blocks_.push_back(block);
-  for (size_t a = 0; a < n_attn; ++a) {
-    uint16_t* ptr = block + a * elems;
-    CUDA_CHECK(cudaMemcpyAsync(page_table_[a] + page, &ptr, sizeof(ptr), cudaMemcpyHostToDevice, stream_));
-  }
-  CUDA_CHECK(cudaStreamSynchronize(stream_));  // &ptr is a host stack variable; pages are added rarely
-}
-
-void CudaEngine::ensure_kv(int n_tokens) {
-  if (page_table_.empty()) return;
-  LILY_CHECK(n_tokens <= max_context_, "CUDA backend: context of ", n_tokens, " tokens exceeds the maximum ",
-             max_context_);
-  const int need = (n_tokens + page_tokens_ - 1) / page_tokens_;
-  while (pages_ < need) add_page(pages_++);
-}
+void CudaEngine::ensure_kv(int n_tokens) { seq_ensure_kv(own_, n_tokens); }
 
 size_t CudaEngine::kv_page_bytes() const {
-  return kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim) * page_table_.size() * sizeof(uint16_t);
+  return kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim) * own_.page_table.size() * sizeof(uint16_t);
 }
 
-// Another sequence's state, laid out as the engine's own (the constructor): GDN rings + states in one buffer,
-// a page table per attention layer.
+// A sequence's state (the engine's own, or the batch backend's slots): GDN rings + states in one buffer (zeroed),
+// a page table per attention layer, pages on demand (seq_ensure_kv: one allocation per page index, cut into the
+// attention layers' pages).
 SeqStateDev CudaEngine::seq_alloc() {
   const Config& c = cfg_;
   SeqStateDev st;
@@ -164,7 +130,7 @@ void CudaEngine::seq_ensure_kv(SeqStateDev& st, int n_tokens) {
              max_context_);
   const size_t elems = kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim);
   const int need = (n_tokens + page_tokens_ - 1) / page_tokens_;
-  while (st.pages < need) {
+  while (st.pages < need) {  // pages are added rarely: a sync each
     uint16_t* block = device_alloc<uint16_t>(elems * st.page_table.size());
     st.page_blocks.push_back(block);
     std::vector<uint16_t*> ptrs(st.page_table.size());  // host copies, alive until the sync below
@@ -191,15 +157,14 @@ void CudaEngine::seq_shrink_kv(SeqStateDev& st, int n_tokens) {
 
 size_t CudaEngine::kv_bytes_to_come() const {
   const int max_pages = (max_context_ + page_tokens_ - 1) / page_tokens_;
-  return static_cast<size_t>(max_pages - pages_) * kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim) *
-         page_table_.size() * sizeof(uint16_t);
+  return static_cast<size_t>(max_pages - own_.pages) * kv_page_bytes();
 }
 
 void CudaEngine::fill_kv_random(int n_tokens, uint64_t seed) {
   ensure_kv(n_tokens);
-  const size_t elems = kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim) * page_table_.size();
+  const size_t elems = kv_page_elems(page_tokens_, cfg_.n_kv_heads, cfg_.head_dim) * own_.page_table.size();
   const int used = (n_tokens + page_tokens_ - 1) / page_tokens_;
-  for (int p = 0; p < used; ++p) fill_random_bf16(static_cast<uint16_t*>(page_blocks_[p]), elems, seed + p, stream_);
+  for (int p = 0; p < used; ++p) fill_random_bf16(static_cast<uint16_t*>(own_.page_blocks[p]), elems, seed + p, stream_);
 }
 
 // ---- the decode step, in the order of docs/model.md §2.0 ----
@@ -270,8 +235,8 @@ bool CudaEngine::gdn(int layer, const float* norm_w) {
     const bool sums = p.gdn_adds_router_sums && !rec_->skips("moe");
     const RouterSums next =
         sums ? moe_router_sums(w_.layers[layer].moe, w_.layers[layer].post_attention_layernorm, moe_) : RouterSums{};
-    launch_gdn_mixer_fused(g, dims, h_, norm_w, c.eps, nullptr, proj_, gdn_scratch_, gdn_barrier_, ring_[layer],
-                           S_[layer], &step_->pos, stream_, &next, rec_->trace());
+    launch_gdn_mixer_fused(g, dims, h_, norm_w, c.eps, nullptr, proj_, gdn_scratch_, gdn_barrier_, own_.ring[layer],
+                           own_.S[layer], &step_->pos, stream_, &next, rec_->trace());
     return next.acc != nullptr;
   }
   const int Hv = c.lin_v_heads;
@@ -296,7 +261,7 @@ bool CudaEngine::gdn(int layer, const float* norm_w) {
   add(g.in_proj_a, a);
   if (family("gdn_in_proj")) project(batch, norm_w, normed);
   if (family("gdn_core"))
-    launch_gdn_step(qkv, z, a, b, g.conv1d, g.A_log, g.dt_bias, g.norm, ring_[layer], S_[layer], mix_,
+    launch_gdn_step(qkv, z, a, b, g.conv1d, g.A_log, g.dt_bias, g.norm, own_.ring[layer], own_.S[layer], mix_,
                     &step_->pos, dims, c.eps, stream_);
   if (family("gdn_out_proj")) gemv(g.out_proj, mix_, h_, true, stream_);
   return false;
@@ -328,7 +293,7 @@ void CudaEngine::attention(int layer, const float* norm_w) {
     }
   }
   KvPages kv;
-  kv.pages = page_table_[attn_index_[layer]];
+  kv.pages = own_.page_table[attn_index_[layer]];
   kv.page_tokens = page_tokens_;
   kv.n_kv = c.n_kv_heads;
   kv.head_dim = d;

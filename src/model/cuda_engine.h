@@ -76,8 +76,9 @@ void free_weights(DeviceWeights& w);
 // Fills n bf16 values with random numbers in [-1, 1) (seeded), e.g. a benchmark's KV pages.
 void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, cudaStream_t s);
 
-// One more sequence's device state for the batched step (runtime/cuda_batch_backend.cu): the GDN conv rings and
-// recurrent states of every linear-attention layer (one buffer, the layout of CudaEngine::gdn_state) and KV pages.
+// One sequence's device state (the engine's own; the batch backend's slots, runtime/cuda_batch_backend.cu): the
+// GDN conv rings and recurrent states of every linear-attention layer (one buffer: CudaEngine::gdn_state's layout)
+// and KV pages.
 struct SeqStateDev {
   void* gdn = nullptr;                   // [gdn_state_bytes]
   std::vector<float*> ring, S;           // [n_layers] into gdn (null for attention layers)
@@ -171,7 +172,7 @@ class CudaEngine {
   // logits [n][vocab] (device) = lm_head(RMSNorm(h) * norm) of the last pass's rows `rows` [n] (host), n <=
   // kPrefillChunk, as one GEMM (the lm_head read once for all of them). Enqueued on stream().
   void head_rows(const int* rows, int n, float* logits);
-  // Another sequence's state for the batched step: allocated zeroed, KV pages on demand (seq_ensure_kv).
+  // A sequence's state: allocated zeroed, KV pages on demand (seq_ensure_kv).
   SeqStateDev seq_alloc();
   void seq_free(SeqStateDev& st);
   void seq_ensure_kv(SeqStateDev& st, int n_tokens);
@@ -179,7 +180,7 @@ class CudaEngine {
   size_t kv_page_bytes() const;  // one page index over all attention layers
 
   // GDN conv rings + recurrent states of all linear-attention layers, one contiguous device buffer.
-  void* gdn_state() const { return gdn_state_; }
+  void* gdn_state() const { return own_.gdn; }
   size_t gdn_state_bytes() const { return gdn_state_bytes_; }
 
  private:
@@ -195,7 +196,6 @@ class CudaEngine {
   void prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_moe(int layer, int n);
-  void add_page(int page);
 
   Config cfg_;
   DeviceWeights w_;
@@ -217,16 +217,12 @@ class CudaEngine {
   float* logits_ = nullptr;      // [V]
   MoeScratch moe_;
   AttnScratch attn_;
-  // GDN state: per GDN layer [4][conv_dim] ring then [Hv][Dk][Dv] S
-  void* gdn_state_ = nullptr;
+  // This sequence's state: per GDN layer [4][conv_dim] ring then [Hv][Dk][Dv] S; the KV pages
+  SeqStateDev own_;
   size_t gdn_state_bytes_ = 0;
-  std::vector<float*> ring_, S_;  // [n_layers] (null for attention layers)
   // KV cache
   int page_tokens_ = 0;
   std::vector<int> attn_index_;               // [n_layers] -> attention layer index or -1
-  std::vector<uint16_t**> page_table_;        // [n_attn] device [max_pages]
-  std::vector<void*> page_blocks_;            // one allocation per page index (all attention layers)
-  int pages_ = 0;
   PrefillBuffers* pf_ = nullptr;  // the prompt path's buffers (prefill_alloc on first use, prefill_free)
 };
 

@@ -119,7 +119,7 @@ const float* CudaEngine::prefill_h(int t) const { return pf_->h + (size_t)t * cf
 void CudaEngine::prefill(const int32_t* tokens, int pos0, int n) {
   LILY_CHECK(n >= 1 && n <= kPrefillChunk, "prefill: ", n, " tokens in one chunk (1..", kPrefillChunk, ")");
   ensure_kv(pos0 + n);
-  const SeqRows own{0, n, pos0, &ring_, &S_, &page_table_};
+  const SeqRows own{0, n, pos0, &own_.ring, &own_.S, &own_.page_table};
   prefill_rows(tokens, n, &own, 1);
 }
 
