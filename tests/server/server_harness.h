@@ -199,31 +199,47 @@ inline bool parse_sse(const std::string& body, std::vector<ojson>& events, bool&
   return true;
 }
 
-// Opens a streaming /v1/completions request on a raw socket, reads until its first text chunk, and closes the
-// connection (a client that goes away mid-stream).
-inline bool abandon_stream(const ServerProcess& srv, const ojson& body) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+// A streaming /v1/completions request (body["stream"] set) on a raw socket, read until its first text chunk (or
+// 60 s): the socket is left open for the caller to close (a client that goes away mid-stream). fd -1: no
+// connection.
+struct RawStream {
+  int fd = -1;
+  std::string got;                      // the bytes read so far (headers and the first events)
+  bool has_text() const { return got.find("\"text\"") != std::string::npos; }
+};
+inline RawStream open_stream(const ServerProcess& srv, const ojson& body) {
+  RawStream r;
+  r.fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(srv.port()));
   inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return close(fd), false;
   ojson b = body;
   b["stream"] = true;
   const std::string s = b.dump();
   const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                           "Content-Length: " + std::to_string(s.size()) + "\r\n\r\n" + s;
-  if (send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) return close(fd), false;
-  std::string got;
+  if (connect(r.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      send(r.fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) {
+    close(r.fd);
+    r.fd = -1;
+    return r;
+  }
   char buf[4096];
   const auto t0 = Clock::now();
-  while (got.find("\"text\"") == std::string::npos && seconds_since(t0) < 60) {
-    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+  while (!r.has_text() && seconds_since(t0) < 60) {
+    const ssize_t n = recv(r.fd, buf, sizeof buf, 0);
     if (n <= 0) break;
-    got.append(buf, static_cast<size_t>(n));
+    r.got.append(buf, static_cast<size_t>(n));
   }
-  close(fd);
-  return got.find("\"text\"") != std::string::npos;
+  return r;
+}
+
+// A client that goes away after the first text chunk of a stream; whether one arrived.
+inline bool abandon_stream(const ServerProcess& srv, const ojson& body) {
+  RawStream r = open_stream(srv, body);
+  if (r.fd >= 0) close(r.fd);
+  return r.has_text();
 }
 
 }  // namespace lily::test

@@ -1,9 +1,6 @@
 // End-to-end tests of `lily serve` over HTTP on loopback: response shapes, exact SSE framing, usage, seeds,
 // stream == non-stream, the error table (docs/api.md §7, §10.1), context boundaries, concurrency and the queue,
 // client disconnects, SIGTERM drain, auth, and the prefix cache on a second chat turn.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <atomic>
 #include <cstring>
@@ -412,26 +409,11 @@ TEST_F(ServerHttp, ConcurrentClientsCompleteOrGet429WithoutCrossTalk) {
 
 TEST_F(ServerHttp, DisconnectMidStreamFreesTheEngine) {
   const double before = metric(*srv_, "lily_client_disconnects_total");
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(srv_->port()));
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ojson body = {{"prompt", "a long story"}, {"max_tokens", 900}, {"stream", true}, {"logit_bias", kNoEos}};
-  std::string b = body.dump();
-  std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
-  ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
-  char buf[4096];
-  std::string got;
-  auto t0 = Clock::now();
-  while (got.find("\"text\"") == std::string::npos && seconds_since(t0) < 30) {
-    ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    got.append(buf, static_cast<size_t>(n));
-  }
-  ASSERT_NE(got.find("200 OK"), std::string::npos) << got;
+  const RawStream stream = open_stream(*srv_, {{"prompt", "a long story"}, {"max_tokens", 900}, {"logit_bias", kNoEos}});
+  ASSERT_GE(stream.fd, 0);
+  const int fd = stream.fd;
+  ASSERT_NE(stream.got.find("200 OK"), std::string::npos) << stream.got;
+  ASSERT_TRUE(stream.has_text()) << stream.got;
   EXPECT_EQ(metric(*srv_, "lily_requests_running"), 1);
   close(fd);
   auto tc = Clock::now();

@@ -4,10 +4,7 @@
 // carry their choice's index and each choice rebuilds its non-streaming text and logprobs with its own
 // finish_reason, greedy choices agree, out-of-range n is 400, a queue that cannot take every choice rejects the
 // whole request, and a client that leaves frees all of its choices.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <map>
 #include <set>
@@ -269,27 +266,12 @@ TEST_F(ServerN, OutOfRangeNIs400NamingN) {
 
 TEST_F(ServerN, ClientDisconnectCancelsEveryChoice) {
   const double before = metric(*srv_, "lily_client_disconnects_total");
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(srv_->port()));
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   const ojson no_eos = {{"151643", -100}, {"151645", -100}, {"151662", -100}, {"151663", -100}, {"151664", -100}};
-  ojson body = {{"prompt", "a long story"}, {"max_tokens", 900}, {"stream", true}, {"n", 4}, {"logit_bias", no_eos}};
-  std::string b = body.dump();
-  std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
-  ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
-  char buf[4096];
-  std::string got;
-  auto t0 = Clock::now();
-  while (got.find("\"text\":\"") == std::string::npos && seconds_since(t0) < 30) {
-    ssize_t k = recv(fd, buf, sizeof buf, 0);
-    if (k <= 0) break;
-    got.append(buf, static_cast<size_t>(k));
-  }
-  ASSERT_NE(got.find("200 OK"), std::string::npos) << got;
+  const RawStream stream = open_stream(*srv_, {{"prompt", "a long story"}, {"max_tokens", 900}, {"n", 4}, {"logit_bias", no_eos}});
+  ASSERT_GE(stream.fd, 0);
+  const int fd = stream.fd;
+  ASSERT_NE(stream.got.find("200 OK"), std::string::npos) << stream.got;
+  ASSERT_TRUE(stream.has_text()) << stream.got;
   const std::string m = metrics_text(*srv_);  // the four choices: running, or waiting for choice 0's prompt
   EXPECT_EQ(metric_in(m, "lily_requests_running") + metric_in(m, "lily_requests_queued"), 4);
   close(fd);
