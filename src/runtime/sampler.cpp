@@ -36,13 +36,19 @@ Sampler::Sampler(const SamplingParams& params, int vocab) : p_(params), vocab_(v
 
 void Sampler::add_prompt(std::span<const int32_t> prompt) {
   for (int32_t t : prompt)
-    if (t >= 0 && t < vocab_) in_context_[t] = 1;
+    if (t >= 0 && t < vocab_ && !in_context_[t]) {
+      in_context_[t] = 1;
+      context_ids_.push_back(t);
+    }
 }
 
 void Sampler::add_generated(int32_t token) {
   if (token < 0 || token >= vocab_) return;
   generated_count_[token]++;
-  in_context_[token] = 1;
+  if (!in_context_[token]) {
+    in_context_[token] = 1;
+    context_ids_.push_back(token);
+  }
 }
 
 void Sampler::process(const float* logits, float* z, const uint32_t* allowed) const {
@@ -54,9 +60,9 @@ void Sampler::process(const float* logits, float* z, const uint32_t* allowed) co
     if (id >= 0 && id < vocab_) z[id] += bias;
   const float rep = p_.repetition_penalty;
   const bool counted = rep != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
-  if (counted)
-    for (int i = 0; i < vocab_; ++i) {
-      if (rep != 1.0f && in_context_[i]) z[i] = z[i] > 0 ? z[i] / rep : z[i] * rep;
+  if (counted)  // only ids in the context are penalised (generated ids are in it too)
+    for (int32_t i : context_ids_) {
+      if (rep != 1.0f) z[i] = z[i] > 0 ? z[i] / rep : z[i] * rep;
       if (generated_count_[i] > 0)
         z[i] -= p_.frequency_penalty * static_cast<float>(generated_count_[i]) + p_.presence_penalty;
     }
@@ -84,14 +90,35 @@ SampledToken Sampler::sample(const float* logits, const uint32_t* allowed) {
   if (p_.temperature > 0) {
     auto before = [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); };
     std::vector<int32_t> kept;
-    kept.reserve(n_valid_);
-    for (int i = 0; i < n_valid_; ++i)
-      if (z[i] > -INFINITY) kept.push_back(i);
     bool sorted = false;
-    if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < kept.size()) {
-      std::partial_sort(kept.begin(), kept.begin() + p_.top_k, kept.end(), before);
-      kept.resize(p_.top_k);
+    if (p_.top_k > 0 && p_.top_k <= 4096) {
+      // the top_k first ids of the order in one pass: a heap of the best so far, its root the worst of them;
+      // an id enters only if it comes before the root (the same set as sorting everything, since the order is
+      // total)
+      const size_t k = static_cast<size_t>(p_.top_k);
+      kept.reserve(k);
+      for (int i = 0; i < n_valid_; ++i) {
+        if (!(z[i] > -INFINITY)) continue;
+        if (kept.size() < k) {
+          kept.push_back(i);
+          std::push_heap(kept.begin(), kept.end(), before);
+        } else if (before(i, kept.front())) {
+          std::pop_heap(kept.begin(), kept.end(), before);
+          kept.back() = i;
+          std::push_heap(kept.begin(), kept.end(), before);
+        }
+      }
+      std::sort(kept.begin(), kept.end(), before);
       sorted = true;
+    } else {
+      kept.reserve(n_valid_);
+      for (int i = 0; i < n_valid_; ++i)
+        if (z[i] > -INFINITY) kept.push_back(i);
+      if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < kept.size()) {
+        std::partial_sort(kept.begin(), kept.begin() + p_.top_k, kept.end(), before);
+        kept.resize(p_.top_k);
+        sorted = true;
+      }
     }
     if (p_.top_p < 1.0f) {
       if (!sorted) std::sort(kept.begin(), kept.end(), before);

@@ -81,6 +81,7 @@ class Sampler {
   uint64_t draws_ = 0;                 // RNG counter
   std::vector<int32_t> generated_count_;  // [vocab]
   std::vector<uint8_t> in_context_;       // [vocab] prompt or generated
+  std::vector<int32_t> context_ids_;      // the ids with in_context_ set, each once (the penalties' only work)
   std::vector<float> z_;                  // [vocab] scratch
 };
 
