@@ -641,11 +641,9 @@ __device__ __forceinline__ void split_run(const SplitPlan& p, const AttnIn& in, 
 }
 
 template <int EPL>
-__global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
-    const __grid_constant__ AttnIn in, KvPages kv, const int* __restrict__ pos_ptr, AttnScratch scratch, int group,
-    bool pdl) {
-  extern __shared__ __align__(16) uint16_t ring_all[];  // [kWarps][ring_elems<D>()]
-  __shared__ SplitShared sh;
+__device__ __forceinline__ void split_body(const AttnIn& in, const KvPages& kv, int pos, int n_splits,
+                                           const AttnScratch& scratch, int group, bool pdl, uint16_t* ring_all,
+                                           SplitShared& sh) {
   const int g = blockIdx.y, split = blockIdx.x;
   // The position is written between steps only, never by the previous launch. Launched with PDL, the first K/V
   // copies start before the wait (rows of earlier tokens are final; the token's own row is this kernel's to
@@ -653,9 +651,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
   // to running split blocks slow them.
   const int tb = blockIdx.x + blockIdx.y * gridDim.x;
   trace_stamp_at(scratch.trace_split, tb, 0);
-  if (!pdl) dep_wait();
-  const int pos = *pos_ptr;
-  const SplitPlan p = split_plan(pos + 1, split, gridDim.x);
+  const SplitPlan p = split_plan(pos + 1, split, n_splits);
   if (!p.active) {
     trace_stamp_at(scratch.trace_split, tb, 15, false);
     trace_stamp_at(scratch.trace_split, tb, 1, false);
@@ -673,12 +669,46 @@ __global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
   dep_trigger();  // (a block without work exits above, which counts as its trigger)
 }
 
+template <int EPL>
+__global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
+    const __grid_constant__ AttnIn in, KvPages kv, const int* __restrict__ pos_ptr, AttnScratch scratch, int group,
+    bool pdl) {
+  extern __shared__ __align__(16) uint16_t ring_all[];  // [kWarps][ring_elems<D>()]
+  __shared__ SplitShared sh;
+  if (!pdl) dep_wait();
+  split_body<EPL>(in, kv, *pos_ptr, gridDim.x, scratch, group, pdl, ring_all, sh);
+}
+
+// blockIdx.z: sequence q of several one-token rows (AttnRows): its row's inputs, KV pages, position and its own
+// share of the scratch; its split count from its own length alone (attention_row_splits), so a row's result does
+// not depend on the other rows of the launch.
+template <int EPL>
+__global__ void __launch_bounds__(kThreads, 1) attention_split_rows_kernel(
+    const __grid_constant__ AttnIn in, KvPages kv, AttnRows rows, AttnScratch scratch, int group, bool pdl) {
+  extern __shared__ __align__(16) uint16_t ring_all[];
+  __shared__ SplitShared sh;
+  constexpr int D = EPL * 32;
+  const int q = blockIdx.z;
+  const size_t r = (size_t)rows.row[q];
+  const int n_heads = kv.n_kv * group;
+  AttnIn at = in;
+  at.qg += r * n_heads * 2 * D;
+  at.k += r * kv.n_kv * D;
+  at.v += r * kv.n_kv * D;
+  kv.pages = rows.pages[q];
+  scratch.partial += (size_t)q * kv.n_kv * scratch.max_splits * group * (D + 2);
+  if (!pdl) dep_wait();
+  const int pos = rows.pos[q];
+  split_body<EPL>(at, kv, pos, min(attention_row_splits(pos + 1), (int)gridDim.x), scratch, group, pdl, ring_all, sh);
+}
+
 // One block per (query head, 32 dims): warp w sums splits w, w + 8, ... for its lane's dim, then the warps'
 // sums are added in a fixed order. The split weights exp2(m_s - max) / Σ weight·l are computed by warp 0
 // while the other warps' partial loads are in flight.
+template <bool kRows>
 __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
     const float* __restrict__ qg, const int* __restrict__ pos_ptr, float* __restrict__ out, AttnScratch scratch,
-    int splits, int group, int D) {
+    int splits, int group, int D, AttnRows rows) {
   __shared__ float w_sh[kMaxSplits];
   __shared__ float num_sh[kCombWarps][kCombDims];
   __shared__ float inv_den;
@@ -686,6 +716,15 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
   const int h = blockIdx.x, g = h / group, hh = h % group;
   const int dim = blockIdx.y * kCombDims + lane;
   const int tb = blockIdx.x + blockIdx.y * gridDim.x;
+  if constexpr (kRows) {  // sequence blockIdx.z of several one-token rows (AttnRows)
+    const int q = blockIdx.z, n_heads = gridDim.x;
+    const size_t r = (size_t)rows.row[q];
+    qg += r * n_heads * 2 * D;
+    out += r * n_heads * D;
+    pos_ptr = rows.pos + q;
+    scratch.partial += (size_t)q * (n_heads / group) * scratch.max_splits * group * (D + 2);
+    splits = min(attention_row_splits(*pos_ptr + 1), splits);
+  }
   trace_stamp_at(scratch.trace_comb, tb, 0);
   dep_trigger();
   dep_wait();
@@ -762,6 +801,30 @@ void launch_split(const AttnIn& in, KvPages kv, const int* pos, AttnScratch scra
             in, kv, pos, scratch, group, pdl);
 }
 
+template <int EPL>
+void launch_split_rows(const AttnIn& in, KvPages kv, AttnRows rows, int n_rows, AttnScratch scratch, int splits,
+                       int group, cudaStream_t s) {
+  constexpr size_t smem = (size_t)kWarps * ring_elems<EPL * 32>() * sizeof(uint16_t);
+  CUDA_CHECK(cudaFuncSetAttribute(attention_split_rows_kernel<EPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)smem));
+  const bool pdl = true;
+  launch_ex(attention_split_rows_kernel<EPL>, dim3(splits, kv.n_kv, n_rows), dim3(kThreads), smem, s,
+            LaunchOpts{pdl, 1, false}, in, kv, rows, scratch, group, pdl);
+}
+
+void check_shapes(const char* what, const AttnIn& in, const KvPages& kv, int n_heads, int splits,
+                  const AttnScratch& scratch) {
+  const int group = n_heads / kv.n_kv;
+  LILY_CHECK(n_heads % kv.n_kv == 0 && group <= kMaxGroup && splits >= 1 && splits <= scratch.max_splits &&
+                 splits <= kMaxSplits && kv.page_tokens % kStep == 0,
+             what, ": unsupported n_heads ", n_heads, " n_kv ", kv.n_kv, " splits ", splits);
+  const int epl = kv.head_dim / 32;
+  LILY_CHECK(in.rope_dim > 0 && in.rope_dim <= kv.head_dim && kv.head_dim % 32 == 0 &&
+                 (in.rope_dim / 2) % std::max(epl, 1) == 0,
+             what, ": rope_dim ", in.rope_dim, " with head_dim ", kv.head_dim,
+             " (rope_dim / 2 must be a multiple of head_dim / 32)");
+}
+
 }  // namespace
 
 size_t attn_scratch_floats(int n_kv, int max_splits, int group, int head_dim) {
@@ -781,15 +844,8 @@ void attn_in_rope(AttnIn& in, int rope_dim, double theta) {
 
 void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float* out, AttnScratch scratch,
                              int splits, int n_heads, cudaStream_t s, StepTrace* trace) {
+  check_shapes("attention_decode", in, kv, n_heads, splits, scratch);
   const int group = n_heads / kv.n_kv;
-  LILY_CHECK(n_heads % kv.n_kv == 0 && group <= kMaxGroup && splits >= 1 && splits <= scratch.max_splits &&
-                 splits <= kMaxSplits && kv.page_tokens % kStep == 0,
-             "attention_decode: unsupported n_heads ", n_heads, " n_kv ", kv.n_kv, " splits ", splits);
-  const int epl = kv.head_dim / 32;
-  LILY_CHECK(in.rope_dim > 0 && in.rope_dim <= kv.head_dim && kv.head_dim % 32 == 0 &&
-                 (in.rope_dim / 2) % std::max(epl, 1) == 0,
-             "attention_decode: rope_dim ", in.rope_dim, " with head_dim ", kv.head_dim,
-             " (rope_dim / 2 must be a multiple of head_dim / 32)");
   scratch.trace_split = trace ? trace->take(kTraceAttnSplit) : nullptr;
   scratch.trace_comb = trace ? trace->take(kTraceAttnCombine) : nullptr;
   switch (kv.head_dim) {
@@ -802,8 +858,29 @@ void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float
   const dim3 grid(n_heads, (kv.head_dim + kCombDims - 1) / kCombDims);
   // the combine with PDL (it triggers at entry, so the o_proj + MoE launch is scheduled early), let in by the split
   // blocks' trigger at their end
-  launch_ex(attention_combine_kernel, grid, dim3(kCombThreads), 0, s, LaunchOpts{true, 1, false}, in.qg,
-            pos, out, scratch, splits, group, kv.head_dim);
+  launch_ex(attention_combine_kernel<false>, grid, dim3(kCombThreads), 0, s, LaunchOpts{true, 1, false}, in.qg,
+            pos, out, scratch, splits, group, kv.head_dim, AttnRows{});
+}
+
+void launch_attention_decode_rows(const AttnIn& in, KvPages kv, AttnRows rows, int n_rows, float* out,
+                                  AttnScratch scratch, int splits, int n_heads, cudaStream_t s) {
+  check_shapes("attention_decode_rows", in, kv, n_heads, splits, scratch);
+  LILY_CHECK(splits <= kAttnRowMaxSplits, "attention_decode_rows: ", splits, " splits (at most ", kAttnRowMaxSplits,
+             ")");
+  LILY_CHECK(n_rows >= 1 && n_rows <= 65535, "attention_decode_rows: ", n_rows, " rows (1..65535)");
+  const int group = n_heads / kv.n_kv;
+  scratch.max_splits = splits;  // the scratch holds [n_rows][n_kv][splits][group][head_dim + 2]
+  scratch.trace_split = scratch.trace_comb = nullptr;
+  switch (kv.head_dim) {
+    case 256: launch_split_rows<8>(in, kv, rows, n_rows, scratch, splits, group, s); break;
+    case 128: launch_split_rows<4>(in, kv, rows, n_rows, scratch, splits, group, s); break;
+    case 64: launch_split_rows<2>(in, kv, rows, n_rows, scratch, splits, group, s); break;
+    case 32: launch_split_rows<1>(in, kv, rows, n_rows, scratch, splits, group, s); break;
+    default: ::lily::fail("attention_decode_rows: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
+  }
+  const dim3 grid(n_heads, (kv.head_dim + kCombDims - 1) / kCombDims, n_rows);
+  launch_ex(attention_combine_kernel<true>, grid, dim3(kCombThreads), 0, s, LaunchOpts{true, 1, false}, in.qg,
+            rows.pos, out, scratch, splits, group, kv.head_dim, rows);
 }
 
 }  // namespace lily::cuda

@@ -22,19 +22,18 @@ using gdn::kCols;
 using gdn::kMaxDk;
 using gdn::kThreads;
 
-__global__ void __launch_bounds__(kThreads) gdn_step_kernel(
-    const float* __restrict__ qkv, const float* __restrict__ z, const float* __restrict__ a_in,
-    const float* __restrict__ b_in, const float* __restrict__ conv_w, const float* __restrict__ a_log,
-    const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float* __restrict__ ring,
-    float* __restrict__ state, float* __restrict__ out, const int* __restrict__ pos_ptr, GdnDims dims, float eps) {
+// One (column tile, value head) of one sequence's step; the caller has offset the pointers to the sequence.
+__device__ __forceinline__ void step_tile(const gdn::StepArgs& a, const float* __restrict__ z,
+                                          const float* __restrict__ norm_w, float* __restrict__ out,
+                                          const int* __restrict__ pos_ptr, float eps) {
   __shared__ gdn::Shared sh;
   cg::cluster_group cluster = cg::this_cluster();
   dep_trigger();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const GdnDims dims = a.dims;
   const int h = blockIdx.y, Dv = dims.v_dim;
   const int col0 = blockIdx.x * kCols;
   const bool writes_qk = blockIdx.x == 0 && h % (dims.n_v_heads / dims.n_k_heads) == 0;
-  const gdn::StepArgs a{qkv, a_in, b_in, conv_w, a_log, dt_bias, ring, state, dims};
   auto sync = [] { __syncthreads(); };
   float4 s[gdn::kRowsPerThread];
   gdn::load_state(a, h, col0, tid, s);  // before waiting: no earlier kernel of the step writes the state
@@ -56,19 +55,55 @@ __global__ void __launch_bounds__(kThreads) gdn_step_kernel(
   cluster.sync();  // keep this block's shared memory alive until every block of the cluster has read it
 }
 
+__global__ void __launch_bounds__(kThreads) gdn_step_kernel(
+    const float* __restrict__ qkv, const float* __restrict__ z, const float* __restrict__ a_in,
+    const float* __restrict__ b_in, const float* __restrict__ conv_w, const float* __restrict__ a_log,
+    const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float* __restrict__ ring,
+    float* __restrict__ state, float* __restrict__ out, const int* __restrict__ pos_ptr, GdnDims dims, float eps) {
+  step_tile({qkv, a_in, b_in, conv_w, a_log, dt_bias, ring, state, dims}, z, norm_w, out, pos_ptr, eps);
+}
+
+// blockIdx.z: one of several sequences' one-token steps, each on its own ring and state (GdnStepRows).
+__global__ void __launch_bounds__(kThreads) gdn_step_rows_kernel(
+    const float* __restrict__ qkv, const float* __restrict__ z, const float* __restrict__ a_in,
+    const float* __restrict__ b_in, const float* __restrict__ conv_w, const float* __restrict__ a_log,
+    const float* __restrict__ dt_bias, const float* __restrict__ norm_w, GdnStepRows rows, float* __restrict__ out,
+    GdnDims dims, float eps) {
+  const int q = blockIdx.z;
+  const size_t r = (size_t)rows.row[q];
+  const int cd = 2 * dims.n_k_heads * dims.k_dim + dims.n_v_heads * dims.v_dim, vd = dims.n_v_heads * dims.v_dim;
+  step_tile({qkv + r * cd, a_in + r * dims.n_v_heads, b_in + r * dims.n_v_heads, conv_w, a_log, dt_bias,
+             rows.ring[q], rows.state[q], dims},
+            z + r * vd, norm_w, out + r * vd, rows.pos + q, eps);
+}
+
+void check_dims(const GdnDims& dims) {
+  LILY_CHECK(dims.k_dim >= 1 && dims.k_dim <= kMaxDk && dims.v_dim % 4 == 0 && dims.v_dim <= 8 * kCols &&
+                 dims.n_k_heads > 0 && dims.n_v_heads % dims.n_k_heads == 0,
+             "gdn_step: unsupported dims Dk=", dims.k_dim, " Dv=", dims.v_dim, " Hk=", dims.n_k_heads,
+             " Hv=", dims.n_v_heads);
+}
+
 }  // namespace
 
 void launch_gdn_step(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                      const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring,
                      float* state, float* out, const int* pos, GdnDims dims, float eps, cudaStream_t s) {
-  LILY_CHECK(dims.k_dim >= 1 && dims.k_dim <= kMaxDk && dims.v_dim % 4 == 0 && dims.v_dim <= 8 * kCols &&
-                 dims.n_k_heads > 0 && dims.n_v_heads % dims.n_k_heads == 0,
-             "gdn_step: unsupported dims Dk=", dims.k_dim, " Dv=", dims.v_dim, " Hk=", dims.n_k_heads,
-             " Hv=", dims.n_v_heads);
+  check_dims(dims);
   const int tiles = (dims.v_dim + kCols - 1) / kCols;
   // cluster = the column tiles of one value head (the output norm needs the whole head)
   launch_mixer(gdn_step_kernel, dim3(tiles, dims.n_v_heads), dim3(kThreads), 0, s, tiles, qkv, z, a, b, conv_w, a_log,
                dt_bias, norm_w, conv_ring, state, out, pos, dims, eps);
+}
+
+void launch_gdn_step_rows(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
+                          const float* a_log, const float* dt_bias, const float* norm_w, GdnStepRows rows, int n_rows,
+                          float* out, GdnDims dims, float eps, cudaStream_t s) {
+  check_dims(dims);
+  LILY_CHECK(n_rows >= 1 && n_rows <= 65535, "gdn_step_rows: ", n_rows, " rows (1..65535)");
+  const int tiles = (dims.v_dim + kCols - 1) / kCols;
+  launch_mixer(gdn_step_rows_kernel, dim3(tiles, dims.n_v_heads, n_rows), dim3(kThreads), 0, s, tiles, qkv, z, a, b,
+               conv_w, a_log, dt_bias, norm_w, rows, out, dims, eps);
 }
 
 }  // namespace lily::cuda

@@ -56,6 +56,18 @@ struct GdnDims {
 void launch_gdn_step(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                      const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring,
                      float* state, float* out, const int* pos, GdnDims dims, float eps, cudaStream_t s);
+// The same step for several sequences in one launch (the batched step's one-token rows): sequence q's inputs
+// and output are row rows.row[q] of row-major [rows][width] buffers (qkv [conv_dim], z and out [Hv*Dv], a and b
+// [Hv]); its position, conv ring and state are rows.pos[q], rows.ring[q], rows.state[q]. Device arrays [n_rows].
+struct GdnStepRows {
+  const int* row = nullptr;
+  const int* pos = nullptr;
+  float* const* ring = nullptr;
+  float* const* state = nullptr;
+};
+void launch_gdn_step_rows(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
+                          const float* a_log, const float* dt_bias, const float* norm_w, GdnStepRows rows, int n_rows,
+                          float* out, GdnDims dims, float eps, cudaStream_t s);
 
 // ---- attention.cu -------------------------------------------------------------------------------------
 // Scratch for the split-K combine: the partial result of every split block (written by the split kernel,
@@ -99,5 +111,24 @@ inline constexpr int kAttnMaxSplits = 128;  // split blocks per KV head at most
 // combine in only when it ends). trace: phase stamps (benchmarks), or null.
 void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float* out, AttnScratch scratch,
                              int splits, int n_heads, cudaStream_t s, StepTrace* trace = nullptr);
+// The same for several sequences' one-token rows in one pair of launches (the batched step): sequence q's inputs
+// and output are row row[q] of row-major buffers (in.qg [n_heads*2d], in.k and in.v [n_kv*d], out [n_heads*d], all
+// given at row 0), over its own KV pages pages[q] at position pos[q]. Device arrays [n_rows]. Row q uses
+// min(attention_row_splits(pos[q] + 1), splits) split blocks per KV head: its result depends on its own length
+// only, never on the other rows. `splits` (<= kAttnRowMaxSplits): the largest of those over the rows (the grid);
+// the scratch holds n_rows x attn_scratch_floats(n_kv, splits, group, head_dim); kv.pages is unused.
+struct AttnRows {
+  const int* row = nullptr;
+  const int* pos = nullptr;
+  uint16_t* const* const* pages = nullptr;
+};
+void launch_attention_decode_rows(const AttnIn& in, KvPages kv, AttnRows rows, int n_rows, float* out,
+                                  AttnScratch scratch, int splits, int n_heads, cudaStream_t s);
+// Split blocks per KV head of a one-token row over len cache tokens: one per 512 tokens, at most kAttnRowMaxSplits.
+inline constexpr int kAttnRowMaxSplits = 32;
+__host__ __device__ inline int attention_row_splits(int len) {
+  const int s = (len + 511) / 512;
+  return s < 1 ? 1 : (s > kAttnRowMaxSplits ? kAttnRowMaxSplits : s);
+}
 
 }  // namespace lily::cuda

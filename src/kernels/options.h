@@ -23,6 +23,10 @@ struct KernelOptions {
   int prefill_chunk = 0;
   // LILY_PREFILL_MIN=n: prompts of at least n tokens take the chunked path; 0 = the backend's default (16).
   int prefill_min = 0;
+  // LILY_BATCH_GRAPH_ROWS=n: a batched step (runtime/cuda_batch_backend) with at most n one-token rows runs each
+  // of them through the captured decode step of its slot (the batch-1 kernels, one after another) instead of one
+  // pass of the prompt path over all of them; 0 = always the pass.
+  int batch_graph_rows = 12;
   // LILY_DEVICE_MASKS=1: structured output samples on the device, the host's token masks applied inside the
   // decode graph (runtime/device_sampler.cu); off: a request with a token filter samples on the host (the logits
   // copied per token). Off until the masked decode graphs have run on a GPU (bench/RESULTS.md).

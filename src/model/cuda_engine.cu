@@ -235,8 +235,8 @@ bool CudaEngine::gdn(int layer, const float* norm_w) {
     const bool sums = p.gdn_adds_router_sums && !rec_->skips("moe");
     const RouterSums next =
         sums ? moe_router_sums(w_.layers[layer].moe, w_.layers[layer].post_attention_layernorm, moe_) : RouterSums{};
-    launch_gdn_mixer_fused(g, dims, h_, norm_w, c.eps, nullptr, proj_, gdn_scratch_, gdn_barrier_, own_.ring[layer],
-                           own_.S[layer], &step_->pos, stream_, &next, rec_->trace());
+    launch_gdn_mixer_fused(g, dims, h_, norm_w, c.eps, nullptr, proj_, gdn_scratch_, gdn_barrier_, seq().ring[layer],
+                           seq().S[layer], &step_->pos, stream_, &next, rec_->trace());
     return next.acc != nullptr;
   }
   const int Hv = c.lin_v_heads;
@@ -261,7 +261,7 @@ bool CudaEngine::gdn(int layer, const float* norm_w) {
   add(g.in_proj_a, a);
   if (family("gdn_in_proj")) project(batch, norm_w, normed);
   if (family("gdn_core"))
-    launch_gdn_step(qkv, z, a, b, g.conv1d, g.A_log, g.dt_bias, g.norm, own_.ring[layer], own_.S[layer], mix_,
+    launch_gdn_step(qkv, z, a, b, g.conv1d, g.A_log, g.dt_bias, g.norm, seq().ring[layer], seq().S[layer], mix_,
                     &step_->pos, dims, c.eps, stream_);
   if (family("gdn_out_proj")) gemv(g.out_proj, mix_, h_, true, stream_);
   return false;
@@ -293,7 +293,7 @@ void CudaEngine::attention(int layer, const float* norm_w) {
     }
   }
   KvPages kv;
-  kv.pages = own_.page_table[attn_index_[layer]];
+  kv.pages = seq().page_table[attn_index_[layer]];
   kv.page_tokens = page_tokens_;
   kv.n_kv = c.n_kv_heads;
   kv.head_dim = d;
@@ -321,6 +321,20 @@ cudaGraphExec_t CudaEngine::capture(const std::function<void()>& tail, bool head
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   CUDA_CHECK(cudaGraphDestroy(graph));
   return exec;
+}
+
+cudaGraphExec_t CudaEngine::capture_for(const SeqStateDev& st) {
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  cur_ = &st;
+  cudaGraphExec_t g = nullptr;
+  try {
+    g = capture(nullptr, true, nullptr);
+  } catch (...) {
+    cur_ = nullptr;
+    throw;
+  }
+  cur_ = nullptr;
+  return g;
 }
 
 void CudaEngine::lm_head(const float* h) {

@@ -151,6 +151,10 @@ class CudaEngine {
   void launch_step(bool head = true);
   // The captured graph of record_step(rec, head) followed by `tail` (e.g. greedy sampling + position advance).
   cudaGraphExec_t capture(const std::function<void()>& tail, bool head = true, StepRecorder* rec = nullptr);
+  // The decode step (with the lm_head) over another sequence's state, e.g. a batch backend's slot: a graph that
+  // reads the token and position from step() and leaves the logits in logits(); st must outlive it.
+  cudaGraphExec_t capture_for(const SeqStateDev& st);
+  const KernelOptions& options() const { return opts_; }
 
   // The prompt path (model/prefill_cuda.cu): consumes tokens[0, n) at positions pos0.. (n <= kPrefillChunk)
   // through every layer together (GEMMs over the chunk, the mixers over it in a few launches); the residual stream of
@@ -219,6 +223,8 @@ class CudaEngine {
   AttnScratch attn_;
   // This sequence's state: per GDN layer [4][conv_dim] ring then [Hv][Dk][Dv] S; the KV pages
   SeqStateDev own_;
+  const SeqStateDev* cur_ = nullptr;  // during capture_for: the state record_step reads instead of own_
+  const SeqStateDev& seq() const { return cur_ ? *cur_ : own_; }
   size_t gdn_state_bytes_ = 0;
   // KV cache
   int page_tokens_ = 0;

@@ -22,6 +22,7 @@ cuda::KernelOptions parse_kernel_options(const std::function<const char*(const c
   o.prefill = flag("LILY_PREFILL", o.prefill);
   o.prefill_chunk = integer("LILY_PREFILL_CHUNK", o.prefill_chunk);
   o.prefill_min = integer("LILY_PREFILL_MIN", o.prefill_min);
+  o.batch_graph_rows = integer("LILY_BATCH_GRAPH_ROWS", o.batch_graph_rows);
   o.device_masks = flag("LILY_DEVICE_MASKS", o.device_masks);
   o.debug_sync = flag("LILY_CUDA_SYNC", o.debug_sync);
   o.trace = flag("LILY_TRACE", o.trace);
@@ -39,6 +40,7 @@ std::string describe(const cuda::KernelOptions& o) {
   auto num = [](int v) { return v > 0 ? std::to_string(v) : std::string("auto"); };
   s << "gdn_fused=" << o.gdn_fused << " moe_fused=" << o.moe_fused << " attn_splits=" << num(o.attn_splits)
     << " prefill=" << o.prefill << " prefill_chunk=" << num(o.prefill_chunk) << " prefill_min=" << num(o.prefill_min)
+    << " batch_graph_rows=" << o.batch_graph_rows
     << " debug_sync=" << o.debug_sync << " trace=" << o.trace << " skip=" << (o.skip.empty() ? "-" : o.skip);
   return s.str();
 }

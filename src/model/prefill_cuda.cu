@@ -26,6 +26,15 @@ struct PrefillBuffers {
   int* tokens = nullptr;        // [n] device
   int* host = nullptr;          // [2n] pinned staging of the tokens, then of the sequences' positions
   int* pos = nullptr;           // [n] device: each sequence's first position in a pass (prefill_rows)
+  // the pass's one-token rows (decode rows of the batched step), whose GDN steps run as one launch per layer
+  int n_dec = 0;                // how many
+  int* dec = nullptr;           // [2][n_dec] device: their rows, then their positions
+  float** dec_ptrs = nullptr;   // [n_layers][2][n_dec] device: per GDN layer their conv rings, then their states
+  uint16_t*** dec_pages = nullptr;  // [n_attn][n_dec] device: per attention layer their page tables
+  void* dec_host = nullptr;     // pinned staging of the three
+  int dec_splits = 0;           // the most attention splits of one of them (attention_row_splits)
+  float* dec_attn = nullptr;    // [n_dec][n_kv][dec_splits][group][head_dim + 2] their attention's split partials
+  size_t dec_attn_floats = 0;   // allocated (grows with the rows and their lengths)
   float* h = nullptr;           // [n][H] residual stream of the chunk
   GemmXBuf x;                   // GEMM inputs: [n][<= max(H, mixer width)] or [n * top_k][F]
   float* proj = nullptr;        // [n][max(gdn proj, attn proj)] projections, one matrix after the other
@@ -59,6 +68,10 @@ void CudaEngine::prefill_alloc() {
   b->tokens = device_alloc<int>(n);
   CUDA_CHECK(cudaMallocHost(&b->host, sizeof(int) * 2 * n));
   b->pos = device_alloc<int>(n);
+  b->dec = device_alloc<int>(2 * (size_t)n);
+  b->dec_ptrs = device_alloc<float*>((size_t)c.n_layers * 2 * n);
+  b->dec_pages = device_alloc<uint16_t**>((size_t)c.n_layers * n);
+  CUDA_CHECK(cudaMallocHost(&b->dec_host, sizeof(int) * 2 * n + sizeof(float*) * c.n_layers * 3 * n));
   b->h = device_alloc<float>((size_t)n * H);
   // rows of width <= max(H, mix) for the chunk's tokens, or of width F for their n * k expert slots: one
   // allocation of x_elems values (and x_elems / 64 group sums), viewed at each width (at_width)
@@ -87,11 +100,12 @@ void CudaEngine::prefill_alloc() {
 void CudaEngine::prefill_free() {
   if (!pf_) return;
   PrefillBuffers& b = *pf_;
-  for (void* p : {(void*)b.tokens, (void*)b.pos, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits,
+  for (void* p : {(void*)b.tokens, (void*)b.pos, (void*)b.dec, (void*)b.dec_ptrs, (void*)b.dec_pages, (void*)b.dec_attn, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits,
                   (void*)b.idx, (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles, (void*)b.x_row,
                   (void*)b.w_slot, (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh})
     if (p) cudaFree(p);
   if (b.host) cudaFreeHost(b.host);
+  if (b.dec_host) cudaFreeHost(b.dec_host);
   gemm_x_free(b.x);
   delete pf_;
   pf_ = nullptr;
@@ -134,6 +148,40 @@ void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
   for (int q = 0; q < n_seqs; ++q) b.host[kPrefillChunk + q] = seqs[q].pos0;
   CUDA_CHECK(cudaMemcpyAsync(b.tokens, b.host, sizeof(int) * n, cudaMemcpyHostToDevice, stream_));
   CUDA_CHECK(cudaMemcpyAsync(b.pos, b.host + kPrefillChunk, sizeof(int) * n_seqs, cudaMemcpyHostToDevice, stream_));
+  // the one-token rows: their rows, positions and per-layer GDN state pointers for the rows launch
+  int* dec_i = static_cast<int*>(b.dec_host);
+  float** dec_p = reinterpret_cast<float**>(dec_i + 2 * kPrefillChunk);
+  uint16_t*** dec_pg = reinterpret_cast<uint16_t***>(dec_p + (size_t)c.n_layers * 2 * kPrefillChunk);
+  const int n_attn = static_cast<int>(seqs[0].page_table->size());
+  int m = 0;
+  for (int q = 0; q < n_seqs; ++q) m += seqs[q].n == 1;
+  b.n_dec = m;
+  b.dec_splits = 0;
+  if (m > 0) {
+    for (int q = 0, j = 0; q < n_seqs; ++q)
+      if (seqs[q].n == 1) {
+        dec_i[j] = seqs[q].row0;
+        dec_i[m + j] = seqs[q].pos0;
+        b.dec_splits = std::max(b.dec_splits, attention_row_splits(seqs[q].pos0 + 1));
+        for (int l = 0; l < c.n_layers; ++l) {
+          dec_p[((size_t)l * 2 + 0) * m + j] = (*seqs[q].ring)[l];
+          dec_p[((size_t)l * 2 + 1) * m + j] = (*seqs[q].S)[l];
+        }
+        for (int l = 0; l < n_attn; ++l) dec_pg[(size_t)l * m + j] = (*seqs[q].page_table)[l];
+        ++j;
+      }
+    CUDA_CHECK(cudaMemcpyAsync(b.dec, dec_i, sizeof(int) * 2 * m, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(b.dec_ptrs, dec_p, sizeof(float*) * c.n_layers * 2 * m, cudaMemcpyHostToDevice,
+                               stream_));
+    CUDA_CHECK(cudaMemcpyAsync(b.dec_pages, dec_pg, sizeof(uint16_t**) * n_attn * m, cudaMemcpyHostToDevice, stream_));
+    const size_t need = (size_t)m * attn_scratch_floats(c.n_kv_heads, b.dec_splits, c.n_heads / c.n_kv_heads,
+                                                        c.head_dim);
+    if (n_attn > 0 && need > b.dec_attn_floats) {  // (the stream is idle: synchronised above)
+      if (b.dec_attn) CUDA_CHECK(cudaFree(b.dec_attn));
+      b.dec_attn_floats = std::max(need, 2 * b.dec_attn_floats);
+      b.dec_attn = device_alloc<float>(b.dec_attn_floats);
+    }
+  }
 
   embed_rows(w_.embed_tokens, b.tokens, n, b.h, stream_);
   for (int i = 0; i < c.n_layers; ++i) {
@@ -186,10 +234,19 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
   gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
   project({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}}, xh.view(),
           n);
+  // the one-token rows' steps together (also a single one: a row's result must not depend on the batch)
+  const bool rows_launch = b.n_dec > 0;
+  if (!prefill_skips("gdn_core") && rows_launch) {
+    const int m = b.n_dec;
+    float* const* ptrs = b.dec_ptrs + (size_t)layer * 2 * m;
+    launch_gdn_step_rows(qkv, z, a, bb, g.conv1d, g.A_log, g.dt_bias, g.norm,
+                         GdnStepRows{b.dec, b.dec + m, ptrs, ptrs + m}, m, b.mix, dims, c.eps, stream_);
+  }
   if (!prefill_skips("gdn_core"))
     for (int q = 0; q < n_seqs; ++q) {  // each sequence's rows over its own ring and state, one after another
       const SeqRows& r = seqs[q];
       const size_t t = (size_t)r.row0;
+      if (r.n == 1 && rows_launch) continue;
       if (r.n == 1)  // a decode row: the one-token step, one launch instead of the chunk's four
         launch_gdn_step(qkv + t * cd, z + t * vd, a + t * Hv, bb + t * Hv, g.conv1d, g.A_log, g.dt_bias, g.norm,
                         (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.pos + q, dims, c.eps, stream_);
@@ -220,10 +277,21 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   AttnIn in;
   in.q_norm = at.q_norm, in.k_norm = at.k_norm, in.eps = c.eps;
   attn_in_rope(in, c.rope_dim, c.rope_theta);
+  const bool rows_launch = b.n_dec > 0;  // the one-token rows' attention together
+  if (!prefill_skips("attn_core") && rows_launch) {
+    const int m = b.n_dec, splits = b.dec_splits;
+    in.qg = qg, in.k = k, in.v = v;
+    const AttnRows rows{b.dec, b.dec + m, b.dec_pages + (size_t)attn_index_[layer] * m};
+    AttnScratch sc;
+    sc.partial = b.dec_attn;
+    sc.max_splits = splits;
+    launch_attention_decode_rows(in, kv, rows, m, b.mix, sc, splits, c.n_heads, stream_);
+  }
   if (!prefill_skips("attn_core"))
     for (int q = 0; q < n_seqs; ++q) {  // each sequence's rows over its own KV pages
       const SeqRows& r = seqs[q];
       const size_t t = (size_t)r.row0;
+      if (r.n == 1 && rows_launch) continue;
       kv.pages = (*r.page_table)[attn_index_[layer]];
       in.qg = qg + t * qr, in.k = k + t * kvd, in.v = v + t * kvd;
       launch_attention_chunk(in, kv, r.pos0, r.n, c.n_heads, b.scratch, b.mix + t * od, stream_);

@@ -17,6 +17,31 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Forwards to a backend and times its step() calls: the forward's share of a scheduler step.
+class TimedBackend : public BatchBackend {
+ public:
+  explicit TimedBackend(BatchBackend& be) : be_(be) {}
+  const Config& config() const override { return be_.config(); }
+  std::string name() const override { return be_.name(); }
+  int max_seqs() const override { return be_.max_seqs(); }
+  int max_context() const override { return be_.max_context(); }
+  int position(int slot) const override { return be_.position(slot); }
+  int64_t kv_capacity_tokens() const override { return be_.kv_capacity_tokens(); }
+  void reset(int slot) override { be_.reset(slot); }
+  void step(std::span<const BatchEntry> batch) override {
+    const auto t0 = Clock::now();
+    be_.step(batch);
+    forward_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  StateSnapshot save_state(int slot) const override { return be_.save_state(slot); }
+  void restore_state(int slot, const StateSnapshot& s) override { be_.restore_state(slot, s); }
+  void copy_prefix(int dst, int src, int n_tokens) override { be_.copy_prefix(dst, src, n_tokens); }
+  std::vector<double> forward_ms;
+
+ private:
+  BatchBackend& be_;
+};
+
 }  // namespace
 
 std::vector<ConcurrencyPoint> run_concurrency_bench(BatchBackend& be, const ConcurrencyBenchOptions& opt) {
@@ -26,7 +51,8 @@ std::vector<ConcurrencyPoint> run_concurrency_bench(BatchBackend& be, const Conc
     if (c < 1 || c > be.max_seqs()) continue;
     SchedulerOptions so;
     so.prefix_cache = false;  // distinct prompts; nothing to reuse
-    Scheduler sch(be, so);
+    TimedBackend timed(be);
+    Scheduler sch(timed, so);
     struct Stream {
       Clock::time_point first, last;
       int ids = 0;
@@ -57,7 +83,12 @@ std::vector<ConcurrencyPoint> run_concurrency_bench(BatchBackend& be, const Conc
       };
       sch.add(std::move(s));
     }
-    while (!sch.idle()) sch.step();
+    std::vector<double> step_ms;
+    while (!sch.idle()) {
+      const auto s0 = Clock::now();
+      sch.step();
+      step_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - s0).count());
+    }
     const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
     ConcurrencyPoint p;
     p.clients = c;
@@ -74,6 +105,8 @@ std::vector<ConcurrencyPoint> run_concurrency_bench(BatchBackend& be, const Conc
     p.ttft_ms = median(ttfts);
     p.steps = steps;
     p.mean_batch = steps > 0 ? static_cast<double>(seqs) / steps : 0;
+    p.step_ms = median(step_ms);
+    p.forward_ms = median(timed.forward_ms);
     out.push_back(p);
   }
   return out;

@@ -21,6 +21,8 @@ struct ConcurrencyPoint {
   double ttft_ms = 0;                   // median time to the first id
   double mean_batch = 0;                // sequences per step
   int steps = 0;
+  double step_ms = 0;                   // median wall time of a scheduler step (forward, sampling, bookkeeping)
+  double forward_ms = 0;                // median time of the backend's forward within it (logits on the host)
 };
 
 std::vector<ConcurrencyPoint> run_concurrency_bench(BatchBackend& be, const ConcurrencyBenchOptions& opt);

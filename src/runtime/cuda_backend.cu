@@ -250,10 +250,10 @@ std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions
   return std::make_unique<cuda::CudaBackend>(model, opt);
 }
 
-std::unique_ptr<BatchBackend> make_cuda_batch_backend(Backend& cuda_backend, int max_seqs) {
+std::unique_ptr<BatchBackend> make_cuda_batch_backend(Backend& cuda_backend, int max_seqs, int graph_rows) {
   auto* b = dynamic_cast<cuda::CudaBackend*>(&cuda_backend);
   if (!b || !b->engine().prefill_supported()) return nullptr;
-  return std::make_unique<cuda::CudaBatchBackend>(b->engine(), max_seqs);
+  return std::make_unique<cuda::CudaBatchBackend>(b->engine(), max_seqs, graph_rows);
 }
 
 std::unique_ptr<Backend> make_bench_cuda_backend(const std::string& model_dir, int max_context, int device) {

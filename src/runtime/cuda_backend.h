@@ -41,9 +41,11 @@ std::unique_ptr<Backend> make_cuda_backend(const Config& c, DeviceWeights w, int
 
 // Continuous batching on the GPU: `max_seqs` more sequence states over the engine of `cuda_backend` (one
 // made by make_cuda_backend; it must outlive the result, and the two are not used at the same time). Each
-// step is one pass of the chunked prompt path over every sequence's tokens (runtime/cuda_batch_backend.cuh).
-// Null when `cuda_backend` is not a CUDA backend or its prompt path does not take the model's shapes.
-std::unique_ptr<BatchBackend> make_cuda_batch_backend(Backend& cuda_backend, int max_seqs);
+// step is one pass of the chunked prompt path over every sequence's tokens, or, with at most graph_rows
+// one-token rows (< 0: KernelOptions::batch_graph_rows), those through each slot's decode graph
+// (runtime/cuda_batch_backend.cuh). Null when `cuda_backend` is not a CUDA backend or its prompt path does not
+// take the model's shapes.
+std::unique_ptr<BatchBackend> make_cuda_batch_backend(Backend& cuda_backend, int max_seqs, int graph_rows = -1);
 
 // For `lily bench`: the CUDA Backend over the checkpoint in `model_dir`, or (empty) over synthetic full-size
 // weights in the MLX 4-bit layout generated on the GPU.

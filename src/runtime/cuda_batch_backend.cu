@@ -6,10 +6,12 @@
 
 #include "kernels/common.cuh"
 #include "util/check.h"
+#include "util/thread_pool.h"
 
 namespace lily::cuda {
 
-CudaBatchBackend::CudaBatchBackend(CudaEngine& engine, int max_seqs) : eng_(engine) {
+CudaBatchBackend::CudaBatchBackend(CudaEngine& engine, int max_seqs, int graph_rows)
+    : eng_(engine), graph_rows_(graph_rows >= 0 ? graph_rows : engine.options().batch_graph_rows) {
   LILY_CHECK(max_seqs >= 1, "CUDA batch backend: max_seqs ", max_seqs, " (at least 1)");
   LILY_CHECK(eng_.prefill_supported(), "CUDA batch backend: the prompt path does not take this model's shapes");
   eng_.prefill_alloc();
@@ -17,6 +19,8 @@ CudaBatchBackend::CudaBatchBackend(CudaEngine& engine, int max_seqs) : eng_(engi
   pos_.assign(static_cast<size_t>(max_seqs), 0);
   logits_ = device_alloc<float>(static_cast<size_t>(max_seqs) * eng_.config().vocab);
   CUDA_CHECK(cudaMallocHost(&staged_, sizeof(float) * static_cast<size_t>(max_seqs) * eng_.config().vocab));
+  CUDA_CHECK(cudaMallocHost(&step_host_, sizeof(StepDev) * static_cast<size_t>(max_seqs)));
+  graphs_.assign(static_cast<size_t>(max_seqs), nullptr);
   CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
   // The KV budget: free memory less 2 GiB for the allocator and snapshots, less a page per slot (pages are
   // allocated per slot in whole pages of page_tokens).
@@ -29,7 +33,10 @@ CudaBatchBackend::CudaBatchBackend(CudaEngine& engine, int max_seqs) : eng_(engi
 
 CudaBatchBackend::~CudaBatchBackend() {
   cudaStreamSynchronize(eng_.stream());
+  for (cudaGraphExec_t g : graphs_)
+    if (g) cudaGraphExecDestroy(g);
   for (SeqStateDev& st : slots_) eng_.seq_free(st);
+  cudaFreeHost(step_host_);
   cudaFree(logits_);
   cudaFreeHost(staged_);
 }
@@ -65,8 +72,15 @@ void CudaBatchBackend::step(std::span<const BatchEntry> batch) {
     n_logits += b.logits ? 1 : 0;
   }
   for (const BatchEntry& b : batch) eng_.seq_ensure_kv(slots_[b.slot], pos_[b.slot] + static_cast<int>(b.tokens.size()));
-  // Passes of at most kPrefillChunk rows; an entry longer than what is left of a pass continues in the next.
+  std::vector<int> ones;  // the one-token entries
+  for (size_t i = 0; i < batch.size(); ++i)
+    if (batch[i].tokens.size() == 1) ones.push_back(static_cast<int>(i));
   std::vector<int> done(batch.size(), 0);
+  if (!ones.empty() && static_cast<int>(ones.size()) <= graph_rows_) {
+    decode_graphs(batch, ones);
+    for (int i : ones) done[i] = 1;
+  }
+  // Passes of at most kPrefillChunk rows; an entry longer than what is left of a pass continues in the next.
   for (;;) {
     std::vector<Piece> pieces;
     int rows = 0;
@@ -113,11 +127,40 @@ void CudaBatchBackend::pass(std::span<const BatchEntry> batch, const std::vector
     CUDA_CHECK(cudaMemcpyAsync(staged_, logits_, sizeof(float) * V * static_cast<size_t>(m), cudaMemcpyDeviceToHost,
                                eng_.stream()));
     CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
-    for (int j = 0; j < m; ++j)
-      std::memcpy(head_dst[i + j], staged_ + static_cast<size_t>(j) * V, sizeof(float) * V);
+    // out of the pinned staging into the scheduler's buffers on the host's threads (one thread copies ~5-10 GB/s;
+    // 64 rows are 64 MB)
+    ThreadPool::global().parallel_for(0, m, [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j)
+        std::memcpy(head_dst[i + j], staged_ + static_cast<size_t>(j) * V, sizeof(float) * V);
+    });
   }
   for (const Piece& p : pieces) pos_[batch[p.entry].slot] += p.n;
   CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
+}
+
+void CudaBatchBackend::decode_graphs(std::span<const BatchEntry> batch, const std::vector<int>& which) {
+  const int V = eng_.config().vocab;
+  std::vector<float*> dst;
+  for (size_t j = 0; j < which.size(); ++j) {
+    const BatchEntry& b = batch[which[j]];
+    cudaGraphExec_t& g = graphs_[b.slot];
+    if (!g) g = eng_.capture_for(slots_[b.slot]);
+    step_host_[j].token = b.tokens[0];
+    step_host_[j].pos = pos_[b.slot];
+    CUDA_CHECK(cudaMemcpyAsync(eng_.step(), &step_host_[j], sizeof(StepDev), cudaMemcpyHostToDevice, eng_.stream()));
+    CUDA_CHECK(cudaGraphLaunch(g, eng_.stream()));
+    if (b.logits) {
+      CUDA_CHECK(cudaMemcpyAsync(staged_ + j * static_cast<size_t>(V), eng_.logits(), sizeof(float) * V,
+                                 cudaMemcpyDeviceToHost, eng_.stream()));
+    }
+    dst.push_back(b.logits);
+  }
+  CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
+  ThreadPool::global().parallel_for(0, static_cast<int64_t>(dst.size()), [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j)
+      if (dst[j]) std::memcpy(dst[j], staged_ + static_cast<size_t>(j) * V, sizeof(float) * V);
+  });
+  for (int i : which) pos_[batch[i].slot] += 1;
 }
 
 StateSnapshot CudaBatchBackend::save_state(int slot) const {

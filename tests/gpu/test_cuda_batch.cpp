@@ -68,10 +68,12 @@ std::vector<std::vector<std::vector<float>>> run(BatchBackend& be, const std::ve
   return out;
 }
 
-void mixed_steps(const std::string& layout) {
+// graph_rows: the backend's one-token rows through each slot's decode graph (12: every step here) or through the
+// prompt-path pass (0).
+void mixed_steps(const std::string& layout, int graph_rows) {
   const Model model = load_model(kGolden + layout);
   auto single = make_cuda_backend(model, small_opts());
-  auto be = make_cuda_batch_backend(*single, 4);
+  auto be = make_cuda_batch_backend(*single, 4, graph_rows);
   ASSERT_TRUE(be) << "the prompt path does not take the golden model's shapes";
   const int V = model.config.vocab;
   std::mt19937 rng(3);
@@ -103,14 +105,17 @@ void mixed_steps(const std::string& layout) {
       EXPECT_LT(c, 1e-2) << layout << " sequence " << q << " piece " << p << ": vs the CPU reference";
     }
   }
-  std::printf("%s: batched vs alone worst %.3g (%s), vs CPU worst %.3g\n", layout.c_str(), worst_alone,
-              exact ? "bit for bit" : "not bit for bit", worst_cpu);
+  std::printf("%s, %s: batched vs alone worst %.3g (%s), vs CPU worst %.3g\n", layout.c_str(),
+              graph_rows > 0 ? "decode graphs" : "passes only", worst_alone, exact ? "bit for bit" : "not bit for bit",
+              worst_cpu);
 }
 
 }  // namespace
 
-TEST(CudaBatch, MixedStepsMatchAloneAndTheCpuHf) { mixed_steps("hf"); }
-TEST(CudaBatch, MixedStepsMatchAloneAndTheCpuMlx) { mixed_steps("mlx"); }
+TEST(CudaBatch, MixedStepsMatchAloneAndTheCpuHf) { mixed_steps("hf", 12); }
+TEST(CudaBatch, MixedStepsMatchAloneAndTheCpuMlx) { mixed_steps("mlx", 12); }
+TEST(CudaBatch, PassesOnlyMatchAloneAndTheCpuHf) { mixed_steps("hf", 0); }
+TEST(CudaBatch, PassesOnlyMatchAloneAndTheCpuMlx) { mixed_steps("mlx", 0); }
 
 TEST(CudaBatch, CopyPrefixAndRestoreContinueAlike) {
   const Model model = load_model(kGolden + "hf");

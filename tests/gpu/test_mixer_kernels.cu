@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -292,6 +293,62 @@ TEST(MixerKernels, GdnChunkTinyAndOddShapes) {
   run_gdn_chunk_case(GdnDims{3, 6, 47, 36}, 1, 150, 12);
 }
 
+// Several sequences' steps in one launch (launch_gdn_step_rows) at scattered rows of a larger buffer, each at its
+// own position with its own ring and state: bit for bit the one-sequence launch (same arithmetic), which the cases
+// above hold against the fp64 reference. Rows not listed stay unwritten.
+void run_gdn_rows_case(GdnDims dm, int seqs, uint32_t seed) {
+  std::mt19937 g(seed);
+  const int C = dm.conv_dim(), Hv = dm.n_v_heads, Dv = dm.v_dim, VD = Hv * Dv, rows = 2 * seqs + 1;
+  const size_t nS = (size_t)Hv * dm.k_dim * Dv;
+  auto cw = randv((size_t)C * 4, g, -0.6f, 0.6f), alog = randv(Hv, g, -2, 1), dtb = randv(Hv, g, -1, 1);
+  auto nw = randv(Dv, g, 0.5f, 1.5f);
+  auto qkv = randv((size_t)rows * C, g, -2, 2), z = randv((size_t)rows * VD, g, -2, 2);
+  auto a = randv((size_t)rows * Hv, g, -2, 2), b = randv((size_t)rows * Hv, g, -2, 2);
+  float *dcw = to_dev(cw), *dal = to_dev(alog), *ddt = to_dev(dtb), *dnw = to_dev(nw);
+  float *dqkv = to_dev(qkv), *dz = to_dev(z), *da = to_dev(a), *db = to_dev(b);
+  std::vector<int> row(seqs), pos(seqs);
+  std::vector<float*> ring1(seqs), ring2(seqs), S1(seqs), S2(seqs);
+  for (int q = 0; q < seqs; ++q) {
+    row[q] = 2 * (seqs - 1 - q) + 1;  // descending, every other row
+    pos[q] = (q * 7) % 11;            // 0 (no earlier taps), short and longer histories
+    auto ring0 = randv((size_t)4 * C, g, -1, 1), S0 = randv(nS, g, -0.3f, 0.3f);
+    ring1[q] = to_dev(ring0), ring2[q] = to_dev(ring0), S1[q] = to_dev(S0), S2[q] = to_dev(S0);
+  }
+  float* out1 = poisoned((size_t)rows * VD);
+  float* out2 = poisoned((size_t)rows * VD);
+  int* dpos = to_dev(pos);
+  for (int q = 0; q < seqs; ++q) {
+    const size_t r = (size_t)row[q];
+    launch_gdn_step(dqkv + r * C, dz + r * VD, da + r * Hv, db + r * Hv, dcw, dal, ddt, dnw, ring1[q], S1[q],
+                    out1 + r * VD, dpos + q, dm, 1e-6f, 0);
+  }
+  std::vector<int> dec(row);
+  dec.insert(dec.end(), pos.begin(), pos.end());
+  int* ddec = to_dev(dec);
+  std::vector<float*> ptrs(ring2);
+  ptrs.insert(ptrs.end(), S2.begin(), S2.end());
+  float** dptrs = to_dev(ptrs);
+  launch_gdn_step_rows(dqkv, dz, da, db, dcw, dal, ddt, dnw, GdnStepRows{ddec, ddec + seqs, dptrs, dptrs + seqs},
+                       seqs, out2, dm, 1e-6f, 0);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const auto o1 = from_dev(out1, (size_t)rows * VD), o2 = from_dev(out2, (size_t)rows * VD);
+  EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)), 0) << "outputs (unlisted rows: NaN in both)";
+  for (int q = 0; q < seqs; ++q) {
+    EXPECT_EQ(from_dev(S1[q], nS), from_dev(S2[q], nS)) << "state of sequence " << q;
+    EXPECT_EQ(from_dev(ring1[q], (size_t)4 * C), from_dev(ring2[q], (size_t)4 * C)) << "ring of sequence " << q;
+    for (float* p : {ring1[q], ring2[q], S1[q], S2[q]}) cudaFree(p);
+  }
+  for (float* p : {dcw, dal, ddt, dnw, dqkv, dz, da, db, out1, out2}) cudaFree(p);
+  cudaFree(dpos);
+  cudaFree(ddec);
+  cudaFree(dptrs);
+}
+
+TEST(MixerKernels, GdnStepRowsMatchOneSequenceLaunches) {
+  run_gdn_rows_case(GdnDims{16, 32, 128, 128}, 5, 21);
+  run_gdn_rows_case(GdnDims{3, 6, 47, 36}, 3, 22);
+}
+
 TEST(MixerKernels, GdnStepRealShape) { run_gdn_case(GdnDims{16, 32, 128, 128}, 5, 3); }
 TEST(MixerKernels, GdnStepTinyShape) { run_gdn_case(GdnDims{2, 4, 32, 32}, 5, 4); }
 TEST(MixerKernels, GdnStepOddShape) { run_gdn_case(GdnDims{3, 6, 47, 36}, 5, 5); }
@@ -441,6 +498,81 @@ TEST(MixerKernels, AttentionTinyShapes) {
 }
 // The attention kernel alone at 128K+ tokens against the CPU reference on a few heads of each KV head.
 TEST(MixerKernels, AttentionLongContext) { run_attention_case(16, 2, 256, 131072 + 37, 66, 16, 13); }
+
+// Several sequences' one-token attention in one pair of launches (launch_attention_decode_rows) at scattered rows,
+// each over its own cache and length: bit for bit the one-sequence launch with the row's own split count
+// (attention_row_splits; same arithmetic, held against the fp64 reference above), outputs and appended rows.
+void run_attention_rows_case(int n_heads, int n_kv, int d, const std::vector<int>& lens, uint32_t seed) {
+  std::mt19937 g(seed);
+  const int P = 64, rope = d / 4, R = static_cast<int>(lens.size()), rows = 2 * R + 1;
+  const double theta = 1e7;
+  const int qr = n_heads * 2 * d, kvd = n_kv * d, od = n_heads * d, group = n_heads / n_kv;
+  auto qg = randv((size_t)rows * qr, g, -2, 2), k = randv((size_t)rows * kvd, g, -2, 2);
+  auto v = randv((size_t)rows * kvd, g), qn = randv(d, g, 0.5f, 1.5f), kn = randv(d, g, 0.5f, 1.5f);
+  float *dqg = to_dev(qg), *dk = to_dev(k), *dv = to_dev(v), *dqn = to_dev(qn), *dkn = to_dev(kn);
+  int splits = 1;
+  for (int len : lens) splits = std::max(splits, attention_row_splits(len));
+  AttnScratch sc;
+  sc.max_splits = splits;
+  CUDA_CHECK(cudaMalloc(&sc.partial, (size_t)R * attn_scratch_floats(n_kv, splits, group, d) * sizeof(float)));
+  std::vector<std::unique_ptr<PagedCache>> one, many;
+  std::vector<int> row(R), pos(R);
+  std::vector<uint16_t**> tables;
+  for (int q = 0; q < R; ++q) {
+    row[q] = 2 * (R - 1 - q) + 1;
+    pos[q] = lens[q] - 1;
+    one.push_back(std::make_unique<PagedCache>(lens[q], P, n_kv, d));
+    many.push_back(std::make_unique<PagedCache>(lens[q], P, n_kv, d));
+    std::mt19937 gc(seed + 100 + q), gc2(seed + 100 + q);
+    random_cache(*one[q], P, n_kv, d, gc);
+    random_cache(*many[q], P, n_kv, d, gc2);
+    tables.push_back(many[q]->table);
+  }
+  float* out1 = poisoned((size_t)rows * od);
+  float* out2 = poisoned((size_t)rows * od);
+  int* dpos = to_dev(pos);
+  AttnIn in;
+  in.q_norm = dqn, in.k_norm = dkn, in.eps = 1e-6f;
+  attn_in_rope(in, rope, theta);
+  for (int q = 0; q < R; ++q) {
+    const size_t r = (size_t)row[q];
+    in.qg = dqg + r * qr, in.k = dk + r * kvd, in.v = dv + r * kvd;
+    launch_attention_decode(in, one[q]->kv, dpos + q, out1 + r * od, sc, attention_row_splits(lens[q]), n_heads, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  std::vector<int> dec(row);
+  dec.insert(dec.end(), pos.begin(), pos.end());
+  int* ddec = to_dev(dec);
+  uint16_t*** dtables = to_dev(tables);
+  in.qg = dqg, in.k = dk, in.v = dv;
+  KvPages kv = many[0]->kv;
+  kv.pages = nullptr;
+  launch_attention_decode_rows(in, kv, AttnRows{ddec, ddec + R, dtables}, R, out2, sc, splits, n_heads, 0);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const auto o1 = from_dev(out1, (size_t)rows * od), o2 = from_dev(out2, (size_t)rows * od);
+  EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)), 0) << "outputs, splits " << splits;
+  for (int q = 0; q < R; ++q) {
+    const size_t elems = kv_page_elems(P, n_kv, d);
+    const int p = pos[q] / P;
+    EXPECT_EQ(from_dev(one[q]->pages[p], elems), from_dev(many[q]->pages[p], elems)) << "appended row, sequence " << q;
+    for (int kh = 0; kh < n_kv; ++kh)  // the row was appended at all
+      EXPECT_EQ(from_dev(many[q]->pages[p] + many[q]->offset(1, kh, pos[q]), 1)[0],
+                f32_to_bf16(v[(size_t)row[q] * kvd + (size_t)kh * d]))
+          << "sequence " << q;
+  }
+  for (float* x : {dqg, dk, dv, dqn, dkn, out1, out2, sc.partial}) cudaFree(x);
+  cudaFree(dpos);
+  cudaFree(ddec);
+  cudaFree(dtables);
+}
+
+TEST(MixerKernels, AttentionRowsMatchOneSequenceLaunches) {
+  run_attention_rows_case(16, 2, 256, {1, 65, 513, 3001, 77, 20000}, 31);  // 1 to 32 splits
+  std::vector<int> lens;
+  for (int q = 0; q < 70; ++q) lens.push_back(1 + (q * 137) % 1500);
+  run_attention_rows_case(16, 2, 256, lens, 32);                            // 70 rows of 1-3 splits
+  run_attention_rows_case(6, 2, 64, {9, 1, 130}, 33);
+}
 
 }  // namespace
 
