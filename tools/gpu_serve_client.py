@@ -253,11 +253,21 @@ def main():
     chat("warm up", max_tokens=16, temperature=0)
     report("greedy, short prompt", chat("Hello", temperature=0))
     report("greedy again (prefix cache)", chat("Hello", temperature=0))
-    report("chat defaults (server's sampling)", chat("Write a poem about the sea."))
+    unconstrained = report("chat defaults (server's sampling)", chat("Write a poem about the sea."))
+    schema = {"type": "json_schema", "json_schema": {"name": "poem", "schema": {
+        "type": "object", "properties": {"title": {"type": "string"}, "lines": {"type": "array", "items": {
+            "type": "string"}}}, "required": ["title", "lines"]}}}
+    constrained = report("chat defaults + json_schema", chat("Write a poem about the sea as JSON.",
+                                                             response_format=schema))
+    if unconstrained > 0:
+        print("json_schema decode: %.1f %% of the unconstrained tok/s" % (100 * constrained / unconstrained))
     r = chat("Hi", logprobs=True, top_logprobs=5, max_tokens=64)
     lp = r["choices"][0]["logprobs"]["content"]
-    print("logprobs: %d entries, first token %r logprob %.4f, top %d" %
-          (len(lp), lp[0]["token"], lp[0]["logprob"], len(lp[0]["top_logprobs"])))
+    if lp:
+        print("logprobs: %d entries, first token %r logprob %.4f, top %d" %
+              (len(lp), lp[0]["token"], lp[0]["logprob"], len(lp[0]["top_logprobs"])))
+    else:  # random weights: all 64 ids can be reasoning, which carries no logprobs
+        print("logprobs: no content tokens (reasoning only: %r...)" % text(r)[:40])
     report("chat defaults + logprobs + top_logprobs 5", chat("Hi again", logprobs=True, top_logprobs=5))
     report("top-p 0.95 alone (top_k -1, T 1)", chat("Write a poem about the sea.", top_k=-1, top_p=0.95,
                                                     temperature=1.0))

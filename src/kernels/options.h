@@ -27,10 +27,9 @@ struct KernelOptions {
   // of them through the captured decode step of its slot (the batch-1 kernels, one after another) instead of one
   // pass of the prompt path over all of them; 0 = always the pass.
   int batch_graph_rows = 12;
-  // LILY_DEVICE_MASKS=1: structured output samples on the device, the host's token masks applied inside the
-  // decode graph (runtime/device_sampler.cu); off: a request with a token filter samples on the host (the logits
-  // copied per token). Off until the masked decode graphs have run on a GPU (bench/RESULTS.md).
-  bool device_masks = false;
+  // LILY_DEVICE_MASKS=0: structured output samples on the host (the logits copied per token) instead of on the
+  // device with the host's token masks applied inside the decode graph (runtime/device_sampler.cu).
+  bool device_masks = true;
   // LILY_CUDA_SYNC=1: synchronise after every launch so a failing kernel is named at once (slow; debugging).
   bool debug_sync = false;
   // LILY_TRACE=1 (`lily bench`): the persistent, attention split and combine launches stamp their blocks' phase

@@ -10,6 +10,7 @@
 
 #include "model/config.h"
 #include "runtime/backend.h"
+#include "runtime/sampler.h"
 
 namespace lily {
 
@@ -18,6 +19,13 @@ struct BatchEntry {
   int slot = 0;
   std::span<const int32_t> tokens;      // [n >= 1]
   float* logits = nullptr;              // [vocab] the last token's logits, or null (a prompt piece that is not last)
+  // Drawn by the backend (draws(params) was true): the next id from the last token's logits with this sampler's
+  // parameters, penalties and draw counter, into *drawn (token < 0: a logit was NaN), recorded in the sampler
+  // (record_drawn). `key` names the sequence the sampler belongs to (nonzero; distinct for the sequences a
+  // slot holds between two reset / restore_state / copy_prefix calls on it). logits may then be null.
+  Sampler* sampler = nullptr;
+  SampledToken* drawn = nullptr;
+  uint64_t key = 0;
 };
 
 class BatchBackend {
@@ -32,6 +40,8 @@ class BatchBackend {
   // every slot its whole context.
   virtual int64_t kv_capacity_tokens() const { return 0; }
   virtual void reset(int slot) = 0;           // empty sequence at position 0
+  // Whether step() can draw ids with these parameters itself (BatchEntry::sampler); by default never.
+  virtual bool draws(const SamplingParams& /*params*/) const { return false; }
 
   // One forward pass over every entry (distinct slots, in any order). Token ids are validated before any
   // state changes.

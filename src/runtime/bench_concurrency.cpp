@@ -28,6 +28,7 @@ class TimedBackend : public BatchBackend {
   int position(int slot) const override { return be_.position(slot); }
   int64_t kv_capacity_tokens() const override { return be_.kv_capacity_tokens(); }
   void reset(int slot) override { be_.reset(slot); }
+  bool draws(const SamplingParams& p) const override { return be_.draws(p); }
   void step(std::span<const BatchEntry> batch) override {
     const auto t0 = Clock::now();
     be_.step(batch);

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/common.cuh"
+#include "kernels/sampling.h"
 #include "util/check.h"
 #include "util/thread_pool.h"
 
@@ -21,6 +22,17 @@ CudaBatchBackend::CudaBatchBackend(CudaEngine& engine, int max_seqs, int graph_r
   CUDA_CHECK(cudaMallocHost(&staged_, sizeof(float) * static_cast<size_t>(max_seqs) * eng_.config().vocab));
   CUDA_CHECK(cudaMallocHost(&step_host_, sizeof(StepDev) * static_cast<size_t>(max_seqs)));
   graphs_.assign(static_cast<size_t>(max_seqs), nullptr);
+  if (eng_.config().vocab <= kSampleMaxVocab) {  // device draws
+    counts_ = device_alloc<int>(static_cast<size_t>(max_seqs) * eng_.config().vocab);
+    counts_key_.assign(static_cast<size_t>(max_seqs), 0);
+    sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(eng_.config().vocab));
+    rng_ = device_alloc<uint64_t>(2 * static_cast<size_t>(max_seqs));
+    bias_ids_ = device_alloc<int>(static_cast<size_t>(max_seqs) * kMaxBias);
+    bias_vals_ = device_alloc<float>(static_cast<size_t>(max_seqs) * kMaxBias);
+    out_dev_ = device_alloc<DrawOut>(static_cast<size_t>(max_seqs));
+    CUDA_CHECK(cudaMallocHost(&out_host_, sizeof(DrawOut) * static_cast<size_t>(max_seqs)));
+    CUDA_CHECK(cudaMallocHost(&in_host_, sizeof(DrawIn) * static_cast<size_t>(max_seqs)));
+  }
   CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
   // The KV budget: free memory less 2 GiB for the allocator and snapshots, less a page per slot (pages are
   // allocated per slot in whole pages of page_tokens).
@@ -37,6 +49,11 @@ CudaBatchBackend::~CudaBatchBackend() {
     if (g) cudaGraphExecDestroy(g);
   for (SeqStateDev& st : slots_) eng_.seq_free(st);
   cudaFreeHost(step_host_);
+  for (void* p : {(void*)counts_, sample_scratch_, (void*)rng_, (void*)bias_ids_, (void*)bias_vals_, (void*)out_dev_,
+                  (void*)ids_dev_})
+    if (p) cudaFree(p);
+  if (out_host_) cudaFreeHost(out_host_);
+  if (in_host_) cudaFreeHost(in_host_);
   cudaFree(logits_);
   cudaFreeHost(staged_);
 }
@@ -52,12 +69,12 @@ void CudaBatchBackend::reset(int slot) {
   CUDA_CHECK(cudaMemsetAsync(st.gdn, 0, eng_.gdn_state_bytes(), eng_.stream()));
   eng_.seq_shrink_kv(st, 0);  // device memory follows the scheduler's page accounting
   pos_[slot] = 0;
+  if (!counts_key_.empty()) counts_key_[slot] = 0;  // the next device draw rebuilds the counts
 }
 
 void CudaBatchBackend::step(std::span<const BatchEntry> batch) {
   const int V = eng_.config().vocab;
   std::vector<uint8_t> seen(slots_.size(), 0);
-  int n_logits = 0;
   for (size_t i = 0; i < batch.size(); ++i) {  // everything checked before any state changes
     const BatchEntry& b = batch[i];
     check(b.slot);
@@ -69,9 +86,12 @@ void CudaBatchBackend::step(std::span<const BatchEntry> batch) {
                " tokens exceed the context of ", eng_.max_context());
     for (int32_t t : b.tokens)
       LILY_CHECK(t >= 0 && t < V, "CUDA batch backend: token id ", t, " (slot ", b.slot, ") outside [0, ", V, ")");
-    n_logits += b.logits ? 1 : 0;
+    LILY_CHECK(!b.sampler || (b.drawn && b.key != 0 && draws(b.sampler->params())), "CUDA batch backend: entry ", i,
+               " asks for a draw the backend does not offer");
   }
   for (const BatchEntry& b : batch) eng_.seq_ensure_kv(slots_[b.slot], pos_[b.slot] + static_cast<int>(b.tokens.size()));
+  row_of_.assign(batch.size(), -1);
+  n_draw_ = n_staged_ = 0;
   std::vector<int> ones;  // the one-token entries
   for (size_t i = 0; i < batch.size(); ++i)
     if (batch[i].tokens.size() == 1) ones.push_back(static_cast<int>(i));
@@ -95,6 +115,7 @@ void CudaBatchBackend::step(std::span<const BatchEntry> batch) {
     pass(batch, pieces);
     for (const Piece& p : pieces) done[p.entry] += p.n;
   }
+  finish_out(batch);
 }
 
 void CudaBatchBackend::pass(std::span<const BatchEntry> batch, const std::vector<Piece>& pieces) {
@@ -102,7 +123,7 @@ void CudaBatchBackend::pass(std::span<const BatchEntry> batch, const std::vector
   std::vector<int32_t> tokens;
   std::vector<SeqRows> seqs;
   std::vector<int> head_rows;           // rows whose logits are wanted
-  std::vector<float*> head_dst;         // their host destinations
+  std::vector<int> head_entry;          // their entries
   for (const Piece& p : pieces) {
     const BatchEntry& b = batch[p.entry];
     SeqStateDev& st = slots_[b.slot];
@@ -115,32 +136,21 @@ void CudaBatchBackend::pass(std::span<const BatchEntry> batch, const std::vector
     r.page_table = &st.page_table;
     seqs.push_back(r);
     tokens.insert(tokens.end(), b.tokens.begin() + p.first, b.tokens.begin() + p.first + p.n);
-    if (b.logits && p.first + p.n == static_cast<int>(b.tokens.size())) {
+    if ((b.logits || b.sampler) && p.first + p.n == static_cast<int>(b.tokens.size())) {
       head_rows.push_back(r.row0 + p.n - 1);
-      head_dst.push_back(b.logits);
+      head_entry.push_back(p.entry);
     }
   }
   eng_.prefill_rows(tokens.data(), static_cast<int>(tokens.size()), seqs.data(), static_cast<int>(seqs.size()));
-  for (size_t i = 0; i < head_rows.size(); i += slots_.size()) {  // the logits buffer holds max_seqs rows
-    const int m = static_cast<int>(std::min(slots_.size(), head_rows.size() - i));
-    eng_.head_rows(head_rows.data() + i, m, logits_);
-    CUDA_CHECK(cudaMemcpyAsync(staged_, logits_, sizeof(float) * V * static_cast<size_t>(m), cudaMemcpyDeviceToHost,
-                               eng_.stream()));
-    CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
-    // out of the pinned staging into the scheduler's buffers on the host's threads (one thread copies ~5-10 GB/s;
-    // 64 rows are 64 MB)
-    ThreadPool::global().parallel_for(0, m, [&](int64_t b, int64_t e) {
-      for (int64_t j = b; j < e; ++j)
-        std::memcpy(head_dst[i + j], staged_ + static_cast<size_t>(j) * V, sizeof(float) * V);
-    });
+  if (!head_rows.empty()) {  // (distinct slots: at most max_seqs rows, what logits_ holds)
+    const int m = static_cast<int>(head_rows.size());
+    eng_.head_rows(head_rows.data(), m, logits_);
+    for (int j = 0; j < m; ++j) enqueue_out(batch[head_entry[j]], logits_ + static_cast<size_t>(j) * V, head_entry[j]);
   }
   for (const Piece& p : pieces) pos_[batch[p.entry].slot] += p.n;
-  CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
 }
 
 void CudaBatchBackend::decode_graphs(std::span<const BatchEntry> batch, const std::vector<int>& which) {
-  const int V = eng_.config().vocab;
-  std::vector<float*> dst;
   for (size_t j = 0; j < which.size(); ++j) {
     const BatchEntry& b = batch[which[j]];
     cudaGraphExec_t& g = graphs_[b.slot];
@@ -149,18 +159,107 @@ void CudaBatchBackend::decode_graphs(std::span<const BatchEntry> batch, const st
     step_host_[j].pos = pos_[b.slot];
     CUDA_CHECK(cudaMemcpyAsync(eng_.step(), &step_host_[j], sizeof(StepDev), cudaMemcpyHostToDevice, eng_.stream()));
     CUDA_CHECK(cudaGraphLaunch(g, eng_.stream()));
-    if (b.logits) {
-      CUDA_CHECK(cudaMemcpyAsync(staged_ + j * static_cast<size_t>(V), eng_.logits(), sizeof(float) * V,
-                                 cudaMemcpyDeviceToHost, eng_.stream()));
-    }
-    dst.push_back(b.logits);
+    enqueue_out(b, eng_.logits(), which[j]);  // before the next graph rewrites the logits
+  }
+  for (int i : which) pos_[batch[i].slot] += 1;
+}
+
+bool CudaBatchBackend::draws(const ::lily::SamplingParams& p) const {
+  return counts_ != nullptr && p.logit_bias.size() <= static_cast<size_t>(kMaxBias) &&
+         p.top_logprobs <= kMaxTopLogprobs;
+}
+
+void CudaBatchBackend::sync_counts(const BatchEntry& b) {
+  const int V = eng_.config().vocab;
+  const Sampler& smp = *b.sampler;
+  int* counts = counts_ + static_cast<size_t>(b.slot) * V;
+  std::vector<int32_t> ids = smp.context_ids();  // then each generated id once per time it was generated
+  const size_t n_ctx = ids.size();
+  for (size_t k = 0; k < n_ctx; ++k)
+    for (int c = smp.generated_count(ids[k]); c > 0; --c) ids.push_back(ids[k]);
+  CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));  // (the id buffer may be in use or replaced)
+  if (ids.size() > ids_cap_) {
+    if (ids_dev_) CUDA_CHECK(cudaFree(ids_dev_));
+    ids_cap_ = std::max(ids.size(), 2 * ids_cap_);
+    ids_dev_ = device_alloc<int>(ids_cap_);
+  }
+  CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int) * V, eng_.stream()));
+  if (!ids.empty()) {
+    CUDA_CHECK(cudaMemcpyAsync(ids_dev_, ids.data(), sizeof(int) * ids.size(), cudaMemcpyHostToDevice, eng_.stream()));
+    mark_context(counts, V, ids_dev_, static_cast<int>(n_ctx), eng_.stream());
+    count_tokens(counts, V, ids_dev_ + n_ctx, static_cast<int>(ids.size() - n_ctx), eng_.stream());
   }
   CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
-  ThreadPool::global().parallel_for(0, static_cast<int64_t>(dst.size()), [&](int64_t b, int64_t e) {
-    for (int64_t j = b; j < e; ++j)
-      if (dst[j]) std::memcpy(dst[j], staged_ + static_cast<size_t>(j) * V, sizeof(float) * V);
+  counts_key_[b.slot] = b.key;
+}
+
+void CudaBatchBackend::enqueue_out(const BatchEntry& b, float* logits, int entry) {
+  const int V = eng_.config().vocab;
+  cudaStream_t s = eng_.stream();
+  if (b.sampler) {
+    const int r = n_draw_++;
+    const ::lily::SamplingParams& p = b.sampler->params();
+    cuda::SamplingParams d;  // as the single-sequence device sampler maps them (runtime/device_sampler.cu)
+    d.temperature = p.temperature;
+    d.top_k = p.top_k;
+    d.top_p = p.top_p;
+    d.min_p = p.min_p;
+    d.presence = p.presence_penalty;
+    d.frequency = p.frequency_penalty;
+    d.repetition = p.repetition_penalty;
+    d.n_valid = p.n_valid > 0 && p.n_valid < V ? p.n_valid : 0;
+    d.update_counts = has_penalties(d);
+    int* counts = counts_ + static_cast<size_t>(b.slot) * V;
+    if (d.update_counts && counts_key_[b.slot] != b.key) sync_counts(b);
+    DrawIn& in = in_host_[r];
+    in.rng[0] = b.sampler->draws();
+    in.rng[1] = p.seed;
+    CUDA_CHECK(cudaMemcpyAsync(rng_ + 2 * r, in.rng, sizeof in.rng, cudaMemcpyHostToDevice, s));
+    int n_bias = 0;
+    for (const auto& [id, v] : p.logit_bias)
+      if (id >= 0 && id < V) in.bias_ids[n_bias] = id, in.bias_vals[n_bias++] = v;
+    if (n_bias > 0) {
+      int* ids = bias_ids_ + static_cast<size_t>(r) * kMaxBias;
+      float* vals = bias_vals_ + static_cast<size_t>(r) * kMaxBias;
+      CUDA_CHECK(cudaMemcpyAsync(ids, in.bias_ids, sizeof(int) * n_bias, cudaMemcpyHostToDevice, s));
+      CUDA_CHECK(cudaMemcpyAsync(vals, in.bias_vals, sizeof(float) * n_bias, cudaMemcpyHostToDevice, s));
+      add_logit_bias(logits, V, ids, vals, n_bias, s);
+    }
+    DrawOut* o = out_dev_ + r;
+    sample(logits, V, d, d.update_counts ? counts : nullptr, rng_ + 2 * r, &o->token, sample_scratch_, s, &o->logprob,
+           nullptr, p.top_logprobs, o->top_ids, o->top_logprobs);
+    CUDA_CHECK(cudaMemcpyAsync(out_host_ + r, o, sizeof(DrawOut), cudaMemcpyDeviceToHost, s));
+    row_of_[entry] = r;
+  } else if (b.logits) {
+    const int j = n_staged_++;
+    CUDA_CHECK(cudaMemcpyAsync(staged_ + static_cast<size_t>(j) * V, logits, sizeof(float) * V, cudaMemcpyDeviceToHost,
+                               s));
+    row_of_[entry] = j;
+  }
+}
+
+void CudaBatchBackend::finish_out(std::span<const BatchEntry> batch) {
+  const int V = eng_.config().vocab;
+  CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
+  // staged logits out of the pinned buffer on the host's threads (one thread copies ~5-10 GB/s; 64 rows: 64 MB)
+  ThreadPool::global().parallel_for(0, static_cast<int64_t>(batch.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      if (!batch[i].sampler && batch[i].logits && row_of_[i] >= 0)
+        std::memcpy(batch[i].logits, staged_ + static_cast<size_t>(row_of_[i]) * V, sizeof(float) * V);
   });
-  for (int i : which) pos_[batch[i].slot] += 1;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchEntry& b = batch[i];
+    if (!b.sampler || row_of_[i] < 0) continue;
+    const DrawOut& o = out_host_[row_of_[i]];
+    SampledToken& t = *b.drawn;
+    t = SampledToken{};
+    t.token = o.token;  // < 0: a NaN logit (kSampleNanToken); the sampler records nothing
+    if (o.token < 0) continue;
+    t.logprob = o.logprob;
+    for (int k = 0; k < b.sampler->params().top_logprobs; ++k)
+      if (o.top_ids[k] >= 0) t.top.push_back({o.top_ids[k], o.top_logprobs[k]});
+    b.sampler->record_drawn(o.token);
+  }
 }
 
 StateSnapshot CudaBatchBackend::save_state(int slot) const {
@@ -184,6 +283,7 @@ void CudaBatchBackend::restore_state(int slot, const StateSnapshot& s) {
   CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
   eng_.seq_shrink_kv(st, s.position);
   pos_[slot] = s.position;
+  if (!counts_key_.empty()) counts_key_[slot] = 0;
 }
 
 void CudaBatchBackend::copy_prefix(int dst, int src, int n_tokens) {
@@ -203,6 +303,7 @@ void CudaBatchBackend::copy_prefix(int dst, int src, int n_tokens) {
   }
   eng_.seq_shrink_kv(slots_[dst], n_tokens);
   pos_[dst] = n_tokens;
+  if (!counts_key_.empty()) counts_key_[dst] = 0;
 }
 
 }  // namespace lily::cuda

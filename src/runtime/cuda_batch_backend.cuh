@@ -2,7 +2,9 @@
 // backend's engine (its weights, stream and prompt-path buffers). A step runs one pass of the prompt path over
 // every entry's tokens (model/prefill_cuda.cu: each weight read once per pass; the one-token rows' GDN and
 // attention in one launch each, prompt pieces per sequence), then one lm_head GEMM over the rows that want
-// logits, copied to the host for the scheduler's samplers. A step with few one-token rows (<= graph_rows) runs
+// logits; the rows whose sequences draw on the device (draws(): no structured output) are sampled there by
+// kernels/sampling.h per row (penalties from the slot's device counts, which mirror its sequence's Sampler),
+// only their ids and log-probabilities copied back; other rows' logits are copied to the host. A step with few one-token rows (<= graph_rows) runs
 // those through their slot's captured decode step instead, one after another (the batch-1 kernels are faster
 // than a pass over a few rows), and its prompt pieces through the pass.
 // Precision: the prompt path's (fp32 activations split into two bf16 halves on the tensor cores), or the decode
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/sampling.h"
 #include "model/cuda_engine.h"
 #include "runtime/batch_backend.h"
 
@@ -36,6 +39,7 @@ class CudaBatchBackend : public BatchBackend {
   StateSnapshot save_state(int slot) const override;
   void restore_state(int slot, const StateSnapshot& s) override;
   void copy_prefix(int dst, int src, int n_tokens) override;
+  bool draws(const ::lily::SamplingParams& params) const override;
 
  private:
   int check(int slot) const;
@@ -46,6 +50,14 @@ class CudaBatchBackend : public BatchBackend {
   void pass(std::span<const BatchEntry> batch, const std::vector<Piece>& pieces);
   // The one-token entries `which` through their slots' decode graphs, one after another.
   void decode_graphs(std::span<const BatchEntry> batch, const std::vector<int>& which);
+  // Enqueues what an entry with a logits row on the device needs: a device draw (into draw row r) or the copy of
+  // its logits into staged_ row j.
+  void enqueue_out(const BatchEntry& b, float* logits, int entry);
+  // After the stream's work: the staged logits to their entries (host threads), the drawn ids to theirs.
+  void finish_out(std::span<const BatchEntry> batch);
+  // The slot's device counts made to mirror the entry's sampler (a new sequence in the slot, or a preempted one
+  // back), synchronously.
+  void sync_counts(const BatchEntry& b);
 
   CudaEngine& eng_;
   std::vector<SeqStateDev> slots_;      // [max_seqs]
@@ -56,6 +68,32 @@ class CudaBatchBackend : public BatchBackend {
   int graph_rows_ = 0;                  // steps with at most this many one-token rows use the decode graphs
   std::vector<cudaGraphExec_t> graphs_; // [max_seqs] each slot's decode step (captured on first use)
   StepDev* step_host_ = nullptr;        // pinned [max_seqs]: the token and position each graph launch reads
+  // device draws (kernels/sampling.h), per slot and per draw row of a step (<= max_seqs rows)
+  int* counts_ = nullptr;               // device [max_seqs][vocab]: generated counts | kSampleInContext
+  std::vector<uint64_t> counts_key_;    // [max_seqs] the sequence (BatchEntry::key) the counts mirror, 0: none
+  void* sample_scratch_ = nullptr;      // device sampling_scratch_bytes(vocab), reused row after row
+  uint64_t* rng_ = nullptr;             // device [max_seqs][2] {draw counter, seed} per draw row
+  static constexpr int kMaxBias = 64;   // logit_bias entries a device draw takes (more: the host samples)
+  int* bias_ids_ = nullptr;             // device [max_seqs][kMaxBias] logit_bias per draw row
+  float* bias_vals_ = nullptr;
+  struct DrawOut {                      // what a draw row returns (device, then pinned host)
+    int token;
+    float logprob;
+    int top_ids[kMaxTopLogprobs];
+    float top_logprobs[kMaxTopLogprobs];
+  };
+  DrawOut* out_dev_ = nullptr;          // [max_seqs]
+  DrawOut* out_host_ = nullptr;         // pinned [max_seqs]
+  struct DrawIn {                       // pinned staging of a draw row's inputs
+    uint64_t rng[2];
+    int bias_ids[kMaxBias];
+    float bias_vals[kMaxBias];
+  };
+  DrawIn* in_host_ = nullptr;           // pinned [max_seqs]
+  std::vector<int> row_of_;             // [batch entries] draw row or staged_ row of the entry in this step, -1
+  int n_draw_ = 0, n_staged_ = 0;       // rows used in this step
+  int* ids_dev_ = nullptr;              // device [ids_cap_] token lists for sync_counts
+  size_t ids_cap_ = 0;
 };
 
 }  // namespace lily::cuda

@@ -51,6 +51,11 @@ void Sampler::add_generated(int32_t token) {
   }
 }
 
+void Sampler::record_drawn(int32_t token) {
+  if (p_.temperature > 0) ++draws_;
+  add_generated(token);
+}
+
 void Sampler::process(const float* logits, float* z, const uint32_t* allowed) const {
   std::copy(logits, logits + vocab_, z);
   if (allowed)

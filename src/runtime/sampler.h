@@ -70,6 +70,13 @@ class Sampler {
   // whose bit is clear get -inf before anything else, so log-probabilities refer to the constrained distribution.
   SampledToken sample(const float* logits, const uint32_t* allowed = nullptr);
 
+  // An id drawn elsewhere (a backend's device sampler, with these parameters, penalties and draw counter): recorded
+  // as sample() records its own choice (the generated count, the draw counter).
+  void record_drawn(int32_t token);
+  uint64_t draws() const { return draws_; }                         // the draw counter (the next draw's)
+  const std::vector<int32_t>& context_ids() const { return context_ids_; }  // prompt or generated, each once
+  int generated_count(int32_t id) const { return generated_count_[id]; }
+
   // z [vocab] = logits after logit_bias, penalties, padding mask and temperature (skipped when greedy): the
   // distribution the log-probabilities refer to, before top_k / top_p / min_p truncation.
   void process(const float* logits, float* z, const uint32_t* allowed = nullptr) const;

@@ -18,6 +18,8 @@ struct Scheduler::Seq {
   int slot = -1;                        // the slot it runs in, or -1 (waiting)
   int consumed = 0;                     // tokens of ctx its slot has consumed
   uint64_t order = 0;                   // admission order: preemption takes the newest
+  uint64_t key = 0;                     // names it to the backend (BatchEntry::key)
+  bool backend_draws = false;           // the backend draws its ids (BatchBackend::draws)
   bool admitted_once = false, prefilled = false;
   bool done = false;                    // on_done ran
   bool tail = false;                    // done, and turn_tail still to be fed in its slot
@@ -66,6 +68,8 @@ void Scheduler::add(SeqSpec spec) {
   for (int32_t t : spec.prompt)
     LILY_CHECK(t >= 0 && t < vocab_, "scheduler: prompt token id ", t, " outside [0, ", vocab_, ")");
   auto s = std::make_unique<Seq>(std::move(spec), vocab_);  // the Sampler validates the parameters
+  s->key = ++keys_;
+  s->backend_draws = !s->spec.sampling.filter && be_.draws(s->spec.sampling.params);
   s->sampler.add_prompt(s->spec.prompt);
   s->ctx = s->spec.prompt;
   s->n_prompt = n;
@@ -419,12 +423,20 @@ int Scheduler::step() {
 
   std::vector<BatchEntry> batch;
   batch.reserve(items.size());
+  std::vector<SampledToken> by_backend(items.size());  // ids the backend drew
   int n_tokens = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     Seq& s = *items[i].seq;
     const int32_t* from = s.tail ? s.spec.turn_tail.data() : s.ctx.data() + s.consumed;
-    batch.push_back({s.slot, std::span<const int32_t>(from, static_cast<size_t>(items[i].n)),
-                     items[i].logits ? logits_.data() + i * static_cast<size_t>(vocab_) : nullptr});
+    BatchEntry e{s.slot, std::span<const int32_t>(from, static_cast<size_t>(items[i].n)), nullptr};
+    if (items[i].logits && s.backend_draws) {
+      e.sampler = &s.sampler;
+      e.drawn = &by_backend[i];
+      e.key = s.key;
+    } else if (items[i].logits) {
+      e.logits = logits_.data() + i * static_cast<size_t>(vocab_);
+    }
+    batch.push_back(e);
     n_tokens += items[i].n;
   }
   try {
@@ -462,8 +474,21 @@ int Scheduler::step() {
   // filters may share a grammar's memo tables), then reported in the batch's order on this thread.
   std::vector<Drawn> drawn(items.size());
   std::vector<size_t> free;
-  for (size_t i = 0; i < items.size(); ++i)
-    if (items[i].logits && !items[i].seq->spec.sampling.filter) free.push_back(i);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].logits) continue;
+    if (batch[i].drawn) {  // drawn by the backend
+      Drawn& d = drawn[i];
+      if (batch[i].drawn->token >= 0) {
+        d.token = std::move(*batch[i].drawn);
+        d.ok = true;
+      } else {
+        d.error = "sampler: NaN among the logits";
+        d.nan = true;
+      }
+    } else if (!items[i].seq->spec.sampling.filter) {
+      free.push_back(i);
+    }
+  }
   ThreadPool::global().parallel_for(0, static_cast<int64_t>(free.size()), [&](int64_t b, int64_t e) {
     for (int64_t k = b; k < e; ++k) drawn[free[k]] = draw(*items[free[k]].seq, batch[free[k]].logits, false);
   });

@@ -131,7 +131,7 @@ class Scheduler {
   PrefixCache cache_;
   std::deque<std::unique_ptr<Seq>> waiting_;   // FIFO; preempted sequences go back to the front
   std::vector<std::unique_ptr<Seq>> running_;  // in admission order
-  uint64_t clock_ = 0, admissions_ = 0;
+  uint64_t clock_ = 0, admissions_ = 0, keys_ = 0;
   int64_t preemptions_ = 0, cached_tokens_ = 0, steps_ = 0;
   std::vector<float> logits_;                  // [max_seqs][vocab]
   std::vector<uint32_t> mask_;                 // [ceil(vocab / 32)]

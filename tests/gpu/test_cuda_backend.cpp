@@ -59,7 +59,7 @@ CudaOptions small_opts() {
   return o;
 }
 
-// Structured output sampled on the device (KernelOptions::device_masks, off by default until verified here).
+// Structured output sampled on the device (KernelOptions::device_masks, the default).
 CudaOptions masked_opts() {
   CudaOptions o = small_opts();
   o.kernels.device_masks = true;

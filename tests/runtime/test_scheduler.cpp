@@ -29,6 +29,7 @@ class HashBackend : public BatchBackend {
   int max_context() const override { return max_ctx_; }
   int position(int slot) const override { return static_cast<int>(slots_.at(slot).kv.size()); }
   void reset(int slot) override { slots_.at(slot) = {}; }
+  bool draws(const SamplingParams&) const override { return draws_ids; }
   void step(std::span<const BatchEntry> batch) override {
     std::vector<int> seen;
     for (const BatchEntry& e : batch) {
@@ -46,6 +47,21 @@ class HashBackend : public BatchBackend {
       }
       uint64_t check = 0;  // the state must be the hash of exactly the KV it sits on
       for (int32_t t : s.kv) check = mix(check, static_cast<uint64_t>(t));
+      if (e.sampler) {  // the backend draws: on a copy of the sampler, then recorded as the contract says
+        LILY_CHECK(draws_ids && e.drawn && e.key != 0 && !e.logits, "a draw the backend did not offer");
+        std::vector<float> logits(cfg_.vocab);
+        for (int j = 0; j < cfg_.vocab; ++j)
+          logits[j] = check == s.h ? static_cast<float>(mix(s.h, 1000 + j) % 997) / 100.0f : NAN;
+        Sampler probe = *e.sampler;
+        try {
+          *e.drawn = probe.sample(logits.data());
+          e.sampler->record_drawn(e.drawn->token);
+        } catch (const NanLogitsError&) {
+          e.drawn->token = -1;
+        }
+        drawn_by_backend++;
+        continue;
+      }
       if (!e.logits) continue;
       for (int j = 0; j < cfg_.vocab; ++j)
         e.logits[j] = check == s.h ? static_cast<float>(mix(s.h, 1000 + j) % 997) / 100.0f : NAN;
@@ -69,7 +85,8 @@ class HashBackend : public BatchBackend {
     slots_.at(dst).kv.assign(slots_[src].kv.begin(), slots_[src].kv.begin() + n);
     slots_[dst].h = 0xdeadbeef;  // undefined until restore_state
   }
-  int steps = 0, max_batch = 0;
+  int steps = 0, max_batch = 0, drawn_by_backend = 0;
+  bool draws_ids = false;  // draws() says yes: step() draws the ids itself
 
  private:
   struct State {
@@ -172,6 +189,36 @@ TEST(Scheduler, ConcurrentSequencesMatchTheirSoloRuns) {
     EXPECT_EQ(out[i].ids, solo(cases[i].prompt, cases[i].max_tokens, cases[i].seed)) << "sequence " << i;
   }
   EXPECT_EQ(be.max_batch, 4);
+  expect_empty(sch);
+}
+
+// A backend that draws the ids itself (BatchEntry::sampler, as the CUDA batch backend on the device) gives each
+// sequence the ids the scheduler's own draws give it alone, also through preemption (a small KV pool).
+TEST(Scheduler, IdsDrawnByTheBackendMatchTheSchedulersDraws) {
+  std::mt19937 rng(9);
+  HashBackend be(3, 4096);
+  be.draws_ids = true;
+  SchedulerOptions o;
+  o.prefill_chunk = 16;
+  o.kv_page_tokens = 8;
+  o.kv_pages = 24;  // 192 tokens for three sequences of up to ~100: some are preempted and recomputed
+  Scheduler sch(be, o);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int> max_tokens;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(random_prompt(rng, 5 + static_cast<int>(rng() % 40)));
+    max_tokens.push_back(10 + static_cast<int>(rng() % 50));
+  }
+  std::vector<Outcome> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) sch.add(spec_of(prompts[i], max_tokens[i], 300 + i, out[i]));
+  run_to_idle(sch);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(out[i].done) << i;
+    EXPECT_NE(out[i].result.finish, FinishReason::error) << i << ": " << out[i].result.error;
+    EXPECT_EQ(out[i].ids, solo(prompts[i], max_tokens[i], 300 + i)) << "sequence " << i;
+  }
+  EXPECT_GT(be.drawn_by_backend, 0);
+  EXPECT_GT(sch.stats().preemptions, 0) << "the case meant to preempt did not";
   expect_empty(sch);
 }
 
