@@ -5,7 +5,8 @@ and from the stream's arrival times, prompt processing speed, logprobs, concurre
 request can end by (robustness(); exit status 1 when one fails). A smoke test and a measurement, not an oracle of
 the model's output (the weights are random: the text is noise). Standard library only.
 
-usage: gpu_serve_client.py BASE_URL
+usage: gpu_serve_client.py BASE_URL  (environment: LILY_PROMPT_LENGTHS, LILY_GAP_PROMPT, LILY_CLIENTS,
+LILY_CLIENTS_ONLY; tools/gpu_serve.sh)
 """
 import json
 import os
@@ -201,6 +202,41 @@ def prompt_times(lengths):
               (n, ms[0], ms[1], n / (ms[1] / 1e3), r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)))
 
 
+def gap_during_prompt(n):
+    """Issue 29's gap: a streaming client decodes while a fresh n-token prompt arrives; the longest wait between two
+    of its deltas while that prompt is processed, and the prompt's own prompt_ms."""
+    import random
+    rng = random.Random(11)
+    times, box = [], {}
+
+    def streamer():
+        body = {"messages": [{"role": "user", "content": "tell me about the sea " * 10}], "max_tokens": 1024,
+                "stream": True, "logit_bias": {"151643": -100, "151645": -100},
+                "chat_template_kwargs": {"enable_thinking": False}}
+        req = urllib.request.Request(BASE + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            for line in resp:
+                if line.startswith(b"data: {") and b'"content"' in line:
+                    times.append(time.time())
+                if "done" in box:
+                    break
+
+    th = threading.Thread(target=streamer)
+    th.start()
+    while len(times) < 20:
+        time.sleep(0.01)
+    t0 = time.time()
+    r = post("/v1/completions", {"prompt": [rng.randrange(1000, 150000) for _ in range(n)], "max_tokens": 1,
+                                 "temperature": 0})
+    t1 = time.time()
+    box["done"] = True
+    th.join()
+    during = [b - a for a, b in zip(times, times[1:]) if b > t0 and a < t1]
+    print("gap while a %d-token prompt is processed: worst %.1f ms over %d deltas (prompt_ms %.1f, request %.1f ms)" %
+          (n, max(during or [0]) * 1e3, len(during), r["timings"]["prompt_ms"], (t1 - t0) * 1e3))
+
+
 def concurrency(levels):
     """Issue 29's table: C clients at once, each a ~100-token prompt and 256 generated tokens (end-of-text ids
     biased away), chat defaults without thinking; total tok/s = all completion tokens / wall time, per-stream =
@@ -242,6 +278,8 @@ def main():
     lengths = [int(x) for x in os.environ.get("LILY_PROMPT_LENGTHS", "").split(",") if x]
     if lengths:
         prompt_times(lengths)
+    if os.environ.get("LILY_GAP_PROMPT"):
+        gap_during_prompt(int(os.environ["LILY_GAP_PROMPT"]))
     levels = [int(x) for x in os.environ.get("LILY_CLIENTS", "").split(",") if x]
     if levels:
         concurrency(levels)

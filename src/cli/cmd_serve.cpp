@@ -186,7 +186,8 @@ CommandRegistrar reg({"serve", "Serve the model over an OpenAI-compatible HTTP A
                             ->check(CLI::Range(0, 4096));
                         sub.add_option("--max-seqs", a->opt.max_seqs,
                                        "Sequences generated at once (continuous batching; 0: 8 on the CPU backend, 1 on "
-                                       "CUDA, where more runs the batched prompt-path step, not yet measured)")
+                                       "CUDA, where more runs the batched step: more total tok/s from ~16 clients, "
+                                       "less per client; docs/batching.md)")
                             ->capture_default_str()->check(CLI::Range(0, 1024));
                         sub.add_option("--kv-tokens", a->opt.kv_tokens,
                                        "KV-cache budget in tokens shared by all sequences (0: every sequence its full "

@@ -58,6 +58,9 @@ struct SeqSpec {
 
 struct SchedulerOptions {
   int max_step_tokens = 2048;           // tokens per step: decode ids first, prompt pieces fill the rest
+  int decode_step_tokens = 0;           // while some sequence decodes, a step's tokens at most this (its streams'
+                                        // gap between ids while prompts are processed; at least 64 prompt
+                                        // tokens still go); 0: max_step_tokens
   int prefill_chunk = 2048;             // tokens per prompt piece at most
   int kv_page_tokens = 256;
   int kv_pages = 0;                     // the KV pool; <= 0: every slot can hold max_context tokens
@@ -107,6 +110,7 @@ class Scheduler {
     explicit Slot(int page_tokens) : kv(page_tokens) {}
   };
 
+  static constexpr int kMinPromptTokens = 64;  // prompt tokens a step takes under decode_step_tokens at least
   static constexpr int kSharedPrefixMin = 64;  // tokens in common worth waiting for (a whole prompt always is)
   bool waits_for_prefix(const Seq& s);
   bool admit(Seq& s);

@@ -73,6 +73,8 @@ struct EngineOptions {
   int prefill_chunk = 2048;             // prompt tokens per Backend::prefill call: cancellation and the deadline
                                         // are checked between pieces; a piece of the CUDA prompt path's chunk
                                         // size reads the weights once per 2,048 tokens
+  int decode_step_tokens = 512;         // batched: a step's tokens while some request decodes (its inter-token
+                                        // gap while prompts are processed: ~40 ms on the H200); 0: prefill_chunk
 };
 
 class Engine {

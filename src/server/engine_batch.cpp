@@ -25,6 +25,7 @@ Engine::Engine(BatchBackend& backend, Metrics& metrics, EngineOptions options)
   SchedulerOptions so;
   so.prefill_chunk = std::max(1, opt_.prefill_chunk);
   so.max_step_tokens = so.prefill_chunk;
+  so.decode_step_tokens = opt_.decode_step_tokens;
   // The KV budget: --kv-tokens, else what the backend's memory holds (when that is less than every slot's context).
   int64_t kv_tokens = opt_.kv_tokens;
   const int64_t fits = batch_->kv_capacity_tokens();

@@ -245,6 +245,42 @@ TEST(Scheduler, PromptPiecesDoNotStallRunningStreams) {
   expect_empty(sch);
 }
 
+// decode_step_tokens caps a step while a sequence decodes (the stream's gap), the full max_step_tokens when none
+// does; the outputs are those of solo runs.
+TEST(Scheduler, StepsWhileDecodingKeepToTheirBudget) {
+  std::mt19937 rng(4);
+  HashBackend be(2, 4096);
+  SchedulerOptions o;
+  o.prefill_chunk = 512;
+  o.max_step_tokens = 512;
+  o.decode_step_tokens = 100;
+  Scheduler sch(be, o);
+  std::vector<std::pair<int, int>> steps;  // (sequences, tokens)
+  sch.on_step = [&](int n, int t) { steps.push_back({n, t}); };
+  Outcome a, b;
+  const auto pa = random_prompt(rng, 10), pb = random_prompt(rng, 1000);
+  sch.add(spec_of(pa, 30, 1, a));
+  sch.step();  // a's prompt
+  sch.add(spec_of(pb, 3, 2, b));
+  run_to_idle(sch);
+  int capped = 0;
+  for (size_t i = 1; i < steps.size(); ++i) {
+    EXPECT_LE(steps[i].second, 100) << "step " << i << " while a decodes";
+    capped += steps[i].first == 2;
+  }
+  EXPECT_GE(capped, 10) << "b's prompt (1000 tokens) should have taken ~11 steps of 99 next to a";
+  EXPECT_EQ(a.ids, solo(pa, 30, 1));
+  EXPECT_EQ(b.ids, solo(pb, 3, 2));
+  // alone, a prompt takes the whole budget
+  steps.clear();
+  Outcome c;
+  sch.add(spec_of(random_prompt(rng, 1000), 2, 3, c));
+  run_to_idle(sch);
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps[0].second, 512);
+  expect_empty(sch);
+}
+
 TEST(Scheduler, PreemptedSequencesResumeWithTheSameOutput) {
   std::mt19937 rng(11);
   HashBackend be(4, 4096);
