@@ -214,7 +214,7 @@ CommandRegistrar reg({"serve", "Serve the model over an OpenAI-compatible HTTP A
                                        "Run on this CUDA device only (one replica per GPU; indexes CUDA_VISIBLE_DEVICES "
                                        "when set)")->check(CLI::NonNegativeNumber);
                         sub.add_option("--http-threads", a->opt.http_threads,
-                                       "Worker threads for tokenising and generation requests (0: queue + 32)")
+                                       "Worker threads for tokenising and generation requests (0: queue + max-seqs (at least 8) + 32)")
                             ->check(CLI::Range(0, 4096));
                         sub.add_option("--io-threads", a->opt.io_threads, "Threads running the HTTP sockets")
                             ->capture_default_str()->check(CLI::Range(1, 64));

@@ -154,7 +154,9 @@ HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)) {
   lim.header_timeout_s = opt_.header_timeout_s;
   lim.read_timeout_s = opt_.read_timeout_s;
   lim.io_threads = opt_.io_threads;
-  lim.workers = opt_.http_threads > 0 ? opt_.http_threads : opt_.queue + 32;
+  // a streaming request holds its worker until it ends: room for every running and queued one, and 32 more for
+  // the short requests (tokenize, health, metrics)
+  lim.workers = opt_.http_threads > 0 ? opt_.http_threads : opt_.queue + std::max(opt_.max_seqs, 8) + 32;
   lim.worker_backlog = std::max(64, lim.workers);
   HttpCallbacks cb;
   cb.on_header = [this](HttpRequest& req, HttpResponse& res) { return on_header(req, res); };

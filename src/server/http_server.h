@@ -36,7 +36,7 @@ struct ServerOptions {
   double drain_s = 30;                      // SIGTERM drain deadline
   bool prefix_cache = true;
   size_t cache_bytes = size_t{8} << 30;
-  int http_threads = 0;                     // workers for blocking handlers; 0: queue + 32
+  int http_threads = 0;                     // workers for blocking handlers; 0: queue + max(max_seqs, 8) + 32
   int io_threads = 2;                       // threads running the sockets
   int max_connections = 512;                // open client connections (503 above)
   double header_timeout_s = 10;             // deadline for a whole request header

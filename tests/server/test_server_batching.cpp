@@ -124,3 +124,25 @@ TEST(ServerBatching, TheChoicesOfOneRequestComputeItsPromptOnce) {
   EXPECT_EQ(metric(srv, "lily_prompt_tokens_cached_total") - before, 3.0 * (n - 1));
   wait_idle(srv);
 }
+
+// A stream holds its HTTP worker until it ends: with more sequences than the workers of a fixed pool (the old
+// default, queue + 32), the rest would wait for a worker, not run. Forty streams at once all run together.
+TEST(ServerBatching, EverySequenceSlotCanStreamAtOnce) {
+  ServerProcess srv({"--ctx", "2048", "--max-seqs", "40", "--queue", "0"});
+  std::vector<RawStream> streams;
+  for (int i = 0; i < 40; ++i) {
+    ojson body = {{"prompt", "Stream " + std::to_string(i)}, {"max_tokens", 1800}, {"temperature", 0.8},
+                  {"logit_bias", {{"151643", -100}, {"151645", -100}}}};
+    streams.push_back(open_stream(srv, body));
+    ASSERT_GE(streams.back().fd, 0) << "stream " << i;
+    ASSERT_TRUE(streams.back().has_text()) << "stream " << i << " got no text: " << streams.back().got.substr(0, 300);
+  }
+  // (a stream may end early by sampling an end id the bias missed; the old pool ran 32 at most)
+  EXPECT_GT(metric(srv, "lily_requests_running"), 36) << "every stream should run at once";
+  for (RawStream& r : streams) close(r.fd);  // clients that go away: the server cancels them
+  const auto t0 = Clock::now();
+  while (metric(srv, "lily_requests_running") != 0 && seconds_since(t0) < 30)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  wait_idle(srv);
+}
+
