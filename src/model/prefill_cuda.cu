@@ -100,9 +100,10 @@ void CudaEngine::prefill_alloc() {
 void CudaEngine::prefill_free() {
   if (!pf_) return;
   PrefillBuffers& b = *pf_;
-  for (void* p : {(void*)b.tokens, (void*)b.pos, (void*)b.dec, (void*)b.dec_ptrs, (void*)b.dec_pages, (void*)b.dec_attn, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits,
-                  (void*)b.idx, (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles, (void*)b.x_row,
-                  (void*)b.w_slot, (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh})
+  for (void* p : {(void*)b.tokens, (void*)b.pos, (void*)b.dec, (void*)b.dec_ptrs, (void*)b.dec_pages,
+                  (void*)b.dec_attn, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits, (void*)b.idx,
+                  (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles, (void*)b.x_row, (void*)b.w_slot,
+                  (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh})
     if (p) cudaFree(p);
   if (b.host) cudaFreeHost(b.host);
   if (b.dec_host) cudaFreeHost(b.dec_host);

@@ -4,9 +4,9 @@
 // attention in one launch each, prompt pieces per sequence), then one lm_head GEMM over the rows that want
 // logits; the rows whose sequences draw on the device (draws(): no structured output) are sampled there by
 // kernels/sampling.h per row (penalties from the slot's device counts, which mirror its sequence's Sampler),
-// only their ids and log-probabilities copied back; other rows' logits are copied to the host. A step with few one-token rows (<= graph_rows) runs
-// those through their slot's captured decode step instead, one after another (the batch-1 kernels are faster
-// than a pass over a few rows), and its prompt pieces through the pass.
+// only their ids and log-probabilities copied back; other rows' logits are copied to the host. A step with few
+// one-token rows (<= graph_rows) runs those through their slot's captured decode step instead, one after another
+// (the batch-1 kernels are faster than a pass over a few rows), and its prompt pieces through the pass.
 // Precision: the prompt path's (fp32 activations split into two bf16 halves on the tensor cores), or the decode
 // step's; both within the bounds test_cuda_batch states, so a sequence's logits can differ in the last bits with
 // the number of one-token rows that share its step.

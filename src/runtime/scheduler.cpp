@@ -390,7 +390,8 @@ int Scheduler::step() {
     items.push_back({&s, 1, true});
     budget -= 1;
   }
-  const int decoding = static_cast<int>(std::count_if(items.begin(), items.end(), [](const Item& it) { return it.logits; }));
+  const int decoding =
+      static_cast<int>(std::count_if(items.begin(), items.end(), [](const Item& it) { return it.logits; }));
   if (decoding > 0 && opt_.decode_step_tokens > 0)
     budget = std::min(budget, std::max(opt_.decode_step_tokens - decoding, kMinPromptTokens));
   for (auto& sp : running_) {
