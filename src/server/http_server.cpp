@@ -114,6 +114,21 @@ bool json_media_type(const std::string& ct) {
   return t == "application/json";
 }
 
+// Choice i of a request (`n`): its job samples with seed + i; top_logprobs > 0 sets the alternatives listed.
+std::shared_ptr<GenJob> choice_job(const std::vector<int32_t>& prompt, const SamplingParams& sampling, int i,
+                                   int max_tokens, bool logprobs, int top_logprobs,
+                                   const std::vector<int32_t>& stop_ids) {
+  auto job = std::make_shared<GenJob>();
+  job->prompt = prompt;
+  job->sampling = sampling;
+  job->sampling.seed += static_cast<uint64_t>(i);
+  if (top_logprobs > 0) job->sampling.top_logprobs = top_logprobs;
+  job->max_tokens = max_tokens;
+  job->logprobs = logprobs;
+  job->stop_ids = stop_ids;
+  return job;
+}
+
 }  // namespace
 
 // One generation request: per choice (`n`, docs/api.md §2) the job the engine runs and the session that turns
@@ -506,14 +521,8 @@ void HttpServer::run_chat(const ChatRequest& cr, std::shared_ptr<Gen> g, const H
     so.tools = tools;
     g->sessions.push_back(std::make_shared<Session>(*m.tokenizer, so));
 
-    auto job = std::make_shared<GenJob>();
-    job->prompt = prompt_ids;
-    job->sampling = sampling;
-    job->sampling.seed += static_cast<uint64_t>(i);
-    job->max_tokens = max_tokens;
-    if (cr.logprobs) job->sampling.top_logprobs = cr.top_logprobs;
-    job->logprobs = cr.logprobs;
-    job->stop_ids = m.stop_ids;
+    auto job = choice_job(prompt_ids, sampling, i, max_tokens, cr.logprobs, cr.logprobs ? cr.top_logprobs : 0,
+                          m.stop_ids);
     job->turn_tail = m.turn_tail;
     job->checkpoints = checkpoints;
     // a filter keeps per-sequence grammar state: one per choice
@@ -556,14 +565,8 @@ void HttpServer::handle_completion(const HttpRequest& req, HttpResponse& res) {
     so.logprobs = cr.logprobs >= 0;
     so.wake = g->wake;
     g->sessions.push_back(std::make_shared<Session>(*m.tokenizer, so));
-    auto job = std::make_shared<GenJob>();
-    job->prompt = prompt_ids;
-    job->sampling = sampling;
-    job->sampling.seed += static_cast<uint64_t>(i);
-    job->max_tokens = max_tokens;
-    if (cr.logprobs > 0) job->sampling.top_logprobs = cr.logprobs;
-    job->logprobs = cr.logprobs >= 0;
-    job->stop_ids = m.stop_ids;
+    auto job = choice_job(prompt_ids, sampling, i, max_tokens, cr.logprobs >= 0, std::max(cr.logprobs, 0),
+                          m.stop_ids);
     g->jobs.push_back(std::move(job));
   }
   g->info.chat = false;
