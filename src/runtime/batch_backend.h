@@ -57,4 +57,26 @@ class BatchBackend {
   virtual void copy_prefix(int dst, int src, int n_tokens) = 0;
 };
 
+// A BatchBackend that passes every call to another one: the base of wrappers that change one call (a benchmark's
+// timing of step(), a test's backend that draws nothing).
+class ForwardingBatchBackend : public BatchBackend {
+ public:
+  explicit ForwardingBatchBackend(BatchBackend& inner) : inner_(inner) {}
+  const Config& config() const override { return inner_.config(); }
+  std::string name() const override { return inner_.name(); }
+  int max_seqs() const override { return inner_.max_seqs(); }
+  int max_context() const override { return inner_.max_context(); }
+  int position(int slot) const override { return inner_.position(slot); }
+  int64_t kv_capacity_tokens() const override { return inner_.kv_capacity_tokens(); }
+  void reset(int slot) override { inner_.reset(slot); }
+  bool draws(const SamplingParams& params) const override { return inner_.draws(params); }
+  void step(std::span<const BatchEntry> batch) override { inner_.step(batch); }
+  StateSnapshot save_state(int slot) const override { return inner_.save_state(slot); }
+  void restore_state(int slot, const StateSnapshot& s) override { inner_.restore_state(slot, s); }
+  void copy_prefix(int dst, int src, int n_tokens) override { inner_.copy_prefix(dst, src, n_tokens); }
+
+ protected:
+  BatchBackend& inner_;
+};
+
 }  // namespace lily

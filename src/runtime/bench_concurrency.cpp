@@ -17,30 +17,16 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Forwards to a backend and times its step() calls: the forward's share of a scheduler step.
-class TimedBackend : public BatchBackend {
+// Times the backend's step() calls: the forward's share of a scheduler step.
+class TimedBackend : public ForwardingBatchBackend {
  public:
-  explicit TimedBackend(BatchBackend& be) : be_(be) {}
-  const Config& config() const override { return be_.config(); }
-  std::string name() const override { return be_.name(); }
-  int max_seqs() const override { return be_.max_seqs(); }
-  int max_context() const override { return be_.max_context(); }
-  int position(int slot) const override { return be_.position(slot); }
-  int64_t kv_capacity_tokens() const override { return be_.kv_capacity_tokens(); }
-  void reset(int slot) override { be_.reset(slot); }
-  bool draws(const SamplingParams& p) const override { return be_.draws(p); }
+  using ForwardingBatchBackend::ForwardingBatchBackend;
   void step(std::span<const BatchEntry> batch) override {
     const auto t0 = Clock::now();
-    be_.step(batch);
+    inner_.step(batch);
     forward_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
-  StateSnapshot save_state(int slot) const override { return be_.save_state(slot); }
-  void restore_state(int slot, const StateSnapshot& s) override { be_.restore_state(slot, s); }
-  void copy_prefix(int dst, int src, int n_tokens) override { be_.copy_prefix(dst, src, n_tokens); }
   std::vector<double> forward_ms;
-
- private:
-  BatchBackend& be_;
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/sampling.h"
+#include "runtime/device_sampler.cuh"
 #include "util/check.h"
 #include "util/thread_pool.h"
 
@@ -199,25 +200,17 @@ void CudaBatchBackend::enqueue_out(const BatchEntry& b, float* logits, int entry
   if (b.sampler) {
     const int r = n_draw_++;
     const ::lily::SamplingParams& p = b.sampler->params();
-    cuda::SamplingParams d;  // as the single-sequence device sampler maps them (runtime/device_sampler.cu)
-    d.temperature = p.temperature;
-    d.top_k = p.top_k;
-    d.top_p = p.top_p;
-    d.min_p = p.min_p;
-    d.presence = p.presence_penalty;
-    d.frequency = p.frequency_penalty;
-    d.repetition = p.repetition_penalty;
-    d.n_valid = p.n_valid > 0 && p.n_valid < V ? p.n_valid : 0;
-    d.update_counts = has_penalties(d);
+    const cuda::SamplingParams d = device_params(p, V);
     int* counts = counts_ + static_cast<size_t>(b.slot) * V;
     if (d.update_counts && counts_key_[b.slot] != b.key) sync_counts(b);
     DrawIn& in = in_host_[r];
     in.rng[0] = b.sampler->draws();
     in.rng[1] = p.seed;
     CUDA_CHECK(cudaMemcpyAsync(rng_ + 2 * r, in.rng, sizeof in.rng, cudaMemcpyHostToDevice, s));
-    int n_bias = 0;
-    for (const auto& [id, v] : p.logit_bias)
-      if (id >= 0 && id < V) in.bias_ids[n_bias] = id, in.bias_vals[n_bias++] = v;
+    device_logit_bias(p, V, bias_ids_host_, bias_vals_host_);
+    const int n_bias = static_cast<int>(bias_ids_host_.size());
+    std::copy(bias_ids_host_.begin(), bias_ids_host_.end(), in.bias_ids);
+    std::copy(bias_vals_host_.begin(), bias_vals_host_.end(), in.bias_vals);
     if (n_bias > 0) {
       int* ids = bias_ids_ + static_cast<size_t>(r) * kMaxBias;
       float* vals = bias_vals_ + static_cast<size_t>(r) * kMaxBias;

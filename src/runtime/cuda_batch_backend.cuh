@@ -90,6 +90,8 @@ class CudaBatchBackend : public BatchBackend {
     float bias_vals[kMaxBias];
   };
   DrawIn* in_host_ = nullptr;           // pinned [max_seqs]
+  std::vector<int> bias_ids_host_;      // device_logit_bias's output for the row being enqueued
+  std::vector<float> bias_vals_host_;
   std::vector<int> row_of_;             // [batch entries] draw row or staged_ row of the entry in this step, -1
   int n_draw_ = 0, n_staged_ = 0;       // rows used in this step
   int* ids_dev_ = nullptr;              // device [ids_cap_] token lists for sync_counts

@@ -38,6 +38,27 @@ void DeviceSampler::drop_queued() {
   queued_ = 0;
 }
 
+SamplingParams device_params(const lily::SamplingParams& p, int vocab) {
+  SamplingParams d;
+  d.temperature = p.temperature;
+  d.top_k = p.top_k;
+  d.top_p = p.top_p;
+  d.min_p = p.min_p;
+  d.presence = p.presence_penalty;
+  d.frequency = p.frequency_penalty;
+  d.repetition = p.repetition_penalty;
+  d.n_valid = p.n_valid > 0 && p.n_valid < vocab ? p.n_valid : 0;
+  d.update_counts = has_penalties(d);
+  return d;
+}
+
+void device_logit_bias(const lily::SamplingParams& p, int vocab, std::vector<int>& ids, std::vector<float>& vals) {
+  ids.clear();
+  vals.clear();
+  for (const auto& [id, b] : p.logit_bias)
+    if (id >= 0 && id < vocab) ids.push_back(id), vals.push_back(b);
+}
+
 bool DeviceSampler::begin(const lily::SamplingParams& p, std::span<const int32_t> prompt, bool logprobs,
                           TokenFilter* filter) {
   unblock();  // an abandoned generation's masked steps: they must not wait for the host (synchronised below)
@@ -65,16 +86,8 @@ bool DeviceSampler::begin(const lily::SamplingParams& p, std::span<const int32_t
   }
   issued_ = published_ = 0;
   SampleConfig c;
-  SamplingParams& d = c.params;
-  d.temperature = p.temperature;
-  d.top_k = p.top_k;
-  d.top_p = p.top_p;
-  d.min_p = p.min_p;
-  d.presence = p.presence_penalty;
-  d.frequency = p.frequency_penalty;
-  d.repetition = p.repetition_penalty;
-  d.n_valid = p.n_valid > 0 && p.n_valid < V ? p.n_valid : 0;
-  d.update_counts = has_penalties(d);
+  c.params = device_params(p, V);
+  const SamplingParams& d = c.params;
   c.logprobs = logprobs;
   c.top_n = p.top_logprobs;
   c.masked = filter != nullptr;
@@ -94,8 +107,7 @@ bool DeviceSampler::begin(const lily::SamplingParams& p, std::span<const int32_t
   // logit_bias: its (id, bias) pairs with an id in [0, V) (the host Sampler ignores the others), at most V
   std::vector<int> bias_ids;
   std::vector<float> bias_vals;
-  for (const auto& [id, b] : p.logit_bias)
-    if (id >= 0 && id < V) bias_ids.push_back(id), bias_vals.push_back(b);
+  device_logit_bias(p, V, bias_ids, bias_vals);
   c.n_bias = (int)bias_ids.size();
   if (c.n_bias > 0) {
     if (!bias_ids_) {

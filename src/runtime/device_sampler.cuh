@@ -20,6 +20,12 @@
 
 namespace lily::cuda {
 
+// The host Sampler's parameters as the device sampler's (kernels/sampling.h); update_counts when a penalty reads
+// the counts. logit_bias goes separately: device_logit_bias.
+SamplingParams device_params(const lily::SamplingParams& p, int vocab);
+// The logit_bias pairs the host Sampler applies (ids in [0, vocab)), in the map's order.
+void device_logit_bias(const lily::SamplingParams& p, int vocab, std::vector<int>& ids, std::vector<float>& vals);
+
 class DeviceSampler {
  public:
   explicit DeviceSampler(CudaEngine& engine);

@@ -194,24 +194,11 @@ TEST(CudaBatch, SchedulerGreedyMatchesTransformers) {
 
 namespace {
 
-// Forwards to a backend but says it draws nothing: the scheduler samples on the host from copied logits.
-class HostDraws : public BatchBackend {
+// Says it draws nothing: the scheduler samples on the host from copied logits.
+class HostDraws : public ForwardingBatchBackend {
  public:
-  explicit HostDraws(BatchBackend& be) : be_(be) {}
-  const Config& config() const override { return be_.config(); }
-  std::string name() const override { return be_.name(); }
-  int max_seqs() const override { return be_.max_seqs(); }
-  int max_context() const override { return be_.max_context(); }
-  int position(int slot) const override { return be_.position(slot); }
-  int64_t kv_capacity_tokens() const override { return be_.kv_capacity_tokens(); }
-  void reset(int slot) override { be_.reset(slot); }
-  void step(std::span<const BatchEntry> batch) override { be_.step(batch); }
-  StateSnapshot save_state(int slot) const override { return be_.save_state(slot); }
-  void restore_state(int slot, const StateSnapshot& s) override { be_.restore_state(slot, s); }
-  void copy_prefix(int dst, int src, int n) override { be_.copy_prefix(dst, src, n); }
-
- private:
-  BatchBackend& be_;
+  using ForwardingBatchBackend::ForwardingBatchBackend;
+  bool draws(const SamplingParams&) const override { return false; }
 };
 
 // Six sequences with chat-like sampling (temperature, top-k, top-p, presence and repetition penalties, a
