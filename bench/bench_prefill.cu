@@ -1,7 +1,8 @@
 // Benchmark of the prompt path's kernels (kernels/batched.h) on the real Qwen3.6-35B-A3B shapes for one chunk
 // of n tokens: the dense GEMMs of a layer, the MoE's grouped GEMMs (each token's 8 experts drawn at random),
 // the GEMM's input split, the GDN chunk and the attention chunk (at context 0 and 4K).
-// Usage: bench_prefill [tokens per chunk, default 2048]. Each case is captured into a CUDA graph several times
+// Usage: bench_prefill [tokens per chunk, default 2048] [split: the dense GEMMs split-K as in a decode pass, at
+// most 4 blocks per SM a launch; kernels/batched.h GemmSplit]. Each case is captured into a CUDA graph several times
 // over distinct weight copies (>= ~256 MB, beyond the L2) and replayed; the median time per launch is reported
 // with the useful FLOPs (2 x weights x tokens; the GEMM's split input doubles the tensor-core work), TFLOP/s and
 // the weights' GB/s.
@@ -27,6 +28,7 @@ using bench::make_vec;
 namespace {
 
 int kN = 2048;  // tokens per chunk (CudaEngine::kPrefillChunk; argv[1] for another)
+const GemmSplit* kSplit = nullptr;  // the dense GEMMs' split-K (argv[2] "split")
 
 double time_graph(int copies, const std::function<void(int, cudaStream_t)>& launch) {
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -50,7 +52,7 @@ void dense(const char* name, QFormat f, int rows, int cols, const GemmXBuf& x, f
   for (int i = 0; i < copies; ++i) w.push_back(make_mat(f, rows, cols));
   GemmXBuf xv = x;
   xv.K = cols;
-  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm(w[i], 0, xv.view(), kN, y, rows, false, s); });
+  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm(w[i], 0, xv.view(), kN, y, rows, false, s, kSplit); });
   report(name, us, 2.0 * rows * cols * kN, (double)probe.bytes());
 }
 
@@ -77,18 +79,24 @@ void multi(const char* name, QFormat f, std::vector<int> rows, int cols, const G
   }
   GemmXBuf xv = x;
   xv.K = cols;
-  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm_multi(b[i], xv.view(), kN, false, s); });
+  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm_multi(b[i], xv.view(), kN, false, s, kSplit); });
   report(name, us, flops, bytes);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) kN = std::clamp(std::atoi(argv[1]), 16, 2048);  // (moe_group: 2048 tokens x 8 at most)
+  if (argc > 1) kN = std::clamp(std::atoi(argv[1]), 1, 2048);  // (moe_group: 2048 tokens x 8 at most)
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
     std::printf("no CUDA device\n");
     return 0;
+  }
+  GemmSplit split;
+  if (argc > 2 && std::string(argv[2]) == "split") {
+    split = gemm_split_alloc(4 * sm_count());
+    kSplit = &split;
+    std::printf("dense GEMMs split-K (up to %d blocks a launch)\n", split.blocks);
   }
   const int H = 2048, E = 256, k = 8, F = 512;
   std::printf("prompt-path kernels, one chunk of n = %d tokens (real shapes; weights beyond the L2)\n", kN);
@@ -122,7 +130,7 @@ int main(int argc, char** argv) {
     const QMat g = make_mat(QFormat::q4, 512, H), u = make_mat(QFormat::q4, 512, H);
     GemmXBuf xh = x;
     xh.K = H;
-    const double us = time_graph(1, [&](int, cudaStream_t s) { gemm_swiglu(g, u, xh.view(), kN, y, 512, s); });
+    const double us = time_graph(1, [&](int, cudaStream_t s) { gemm_swiglu(g, u, xh.view(), kN, y, 512, s, kSplit); });
     report("gemm_swiglu q4 shared expert gate|up", us, 4.0 * 512 * H * kN, 2.0 * g.bytes());
   }
 

@@ -46,9 +46,26 @@ void gemm_x_free(GemmXBuf& b);
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s);
 
+// Split-K for dense launches of at most 64 tokens (the batched decode step's passes): with few tokens a block's
+// walk along K is the launch's latency, so each 128-row tile's K range is cut into slices of at least 4 groups,
+// one block each, up to `blocks` blocks a launch; the last block of a tile to finish adds the slices' sums in
+// slice order and stores. The slice count depends on the matrices' shape only, so a token's result is the same
+// bits whatever the launch's other tokens (but not the bits of the unsplit launch). Null or n > 64: no split.
+struct GemmSplit {
+  float* partial = nullptr;   // [blocks][kGemmSplitFloats] the slices' sums
+  unsigned* count = nullptr;  // [blocks] per row tile: its slices done (zero between launches)
+  int blocks = 0;             // at most this many blocks (row tiles x slices) a launch
+};
+inline constexpr int kGemmSplitFloats = 32 * 256;  // one block's sums: 32 per thread
+GemmSplit gemm_split_alloc(int blocks);
+void gemm_split_free(GemmSplit& s);
+// The slices of a dense launch over matrices of `row_tiles` 128-row tiles (paired: 64-row) and width K.
+int gemm_split_slices(int row_tiles, int K, int n, const GemmSplit* split);
+
 // Dense: y[t][r] (= or +=) sum_k W_mat[r][k] x[t][k] for t < n, r < W.rows; y row stride ldy (floats).
 // W q4 / q8 / bf16, W.cols == x.K.
-void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s);
+void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s,
+          const GemmSplit* split = nullptr);
 
 // Up to kMaxGemmParts matrices of one format and width sharing x, in one launch (e.g. GDN in_proj_qkv, _z, _b,
 // _a): y[i] (= or +=) W[i] x over tokens [0, n), row stride ldy[i].
@@ -59,7 +76,8 @@ struct GemmBatch {
   float* y[kMaxGemmParts] = {};
   int ldy[kMaxGemmParts] = {};
 };
-void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s);
+void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s,
+                const GemmSplit* split = nullptr);
 
 // Grouped by matrix (the MoE experts): slots [offsets[e], offsets[e+1]) use matrix e (e < W.n_mats); slot a
 // reads x row x_row[a] (x_row null: row a) and writes y row a: y[a][r] = sum_k W_e[r][k] x[x_row[a]][k].
@@ -75,7 +93,8 @@ void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t
 // SwiGLU of two projections of one shape sharing x (gate, up: the MoE's experts), in one launch:
 // act[t][r] = scale * silu(gate x[t])[r] * (up x[t])[r], row stride ldact. Dense over tokens [0, n) (scale 1),
 // or grouped as gemm_grouped (scale[a] per slot, null: 1).
-void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float* act, int ldact, cudaStream_t s);
+void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float* act, int ldact, cudaStream_t s,
+                 const GemmSplit* split = nullptr);
 void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const int* x_row, const int* offsets,
                          const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s);
 

@@ -16,6 +16,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -33,6 +34,8 @@ constexpr int kGemmThreads = 256;
 constexpr int kGemmStages = 4;    // groups in flight through shared memory (3 requested while one is computed)
 constexpr int kXStride = 64 + 8;  // bf16 per staged x row: 144 bytes, so ldmatrix's 8 rows hit distinct banks
 constexpr int kGemmMaxParts = kMaxGemmParts;
+constexpr int kMinSplitGroups = 4;  // split-K: groups per slice at least (batched.h GemmSplit)
+static_assert(kGemmSplitFloats == 32 * kGemmThreads, "split-K: 32 sums per thread");
 
 template <int BITS>
 struct GemmTile {
@@ -67,7 +70,47 @@ struct GemmArgs {
   int n;                 // dense: tokens
   bool accumulate;
   const float* scale;    // paired: per output row (slot) factor, null: 1
+  int split;             // dense: K slices (blockIdx.y), 1: none (batched.h GemmSplit)
+  float* split_partial;  // [row tiles][split][kGemmSplitFloats]
+  unsigned* split_count; // [row tiles]
 };
+
+// The groups [g0, g1) of the block's K slice (grouped launches: all).
+__device__ __forceinline__ void k_slice(const GemmArgs& a, int groups, int& g0, int& g1) {
+  const int per = (groups + a.split - 1) / a.split;
+  g0 = a.offsets ? 0 : static_cast<int>(blockIdx.y) * per;
+  g1 = a.offsets ? groups : min(groups, g0 + per);
+}
+
+// Split-K's end of a block: its N sums per thread go to its slice's place; the last of the tile's blocks to
+// arrive (counted in split_count, which it resets) adds the tile's slices in slice order into acc and returns
+// true, the others false. Without a split: true, acc as it is.
+template <int N>
+__device__ __forceinline__ bool split_finish(const GemmArgs& a, float* acc) {
+  if (a.split <= 1) return true;
+  const int tid = threadIdx.x;
+  float* tile = a.split_partial + static_cast<size_t>(blockIdx.x) * a.split * kGemmSplitFloats;
+  float* mine = tile + static_cast<size_t>(blockIdx.y) * kGemmSplitFloats;
+#pragma unroll
+  for (int i = 0; i < N; ++i) __stcg(mine + i * kGemmThreads + tid, acc[i]);
+  __threadfence();
+  __syncthreads();
+  __shared__ int last;
+  if (tid == 0) {
+    last = atomicAdd(a.split_count + blockIdx.x, 1u) == static_cast<unsigned>(a.split - 1);
+    if (last) a.split_count[blockIdx.x] = 0;
+  }
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    float v = 0.f;
+    for (int sl = 0; sl < a.split; ++sl) v += __ldcg(tile + static_cast<size_t>(sl) * kGemmSplitFloats + i * kGemmThreads + tid);
+    acc[i] = v;
+  }
+  return true;
+}
 
 // The A fragment's register for k-slots (s, s + 1) of a k-step: the weights of columns c0 and c0 + 4 of a row
 // (c0 = 8 w + j, j < 4; gemm_x_col's order, in which x is stored), low half = column c0, as bf16 codes.
@@ -227,18 +270,20 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[m][i][j] = 0.f;
 
-  for (int g = 0; g < kGemmStages - 1; ++g) {
-    if (g < groups) stage(g, g);
+  int g0, g1;
+  k_slice(a, groups, g0, g1);
+  for (int i = 0; i < kGemmStages - 1; ++i) {
+    if (g0 + i < g1) stage(g0 + i, i);
     else mma::commit();  // (empty groups keep the count of groups in flight uniform)
   }
-  for (int g = 0; g < groups; ++g) {
+  for (int g = g0; g < g1; ++g) {
     mma::wait<kGemmStages - 2>();
     __syncthreads();  // group g has landed for every thread; group g - 1's buffer is read by no one any more
     const int next = g + kGemmStages - 1;
-    if (next < groups) stage(next, next % kGemmStages);
+    if (next < g1) stage(next, (next - g0) % kGemmStages);
     else mma::commit();
     if (n_pairs == 0) continue;
-    const uint8_t* base = smem + (g % kGemmStages) * T::kStage;
+    const uint8_t* base = smem + ((g - g0) % kGemmStages) * T::kStage;
     const uint8_t* ws = base;
     const uint8_t* xs = base + T::kWBytes;
     const float* sbs = reinterpret_cast<const float*>(xs + T::kXBytes);
@@ -320,6 +365,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
       }
     }
   }
+  if (!split_finish<32>(a, &acc[0][0][0])) return;
 
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -399,8 +445,10 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
 
   const int gq = lane >> 2, tq = lane & 3;
   const int tr0 = (warp >> 2) * 64 + (warp & 3) * 16 + gq;  // this thread's tile rows tr0, tr0 + 8
-  for (int g = 0; g < kGemmStages - 1; ++g) {
-    if (g < groups) stage(g, g);
+  int g0, g1;
+  k_slice(a, groups, g0, g1);
+  for (int i = 0; i < kGemmStages - 1; ++i) {
+    if (g0 + i < g1) stage(g0 + i, i);
     else mma::commit();
   }
   // The loop over the groups for the tile's first NT tokens (NT >= t_count: the tensor cores skip the empty
@@ -410,11 +458,11 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
     float acc[32];  // (the first NT / 2 used)
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
-    for (int g = 0; g < groups; ++g) {
+    for (int g = g0; g < g1; ++g) {
       mma::wait<kGemmStages - 2>();
       wgmma::fence_proxy_shared();  // this thread's copies of group g, seen by the tensor cores' reads
       __syncthreads();              // everyone's; group g - 1's buffer is read by no one any more
-      const uint8_t* base = smem + (g % kGemmStages) * T::kStage;
+      const uint8_t* base = smem + ((g - g0) % kGemmStages) * T::kStage;
       const uint8_t* ws = base + 2 * kWgBTile;
       const float* sbs = reinterpret_cast<const float*>(ws + T::kWBytes);
       const uint32_t b_hi = static_cast<uint32_t>(__cvta_generic_to_shared(base));
@@ -440,7 +488,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
       }
       wgmma::commit();
       const int next = g + kGemmStages - 1;  // (its copies issued while the tensor cores work)
-      if (next < groups) stage(next, next % kGemmStages);
+      if (next < g1) stage(next, (next - g0) % kGemmStages);
       else mma::commit();
       wgmma::wait<0>();
       const float* xsum = sbs + kGemmRows;
@@ -456,6 +504,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
         }
       }
     }
+    if (!split_finish<NT / 2>(a, acc)) return;
 #pragma unroll
     for (int j = 0; j < NT / 8; ++j)
 #pragma unroll
@@ -522,6 +571,7 @@ void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) 
 
 void run(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s, bool paired = false) {
   if (max_tokens <= 0 || a.part[a.parts - 1].tile_end == 0) return;
+  if (!a.offsets) grid_y = a.split;
   if (paired) run_as<true>(f, a, grid_y, max_tokens, s);
   else run_as<false>(f, a, grid_y, max_tokens, s);
 }
@@ -558,7 +608,14 @@ GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat
   a.xhi = x.hi;
   a.xlo = x.lo;
   a.xsum = x.gsum;
+  a.split = 1;
   return a;
+}
+
+// A dense launch of n tokens: its K slices (gemm_split_slices over its row tiles) and their buffers.
+void set_split(GemmArgs& a, int n, const GemmSplit* split) {
+  a.split = gemm_split_slices(a.part[a.parts - 1].tile_end, a.cols, n, split);
+  if (a.split > 1) a.split_partial = split->partial, a.split_count = split->count;
 }
 
 // A paired (SwiGLU) launch's arguments: gate and up of one shape, output act [ldact per row], 64-row tiles.
@@ -587,10 +644,37 @@ void check_rows(int n, const GemmX& x, const char* what) {
 
 }  // namespace detail
 
-void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float* act, int ldact, cudaStream_t s) {
+GemmSplit gemm_split_alloc(int blocks) {
+  LILY_CHECK(blocks >= 1, "gemm_split_alloc: ", blocks, " blocks");
+  GemmSplit s;
+  s.blocks = blocks;
+  CUDA_CHECK(cudaMalloc(&s.partial, sizeof(float) * blocks * kGemmSplitFloats));
+  CUDA_CHECK(cudaMalloc(&s.count, sizeof(unsigned) * blocks));
+  CUDA_CHECK(cudaMemset(s.count, 0, sizeof(unsigned) * blocks));
+  return s;
+}
+
+void gemm_split_free(GemmSplit& s) {
+  if (s.partial) CUDA_CHECK(cudaFree(s.partial));
+  if (s.count) CUDA_CHECK(cudaFree(s.count));
+  s = GemmSplit{};
+}
+
+int gemm_split_slices(int row_tiles, int K, int n, const GemmSplit* split) {
+  if (!split || split->blocks <= 0 || n > detail::kGemmTok || row_tiles <= 0) return 1;
+  const int groups = K / kGroupSize;
+  const int want = std::min(groups / detail::kMinSplitGroups, split->blocks / row_tiles);
+  if (want <= 1) return 1;
+  const int per = (groups + want - 1) / want;
+  return (groups + per - 1) / per;  // (every slice holds a group; row_tiles x slices <= blocks)
+}
+
+void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float* act, int ldact, cudaStream_t s,
+                 const GemmSplit* split) {
   detail::check_rows(n, x, "gemm_swiglu");
   detail::GemmArgs a = detail::paired_args(gate, up, x, act, ldact);
   a.n = n;
+  detail::set_split(a, n, split);
   detail::run(gate.format, a, 1, n, s, true);
 }
 
@@ -605,18 +689,22 @@ void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const
   detail::run(gate.format, a, max_tiles, 1, s, true);
 }
 
-void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s) {
+void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s,
+          const GemmSplit* split) {
   detail::check_rows(n, x, "gemm");
   detail::GemmArgs a = detail::args_for(&W, &y, &ldy, 1, mat, x);
   a.n = n;
+  detail::set_split(a, n, split);
   a.accumulate = accumulate;
   detail::run(W.format, a, 1, n, s);
 }
 
-void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s) {
+void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s,
+                const GemmSplit* split) {
   detail::check_rows(n, x, "gemm_multi");
   detail::GemmArgs a = detail::args_for(b.W, b.y, b.ldy, b.n, 0, x);
   a.n = n;
+  detail::set_split(a, n, split);
   a.accumulate = accumulate;
   detail::run(b.W[0].format, a, 1, n, s);
 }

@@ -27,6 +27,9 @@ struct KernelOptions {
   // of them through the captured decode step of its slot (the batch-1 kernels, one after another) instead of one
   // pass of the prompt path over all of them; 0 = always the pass.
   int batch_graph_rows = 12;
+  // LILY_GEMM_SPLIT_BLOCKS=n: a pass of one-token rows only (the batched decode step) splits its dense GEMMs' K
+  // loops into slices, up to n blocks a launch (kernels/batched.h GemmSplit); 0 = 4 per SM, -1 = no split.
+  int gemm_split_blocks = 0;
   // LILY_DEVICE_MASKS=0: structured output samples on the host (the logits copied per token) instead of on the
   // device with the host's token masks applied inside the decode graph (runtime/device_sampler.cu).
   bool device_masks = true;

@@ -54,6 +54,8 @@ struct PrefillBuffers {
   float* yd = nullptr;          // [n * top_k][H] routed experts' outputs (before: gate / up scratch if their
                                 // formats differ, 2 x [n * top_k][F])
   float* ysh = nullptr;         // [n][H] shared expert's output
+  GemmSplit split;              // split-K scratch of the dense GEMMs (KernelOptions::gemm_split_blocks)
+  const GemmSplit* dense = nullptr;  // this pass's: &split when every row is a one-token row, else null
 };
 
 void CudaEngine::prefill_alloc() {
@@ -94,6 +96,8 @@ void CudaEngine::prefill_alloc() {
   b->act = device_alloc<float>((size_t)n * (k + 1) * F);
   b->yd = device_alloc<float>((size_t)n * k * std::max(H, 2 * F));  // (2 F: the unpaired gate / up scratch)
   b->ysh = device_alloc<float>((size_t)n * H);
+  const int split_blocks = opts_.gemm_split_blocks == 0 ? 4 * sm_count() : opts_.gemm_split_blocks;
+  if (split_blocks > 0) b->split = gemm_split_alloc(split_blocks);
   pf_ = b;
 }
 
@@ -108,6 +112,7 @@ void CudaEngine::prefill_free() {
   if (b.host) cudaFreeHost(b.host);
   if (b.dec_host) cudaFreeHost(b.dec_host);
   gemm_x_free(b.x);
+  gemm_split_free(b.split);
   delete pf_;
   pf_ = nullptr;
 }
@@ -158,6 +163,9 @@ void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
   for (int q = 0; q < n_seqs; ++q) m += seqs[q].n == 1;
   b.n_dec = m;
   b.dec_splits = 0;
+  // a decode pass: its rows' results must not depend on one another's count, so split-K only when all rows are
+  // one-token rows (a prompt's chunk gives the same bits whatever its size; kernels/batched.h)
+  b.dense = m == n && b.split.blocks > 0 ? &b.split : nullptr;
   if (m > 0) {
     for (int q = 0, j = 0; q < n_seqs; ++q)
       if (seqs[q].n == 1) {
@@ -213,12 +221,12 @@ void CudaEngine::project(std::initializer_list<PrefillOut> outs, const GemmX& x,
   GemmBatch b;
   for (const PrefillOut& o : outs) {
     if (b.n == kMaxGemmParts || (b.n > 0 && (o.W->format != b.W[0].format || o.W->cols != b.W[0].cols))) {
-      gemm_multi(b, x, n, false, stream_);
+      gemm_multi(b, x, n, false, stream_, pf_->dense);
       b.n = 0;
     }
     b.W[b.n] = *o.W, b.y[b.n] = o.y, b.ldy[b.n++] = o.ldy;
   }
-  if (b.n > 0) gemm_multi(b, x, n, false, stream_);
+  if (b.n > 0) gemm_multi(b, x, n, false, stream_, pf_->dense);
 }
 
 void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) {
@@ -257,7 +265,7 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
     }
   const GemmXBuf xm = at_width(b.x, vd);
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
-  gemm(g.out_proj, 0, xm.view(), n, b.h, H, true, stream_);
+  gemm(g.out_proj, 0, xm.view(), n, b.h, H, true, stream_, b.dense);
 }
 
 void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n) {
@@ -299,7 +307,7 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
     }
   const GemmXBuf xm = at_width(b.x, od);
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
-  gemm(at.o_proj, 0, xm.view(), n, b.h, H, true, stream_);
+  gemm(at.o_proj, 0, xm.view(), n, b.h, H, true, stream_, b.dense);
 }
 
 void CudaEngine::prefill_moe(int layer, int n) {
@@ -320,7 +328,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   float* g = b.yd;
   float* u = b.yd + (size_t)n * k * std::max(F, Fs);
   if (m.shared_gate.format == m.shared_up.format) {
-    gemm_swiglu(m.shared_gate, m.shared_up, xh.view(), n, b.act, Fs, stream_);
+    gemm_swiglu(m.shared_gate, m.shared_up, xh.view(), n, b.act, Fs, stream_, b.dense);
   } else {
     project({{&m.shared_gate, g, Fs}, {&m.shared_up, u, Fs}}, xh.view(), n);
     swiglu_rows(g, u, nullptr, n, Fs, b.act, stream_);
@@ -337,7 +345,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   }
   const GemmXBuf xs = at_width(b.x, Fs);  // the shared expert's activations, then the routed ones after them
   gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
-  gemm(m.shared_down, 0, xs.view(), n, b.ysh, H, false, stream_);
+  gemm(m.shared_down, 0, xs.view(), n, b.ysh, H, false, stream_, b.dense);
   const GemmXBuf xr = at_width(b.x, F);
   gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
   gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
