@@ -27,9 +27,7 @@ CudaBatchBackend::CudaBatchBackend(CudaEngine& engine, int max_seqs, int graph_r
     counts_ = device_alloc<int>(static_cast<size_t>(max_seqs) * eng_.config().vocab);
     counts_key_.assign(static_cast<size_t>(max_seqs), 0);
     sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(eng_.config().vocab));
-    rng_ = device_alloc<uint64_t>(2 * static_cast<size_t>(max_seqs));
-    bias_ids_ = device_alloc<int>(static_cast<size_t>(max_seqs) * kMaxBias);
-    bias_vals_ = device_alloc<float>(static_cast<size_t>(max_seqs) * kMaxBias);
+    in_dev_ = device_alloc<DrawIn>(static_cast<size_t>(max_seqs));
     out_dev_ = device_alloc<DrawOut>(static_cast<size_t>(max_seqs));
     CUDA_CHECK(cudaMallocHost(&out_host_, sizeof(DrawOut) * static_cast<size_t>(max_seqs)));
     CUDA_CHECK(cudaMallocHost(&in_host_, sizeof(DrawIn) * static_cast<size_t>(max_seqs)));
@@ -50,8 +48,7 @@ CudaBatchBackend::~CudaBatchBackend() {
     if (g) cudaGraphExecDestroy(g);
   for (SeqStateDev& st : slots_) eng_.seq_free(st);
   cudaFreeHost(step_host_);
-  for (void* p : {(void*)counts_, sample_scratch_, (void*)rng_, (void*)bias_ids_, (void*)bias_vals_, (void*)out_dev_,
-                  (void*)ids_dev_})
+  for (void* p : {(void*)counts_, sample_scratch_, (void*)in_dev_, (void*)out_dev_, (void*)ids_dev_})
     if (p) cudaFree(p);
   if (out_host_) cudaFreeHost(out_host_);
   if (in_host_) cudaFreeHost(in_host_);
@@ -91,8 +88,7 @@ void CudaBatchBackend::step(std::span<const BatchEntry> batch) {
                " asks for a draw the backend does not offer");
   }
   for (const BatchEntry& b : batch) eng_.seq_ensure_kv(slots_[b.slot], pos_[b.slot] + static_cast<int>(b.tokens.size()));
-  row_of_.assign(batch.size(), -1);
-  n_draw_ = n_staged_ = 0;
+  prepare_draws(batch);
   std::vector<int> ones;  // the one-token entries
   for (size_t i = 0; i < batch.size(); ++i)
     if (batch[i].tokens.size() == 1) ones.push_back(static_cast<int>(i));
@@ -116,6 +112,8 @@ void CudaBatchBackend::step(std::span<const BatchEntry> batch) {
     pass(batch, pieces);
     for (const Piece& p : pieces) done[p.entry] += p.n;
   }
+  if (n_draw_ > 0)
+    CUDA_CHECK(cudaMemcpyAsync(out_host_, out_dev_, sizeof(DrawOut) * n_draw_, cudaMemcpyDeviceToHost, eng_.stream()));
   finish_out(batch);
 }
 
@@ -194,35 +192,42 @@ void CudaBatchBackend::sync_counts(const BatchEntry& b) {
   counts_key_[b.slot] = b.key;
 }
 
+void CudaBatchBackend::prepare_draws(std::span<const BatchEntry> batch) {
+  const int V = eng_.config().vocab;
+  row_of_.assign(batch.size(), -1);
+  n_draw_ = n_staged_ = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchEntry& b = batch[i];
+    if (!b.sampler) continue;
+    const int r = n_draw_++;
+    const ::lily::SamplingParams& p = b.sampler->params();
+    if (device_params(p, V).update_counts && counts_key_[b.slot] != b.key) sync_counts(b);
+    DrawIn& in = in_host_[r];
+    in.rng[0] = b.sampler->draws();
+    in.rng[1] = p.seed;
+    device_logit_bias(p, V, bias_ids_host_, bias_vals_host_);
+    in.n_bias = static_cast<int>(bias_ids_host_.size());
+    std::copy(bias_ids_host_.begin(), bias_ids_host_.end(), in.bias_ids);
+    std::copy(bias_vals_host_.begin(), bias_vals_host_.end(), in.bias_vals);
+    row_of_[i] = r;
+  }
+  if (n_draw_ > 0)  // (the stream is past the previous step's copies: finish_out synchronised)
+    CUDA_CHECK(cudaMemcpyAsync(in_dev_, in_host_, sizeof(DrawIn) * n_draw_, cudaMemcpyHostToDevice, eng_.stream()));
+}
+
 void CudaBatchBackend::enqueue_out(const BatchEntry& b, float* logits, int entry) {
   const int V = eng_.config().vocab;
   cudaStream_t s = eng_.stream();
   if (b.sampler) {
-    const int r = n_draw_++;
+    const int r = row_of_[entry];
     const ::lily::SamplingParams& p = b.sampler->params();
     const cuda::SamplingParams d = device_params(p, V);
     int* counts = counts_ + static_cast<size_t>(b.slot) * V;
-    if (d.update_counts && counts_key_[b.slot] != b.key) sync_counts(b);
-    DrawIn& in = in_host_[r];
-    in.rng[0] = b.sampler->draws();
-    in.rng[1] = p.seed;
-    CUDA_CHECK(cudaMemcpyAsync(rng_ + 2 * r, in.rng, sizeof in.rng, cudaMemcpyHostToDevice, s));
-    device_logit_bias(p, V, bias_ids_host_, bias_vals_host_);
-    const int n_bias = static_cast<int>(bias_ids_host_.size());
-    std::copy(bias_ids_host_.begin(), bias_ids_host_.end(), in.bias_ids);
-    std::copy(bias_vals_host_.begin(), bias_vals_host_.end(), in.bias_vals);
-    if (n_bias > 0) {
-      int* ids = bias_ids_ + static_cast<size_t>(r) * kMaxBias;
-      float* vals = bias_vals_ + static_cast<size_t>(r) * kMaxBias;
-      CUDA_CHECK(cudaMemcpyAsync(ids, in.bias_ids, sizeof(int) * n_bias, cudaMemcpyHostToDevice, s));
-      CUDA_CHECK(cudaMemcpyAsync(vals, in.bias_vals, sizeof(float) * n_bias, cudaMemcpyHostToDevice, s));
-      add_logit_bias(logits, V, ids, vals, n_bias, s);
-    }
+    DrawIn* in = in_dev_ + r;
+    if (in_host_[r].n_bias > 0) add_logit_bias(logits, V, in->bias_ids, in->bias_vals, in_host_[r].n_bias, s);
     DrawOut* o = out_dev_ + r;
-    sample(logits, V, d, d.update_counts ? counts : nullptr, rng_ + 2 * r, &o->token, sample_scratch_, s, &o->logprob,
+    sample(logits, V, d, d.update_counts ? counts : nullptr, in->rng, &o->token, sample_scratch_, s, &o->logprob,
            nullptr, p.top_logprobs, o->top_ids, o->top_logprobs);
-    CUDA_CHECK(cudaMemcpyAsync(out_host_ + r, o, sizeof(DrawOut), cudaMemcpyDeviceToHost, s));
-    row_of_[entry] = r;
   } else if (b.logits) {
     const int j = n_staged_++;
     CUDA_CHECK(cudaMemcpyAsync(staged_ + static_cast<size_t>(j) * V, logits, sizeof(float) * V, cudaMemcpyDeviceToHost,

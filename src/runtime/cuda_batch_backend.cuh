@@ -50,8 +50,11 @@ class CudaBatchBackend : public BatchBackend {
   void pass(std::span<const BatchEntry> batch, const std::vector<Piece>& pieces);
   // The one-token entries `which` through their slots' decode graphs, one after another.
   void decode_graphs(std::span<const BatchEntry> batch, const std::vector<int>& which);
-  // Enqueues what an entry with a logits row on the device needs: a device draw (into draw row r) or the copy of
-  // its logits into staged_ row j.
+  // Before the step's launches: a draw row per entry the backend draws for (in the batch's order), their slots'
+  // counts brought up to date, their inputs (RNG, logit_bias) uploaded in one copy.
+  void prepare_draws(std::span<const BatchEntry> batch);
+  // Enqueues what an entry with a logits row on the device needs: its device draw (row row_of_[entry]) or the
+  // copy of its logits into staged_ row j.
   void enqueue_out(const BatchEntry& b, float* logits, int entry);
   // After the stream's work: the staged logits to their entries (host threads), the drawn ids to theirs.
   void finish_out(std::span<const BatchEntry> batch);
@@ -72,10 +75,7 @@ class CudaBatchBackend : public BatchBackend {
   int* counts_ = nullptr;               // device [max_seqs][vocab]: generated counts | kSampleInContext
   std::vector<uint64_t> counts_key_;    // [max_seqs] the sequence (BatchEntry::key) the counts mirror, 0: none
   void* sample_scratch_ = nullptr;      // device sampling_scratch_bytes(vocab), reused row after row
-  uint64_t* rng_ = nullptr;             // device [max_seqs][2] {draw counter, seed} per draw row
   static constexpr int kMaxBias = 64;   // logit_bias entries a device draw takes (more: the host samples)
-  int* bias_ids_ = nullptr;             // device [max_seqs][kMaxBias] logit_bias per draw row
-  float* bias_vals_ = nullptr;
   struct DrawOut {                      // what a draw row returns (device, then pinned host)
     int token;
     float logprob;
@@ -84,12 +84,14 @@ class CudaBatchBackend : public BatchBackend {
   };
   DrawOut* out_dev_ = nullptr;          // [max_seqs]
   DrawOut* out_host_ = nullptr;         // pinned [max_seqs]
-  struct DrawIn {                       // pinned staging of a draw row's inputs
-    uint64_t rng[2];
+  struct DrawIn {                       // a draw row's inputs
+    uint64_t rng[2];                    // {draw counter, seed}
+    int n_bias;                         // logit_bias entries
     int bias_ids[kMaxBias];
     float bias_vals[kMaxBias];
   };
-  DrawIn* in_host_ = nullptr;           // pinned [max_seqs]
+  DrawIn* in_dev_ = nullptr;            // device [max_seqs]
+  DrawIn* in_host_ = nullptr;           // pinned [max_seqs]: the step's rows, one copy to in_dev_
   std::vector<int> bias_ids_host_;      // device_logit_bias's output for the row being enqueued
   std::vector<float> bias_vals_host_;
   std::vector<int> row_of_;             // [batch entries] draw row or staged_ row of the entry in this step, -1
