@@ -620,7 +620,7 @@ void run_group(int n, int top_k, int E, uint64_t seed) {
 
 // moe_route_rows against the three launches it replaces, on logits with ties (as run_select): idx, w, sh_scale,
 // offsets and the work list identical; every pair in its expert's slot range with its token and weight, slot_of a
-// permutation. Some experts get more than 64 slots (several tiles) at 64 tokens with a hot range.
+// permutation. With a hot range, experts with up to 64 slots (a whole tile) at 64 tokens.
 void run_route(int n, int E, int top_k, bool hot, uint64_t seed) {
   const std::string name = "moe_route_rows n " + std::to_string(n) + " E " + std::to_string(E) + " top_k " +
                            std::to_string(top_k) + (hot ? " hot" : "");
