@@ -207,8 +207,10 @@ void CudaEngine::head_rows(const int* rows, int n, float* logits) {
   PrefillBuffers& b = *pf_;
   const Config& c = cfg_;
   const int H = c.hidden;
-  float* gathered = b.ysh;  // [n][H]: free once the last layer's MoE has combined
-  for (int i = 0; i < n; ++i)
+  bool in_order = true;  // rows 0 .. n - 1 (a decode pass): no gather
+  for (int i = 0; i < n; ++i) in_order = in_order && rows[i] == i;
+  float* gathered = in_order ? b.h : b.ysh;  // b.ysh [n][H]: free once the last layer's MoE has combined
+  for (int i = 0; i < n && !in_order; ++i)
     CUDA_CHECK(cudaMemcpyAsync(gathered + (size_t)i * H, b.h + (size_t)rows[i] * H, sizeof(float) * H,
                                cudaMemcpyDeviceToDevice, stream_));
   const GemmXBuf xh = at_width(b.x, H);
