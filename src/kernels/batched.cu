@@ -62,9 +62,10 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
 // its denominator cancels in the renormalisation, so the top_k are chosen by logit (ties: lower id) and weighted
 // exp(l - l_max) / sum over the chosen of exp(l' - l_max); the shared expert's gate through a sigmoid.
 constexpr int kSelMaxK = 16;
-__device__ __forceinline__ void select_token(const float* logits, int ld, int t, int E, int top_k, int* idx, float* w,
-                                             float* sh_scale) {
-  const int lane = threadIdx.x & 31;
+__global__ void select_kernel(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w,
+                              float* sh_scale) {
+  const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (t >= n) return;
   const float* l = logits + static_cast<size_t>(t) * ld;
   int chosen[kSelMaxK];
   float p[kSelMaxK];  // the chosen logits, then exp(l - l_max)
@@ -100,20 +101,15 @@ __device__ __forceinline__ void select_token(const float* logits, int ld, int t,
     sh_scale[t] = 1.f / (1.f + expf(-l[E]));
   }
 }
-__global__ void select_kernel(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w,
-                              float* sh_scale) {
-  const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  if (t < n) select_token(logits, ld, t, E, top_k, idx, w, sh_scale);
-}
 
 // One block: counts per expert, exclusive prefix, then each pair takes the next free slot of its expert. The
 // order of the slots within an expert varies from run to run, but every slot's output depends only on its own
 // input row, and moe_combine sums a token's outputs in choice order: the results do not.
-// With tiles: also the grouped GEMMs' work list (gemm_grouped_tiles: the count, then (expert << 16 | tile) for
-// each 64-slot tile of each expert's slots, experts in order).
 constexpr int kGroupThreads = 1024;
-__device__ __forceinline__ void group_pairs(const int* idx, const float* w, int pairs, int top_k, int E, int* offsets,
-                                            int* x_row, float* w_slot, int* slot_of, int* tiles, int* cnt) {
+__global__ void __launch_bounds__(kGroupThreads) group_kernel(const int* idx, const float* w, int pairs, int top_k,
+                                                              int E, int* offsets, int* x_row, float* w_slot,
+                                                              int* slot_of) {
+  extern __shared__ int cnt[];  // [E]
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
   for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&cnt[idx[p]], 1);
@@ -127,12 +123,6 @@ __device__ __forceinline__ void group_pairs(const int* idx, const float* w, int 
       run += c;
     }
     offsets[E] = run;
-    if (tiles) {
-      int k = 0;
-      for (int e = 0; e < E; ++e)
-        for (int j = 0; j * 64 < offsets[e + 1] - offsets[e]; ++j) tiles[1 + k++] = (e << 16) | j;
-      tiles[0] = k;
-    }
   }
   __syncthreads();
   for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
@@ -141,22 +131,6 @@ __device__ __forceinline__ void group_pairs(const int* idx, const float* w, int 
     w_slot[a] = w[p];
     slot_of[p] = a;
   }
-}
-__global__ void __launch_bounds__(kGroupThreads) group_kernel(const int* idx, const float* w, int pairs, int top_k,
-                                                              int E, int* offsets, int* x_row, float* w_slot,
-                                                              int* slot_of) {
-  extern __shared__ int cnt[];  // [E]
-  group_pairs(idx, w, pairs, top_k, E, offsets, x_row, w_slot, slot_of, nullptr, cnt);
-}
-// select_kernel's warps over the tokens, then group_pairs with the work list, in one block (few tokens: the
-// batched decode step). idx / w written by this block's threads are read after the block barrier.
-__global__ void __launch_bounds__(kGroupThreads) route_kernel(const float* logits, int ld, int n, int E, int top_k,
-                                                              int* idx, float* w, float* sh_scale, int* offsets,
-                                                              int* x_row, float* w_slot, int* slot_of, int* tiles) {
-  extern __shared__ int cnt[];  // [E]
-  for (int t = threadIdx.x / 32; t < n; t += kGroupThreads / 32) select_token(logits, ld, t, E, top_k, idx, w, sh_scale);
-  __syncthreads();
-  group_pairs(idx, w, n * top_k, top_k, E, offsets, x_row, w_slot, slot_of, tiles, cnt);
 }
 
 __global__ void swiglu_kernel(const float* g, const float* u, const float* scale, int F, size_t total, float* act) {
@@ -219,16 +193,6 @@ void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* off
   LILY_CHECK(n * top_k <= 16384, "moe_group: ", n * top_k, " pairs (at most 16384)");
   detail::group_kernel<<<1, detail::kGroupThreads, E * sizeof(int), s>>>(idx, w, n * top_k, top_k, E, offsets,
                                                                              x_row, w_slot, slot_of);
-  CUDA_CHECK_LAUNCH();
-}
-
-void moe_route_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
-                    int* offsets, int* x_row, float* w_slot, int* slot_of, int* tiles, cudaStream_t s) {
-  LILY_CHECK(top_k >= 1 && top_k <= detail::kSelMaxK && top_k <= E && ld > E && E <= 32767 && n <= kRouteRowsMax,
-             "moe_route_rows: top_k ", top_k, " of ", E, " experts, ", n, " tokens (at most ", kRouteRowsMax, ")");
-  if (n <= 0) return;
-  detail::route_kernel<<<1, detail::kGroupThreads, E * sizeof(int), s>>>(logits, ld, n, E, top_k, idx, w, sh_scale,
-                                                                         offsets, x_row, w_slot, slot_of, tiles);
   CUDA_CHECK_LAUNCH();
 }
 

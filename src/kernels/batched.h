@@ -109,11 +109,6 @@ void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* 
 // block; n * top_k <= 16384.
 void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* offsets, int* x_row, float* w_slot,
                int* slot_of, cudaStream_t s);
-// moe_select_rows, moe_group and gemm_grouped_tiles (tiles: [1 + gemm_grouped_max_tiles(n * top_k, E)]) in one
-// launch of one block, the same outputs (the slots' order within an expert aside), for n <= kRouteRowsMax tokens.
-inline constexpr int kRouteRowsMax = 64;
-void moe_route_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
-                    int* offsets, int* x_row, float* w_slot, int* slot_of, int* tiles, cudaStream_t s);
 // act[a][f] = scale[a] * silu(g[a][f]) * u[a][f] for a < n (scale null: 1); g, u, act [n][F].
 #ifdef __CUDACC__
 // scale * silu(g) * u in fp32, as swiglu_rows and the paired GEMMs compute it (test_batched: bit for bit).

@@ -320,14 +320,9 @@ void CudaEngine::prefill_moe(int layer, int n) {
   const GemmXBuf xh = at_width(b.x, H);
   gemm_x_prep(b.h, H, n, w_.layers[layer].post_attention_layernorm, c.eps, xh, nullptr, stream_);
   project({{&m.gate, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
-  if (n <= kRouteRowsMax) {  // (one launch instead of three)
-    moe_route_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, b.offsets, b.x_row, b.w_slot, b.slot_of, b.tiles,
-                   stream_);
-  } else {
-    moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
-    moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
-    gemm_grouped_tiles(b.offsets, E, b.tiles, stream_);
-  }
+  moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
+  moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
+  gemm_grouped_tiles(b.offsets, E, b.tiles, stream_);
   const int max_tiles = gemm_grouped_max_tiles(n * k, E);
   // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer;
   // gate and up in one launch each (kernels/gemm.cu, paired), or two GEMMs into the yd scratch where their

@@ -618,66 +618,6 @@ void run_group(int n, int top_k, int E, uint64_t seed) {
   EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), P) << name << ": slot_of is not a permutation";
 }
 
-// moe_route_rows against the three launches it replaces, on logits with ties (as run_select): idx, w, sh_scale,
-// offsets and the work list identical; every pair in its expert's slot range with its token and weight, slot_of a
-// permutation. With a hot range, experts with up to 64 slots (a whole tile) at 64 tokens.
-void run_route(int n, int E, int top_k, bool hot, uint64_t seed) {
-  const std::string name = "moe_route_rows n " + std::to_string(n) + " E " + std::to_string(E) + " top_k " +
-                           std::to_string(top_k) + (hot ? " hot" : "");
-  std::mt19937_64 rng(seed);
-  const int ld = E + 1, P = n * top_k, max_tiles = gemm_grouped_max_tiles(P, E);
-  std::vector<float> logits = random_vec(rng, static_cast<size_t>(n) * ld, -4.f, 4.f);
-  for (int t = 0; t < n; ++t) {
-    if (hot)  // the first top_k + 2 experts lead for most tokens
-      for (int e = 0; e < top_k + 2; ++e) logits[static_cast<size_t>(t) * ld + e] += 6.f;
-    if (t % 5 == 3)
-      for (int e = 0; e < E; ++e) logits[static_cast<size_t>(t) * ld + e] = 0.5f;  // all tied
-  }
-  DevBuf<float> dl(logits);
-  struct Out {
-    DevBuf<int> idx, off, row, slot, tiles;
-    DevBuf<float> w, sh, ws;
-    Out(int n, int k, int E, int mt)
-        : idx(n * k), off(E + 1), row(n * k), slot(n * k), tiles(1 + mt), w(n * k), sh(n), ws(n * k) {
-      idx.poison(); off.poison(); row.poison(); slot.poison(); tiles.poison(); w.poison(); sh.poison(); ws.poison();
-    }
-  } a(n, top_k, E, max_tiles), b(n, top_k, E, max_tiles);
-  moe_select_rows(dl.p, ld, n, E, top_k, a.idx.p, a.w.p, a.sh.p, nullptr);
-  moe_group(a.idx.p, a.w.p, n, top_k, E, a.off.p, a.row.p, a.ws.p, a.slot.p, nullptr);
-  gemm_grouped_tiles(a.off.p, E, a.tiles.p, nullptr);
-  moe_route_rows(dl.p, ld, n, E, top_k, b.idx.p, b.w.p, b.sh.p, b.off.p, b.row.p, b.ws.p, b.slot.p, b.tiles.p, nullptr);
-  CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(a.idx.download(), b.idx.download()) << name << ": experts";
-  const std::vector<float> wa = a.w.download(), wb = b.w.download(), sa = a.sh.download(), sb = b.sh.download();
-  EXPECT_EQ(0, std::memcmp(wa.data(), wb.data(), sizeof(float) * wa.size())) << name << ": weights";
-  EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sizeof(float) * sa.size())) << name << ": shared gate";
-  const std::vector<int> off = b.off.download(), ta = a.tiles.download(), tb = b.tiles.download();
-  EXPECT_EQ(a.off.download(), off) << name << ": offsets";
-  ASSERT_GE(ta[0], 0);
-  EXPECT_EQ(ta[0], tb[0]) << name << ": tiles";
-  EXPECT_TRUE(std::equal(ta.begin(), ta.begin() + 1 + ta[0], tb.begin())) << name << ": the work list";
-  const std::vector<int> idx = b.idx.download(), x_row = b.row.download(), slot_of = b.slot.download();
-  const std::vector<float> w_slot = b.ws.download();
-  std::vector<int> seen(P, 0);
-  size_t bad = 0;
-  for (int p = 0; p < P; ++p) {
-    const int s = slot_of[p], e = idx[p];
-    const bool ok = s >= off[e] && s < off[e + 1] && x_row[s] == p / top_k && w_slot[s] == wb[p];
-    seen[ok ? s : 0] += ok;
-    bad += !ok;
-  }
-  EXPECT_EQ(bad, 0u) << name << ": pairs outside their expert's slots or with another token / weight";
-  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), P) << name << ": slot_of is not a permutation";
-}
-
-TEST(MoeRows, RouteRowsEqualsSelectGroupTiles) {
-  if (no_device()) GTEST_SKIP() << "no CUDA device";
-  run_route(1, 256, 8, false, 6100);
-  run_route(17, 256, 8, false, 6101);
-  run_route(64, 256, 8, true, 6102);
-  run_route(33, 10, 3, false, 6103);
-}
-
 TEST(MoeRows, GroupPairsByExpert) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   run_group(300, 8, 256, 6000);
