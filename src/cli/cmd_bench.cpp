@@ -3,7 +3,8 @@
 // kernel family — as a terminal table or JSON. Weights: `--synthetic full` (random full-size weights made
 // on the GPU, no disk) or `--model DIR`. Needs the CUDA build; otherwise it says so and fails.
 // `--concurrency 1,4,8` measures the continuous-batching scheduler instead (runtime/bench_concurrency.h): total and
-// per-stream tok/s with that many sequences at once, on the backend that batches (the CPU backend today).
+// per-stream tok/s with that many sequences at once. `--prompts 1k,8k` measures prompts to their first token as
+// the server runs them, with time and TFLOP/s per kernel family (runtime/bench_prompt.h), on CUDA or the CPU.
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -13,6 +14,8 @@
 #include "cli/command.h"
 #include "runtime/bench_concurrency.h"
 #include "runtime/bench_loop.h"
+#include "runtime/bench_prompt.h"
+#include "runtime/cpu_backend.h"
 #include "runtime/cpu_batch_backend.h"
 #include "util/thread_pool.h"
 #include "server/engine.h"
@@ -35,7 +38,9 @@ struct BenchArgs {
   std::string concurrency;              // comma-separated client counts: the scheduler benchmark
   int gen_tokens = 256;
   int prompt_tokens = 100;
-  std::string device = "cpu";           // --concurrency with --model: cpu or cuda
+  std::string device = "cpu";           // --concurrency / --prompts with --model: cpu or cuda
+  std::string prompts;                  // comma-separated prompt lengths: the prompt benchmark
+  int prompt_runs = 3;
 };
 
 // A comma-separated list of counts (suffix k = 1024): contexts, client counts.
@@ -115,6 +120,83 @@ int run_concurrency(const BenchArgs& a) {
   return 0;
 }
 
+// Prompts to their first token through the server's loop, on CUDA (--synthetic full, or --model DIR --device
+// cuda) or the CPU (--model DIR).
+int run_prompts(const BenchArgs& a) {
+  if (a.model_dir.empty() == a.synthetic.empty()) {
+    std::fprintf(stderr, "lily bench --prompts: give --model DIR (CPU, or CUDA with --device cuda) or --synthetic "
+                         "full (CUDA)\n");
+    return 2;
+  }
+  PromptBenchOptions o;
+  o.prompts = parse_counts(a.prompts);
+  o.runs = a.prompt_runs;
+  const server::EngineOptions server_defaults;
+  o.piece = server_defaults.prefill_chunk;
+  o.checkpoint_interval = server_defaults.checkpoint_interval;
+  if (o.prompts.empty()) {
+    std::fprintf(stderr, "lily bench --prompts: expected a list such as 1k,8k,32k\n");
+    return 2;
+  }
+  const int ctx = *std::max_element(o.prompts.begin(), o.prompts.end()) + 64;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Backend> be;
+  if (!a.synthetic.empty() || a.device == "cuda") {
+#ifdef LILY_HAVE_CUDA
+    be = make_bench_cuda_backend(a.model_dir, ctx, 0);
+#endif
+    if (!be) {
+      std::fprintf(stderr, "lily bench --prompts: this build has no CUDA\n");
+      return 1;
+    }
+  } else {
+    model = std::make_unique<Model>(load_model(a.model_dir));
+    be = std::make_unique<CpuBackend>(*model, ctx);
+  }
+  const std::vector<PromptPoint> pts = run_prompt_bench(*be, o);
+  const auto tflops = [](double flops, double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
+  if (a.json) {
+    nlohmann::json j;
+    j["backend"] = be->name();
+    j["piece_tokens"] = o.piece;
+    j["checkpoint_interval"] = o.checkpoint_interval;
+    for (const PromptPoint& p : pts) {
+      nlohmann::json q = {{"tokens", p.tokens},           {"ttft_ms", p.ttft_ms},
+                          {"tok_per_s", p.tok_per_s},     {"runs", p.runs},
+                          {"profiled_ms", p.profiled_ms}, {"gemm_ms", p.gemm_ms},
+                          {"gemm_tflops", tflops(p.gemm_flops, p.gemm_ms)}};
+      for (const FamilyTime& f : p.families)
+        q["families"][f.name] = {{"ms", f.ms}, {"flops", f.flops}, {"tflops", tflops(f.flops, f.ms)}};
+      j["points"].push_back(q);
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("prompts on the %s backend through generate() as `lily serve` runs a fresh one: pieces of %d tokens, "
+              "a snapshot every %d\n", be->name().c_str(), o.piece, o.checkpoint_interval);
+  std::printf("%9s %11s %11s %5s\n", "tokens", "TTFT ms", "tok/s", "runs");
+  for (const PromptPoint& p : pts) std::printf("%9d %11.1f %11.0f %5d\n", p.tokens, p.ttft_ms, p.tok_per_s, p.runs);
+  for (const PromptPoint& p : pts) {
+    if (p.families.empty()) continue;
+    double sum = 0;
+    for (const FamilyTime& f : p.families) sum += f.ms;
+    std::printf("\n%d tokens, one profiled run: %.1f ms to the first id, families sum to %.1f ms\n", p.tokens,
+                p.profiled_ms, sum);
+    std::printf("  %-22s %10s %7s %9s %11s\n", "family", "ms", "%", "TFLOP/s", "us/token");
+    std::vector<FamilyTime> fams = p.families;
+    std::stable_sort(fams.begin(), fams.end(), [](const FamilyTime& x, const FamilyTime& y) { return x.ms > y.ms; });
+    for (const FamilyTime& f : fams) {
+      std::printf("  %-22s %10.2f %6.1f%% ", f.name.c_str(), f.ms, 100 * f.ms / sum);
+      if (f.flops > 0) std::printf("%9.2f", tflops(f.flops, f.ms));
+      else std::printf("%9s", "");
+      std::printf(" %11.2f\n", 1e3 * f.ms / p.tokens);
+    }
+    std::printf("  %-22s %10.2f %6.1f%% %9.2f %11.2f\n", "(all gemm_*)", p.gemm_ms, 100 * p.gemm_ms / sum,
+                tflops(p.gemm_flops, p.gemm_ms), 1e3 * p.gemm_ms / p.tokens);
+  }
+  return 0;
+}
+
 #ifdef LILY_HAVE_CUDA
 void print_table(const BenchReport& r, const LoopBenchReport& lr) {
   std::printf("device  : %s\nweights : %s (%.2f GB resident)\ncopy bw : %.0f GB/s (device-to-device, read+write)\n",
@@ -176,6 +258,7 @@ nlohmann::json to_json(const BenchReport& r, const LoopBenchReport& lr) {
 
 int run_bench(const BenchArgs& a) {
   if (!a.concurrency.empty()) return run_concurrency(a);
+  if (!a.prompts.empty()) return run_prompts(a);
 #ifdef LILY_HAVE_CUDA
   if (a.synthetic.empty() == a.model_dir.empty()) {
     std::fprintf(stderr, "lily bench: give exactly one of --synthetic full or --model DIR\n");
@@ -226,7 +309,13 @@ const CommandRegistrar reg{Command{
       sub.add_option("--concurrency", a->concurrency,
                      "comma-separated client counts (e.g. 1,4,8,16,64): total and per-stream tok/s through the "
                      "continuous-batching scheduler (--model DIR on the CPU or --device cuda; --synthetic full on CUDA)");
-      sub.add_option("--device", a->device, "--concurrency with --model: cpu or cuda")->capture_default_str();
+      sub.add_option("--prompts", a->prompts,
+                     "comma-separated prompt lengths (e.g. 1k,8k,32k,128k): time to the first id as `lily serve` "
+                     "runs a fresh prompt, and time and TFLOP/s per kernel family (--synthetic full or --model DIR)");
+      sub.add_option("--prompt-runs", a->prompt_runs, "--prompts: timed runs per length (one from 32K tokens)")
+          ->capture_default_str();
+      sub.add_option("--device", a->device, "--concurrency / --prompts with --model: cpu or cuda")
+          ->capture_default_str();
       sub.add_option("--gen-tokens", a->gen_tokens, "--concurrency: ids generated per sequence")->capture_default_str();
       sub.add_option("--prompt-tokens", a->prompt_tokens, "--concurrency: prompt tokens per sequence")->capture_default_str();
       return [a] { return run_bench(*a); };

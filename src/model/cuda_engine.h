@@ -21,6 +21,7 @@
 #include "model/config.h"
 #include "model/decode_plan.h"
 #include "model/kernel_options.h"
+#include "model/pass_profile.h"
 #include "model/weights.h"
 
 namespace lily::cuda {
@@ -176,6 +177,8 @@ class CudaEngine {
   // logits [n][vocab] (device) = lm_head(RMSNorm(h) * norm) of the last pass's rows `rows` [n] (host), n <=
   // kPrefillChunk, as one GEMM (the lm_head read once for all of them). Enqueued on stream().
   void head_rows(const int* rows, int n, float* logits);
+  // Marks the prompt path's kernel families on `p` (model/pass_profile.h) from the next pass on; null: none.
+  void set_profiler(PassProfiler* p) { prof_ = p; }
   // A sequence's state: allocated zeroed, KV pages on demand (seq_ensure_kv).
   SeqStateDev seq_alloc();
   void seq_free(SeqStateDev& st);
@@ -230,6 +233,10 @@ class CudaEngine {
   int page_tokens_ = 0;
   std::vector<int> attn_index_;               // [n_layers] -> attention layer index or -1
   PrefillBuffers* pf_ = nullptr;  // the prompt path's buffers (prefill_alloc on first use, prefill_free)
+  PassProfiler* prof_ = nullptr;  // set_profiler's, or null
+  void pmark(const char* family, double flops = 0) const {
+    if (prof_) prof_->mark(family, flops);
+  }
 };
 
 }  // namespace lily::cuda

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "model/pass_profile.h"
 #include "model/weights.h"
 #include "util/thread_pool.h"
 
@@ -61,6 +62,8 @@ class CpuBatchForward {
   // dst's KV entries become src's first n (n <= src.position) and dst.position = n; dst's GDN state is left as
   // it was (the caller restores a snapshot taken at n, or resets).
   void copy_prefix(CpuSequenceState& dst, const CpuSequenceState& src, int n) const;
+  // Marks each kernel family of the passes that follow (null: none); `lily bench --prompts`.
+  void set_profiler(PassProfiler* p) { prof_ = p; }
 
  private:
   struct Segment;  // one group's rows in one pass
@@ -78,6 +81,10 @@ class CpuBatchForward {
   const Config& cfg_;
   ThreadPool* own_pool_ = nullptr;  // the caller's pool, or null for the global one
   ThreadPool* pool_ = nullptr;      // the pool of the forward() in progress
+  PassProfiler* prof_ = nullptr;    // set_profiler's, or null
+  void mark(const char* family, double flops = 0) {
+    if (prof_) prof_->mark(family, flops);
+  }
 };
 
 // One sequence: a CpuBatchForward over a single CpuSequenceState, with a context limit.
@@ -96,6 +103,7 @@ class CpuForward {
   void forward(std::span<const int32_t> tokens, float* logits, bool all_logits);
   std::vector<uint8_t> save_state() const { return f_.save_state(state_); }
   void restore_state(int position, std::span<const uint8_t> bytes) { f_.restore_state(state_, position, bytes); }
+  void set_profiler(PassProfiler* p) { f_.set_profiler(p); }
 
  private:
   CpuBatchForward f_;

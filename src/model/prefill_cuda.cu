@@ -150,6 +150,7 @@ void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
   PrefillBuffers& b = *pf_;
   const Config& c = cfg_;
   CUDA_CHECK(cudaStreamSynchronize(stream_));  // the pinned staging is free again
+  pmark("embed");
   for (int t = 0; t < n; ++t) b.host[t] = tokens[t];
   for (int q = 0; q < n_seqs; ++q) b.host[kPrefillChunk + q] = seqs[q].pos0;
   CUDA_CHECK(cudaMemcpyAsync(b.tokens, b.host, sizeof(int) * n, cudaMemcpyHostToDevice, stream_));
@@ -200,6 +201,7 @@ void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
       prefill_gdn(i, seqs, n_seqs, n);  // h += out_proj(gdn(norm(h)))
     prefill_moe(i, n);                  // h += MoE(norm(h))
   }
+  pmark("host");
 }
 
 void CudaEngine::head_rows(const int* rows, int n, float* logits) {
@@ -214,6 +216,7 @@ void CudaEngine::head_rows(const int* rows, int n, float* logits) {
     CUDA_CHECK(cudaMemcpyAsync(gathered + (size_t)i * H, b.h + (size_t)rows[i] * H, sizeof(float) * H,
                                cudaMemcpyDeviceToDevice, stream_));
   const GemmXBuf xh = at_width(b.x, H);
+  pmark("lm_head", 2.0 * n * H * c.vocab);
   gemm_x_prep(gathered, H, n, w_.norm, c.eps, xh, nullptr, stream_);
   gemm(w_.lm_head, 0, xh.view(), n, logits, c.vocab, false, stream_);
 }
@@ -242,11 +245,14 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
   float* bb = z + (size_t)n * vd;
   float* a = bb + (size_t)n * Hv;
   const GemmXBuf xh = at_width(b.x, H);
+  pmark("norm");
   gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
+  pmark("gemm_gdn_in", 2.0 * n * H * (cd + vd + 2 * Hv));
   project({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}}, xh.view(),
           n);
   // the one-token rows' steps together (also a single one: a row's result must not depend on the batch)
   const bool rows_launch = b.n_dec > 0;
+  pmark("gdn_core", 6.0 * n * Hv * c.lin_k_dim * c.lin_v_dim);  // the recurrence: k^T S, the update, q^T S
   if (!prefill_skips("gdn_core") && rows_launch) {
     const int m = b.n_dec;
     float* const* ptrs = b.dec_ptrs + (size_t)layer * 2 * m;
@@ -266,7 +272,9 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
                          (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.scratch, r.pos0, r.n, dims, c.eps, stream_);
     }
   const GemmXBuf xm = at_width(b.x, vd);
+  pmark("norm");
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
+  pmark("gemm_gdn_out", 2.0 * n * vd * H);
   gemm(g.out_proj, 0, xm.view(), n, b.h, H, true, stream_, b.dense);
 }
 
@@ -279,7 +287,9 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   float* k = qg + (size_t)n * qr;
   float* v = k + (size_t)n * kvd;
   const GemmXBuf xh = at_width(b.x, H);
+  pmark("norm");
   gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
+  pmark("gemm_attn_in", 2.0 * n * H * (qr + 2 * kvd));
   project({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, xh.view(), n);
   KvPages kv;
   kv.page_tokens = page_tokens_;
@@ -288,6 +298,9 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   AttnIn in;
   in.q_norm = at.q_norm, in.k_norm = at.k_norm, in.eps = c.eps;
   attn_in_rope(in, c.rope_dim, c.rope_theta);
+  double pairs = 0;  // (query, key) pairs of the causal attention
+  for (int q = 0; q < n_seqs; ++q) pairs += (double)seqs[q].n * seqs[q].pos0 + seqs[q].n * (seqs[q].n + 1.0) / 2;
+  pmark("attn_core", 4.0 * pairs * od);
   const bool rows_launch = b.n_dec > 0;  // the one-token rows' attention together
   if (!prefill_skips("attn_core") && rows_launch) {
     const int m = b.n_dec, splits = b.dec_splits;
@@ -308,7 +321,9 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
       launch_attention_chunk(in, kv, r.pos0, r.n, c.n_heads, b.scratch, b.mix + t * od, stream_);
     }
   const GemmXBuf xm = at_width(b.x, od);
+  pmark("norm");
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
+  pmark("gemm_attn_out", 2.0 * n * od * H);
   gemm(at.o_proj, 0, xm.view(), n, b.h, H, true, stream_, b.dense);
 }
 
@@ -318,8 +333,11 @@ void CudaEngine::prefill_moe(int layer, int n) {
   const MoeWeightsDev& m = w_.layers[layer].moe;
   const int H = c.hidden, E = c.n_experts, k = c.top_k, F = c.moe_ffn, Fs = c.shared_ffn;
   const GemmXBuf xh = at_width(b.x, H);
+  pmark("norm");
   gemm_x_prep(b.h, H, n, w_.layers[layer].post_attention_layernorm, c.eps, xh, nullptr, stream_);
+  pmark("gemm_router", 2.0 * n * H * (E + 1));
   project({{&m.gate, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
+  pmark("routing");
   moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
   moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
   gemm_grouped_tiles(b.offsets, E, b.tiles, stream_);
@@ -329,6 +347,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   // formats differ
   float* g = b.yd;
   float* u = b.yd + (size_t)n * k * std::max(F, Fs);
+  pmark("gemm_shared", 4.0 * n * H * Fs);
   if (m.shared_gate.format == m.shared_up.format) {
     gemm_swiglu(m.shared_gate, m.shared_up, xh.view(), n, b.act, Fs, stream_, b.dense);
   } else {
@@ -337,6 +356,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   }
   // routed experts: each token's rows go to its 8 experts' slots (x_row), weighted by the routing weight
   float* act = b.act + (size_t)n * Fs;
+  pmark("gemm_experts_gate_up", 4.0 * n * k * H * F);
   if (m.experts_gate.format == m.experts_up.format) {
     gemm_grouped_swiglu(m.experts_gate, m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act,
                         F, stream_);
@@ -346,11 +366,16 @@ void CudaEngine::prefill_moe(int layer, int n) {
     swiglu_rows(g, u, b.w_slot, n * k, F, act, stream_);
   }
   const GemmXBuf xs = at_width(b.x, Fs);  // the shared expert's activations, then the routed ones after them
+  pmark("norm");
   gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
+  pmark("gemm_shared", 2.0 * n * Fs * H);
   gemm(m.shared_down, 0, xs.view(), n, b.ysh, H, false, stream_, b.dense);
   const GemmXBuf xr = at_width(b.x, F);
+  pmark("norm");
   gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
+  pmark("gemm_experts_down", 2.0 * n * k * F * H);
   gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
+  pmark("combine");
   moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);
 }
 

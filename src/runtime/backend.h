@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/pass_profile.h"
 #include "runtime/sampler.h"
 #include "runtime/token_filter.h"
 
@@ -81,6 +82,12 @@ class Backend {
   virtual SampledToken decode_wait();
   // Whether this generation samples on the device (begin_sampling decided; for reports).
   virtual bool samples_on_device() const { return false; }
+
+  // ---- profiling (`lily bench --prompts`) ----
+  // Times each kernel family (model/pass_profile.h) of the prompt passes that follow, until profile_end, which
+  // returns the table. False: this backend cannot (profile_end then returns nothing).
+  virtual bool profile_begin() { return false; }
+  virtual std::vector<FamilyTime> profile_end() { return {}; }
 
  protected:
   // The host implementation of the generation protocol (the base class's, and a device backend's fallback).

@@ -45,6 +45,15 @@ class CpuBackend : public Backend {
     s.bytes = f_.save_state();
     return s;
   }
+  bool profile_begin() override {
+    prof_.finish();
+    f_.set_profiler(&prof_);
+    return true;
+  }
+  std::vector<FamilyTime> profile_end() override {
+    f_.set_profiler(nullptr);
+    return prof_.finish();
+  }
   void restore_state(const StateSnapshot& s) override {
     LILY_CHECK(!s.device, "cpu backend: a device snapshot cannot be restored here");
     f_.restore_state(s.position, s.bytes);
@@ -57,6 +66,7 @@ class CpuBackend : public Backend {
   IdPool kv_pool_;                 // this backend's KV pages (accounting: the forward pass owns the memory)
   PageTable kv_{kPageTokens};
   IdPool state_slots_{1};
+  WallClockProfiler prof_;
 };
 
 }  // namespace lily

@@ -12,6 +12,7 @@
 
 #include "kernels/common.cuh"
 #include "model/cuda_engine.h"
+#include "model/event_profiler.cuh"
 #include "model/synth.h"
 #include "runtime/device_sampler.cuh"
 #include "runtime/resources.h"
@@ -116,6 +117,7 @@ class CudaBackend : public Backend {
       const int m = std::min(chunk, n - i0);
       engine_.prefill(tokens.data() + i0, pos_, m);
       auto head = [&](int t, float* dst) {  // the lm_head per token (the GEMV of the decode step)
+        if (profiling_) prof_.mark("lm_head", 2.0 * cfg_.hidden * V);
         engine_.lm_head(engine_.prefill_h(t));
         if (dst)
           CUDA_CHECK(cudaMemcpyAsync(dst, engine_.logits(), (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s));
@@ -161,6 +163,18 @@ class CudaBackend : public Backend {
   }
   lily::SampledToken decode_wait() override { return device_ ? sampler_.wait() : host_wait(); }
   bool samples_on_device() const override { return device_; }
+
+  bool profile_begin() override {
+    prof_.finish();
+    engine_.set_profiler(&prof_);
+    profiling_ = true;
+    return true;
+  }
+  std::vector<FamilyTime> profile_end() override {
+    engine_.set_profiler(nullptr);
+    profiling_ = false;
+    return prof_.finish();
+  }
 
   StateSnapshot save_state() const override {
     StateSnapshot snap;
@@ -227,6 +241,8 @@ class CudaBackend : public Backend {
   bool device_ = false;         // this generation samples on the device
   bool chunked_ = true;         // prompts of >= kPrefillMin tokens through forward_chunks
   std::shared_ptr<SnapshotPool> pool_;    // device memory of save_state
+  EventProfiler prof_{engine_.stream()};  // the prompt path's family times (profile_begin .. profile_end)
+  bool profiling_ = false;
 };
 
 }  // namespace
