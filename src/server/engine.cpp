@@ -29,7 +29,10 @@ Engine::Engine(Backend& backend, Metrics& metrics, EngineOptions options)
 
 Engine::~Engine() { shutdown(Clock::now()); }
 
-void Engine::submit(std::shared_ptr<GenJob> job) {
+void Engine::submit(std::shared_ptr<GenJob> job) { submit_all({std::move(job)}); }
+
+void Engine::submit_all(const std::vector<std::shared_ptr<GenJob>>& jobs) {
+  if (jobs.empty()) return;
   std::lock_guard l(mu_);
   if (!accepting_.load() || stop_) {
     ApiError e(503, "unavailable_error", "shutting_down", "", "the server is shutting down");
@@ -43,7 +46,7 @@ void Engine::submit(std::shared_ptr<GenJob> job) {
   const int running = batch_ ? 0 : running_ ? 1 : 0;
   const int waiting = static_cast<int>(queue_.size() + in_scheduler_.size());
   const int room = opt_.queue_size + std::max(0, max_seqs_ - running);
-  if (waiting >= room) {
+  if (waiting + static_cast<int>(jobs.size()) > room) {
     metrics_.request_rejected("queue_full");
     ApiError e(429, "rate_limit_error", "queue_full", "",
                "the server is busy: " + std::to_string(queue_.size()) + " requests are waiting; retry later");
@@ -51,7 +54,7 @@ void Engine::submit(std::shared_ptr<GenJob> job) {
     e.retry_after = std::max(1, static_cast<int>(std::ceil(wait)));
     throw e;
   }
-  queue_.push_back(std::move(job));
+  queue_.insert(queue_.end(), jobs.begin(), jobs.end());
   update_gauges();
   cv_.notify_all();
 }

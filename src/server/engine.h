@@ -87,6 +87,9 @@ class Engine {
 
   // Queues a job. Throws ApiError 429 (queue full, with retry_after) or 503 (shutting down).
   void submit(std::shared_ptr<GenJob> job);
+  // Queues jobs together (the n choices of one request): all or none, and the engine thread takes them in one go,
+  // so the scheduler sees them in the same step (the choices after the first wait for its prompt and reuse it).
+  void submit_all(const std::vector<std::shared_ptr<GenJob>>& jobs);
   // Removes a waiting job from the queue (its on_done runs with finish = cancelled), or flags a running one.
   void cancel(const std::shared_ptr<GenJob>& job);
   // Stops taking jobs; running and queued jobs keep going until drain_deadline, then are cancelled.

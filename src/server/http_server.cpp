@@ -595,15 +595,7 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& r
     job.on_done = [s, j = g->jobs[i].get()] { s->on_done(*j); };
   }
   g->fd = req.fd;
-  // All n choices or none: a 429 / 503 for choice k withdraws the choices already queued (before any byte is sent).
-  for (size_t i = 0; i < n; ++i) {
-    try {
-      engine_->submit(g->jobs[i]);
-    } catch (...) {
-      for (size_t k = 0; k < i; ++k) engine_->cancel(g->jobs[k]);
-      throw;
-    }
-  }
+  engine_->submit_all(g->jobs);  // all n choices or none (a 429 / 503 before any byte is sent)
   in_flight_.fetch_add(1);
   auto cancel_all = [this, g] {
     for (auto& j : g->jobs) engine_->cancel(j);
