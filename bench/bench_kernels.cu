@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
     uint16_t* pool = static_cast<uint16_t*>(dalloc(pool_pages * page_elems * 2));
     // finite bf16 pairs (fill_sb's scale|bias words: magnitude ~0.004..0.008, random signs)
     bench::fill_sb<<<1024, 256>>>(reinterpret_cast<uint32_t*>(pool), pool_pages * page_elems / 2, bench::g_seed++);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK_LAUNCH(0);
     AttnIn in;  // the current token's raw q|gate, k, v and the norm weights (the split kernel normalises them)
     in.qg = make_vec(kHeads * 2 * kD);
     in.k = make_vec(kKv * kD);

@@ -64,14 +64,14 @@ inline QMat make_mat(QFormat f, int rows, int cols, int n_mats = 1) {
     m.sb = static_cast<uint32_t*>(dalloc(m.sb_bytes()));
     fill_sb<<<1024, 256>>>(m.sb, m.sb_bytes() / 4, g_seed++);
   }
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(0);
   return m;
 }
 
 inline float* make_vec(size_t n, float scale = 1.f) {
   float* p = static_cast<float*>(dalloc(n * sizeof(float)));
   fill_floats<<<64, 256>>>(p, n, g_seed++, scale);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(0);
   return p;
 }
 

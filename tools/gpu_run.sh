@@ -23,6 +23,9 @@ for t in "$BIN"/test_*; do
   grep -E "^\[  (PASSED|FAILED) |tests? ran" "$OUT/$name.log" | tail -4
   [ $rc -eq 0 ] || { status=1; echo "$name FAILED (rc=$rc)"; grep -E -A2 "FAILED|Failure|error|exception" "$OUT/$name.log" | head -40; }
 done
+echo "== LILY_CUDA_SYNC=1: the debug switch (a sync after every launch, none inside graph captures)"
+LILY_CUDA_SYNC=1 timeout 240 "$BIN/test_cuda_backend" > "$OUT/debug_sync.log" 2>&1 || { status=1; echo "debug sync FAILED"; grep -E -A3 "FAILED|error" "$OUT/debug_sync.log" | head -20; }
+grep -E "^\[  (PASSED|FAILED) " "$OUT/debug_sync.log" | tail -2
 echo "== lily bench --synthetic full"
 timeout 200 "$BIN/lily" bench --synthetic full 2>&1 | tee "$OUT/bench.txt" | tail -40
 timeout 120 "$BIN/lily" bench --synthetic full --json --no-breakdown > "$OUT/bench.json" 2>"$OUT/bench_json.err"

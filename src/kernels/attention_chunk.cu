@@ -260,12 +260,12 @@ void launch_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, ui
   uint16_t* qh = q_scratch;
   uint16_t* ql = q_scratch + (size_t)n * n_heads * D;
   chunk_prep_kernel<EPL><<<dim3(n, (n_heads + kv.n_kv + 7) / 8), 256, 0, s>>>(in, kv, pos0, n, n_heads, qh, ql);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
   constexpr size_t smem = ChunkSmem<D>::kBytes;
   CUDA_CHECK(cudaFuncSetAttribute(chunk_attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   chunk_attn_kernel<D><<<dim3(kv.n_kv, (n + kQTok - 1) / kQTok), kThreads, smem, s>>>(in, kv, pos0, n, n_heads, qh,
                                                                                       ql, out);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
 }
 
 }  // namespace

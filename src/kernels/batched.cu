@@ -176,7 +176,7 @@ void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps,
                  cudaStream_t s) {
   if (n <= 0) return;
   detail::x_prep_kernel<<<n, 256, 0, s>>>(x, ldx, norm_w, eps, out.K, out.hi, out.lo, out.gsum, x_out);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
 }
 
 void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
@@ -185,7 +185,7 @@ void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* 
              " of ", E, " experts");
   if (n <= 0) return;
   detail::select_kernel<<<(n + 7) / 8, 256, 0, s>>>(logits, ld, n, E, top_k, idx, w, sh_scale);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
 }
 
 void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* offsets, int* x_row, float* w_slot,
@@ -193,7 +193,7 @@ void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* off
   LILY_CHECK(n * top_k <= 16384, "moe_group: ", n * top_k, " pairs (at most 16384)");
   detail::group_kernel<<<1, detail::kGroupThreads, E * sizeof(int), s>>>(idx, w, n * top_k, top_k, E, offsets,
                                                                              x_row, w_slot, slot_of);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
 }
 
 void swiglu_rows(const float* g, const float* u, const float* scale, int n, int F, float* act, cudaStream_t s) {
@@ -201,14 +201,14 @@ void swiglu_rows(const float* g, const float* u, const float* scale, int n, int 
   if (total == 0) return;
   const int blocks = static_cast<int>(std::min<size_t>((total + 255) / 256, 4096));
   detail::swiglu_kernel<<<blocks, 256, 0, s>>>(g, u, scale, F, total, act);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
 }
 
 void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh, const float* sh_scale, int n, int H,
                  float* h, cudaStream_t s) {
   if (n <= 0) return;
   detail::combine_kernel<<<dim3((H + 255) / 256, n), 256, 0, s>>>(y, slot_of, top_k, ysh, sh_scale, H, h);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
 }
 
 }  // namespace lily::cuda

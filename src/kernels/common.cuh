@@ -28,9 +28,22 @@ int sm_count();             // multiprocessors of the current device (read once)
     if (e_ != cudaSuccess) ::lily::cuda::cuda_fail(e_, #stmt, __FILE__, __LINE__);   \
   } while (0)
 
-// After a <<<>>> launch: check the launch and, in debug mode, wait for it and check its execution.
-#define CUDA_CHECK_LAUNCH()                                                                      \
+namespace lily::cuda {
+
+// The debug switch's wait after a launch on s (CUDA_CHECK_LAUNCH).
+inline void debug_sync_after(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+  if (st == cudaStreamCaptureStatusNone) CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+}  // namespace lily::cuda
+
+// After a launch on `stream`: check the launch and, in debug mode, wait for the stream and check its execution,
+// unless the stream is being captured into a graph (its work runs when the graph is launched; a synchronisation
+// would end the capture with an error).
+#define CUDA_CHECK_LAUNCH(stream)                                                                \
   do {                                                                                           \
     CUDA_CHECK(cudaGetLastError());                                                              \
-    if (::lily::cuda::debug_sync_enabled()) CUDA_CHECK(cudaDeviceSynchronize());                 \
+    if (::lily::cuda::debug_sync_enabled()) ::lily::cuda::debug_sync_after(stream);              \
   } while (0)

@@ -56,7 +56,7 @@ void launch_embed(const QMat& E, const int* token, int n, OT* out, cudaStream_t 
     case QFormat::q8: embed_kernel<QFormat::q8, OT><<<blocks, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, token, out); break;
     case QFormat::bf16: embed_kernel<QFormat::bf16, OT><<<blocks, 256, 0, s>>>(E.w, E.sb, E.rows, E.cols, token, out); break;
   }
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
 }
 
 }  // namespace detail

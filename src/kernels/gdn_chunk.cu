@@ -337,16 +337,16 @@ void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const fl
                        dims.n_k_heads + (dims.n_v_heads * dims.v_dim + kPrepThreads - 1) / kPrepThreads);
   gdn_prep_kernel<<<prep_grid, kPrepThreads, 0, s>>>(qkv, a, b, conv_w, a_log, dt_bias, conv_ring, prep, pos0, n,
                                                      dims);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
   const dim3 grid((dims.v_dim + kBlockCols - 1) / kBlockCols, dims.n_v_heads);
   gdn_chunk_kernel<<<grid, kStageWarps * 32, 0, s>>>(prep, state, out, n, dims);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
   const int rows = n * dims.n_v_heads;
   gated_norm_kernel<<<(rows + 7) / 8, 256, 0, s>>>(out, z, norm_w, n, dims.n_v_heads, dims.v_dim, eps);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
   const int conv_dim = dims.conv_dim();
   ring_update_kernel<<<dim3((conv_dim + 255) / 256, 4), 256, 0, s>>>(qkv, conv_ring, pos0, n, conv_dim);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
 }
 
 }  // namespace lily::cuda

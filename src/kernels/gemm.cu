@@ -548,7 +548,7 @@ void launch_gemm(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) 
                                   GemmTile<BITS>::kSmem));
   const dim3 grid(a.part[a.parts - 1].tile_end, grid_y, (max_tokens + kGemmTok - 1) / kGemmTok);
   gemm_kernel<BITS, PAIRED><<<grid, kGemmThreads, GemmTile<BITS>::kSmem, s>>>(a);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
 }
 
 template <bool PAIRED>
@@ -557,7 +557,7 @@ void launch_q4_wgmma(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t
                                   WgTile::kSmem));
   const dim3 grid(a.part[a.parts - 1].tile_end, grid_y, (max_tokens + kGemmTok - 1) / kGemmTok);
   gemm_q4_wgmma_kernel<PAIRED><<<grid, kGemmThreads, WgTile::kSmem, s>>>(a);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
 }
 
 template <bool PAIRED>
@@ -722,7 +722,7 @@ void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* of
 void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s) {
   LILY_CHECK(n_mats >= 1 && n_mats <= 32767, "gemm_grouped_tiles: ", n_mats, " matrices (1..32767)");
   detail::tiles_kernel<<<1, detail::kTileThreads, 0, s>>>(offsets, n_mats, tiles);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
 }
 
 }  // namespace lily::cuda

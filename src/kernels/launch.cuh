@@ -46,7 +46,7 @@ void launch_ex(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t
   cfg.attrs = attr;
   cfg.numAttrs = n;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, static_cast<P>(args)...));
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(cfg.stream);
 }
 
 // The mixer kernels: without PDL, with an optional cluster.

@@ -364,7 +364,7 @@ void moe_router_sums_add(const RouterSums& r, const float* h, cudaStream_t strea
   using namespace detail;
   LILY_CHECK(r.acc && r.slices.w && r.slices.cols == kH, "moe_router_sums_add: no router slices or accumulator");
   router_sums_kernel<<<kRouterBlocks, kSumsThreads, 0, stream>>>(router_partial_dev(r), h);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 void moe_build_router_slices(MoeWeightsDev& m, cudaStream_t stream) {
@@ -381,7 +381,7 @@ void moe_build_router_slices(MoeWeightsDev& m, cudaStream_t stream) {
   qmat_alloc(q);
   const int n = kRouterBlocks * q.rows;
   build_router_slices_kernel<<<(n + 255) / 256, 256, 0, stream>>>(r.w, r.sb, sg.w, sg.sb, r.rows, q.w, q.sb);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
   m.router_slices = q;
 }
 

@@ -33,7 +33,8 @@ struct KernelOptions {
   // LILY_DEVICE_MASKS=0: structured output samples on the host (the logits copied per token) instead of on the
   // device with the host's token masks applied inside the decode graph (runtime/device_sampler.cu).
   bool device_masks = true;
-  // LILY_CUDA_SYNC=1: synchronise after every launch so a failing kernel is named at once (slow; debugging).
+  // LILY_CUDA_SYNC=1: synchronise after every launch so a failing kernel is named at once (slow; debugging);
+  // not inside graph captures (kernels/common.cuh CUDA_CHECK_LAUNCH).
   bool debug_sync = false;
   // LILY_TRACE=1 (`lily bench`): the persistent, attention split and combine launches stamp their blocks' phase
   // times; bench prints them per context.

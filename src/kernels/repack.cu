@@ -85,7 +85,7 @@ void repack_mlx(const QMat& m, const uint32_t* words, const uint16_t* scales, co
     CUDA_CHECK(cudaMemcpyAsync(m.w, words, m.w_bytes(), cudaMemcpyDeviceToDevice, stream));
   const size_t n = m.mat_groups() * m.n_mats;
   detail::interleave_sb_kernel<<<detail::grid_for(n, 256), 256, 0, stream>>>(scales, biases, m.sb, n);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 size_t upload_mlx_staging_bytes(const QMat& m) { return 2 * m.mat_groups() * m.n_mats * sizeof(uint16_t); }
@@ -111,7 +111,7 @@ void from_bf16(const QMat& m, const uint16_t* src, cudaStream_t stream) {
   const int blocks = static_cast<int>((n + 127) / 128);
   if (m.format == QFormat::q4) detail::quantize_kernel<4><<<blocks, 128, 0, stream>>>(src, m.w, m.sb, n);
   else detail::quantize_kernel<8><<<blocks, 128, 0, stream>>>(src, m.w, m.sb, n);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace lily::cuda

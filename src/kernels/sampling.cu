@@ -482,19 +482,19 @@ void launch_full(const FinishArgs& fa, char* scratch, const ScratchLayout& l, cu
   x.bmass = reinterpret_cast<unsigned long long*>(scratch + l.bmass);
   x.bties = reinterpret_cast<int*>(scratch + l.bties);
   full_begin_kernel<<<1, kFinishThreads, 0, stream>>>(x);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
   const bool sel[2] = {x.top_k, x.top_p};
   for (int k = 0; k < 2; ++k) {
     if (!sel[k]) continue;
     for (int pass = 0; pass < 4; ++pass) {
       full_hist_kernel<<<fa.n_blocks, kFullThreads, 0, stream>>>(x, k, pass);
-      CUDA_CHECK_LAUNCH();
+      CUDA_CHECK_LAUNCH(stream);
     }
   }
   full_draw1_kernel<<<fa.n_blocks, kFullThreads, 0, stream>>>(x);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
   full_draw2_kernel<<<1, kFinishThreads, 0, stream>>>(x);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 // How many of n top log-probabilities exist (the mask leaves n_valid ids).
@@ -518,7 +518,7 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   const int cand = fast ? std::max(greedy ? 1 : p.top_k, top_fast) : 0;
   const detail::PrepArgs pa = detail::prep_args(logits, vocab, p, counts, static_cast<char*>(scratch), l, cand, !fast);
   detail::prep_kernel<<<l.n_blocks, detail::kPrepThreads, 0, stream>>>(pa);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
   detail::FinishArgs fa{};
   fa.vocab = vocab;
   fa.n_blocks = l.n_blocks;
@@ -539,7 +539,7 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   fa.top_lps = top_lps;
   if (fast) {
     detail::finish_fast_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK_LAUNCH(stream);
   } else {
     detail::launch_full(fa, static_cast<char*>(scratch), l, stream);
   }
@@ -548,7 +548,7 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream) {
   if (n <= 0) return;
   detail::count_tokens_kernel<<<(n + 255) / 256, 256, 0, stream>>>(counts, vocab, tokens, n, false);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 void top_logprobs(const float* logits, int vocab, const SamplingParams& p, const int* counts, int n, int* out_ids,
@@ -560,7 +560,7 @@ void top_logprobs(const float* logits, int vocab, const SamplingParams& p, const
   const int nb = l.n_blocks;
   const detail::PrepArgs pa = detail::prep_args(logits, vocab, p, counts, static_cast<char*>(scratch), l, n, false);
   detail::prep_kernel<<<nb, detail::kPrepThreads, 0, stream>>>(pa);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
   detail::TopArgs ta{};
   ta.n_blocks = nb;
   ta.cand = n;
@@ -571,13 +571,13 @@ void top_logprobs(const float* logits, int vocab, const SamplingParams& p, const
   ta.out_ids = out_ids;
   ta.out_logprobs = out_logprobs;
   detail::top_logprobs_kernel<<<1, detail::kFinishThreads, 0, stream>>>(ta);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 void add_logit_bias(float* logits, int vocab, const int* ids, const float* bias, int n, cudaStream_t stream) {
   if (n <= 0) return;
   detail::add_logit_bias_kernel<<<(n + 255) / 256, 256, 0, stream>>>(logits, vocab, ids, bias, n);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 uint32_t* token_mask_bits(uint32_t* slots, int vocab, uint64_t ticket) {
@@ -606,7 +606,7 @@ void apply_token_mask(float* logits, int vocab, uint32_t* slots, const uint64_t*
 void mark_context(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream) {
   if (n <= 0) return;
   detail::count_tokens_kernel<<<(n + 255) / 256, 256, 0, stream>>>(counts, vocab, tokens, n, true);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace lily::cuda

@@ -20,7 +20,7 @@ void copy_to_mapped(uint32_t* dst_a, const uint32_t* src_a, int words_a, uint32_
                     int words_b, cudaStream_t stream) {
   LILY_CHECK(dst_a && src_a && words_a > 0 && (words_b == 0 || (dst_b && src_b)), "copy_to_mapped: missing buffer");
   copy_to_mapped_kernel<<<1, 64, 0, stream>>>(dst_a, src_a, words_a, dst_b, src_b, words_b);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace lily::cuda

@@ -190,12 +190,12 @@ struct Synth {
     w.bytes += (double)q.bytes();
     fill_words_kernel<<<kFillBlocks, kFillThreads, 0, s>>>(reinterpret_cast<uint32_t*>(q.w), q.w_bytes() / 4,
                                                            ++seed);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK_LAUNCH(s);
     const float levels = f == QFormat::q4 ? 15.f : 255.f;
     const float q_std = levels / std::sqrt(12.f) * std::sqrt(1.f + 2.f / levels);
     fill_sb_kernel<<<kFillBlocks, kFillThreads, 0, s>>>(q.sb, q.mat_groups() * n_mats, ++seed,
                                                         1.f / (std::sqrt((float)cols) * q_std), levels / 2);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK_LAUNCH(s);
     return q;
   }
   float* vec(size_t n, float lo, float hi) {
@@ -204,7 +204,7 @@ struct Synth {
     w.allocations.push_back(p);
     w.bytes += (double)n * sizeof(float);
     fill_f32_kernel<<<kFillBlocks, kFillThreads, 0, s>>>(p, n, ++seed, lo, hi);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK_LAUNCH(s);
     return p;
   }
 };
@@ -327,7 +327,7 @@ void free_weights(DeviceWeights& w) {
 
 void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, cudaStream_t s) {
   fill_bf16_kernel<<<kFillBlocks, kFillThreads, 0, s>>>(p, n, seed);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(s);
 }
 
 }  // namespace lily::cuda
