@@ -5,7 +5,9 @@
 # Usage (after tools/gpu_stage.sh): bash tools/gpu_serve.sh .device/stage [OUTDIR]
 # Environment: LILY_SERVE_CTX (--ctx), LILY_SERVE_ARGS (more serve flags, e.g. "--max-seqs 16"), and the client's
 # LILY_PROMPT_LENGTHS (prompt times), LILY_GAP_PROMPT (a stream's worst gap while a prompt of that many tokens is
-# processed), LILY_CLIENTS (e.g. 1,4,8,16,64: concurrent clients' tok/s), LILY_CLIENTS_ONLY, LILY_QUICK (stop after
+# processed), LILY_CANCEL_PROMPT (a client dropping its request during a prompt of that many tokens: time until
+# the server stops it, /health and /metrics meanwhile), LILY_CLIENTS (e.g. 1,4,8,16,64: concurrent clients' tok/s),
+# LILY_CLIENTS_ONLY, LILY_QUICK (stop after
 # the json_schema ratio).
 set -euo pipefail
 BIN=$(cd "$1" && pwd)

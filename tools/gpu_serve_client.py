@@ -5,8 +5,8 @@ and from the stream's arrival times, prompt processing speed, logprobs, concurre
 request can end by (robustness(); exit status 1 when one fails). A smoke test and a measurement, not an oracle of
 the model's output (the weights are random: the text is noise). Standard library only.
 
-usage: gpu_serve_client.py BASE_URL  (environment: LILY_PROMPT_LENGTHS, LILY_GAP_PROMPT, LILY_CLIENTS,
-LILY_CLIENTS_ONLY, LILY_QUICK: stop after the json_schema ratio; tools/gpu_serve.sh)
+usage: gpu_serve_client.py BASE_URL  (environment: LILY_PROMPT_LENGTHS, LILY_GAP_PROMPT, LILY_CANCEL_PROMPT,
+LILY_CLIENTS, LILY_CLIENTS_ONLY, LILY_QUICK: stop after the json_schema ratio; tools/gpu_serve.sh)
 """
 import json
 import os
@@ -237,6 +237,49 @@ def gap_during_prompt(n):
           (n, max(during or [0]) * 1e3, len(during), r["timings"]["prompt_ms"], (t1 - t0) * 1e3))
 
 
+def running():
+    for line in get("/metrics").splitlines():
+        if line.startswith("lily_requests_running "):
+            return float(line.split()[1])
+    return -1
+
+
+def cancel_during_prompt(n):
+    """Issue 28: a streamed request with a fresh n-token prompt is dropped by its client while the prompt is
+    processed; how long until the server has stopped it (lily_requests_running back to 0, polled every ~2 ms), and
+    how long /health and /metrics take meanwhile."""
+    import http.client
+    import random
+    import urllib.parse
+    rng = random.Random(13)
+    u = urllib.parse.urlparse(BASE)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    body = json.dumps({"prompt": [rng.randrange(1000, 150000) for _ in range(n)], "max_tokens": 1, "stream": True})
+    t_sent = time.time()
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    while running() < 1 and time.time() - t_sent < 30:
+        time.sleep(0.002)
+    health, metrics = [], []
+    t_run = time.time()
+    while time.time() - t_run < 0.15:  # into the prompt, probing the other endpoints
+        t = time.time()
+        get("/health")
+        health.append(time.time() - t)
+        t = time.time()
+        running()
+        metrics.append(time.time() - t)
+    t_close = time.time()
+    conn.sock.shutdown(2)
+    conn.close()
+    while running() > 0 and time.time() - t_close < 30:
+        time.sleep(0.002)
+    t_stop = time.time()
+    print("cancel while a %d-token prompt is processed: stopped %.1f ms after the client closed (%.0f ms into the "
+          "request); during it /health %.1f ms median, %.1f max, /metrics %.1f / %.1f ms (%d probes)" %
+          (n, (t_stop - t_close) * 1e3, (t_close - t_sent) * 1e3, statistics.median(health) * 1e3,
+           max(health) * 1e3, statistics.median(metrics) * 1e3, max(metrics) * 1e3, len(health)))
+
+
 def concurrency(levels):
     """Issue 29's table: C clients at once, each a ~100-token prompt and 256 generated tokens (end-of-text ids
     biased away), chat defaults without thinking; total tok/s = all completion tokens / wall time, per-stream =
@@ -295,6 +338,8 @@ def main():
         prompt_times(lengths)
     if os.environ.get("LILY_GAP_PROMPT"):
         gap_during_prompt(int(os.environ["LILY_GAP_PROMPT"]))
+    if os.environ.get("LILY_CANCEL_PROMPT"):
+        cancel_during_prompt(int(os.environ["LILY_CANCEL_PROMPT"]))
     levels = [int(x) for x in os.environ.get("LILY_CLIENTS", "").split(",") if x]
     if levels:
         concurrency(levels)
