@@ -651,6 +651,7 @@ GemmSplit gemm_split_alloc(int blocks) {
   CUDA_CHECK(cudaMalloc(&s.partial, sizeof(float) * blocks * kGemmSplitFloats));
   CUDA_CHECK(cudaMalloc(&s.count, sizeof(unsigned) * blocks));
   CUDA_CHECK(cudaMemset(s.count, 0, sizeof(unsigned) * blocks));
+  CUDA_CHECK(cudaDeviceSynchronize());  // the zeros before any launch on a non-blocking stream
   return s;
 }
 
