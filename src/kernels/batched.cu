@@ -75,7 +75,8 @@ __global__ void select_kernel(const float* logits, int ld, int n, int E, int top
     for (int e = lane; e < E; e += 32) {
       bool taken = false;
       for (int i = 0; i < j; ++i) taken |= chosen[i] == e;
-      const float v = l[e];
+      const float v = isnan(l[e]) ? -INFINITY : l[e];  // (NaN compares false: lanes would disagree, a token
+                                                         // could take one expert twice)
       if (!taken && (v > best || (v == best && e < bid) || bid == 0x7fffffff)) best = v, bid = e;
     }
 #pragma unroll

@@ -527,7 +527,8 @@ TEST(GemmSwiglu, SlotResultsIndependentOfExpertFill) {
 // ---- MoE selection, grouping, SwiGLU, combine ----
 
 // logits [n][E + 1] random in (-4, 4) (the last column, the shared gate's, in (-6, 6)); row 3: top_k - 2 tied
-// winners and 4 tied logits for the last two places (the lower ids must win, in id order); row 7: all E equal.
+// winners and 4 tied logits for the last two places (the lower ids must win, in id order); row 7: all E equal;
+// row 5: every third logit NaN (ranked below every number, so the experts stay distinct).
 // Weights and gate to 1e-6 relative: a handful of fp32 roundings (an fp32 emulation measured <= 3.3e-7).
 void run_select(int n, int E, int top_k, uint64_t seed) {
   const std::string name = "moe_select_rows E " + std::to_string(E) + " top_k " + std::to_string(top_k);
@@ -540,6 +541,7 @@ void run_select(int n, int E, int top_k, uint64_t seed) {
   std::shuffle(ids.begin(), ids.end(), rng);
   for (int j = 0; j < top_k + 2; ++j) logits[3 * ld + ids[j]] = j < top_k - 2 ? 6.f : 5.f;
   for (int e = 0; e < E; ++e) logits[7 * ld + e] = 0.25f;
+  for (int e = 0; e < E; e += 3) logits[5 * ld + e] = NAN;  // row 5: NaN logits rank below every number
   DevBuf<float> dl(logits), dw(static_cast<size_t>(n) * top_k), dsh(n);
   DevBuf<int> didx(static_cast<size_t>(n) * top_k);
   dw.poison(); dsh.poison(); didx.poison();
@@ -548,7 +550,10 @@ void run_select(int n, int E, int top_k, uint64_t seed) {
   const std::vector<int> idx = didx.download();
   const std::vector<float> wt = dw.download(), sh = dsh.download();
   for (int t = 0; t < n; ++t) {
-    const float* l = &logits[static_cast<size_t>(t) * ld];
+    std::vector<float> lv(&logits[static_cast<size_t>(t) * ld], &logits[static_cast<size_t>(t) * ld] + ld);
+    for (int e = 0; e < E; ++e)
+      if (std::isnan(lv[e])) lv[e] = -INFINITY;
+    const float* l = lv.data();
     std::vector<int> order(E);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });  // ties: lower id
