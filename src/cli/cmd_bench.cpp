@@ -60,14 +60,19 @@ std::vector<int> parse_counts(const std::string& s) {
   return v;
 }
 
+// The weights of --concurrency / --prompts: --model DIR (CPU, or CUDA with --device cuda) or --synthetic full
+// (CUDA); false (said on stderr) when neither or both are given.
+bool one_weights_source(const BenchArgs& a, const char* mode) {
+  if (a.model_dir.empty() != a.synthetic.empty()) return true;
+  std::fprintf(stderr, "lily bench %s: give --model DIR (CPU, or CUDA with --device cuda) or --synthetic full (CUDA)\n",
+               mode);
+  return false;
+}
+
 // The scheduler with C sequences at once: on the CUDA batch backend (--synthetic full, or --model DIR --device
 // cuda), else on the CPU batch backend (--model DIR).
 int run_concurrency(const BenchArgs& a) {
-  if (a.model_dir.empty() == a.synthetic.empty()) {
-    std::fprintf(stderr, "lily bench --concurrency: give --model DIR (CPU, or CUDA with --device cuda) or "
-                         "--synthetic full (CUDA)\n");
-    return 2;
-  }
+  if (!one_weights_source(a, "--concurrency")) return 2;
   ConcurrencyBenchOptions o;
   o.concurrency = parse_counts(a.concurrency);
   o.gen_tokens = a.gen_tokens;
@@ -123,11 +128,7 @@ int run_concurrency(const BenchArgs& a) {
 // Prompts to their first token through the server's loop, on CUDA (--synthetic full, or --model DIR --device
 // cuda) or the CPU (--model DIR).
 int run_prompts(const BenchArgs& a) {
-  if (a.model_dir.empty() == a.synthetic.empty()) {
-    std::fprintf(stderr, "lily bench --prompts: give --model DIR (CPU, or CUDA with --device cuda) or --synthetic "
-                         "full (CUDA)\n");
-    return 2;
-  }
+  if (!one_weights_source(a, "--prompts")) return 2;
   PromptBenchOptions o;
   o.prompts = parse_counts(a.prompts);
   o.runs = a.prompt_runs;
