@@ -64,8 +64,8 @@ std::string expect_str(const std::vector<Dtype>& dtypes, const std::vector<int64
 
 class Loader {
  public:
-  Loader(const TensorStore& store, const Config& c, std::string dir, Storage& storage, CheckpointLayout layout)
-      : store_(store), c_(c), dir_(std::move(dir)), storage_(storage), layout_(layout) {}
+  Loader(const TensorStore& store, const Config& c, std::string dir, Storage& storage)
+      : store_(store), c_(c), dir_(std::move(dir)), storage_(storage) {}
 
   // The tensor `name` with one of `dtypes` and exactly `shape`; marks it used. Returns aligned data.
   const uint8_t* tensor(const std::string& name, const std::vector<Dtype>& dtypes, const std::vector<int64_t>& shape,
@@ -177,7 +177,6 @@ class Loader {
   const Config& c_;
   std::string dir_;
   Storage& storage_;
-  CheckpointLayout layout_;
   std::set<std::string> used_;
 };
 
@@ -312,7 +311,7 @@ Model load_model(const std::string& model_dir, const LoadOptions& opt) {
   w.layout = detect_layout(store, m.config, model_dir);
   w.layers.resize(m.config.n_layers);
   w.bytes_on_disk = store.bytes_on_disk();
-  Loader ld(store, m.config, model_dir, *storage, w.layout);
+  Loader ld(store, m.config, model_dir, *storage);
   if (w.layout == CheckpointLayout::hf_bf16) load_hf(ld, m.config, w);
   else load_mlx(ld, m.config, w);
   if (opt.check_tensors) check_finite_tensors(store, ld.used());

@@ -725,7 +725,7 @@ void HttpServer::submit_and_respond(std::shared_ptr<Gen> g, const HttpRequest& r
   res.set_header("X-Accel-Buffering", "no");
   res.content_type = "text/event-stream";
   const Tokenizer* tok = m.tokenizer.get();
-  res.stream = [this, g, pump, failure, record, cancel_all, tok](StreamSink& sink) {
+  res.stream = [g, pump, failure, record, cancel_all, tok](StreamSink& sink) {
     // One formatter per choice; chunks of the choices interleave in the order their tokens arrive.
     std::vector<StreamFormatter> fmt;
     for (size_t i = 0; i < g->jobs.size(); ++i) fmt.emplace_back(g->info, *tok, static_cast<int>(i));
