@@ -23,7 +23,7 @@ constexpr int kPageTokens = 1024;   // KV tokens per page (2 MiB per attention l
 
 CudaEngine::CudaEngine(const Config& c, DeviceWeights w, int max_context, int device, bool fused,
                        const KernelOptions& opts)
-    : cfg_(c), w_(std::move(w)), fused_(fused), opts_(opts), max_context_(max_context) {
+    : cfg_(c), flops_(c), w_(std::move(w)), fused_(fused), opts_(opts), max_context_(max_context) {
   CUDA_CHECK(cudaSetDevice(device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gdn_scratch_ = device_alloc<float>(gdn_mixer_scratch_floats());

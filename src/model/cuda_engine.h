@@ -205,6 +205,7 @@ class CudaEngine {
   void prefill_moe(int layer, int n);
 
   Config cfg_;
+  FamilyFlops flops_;                 // what each prompt-path family's mark counts (profiling)
   DeviceWeights w_;
   bool fused_ = true;                 // constructor: false = the split paths everywhere (tests)
   KernelOptions opts_;                // as constructed (the plan's source; prefill_skips reads skip)

@@ -92,7 +92,7 @@ struct CpuBatchForward::Pass {
 };
 
 CpuBatchForward::CpuBatchForward(const Model& model, ThreadPool* pool)
-    : model_(model), cfg_(model.config), own_pool_(pool) {
+    : model_(model), cfg_(model.config), own_pool_(pool), flops_(model.config) {
   check_weights(model);
 }
 
@@ -204,7 +204,7 @@ void CpuBatchForward::head(const float* x, const Pass& p) {
   for (const Segment& s : p.segs)
     if (s.logits) outs.push_back(&s), rows += s.all_logits ? s.n : 1;
   if (outs.empty()) return;
-  mark("lm_head", 2.0 * rows * H * V);
+  mark("lm_head", rows * flops_.lm_head);
   std::vector<float> xn(rows * H);  // [rows][H] normed final hidden states of the rows that want logits
   int64_t r = 0;
   for (const Segment* s : outs) {
@@ -235,13 +235,13 @@ void CpuBatchForward::gdn(int layer, const float* x, const Pass& p, float* out) 
   const int v_per_k = cfg_.lin_v_heads / cfg_.lin_k_heads;
   std::vector<float> qkv(n * C), z(n * vd), b(n * Hv), a(n * Hv);  // [n][...] projections
   std::vector<float> u(n * C), y(n * vd);                            // [n][C] conv output, [n][vd] normed heads
-  mark("gemm_gdn_in", 2.0 * n * H * (C + vd + 2 * Hv));
+  mark("gemm_gdn_in", n * flops_.gdn_in);
   matmul_rows(w.in_proj_qkv, x, n, H, qkv.data(), C, *pool_);
   matmul_rows(w.in_proj_z, x, n, H, z.data(), vd, *pool_);
   matmul_rows(w.in_proj_b, x, n, H, b.data(), Hv, *pool_);
   matmul_rows(w.in_proj_a, x, n, H, a.data(), Hv, *pool_);
 
-  mark("gdn_core", 6.0 * n * Hv * Dk * Dv);  // the recurrence: k^T S, the update, q^T S
+  mark("gdn_core", n * flops_.gdn_core);
   // Causal conv per segment: tap j multiplies the input Kc-1-j steps back; inputs before the segment come from
   // its sequence's conv state.
   pool_->parallel_for(
@@ -296,7 +296,7 @@ void CpuBatchForward::gdn(int layer, const float* x, const Pass& p, float* out) 
       }
     }
   });
-  mark("gemm_gdn_out", 2.0 * n * vd * H);
+  mark("gemm_gdn_out", n * flops_.gdn_out);
   matmul_rows(w.out_proj, y.data(), n, vd, out, H, *pool_);
 }
 
@@ -309,14 +309,16 @@ void CpuBatchForward::attention(int layer, const float* x, const Pass& p, float*
   const int64_t kvw = cfg_.n_kv_heads * d, group = cfg_.n_heads / cfg_.n_kv_heads;
   std::vector<float> qg(n * Hq * 2 * d), k(n * kvw), v(n * kvw);  // projections
   std::vector<float> q(n * Hq * d), att(n * Hq * d);                // [n][Hq][d] rotated queries, gated output
-  mark("gemm_attn_in", 2.0 * n * H * (Hq * 2 * d + 2 * kvw));
+  mark("gemm_attn_in", n * flops_.attn_in);
   matmul_rows(w.q_proj, x, n, H, qg.data(), Hq * 2 * d, *pool_);
   matmul_rows(w.k_proj, x, n, H, k.data(), kvw, *pool_);
   matmul_rows(w.v_proj, x, n, H, v.data(), kvw, *pool_);
 
-  double pairs = 0;  // (query, key) pairs of the causal attention
-  for (const Segment& s : p.segs) pairs += static_cast<double>(s.n) * s.pos0 + s.n * (s.n + 1.0) / 2;
-  mark("attn_core", 4.0 * pairs * Hq * d);
+  if (prof_) {
+    double pairs = 0;
+    for (const Segment& s : p.segs) pairs += FamilyFlops::causal_pairs(s.n, s.pos0);
+    mark("attn_core", pairs * flops_.attn_pair);
+  }
   int64_t max_ctx = 0;
   for (const Segment& s : p.segs) {
     CpuLayerState& st = s.st->layers[layer];
@@ -353,7 +355,7 @@ void CpuBatchForward::attention(int layer, const float* x, const Pass& p, float*
       for (int64_t j = 0; j < d; ++j) o[j] *= sigmoid_f32(gate[j]);
     }
   });
-  mark("gemm_attn_out", 2.0 * n * Hq * d * H);
+  mark("gemm_attn_out", n * flops_.attn_out);
   matmul_rows(w.o_proj, att.data(), n, Hq * d, out, H, *pool_);
 }
 // Sparse MoE (§2.4): softmax router over all experts, top-k renormalised, SwiGLU experts (tokens grouped by
@@ -365,7 +367,7 @@ void CpuBatchForward::moe(int layer, const float* x, int n, float* out) {
   std::vector<int> idx(n * K);                 // [n][K]
   std::vector<float> wt(n * K);                // [n][K]
   std::vector<float> sgate(n);                 // [n] shared expert gate logit
-  mark("gemm_router", 2.0 * n * H * (E + 1));
+  mark("gemm_router", n * flops_.router);
   matmul_rows(w.gate, x, n, H, router.data(), E, *pool_);
   matmul_rows(w.shared_expert_gate, x, n, H, sgate.data(), 1, *pool_);
   mark("routing");
@@ -385,12 +387,12 @@ void CpuBatchForward::moe(int layer, const float* x, int n, float* out) {
     ge.resize(m * F);
     ue.resize(m * F);
     de.resize(m * H);
-    mark("gemm_experts_gate_up", 4.0 * m * H * F);
+    mark("gemm_experts_gate_up", m * flops_.expert_gate_up);
     for (int64_t s = 0; s < m; ++s) std::copy(x + toks[s].first * H, x + (toks[s].first + 1) * H, xe.begin() + s * H);
     matmul_rows(w.experts_gate[e], xe.data(), m, H, ge.data(), F, *pool_);
     matmul_rows(w.experts_up[e], xe.data(), m, H, ue.data(), F, *pool_);
     for (int64_t i = 0; i < m * F; ++i) ge[i] = silu(ge[i]) * ue[i];
-    mark("gemm_experts_down", 2.0 * m * F * H);
+    mark("gemm_experts_down", m * flops_.expert_down);
     matmul_rows(w.experts_down[e], ge.data(), m, F, de.data(), H, *pool_);
     for (int64_t s = 0; s < m; ++s) {
       float* o = out + toks[s].first * H;
@@ -400,7 +402,7 @@ void CpuBatchForward::moe(int layer, const float* x, int n, float* out) {
   }
 
   std::vector<float> sg(n * Fs), su(n * Fs), sd(n * H);
-  mark("gemm_shared", 6.0 * n * H * Fs);
+  mark("gemm_shared", n * (flops_.shared_gate_up + flops_.shared_down));
   matmul_rows(w.shared_gate, x, n, H, sg.data(), Fs, *pool_);
   matmul_rows(w.shared_up, x, n, H, su.data(), Fs, *pool_);
   for (int64_t i = 0; i < n * Fs; ++i) sg[i] = silu(sg[i]) * su[i];

@@ -82,6 +82,7 @@ class CpuBatchForward {
   ThreadPool* own_pool_ = nullptr;  // the caller's pool, or null for the global one
   ThreadPool* pool_ = nullptr;      // the pool of the forward() in progress
   PassProfiler* prof_ = nullptr;    // set_profiler's, or null
+  FamilyFlops flops_;               // what each family's mark counts
   void mark(const char* family, double flops = 0) {
     if (prof_) prof_->mark(family, flops);
   }

@@ -2,6 +2,23 @@
 
 namespace lily {
 
+FamilyFlops::FamilyFlops(const Config& c) {
+  const double H = c.hidden, Hv = c.lin_v_heads, vd = c.value_dim(), od = static_cast<double>(c.n_heads) * c.head_dim;
+  const double kvd = static_cast<double>(c.n_kv_heads) * c.head_dim;
+  gdn_in = 2 * H * (c.conv_dim() + vd + 2 * Hv);
+  gdn_core = 6 * Hv * c.lin_k_dim * c.lin_v_dim;
+  gdn_out = 2 * vd * H;
+  attn_in = 2 * H * (c.q_proj_rows() + 2 * kvd);
+  attn_out = 2 * od * H;
+  attn_pair = 4 * od;
+  router = 2 * H * (c.n_experts + 1);
+  shared_gate_up = 4 * H * c.shared_ffn;
+  shared_down = 2 * c.shared_ffn * H;
+  expert_gate_up = 4 * H * c.moe_ffn;
+  expert_down = 2 * c.moe_ffn * H;
+  lm_head = 2 * H * c.vocab;
+}
+
 FamilyTime& FamilyTable::row(const std::string& name) {
   for (FamilyTime& r : rows_)
     if (r.name == name) return r;

@@ -9,7 +9,22 @@
 #include <string>
 #include <vector>
 
+#include "model/config.h"
+
 namespace lily {
+
+// The useful FLOPs (2 per multiply-add) each family marks, per row: the one definition both backends use.
+struct FamilyFlops {
+  explicit FamilyFlops(const Config& c);
+  double gdn_in, gdn_core, gdn_out;            // per token (gdn_core: the recurrence's k^T S, update, q^T S)
+  double attn_in, attn_out, attn_pair;         // per token; attn_pair per (query, key) pair of the causal attention
+  double router;                               // per token: the router and the shared expert's gate
+  double shared_gate_up, shared_down;          // per token
+  double expert_gate_up, expert_down;          // per expert slot (top_k per token)
+  double lm_head;                              // per row of logits
+  // (query, key) pairs of n queries at positions pos0 .. pos0 + n - 1 attending causally
+  static double causal_pairs(int n, int pos0) { return static_cast<double>(n) * pos0 + n * (n + 1.0) / 2; }
+};
 
 struct FamilyTime {
   std::string name;

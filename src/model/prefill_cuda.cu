@@ -216,7 +216,7 @@ void CudaEngine::head_rows(const int* rows, int n, float* logits) {
     CUDA_CHECK(cudaMemcpyAsync(gathered + (size_t)i * H, b.h + (size_t)rows[i] * H, sizeof(float) * H,
                                cudaMemcpyDeviceToDevice, stream_));
   const GemmXBuf xh = at_width(b.x, H);
-  pmark("lm_head", 2.0 * n * H * c.vocab);
+  pmark("lm_head", n * flops_.lm_head);
   gemm_x_prep(gathered, H, n, w_.norm, c.eps, xh, nullptr, stream_);
   gemm(w_.lm_head, 0, xh.view(), n, logits, c.vocab, false, stream_);
 }
@@ -247,12 +247,12 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
   const GemmXBuf xh = at_width(b.x, H);
   pmark("norm");
   gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
-  pmark("gemm_gdn_in", 2.0 * n * H * (cd + vd + 2 * Hv));
+  pmark("gemm_gdn_in", n * flops_.gdn_in);
   project({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}}, xh.view(),
           n);
   // the one-token rows' steps together (also a single one: a row's result must not depend on the batch)
   const bool rows_launch = b.n_dec > 0;
-  pmark("gdn_core", 6.0 * n * Hv * c.lin_k_dim * c.lin_v_dim);  // the recurrence: k^T S, the update, q^T S
+  pmark("gdn_core", n * flops_.gdn_core);
   if (!prefill_skips("gdn_core") && rows_launch) {
     const int m = b.n_dec;
     float* const* ptrs = b.dec_ptrs + (size_t)layer * 2 * m;
@@ -274,7 +274,7 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
   const GemmXBuf xm = at_width(b.x, vd);
   pmark("norm");
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
-  pmark("gemm_gdn_out", 2.0 * n * vd * H);
+  pmark("gemm_gdn_out", n * flops_.gdn_out);
   gemm(g.out_proj, 0, xm.view(), n, b.h, H, true, stream_, b.dense);
 }
 
@@ -289,7 +289,7 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   const GemmXBuf xh = at_width(b.x, H);
   pmark("norm");
   gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
-  pmark("gemm_attn_in", 2.0 * n * H * (qr + 2 * kvd));
+  pmark("gemm_attn_in", n * flops_.attn_in);
   project({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, xh.view(), n);
   KvPages kv;
   kv.page_tokens = page_tokens_;
@@ -298,9 +298,11 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   AttnIn in;
   in.q_norm = at.q_norm, in.k_norm = at.k_norm, in.eps = c.eps;
   attn_in_rope(in, c.rope_dim, c.rope_theta);
-  double pairs = 0;  // (query, key) pairs of the causal attention
-  for (int q = 0; q < n_seqs; ++q) pairs += (double)seqs[q].n * seqs[q].pos0 + seqs[q].n * (seqs[q].n + 1.0) / 2;
-  pmark("attn_core", 4.0 * pairs * od);
+  if (prof_) {
+    double pairs = 0;
+    for (int q = 0; q < n_seqs; ++q) pairs += FamilyFlops::causal_pairs(seqs[q].n, seqs[q].pos0);
+    pmark("attn_core", pairs * flops_.attn_pair);
+  }
   const bool rows_launch = b.n_dec > 0;  // the one-token rows' attention together
   if (!prefill_skips("attn_core") && rows_launch) {
     const int m = b.n_dec, splits = b.dec_splits;
@@ -323,7 +325,7 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   const GemmXBuf xm = at_width(b.x, od);
   pmark("norm");
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
-  pmark("gemm_attn_out", 2.0 * n * od * H);
+  pmark("gemm_attn_out", n * flops_.attn_out);
   gemm(at.o_proj, 0, xm.view(), n, b.h, H, true, stream_, b.dense);
 }
 
@@ -335,7 +337,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   const GemmXBuf xh = at_width(b.x, H);
   pmark("norm");
   gemm_x_prep(b.h, H, n, w_.layers[layer].post_attention_layernorm, c.eps, xh, nullptr, stream_);
-  pmark("gemm_router", 2.0 * n * H * (E + 1));
+  pmark("gemm_router", n * flops_.router);
   project({{&m.gate, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
   pmark("routing");
   moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
@@ -347,7 +349,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   // formats differ
   float* g = b.yd;
   float* u = b.yd + (size_t)n * k * std::max(F, Fs);
-  pmark("gemm_shared", 4.0 * n * H * Fs);
+  pmark("gemm_shared", n * flops_.shared_gate_up);
   if (m.shared_gate.format == m.shared_up.format) {
     gemm_swiglu(m.shared_gate, m.shared_up, xh.view(), n, b.act, Fs, stream_, b.dense);
   } else {
@@ -356,7 +358,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   }
   // routed experts: each token's rows go to its 8 experts' slots (x_row), weighted by the routing weight
   float* act = b.act + (size_t)n * Fs;
-  pmark("gemm_experts_gate_up", 4.0 * n * k * H * F);
+  pmark("gemm_experts_gate_up", n * k * flops_.expert_gate_up);
   if (m.experts_gate.format == m.experts_up.format) {
     gemm_grouped_swiglu(m.experts_gate, m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act,
                         F, stream_);
@@ -368,12 +370,12 @@ void CudaEngine::prefill_moe(int layer, int n) {
   const GemmXBuf xs = at_width(b.x, Fs);  // the shared expert's activations, then the routed ones after them
   pmark("norm");
   gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
-  pmark("gemm_shared", 2.0 * n * Fs * H);
+  pmark("gemm_shared", n * flops_.shared_down);
   gemm(m.shared_down, 0, xs.view(), n, b.ysh, H, false, stream_, b.dense);
   const GemmXBuf xr = at_width(b.x, F);
   pmark("norm");
   gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
-  pmark("gemm_experts_down", 2.0 * n * k * F * H);
+  pmark("gemm_experts_down", n * k * flops_.expert_down);
   gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
   pmark("combine");
   moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);

@@ -117,7 +117,7 @@ class CudaBackend : public Backend {
       const int m = std::min(chunk, n - i0);
       engine_.prefill(tokens.data() + i0, pos_, m);
       auto head = [&](int t, float* dst) {  // the lm_head per token (the GEMV of the decode step)
-        if (profiling_) prof_.mark("lm_head", 2.0 * cfg_.hidden * V);
+        if (profiling_) prof_.mark("lm_head", FamilyFlops(cfg_).lm_head);
         engine_.lm_head(engine_.prefill_h(t));
         if (dst)
           CUDA_CHECK(cudaMemcpyAsync(dst, engine_.logits(), (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s));
