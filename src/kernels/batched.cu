@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < 8; ++i) m = fmaxf(m, pmax[i]);
-    const int e = m > 0.f && isfinite(m) ? ilogbf(m) - 12 : 0;
+    const int e = m > 0.f && isfinite(m) ? max(ilogbf(m) - 12, -126) : 0;  // (2^e and 2^-e finite)
     down = ldexpf(1.f, -e);
     if (tid == 0) rscale[t] = ldexpf(1.f, e);
   }

@@ -2,10 +2,9 @@
 // with W's elements dequantised to fp16 in registers (fp16(s q + b): q exact, s and b exact in fp16, one rounding
 // in the fused multiply-add) and x~ = fp16(x 2^-e_t), fp32 sums over the whole of K in the tensor cores. Against
 // the two-term kernel (gemm.cu gemm_q4_wgmma_kernel): half the tensor-core products (one term), no per-group
-// epilogue (the bias is in the dequantised weight, so no group sums either), and the products of group g still
-// in flight while the A registers of group g + 1 are built. Precision: ~11 bits of x and of each weight, within
-// issue 28's bound (bench/RESULTS.md, 2026-12-05; the scales and biases must lie in fp16's normal range,
-// 2^-14 .. 65504 in magnitude, as 4-bit checkpoints' do).
+// epilogue (the bias is in the dequantised weight, so no group sums either), and five groups requested ahead.
+// Precision: ~11 bits of x and of each weight, within issue 28's bound (bench/RESULTS.md, 2026-12-05; the scales
+// and biases must lie in fp16's normal range, 2^-14 .. 65504 in magnitude, as 4-bit checkpoints' do).
 // Tile, thread mapping, work list, split-K and stores are the two-term kernel's (kernels/gemm_common.cuh); so a
 // token's result is the same bits whatever the launch's other tokens (16 / 32 / 64-column shapes alike).
 #include <cuda_fp16.h>
@@ -17,7 +16,7 @@
 namespace lily::cuda::detail {
 namespace {
 
-constexpr int kF16Stages = 6;              // groups staged: 4 requested ahead, 1 in the A build, 1 in the products
+constexpr int kF16Stages = 6;              // groups staged: 5 requested ahead of the one computed
 constexpr int kF16BTile = kGemmTok * 128;  // one swizzled fp16 B tile: 64 tokens x 64 k, 8 KB
 struct F16Tile {
   static constexpr int kWBytes = kGemmRows * 32;  // one group of the block's q4 rows
@@ -83,7 +82,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_f16_kernel(GemmArgs a
   const int tr0 = (warp >> 2) * 64 + (warp & 3) * 16 + gq;  // this thread's tile rows tr0, tr0 + 8
   int g0, g1;
   k_slice(a, groups, g0, g1);
-  for (int i = 0; i < kF16Stages - 2; ++i) {
+  for (int i = 0; i < kF16Stages - 1; ++i) {
     if (g0 + i < g1) stage(g0 + i, i);
     else mma::commit();
   }
@@ -92,13 +91,16 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_f16_kernel(GemmArgs a
     float acc[32];  // (the first NT / 2 used; the first product overwrites them)
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
+    // Each group's products are waited for before the next group's A registers are built (they are read by the
+    // tensor cores until then; building them while a batch is in flight makes ptxas serialise the wgmmas anyway):
+    // the overlap comes from the block's other warpgroup and the SM's other block.
     for (int g = g0; g < g1; ++g) {
       // group g's copies done (one commit per group since), seen by the tensor cores; every warpgroup's products
-      // of group g - 2 done (wait<1> below in the previous round): its buffer takes group g + kF16Stages - 2
-      mma::wait<kF16Stages - 3>();
+      // of group g - 1 done (wait<0> below): its buffer takes group g + kF16Stages - 1
+      mma::wait<kF16Stages - 2>();
       wgmma::fence_proxy_shared();
       __syncthreads();
-      const int next = g + kF16Stages - 2;
+      const int next = g + kF16Stages - 1;
       if (next < g1) stage(next, (next - g0) % kF16Stages);
       else mma::commit();
       const uint8_t* base = smem + ((g - g0) % kF16Stages) * T::kStage;
@@ -127,9 +129,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_f16_kernel(GemmArgs a
       for (int ks = 0; ks < 4; ++ks)
         wgmma::m64k16<NT, true>(acc, af[ks], wgmma::b_desc(b_addr, 32 * ks), g > g0 || ks > 0);
       wgmma::commit();
-      wgmma::wait<1>();  // group g - 1's products done: its A registers and (after the next barrier) its buffer
+      wgmma::wait<0>();
     }
-    wgmma::wait<0>();
     if (!split_finish<NT / 2>(a, acc)) return;
     // back to x's scale: token t's outputs times its row's 2^e (exact)
     float xs[NT / 8][2];
