@@ -35,6 +35,9 @@ struct KernelOptions {
   // (kernels/gemm_f16.cu), instead of x split into two bf16 terms with a per-group epilogue. The lm_head keeps the
   // two terms. Precision budget: kernels/batched.h GemmX.
   bool prompt_f16 = false;
+  // LILY_PROMPT_ATTN_1TERM=1: the prompt path's attention takes q and the probabilities as one bf16 term each
+  // instead of two (kernels/attention_chunk.cu; half the tensor-core products).
+  bool prompt_attn_one_term = false;
   // LILY_DEVICE_MASKS=0: structured output samples on the host (the logits copied per token) instead of on the
   // device with the host's token masks applied inside the decode graph (runtime/device_sampler.cu).
   bool device_masks = true;

@@ -319,7 +319,8 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
       if (r.n == 1 && rows_launch) continue;
       kv.pages = (*r.page_table)[attn_index_[layer]];
       in.qg = qg + t * qr, in.k = k + t * kvd, in.v = v + t * kvd;
-      launch_attention_chunk(in, kv, r.pos0, r.n, c.n_heads, b.scratch, b.mix + t * od, stream_);
+      launch_attention_chunk(in, kv, r.pos0, r.n, c.n_heads, b.scratch, b.mix + t * od, stream_,
+                             opts_.prompt_attn_one_term);
     }
   const GemmXBuf xm = at_width(b.x, od);
   pmark("norm");
