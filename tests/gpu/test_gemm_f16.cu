@@ -143,8 +143,8 @@ struct Check {
     const double ee = std::fabs(got - base - o.ex) / (o.bound + slack);
     if (!(er <= 1)) ++bad_ref;
     if (!(ee <= 1)) ++bad_exact;
-    if (!(er <= worst_ref)) worst_ref = er, at_ref = at;
-    if (!(ee <= worst_exact)) worst_exact = ee, at_exact = at;
+    if (er > worst_ref || (std::isnan(er) && !std::isnan(worst_ref))) worst_ref = er, at_ref = at;
+    if (ee > worst_exact || (std::isnan(ee) && !std::isnan(worst_exact))) worst_exact = ee, at_exact = at;
   }
   void expect(const std::string& name) const {
     EXPECT_EQ(bad_ref, 0u) << name << ": " << bad_ref << " of " << n << " outputs off the fp16-operand reference by more "
