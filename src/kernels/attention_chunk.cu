@@ -6,12 +6,15 @@
 //   chunk_attn_kernel    grid (n_kv, token tiles of 16, the last tile first), 8 warps: a KV head's group of query
 //                        heads for 16 tokens as 128 rows (token-major), flash attention over 32-key tiles of the
 //                        cache on the tensor cores (mma.sync bf16, fp32 sums; q and p in two bf16 terms each, as
-//                        the decode split kernel), online softmax in registers, K/V tiles double-buffered through
+//                        the decode split kernel, or ONE: one term each, half the products; bench/RESULTS.md
+//                        2026-12-05: median 9e-5 against 6e-5 for the bf16 cache alone), online softmax in registers, K/V tiles double-buffered through
 //                        cp.async; every K/V row read once per 16 tokens for all heads of the group. Then / l
 //                        and the sigmoid gate.
 // Deterministic (fixed summation order). Tested against the decode attention token by token in
 // tests/gpu/test_mixer_kernels.cu.
 #include <cuda_bf16.h>
+
+#include <type_traits>
 
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
@@ -83,7 +86,7 @@ struct ChunkSmem {
   static constexpr size_t kBytes = (2 * kQ + 2 * 2 * kKV) * sizeof(uint16_t);
 };
 
-template <int D>
+template <int D, bool ONE>
 __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages kv, int pos0, int n, int n_heads,
                                                              const uint16_t* qh, const uint16_t* ql, float* out) {
   using SM = ChunkSmem<D>;
@@ -102,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
   const int n_tiles = (n_keys + kKeys - 1) / kKeys;
 
   // q rows: row r = token t0 + r / 8, head g * group + r % 8 (rows past the group or the chunk are 0)
-  for (int c = tid; c < 2 * kRows * (D / 8); c += kThreads) {
+  for (int c = tid; c < (ONE ? 1 : 2) * kRows * (D / 8); c += kThreads) {
     const int term = c / (kRows * (D / 8)), rem = c % (kRows * (D / 8));
     const int r = rem / (D / 8), part = rem % (D / 8);
     const int t = t0 + r / 8, j = r % 8;
@@ -159,16 +162,16 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
       uint32_t ah[4], al[4];
       const int ar = warp * 16 + (lane & 15), ac = ks * 16 + (lane >> 4) * 8;
       mma::ldsm_x4(ah, sq + ar * S + ac);
-      mma::ldsm_x4(al, sq + SM::kQ + ar * S + ac);
+      if constexpr (!ONE) mma::ldsm_x4(al, sq + SM::kQ + ar * S + ac);
 #pragma unroll
       for (int p = 0; p < kKeys / 16; ++p) {
         uint32_t b[4];
         const int br = p * 16 + (lane >> 4) * 8 + (lane & 7), bc = ks * 16 + ((lane >> 3) & 1) * 8;
         mma::ldsm_x4(b, sk + br * S + bc);
         mma::bf16_16816(sc[2 * p], ah, b[0], b[1]);
-        mma::bf16_16816(sc[2 * p], al, b[0], b[1]);
+        if constexpr (!ONE) mma::bf16_16816(sc[2 * p], al, b[0], b[1]);
         mma::bf16_16816(sc[2 * p + 1], ah, b[2], b[3]);
-        mma::bf16_16816(sc[2 * p + 1], al, b[2], b[3]);
+        if constexpr (!ONE) mma::bf16_16816(sc[2 * p + 1], al, b[2], b[3]);
       }
     }
     // causal mask and online softmax (base 2): element e of n-tile i is row (e < 2 ? 0 : 1), key i*8 + tq*2 + e%2
@@ -220,9 +223,9 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
         uint32_t b[4];
         mma::ldsm_x4_trans(b, sv + vr * S + dn * 8 + (lane >> 4) * 8);
         mma::bf16_16816(o[dn], ph, b[0], b[1]);
-        mma::bf16_16816(o[dn], pl, b[0], b[1]);
+        if constexpr (!ONE) mma::bf16_16816(o[dn], pl, b[0], b[1]);
         mma::bf16_16816(o[dn + 1], ph, b[2], b[3]);
-        mma::bf16_16816(o[dn + 1], pl, b[2], b[3]);
+        if constexpr (!ONE) mma::bf16_16816(o[dn + 1], pl, b[2], b[3]);
       }
     }
     __syncthreads();  // this stage's buffers are refilled two tiles on
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
   }
 }
 
-template <int D>
+template <int D, bool ONE>
 void launch_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, uint16_t* q_scratch, float* out,
                   cudaStream_t s) {
   constexpr int EPL = D / 32;
@@ -262,8 +265,8 @@ void launch_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, ui
   chunk_prep_kernel<EPL><<<dim3(n, (n_heads + kv.n_kv + 7) / 8), 256, 0, s>>>(in, kv, pos0, n, n_heads, qh, ql);
   CUDA_CHECK_LAUNCH(s);
   constexpr size_t smem = ChunkSmem<D>::kBytes;
-  CUDA_CHECK(cudaFuncSetAttribute(chunk_attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  chunk_attn_kernel<D><<<dim3(kv.n_kv, (n + kQTok - 1) / kQTok), kThreads, smem, s>>>(in, kv, pos0, n, n_heads, qh,
+  CUDA_CHECK(cudaFuncSetAttribute(chunk_attn_kernel<D, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  chunk_attn_kernel<D, ONE><<<dim3(kv.n_kv, (n + kQTok - 1) / kQTok), kThreads, smem, s>>>(in, kv, pos0, n, n_heads, qh,
                                                                                       ql, out);
   CUDA_CHECK_LAUNCH(s);
 }
@@ -275,7 +278,7 @@ size_t attention_chunk_scratch_bytes(int n, int n_heads, int head_dim) {
 }
 
 void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, void* q_scratch, float* out,
-                            cudaStream_t s) {
+                            cudaStream_t s, bool one_term) {
   LILY_CHECK(kv.n_kv > 0 && n_heads > 0, "attention_chunk: ", n_heads, " heads over ", kv.n_kv, " KV heads");
   const int group = n_heads / kv.n_kv;
   LILY_CHECK(n_heads % kv.n_kv == 0 && group >= 1 && group <= 8 && kv.page_tokens % kKeys == 0 && pos0 >= 0,
@@ -286,13 +289,18 @@ void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n
   if (n <= 0) return;
   LILY_CHECK((n + kQTok - 1) / kQTok <= 65535, "attention_chunk: ", n, " tokens in one chunk (grid y)");
   uint16_t* q = static_cast<uint16_t*>(q_scratch);
-  switch (kv.head_dim) {
-    case 256: launch_chunk<256>(in, kv, pos0, n, n_heads, q, out, s); break;
-    case 128: launch_chunk<128>(in, kv, pos0, n, n_heads, q, out, s); break;
-    case 64: launch_chunk<64>(in, kv, pos0, n, n_heads, q, out, s); break;
-    case 32: launch_chunk<32>(in, kv, pos0, n, n_heads, q, out, s); break;
-    default: ::lily::fail("attention_chunk: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
-  }
+  auto run = [&](auto one) {
+    constexpr bool ONE = decltype(one)::value;
+    switch (kv.head_dim) {
+      case 256: launch_chunk<256, ONE>(in, kv, pos0, n, n_heads, q, out, s); return;
+      case 128: launch_chunk<128, ONE>(in, kv, pos0, n, n_heads, q, out, s); return;
+      case 64: launch_chunk<64, ONE>(in, kv, pos0, n, n_heads, q, out, s); return;
+      case 32: launch_chunk<32, ONE>(in, kv, pos0, n, n_heads, q, out, s); return;
+      default: ::lily::fail("attention_chunk: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
+    }
+  };
+  if (one_term) run(std::true_type{});
+  else run(std::false_type{});
 }
 
 }  // namespace lily::cuda

@@ -24,11 +24,18 @@ __host__ __device__ constexpr int gemm_x_col(int p) {
 }
 // x's rows times K stay below 2^31 (32-bit element offsets; checked for dense launches, where the rows are the
 // tokens; a grouped launch's x_row values must keep to it).
+// Optionally also x's one-term fp16 form: each row scaled by a power of two 2^-e (its largest element into
+// [2^12, 2^13), so no row overflows fp16 or leaves its normal range) and rounded once; the 4-bit GEMMs then take
+// that form (kernels/gemm_f16.cu: the weights dequantised to fp16 too, fp32 sums over the whole of K) and scale
+// their outputs back by 2^e. It keeps ~11 bits of x instead of ~16: within issue 28's bound for the prompt path
+// (bench/RESULTS.md, 2026-12-05: median 7e-4 against 5e-4 for fp16 x on exact weights, bf16 misses it).
 struct GemmX {
   const uint16_t* hi = nullptr;  // [n][K] bf16 bits
   const uint16_t* lo = nullptr;  // [n][K]
   const float* gsum = nullptr;   // [n][K / 64]
   int K = 0;                     // multiple of 64
+  const uint16_t* h16 = nullptr;  // [n][K] fp16 bits of x * 2^-e (gemm_x_col's order), or null: none
+  const float* rscale = nullptr;  // [n] 2^e of each row
 };
 // Device buffers behind a GemmX for up to n rows of width K (gemm_x_alloc / gemm_x_free).
 struct GemmXBuf {
@@ -36,13 +43,16 @@ struct GemmXBuf {
   uint16_t* lo = nullptr;
   float* gsum = nullptr;
   int K = 0;
-  GemmX view() const { return GemmX{hi, lo, gsum, K}; }
+  uint16_t* h16 = nullptr;  // with the fp16 form (gemm_x_alloc's f16)
+  float* rscale = nullptr;
+  GemmX view() const { return GemmX{hi, lo, gsum, K, h16, rscale}; }
 };
-GemmXBuf gemm_x_alloc(int n, int K);
+GemmXBuf gemm_x_alloc(int n, int K, bool f16 = false);
 void gemm_x_free(GemmXBuf& b);
 
 // out row t = split of x[t] (norm_w null), or of RMSNorm(x[t]) * norm_w (docs/model.md §2.1; norm_w the effective
-// multiplier 1 + w), for t < n; x [n][ldx] fp32. With x_out, the (normed) fp32 row is also stored there [n][K].
+// multiplier 1 + w), for t < n; x [n][ldx] fp32; and its fp16 form where out has one. With x_out, the (normed)
+// fp32 row is also stored there [n][K].
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s);
 
@@ -136,9 +146,10 @@ void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const fl
 // * 2d], in.k / in.v [n][n_kv * d] (the projections' rows); every token's k and v appended to the cache, then
 // out [n][n_heads * d] = each token's gated attention over the cache [0, its position]. head_dim 256 / 128 / 64 /
 // 32, groups of at most 8 heads, pages a multiple of 32 tokens (allocated up to pos0 + n). q_scratch: device,
-// attention_chunk_scratch_bytes.
+// attention_chunk_scratch_bytes. one_term: q and p enter the tensor cores as one bf16 term each instead of two
+// (KernelOptions::prompt_attn_one_term).
 size_t attention_chunk_scratch_bytes(int n, int n_heads, int head_dim);
 void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, void* q_scratch, float* out,
-                            cudaStream_t s);
+                            cudaStream_t s, bool one_term = false);
 
 }  // namespace lily::cuda

@@ -11,7 +11,8 @@
 // Dense launches take tokens [0, n); grouped launches (MoE experts) take matrix e for the slots of
 // [offsets[e], offsets[e+1]) and gather their input rows. The 4-bit weights (every matrix of the 4-bit checkpoint
 // but the 8-bit router) take gemm_q4_wgmma_kernel instead: the same tile and arithmetic on Hopper's warpgroup
-// MMA (kernels/wgmma.cuh), ~1.8x the throughput. Tested by tests/gpu/test_batched.cu.
+// MMA (kernels/wgmma.cuh), ~1.8x the throughput; on x's fp16 form (GemmX::h16), kernels/gemm_f16.cu. Tested by
+// tests/gpu/test_batched.cu.
 #include <cuda_bf16.h>
 
 #include <cub/block/block_scan.cuh>
@@ -22,20 +23,12 @@
 
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
+#include "kernels/gemm_common.cuh"
 #include "kernels/mma.cuh"
 #include "kernels/wgmma.cuh"
 
 namespace lily::cuda {
 namespace detail {
-
-constexpr int kGemmRows = 128;    // weight rows per block (4 row groups of warps x 32 rows)
-constexpr int kGemmTok = 64;      // tokens per block (2 token groups of warps x 32 tokens)
-constexpr int kGemmThreads = 256;
-constexpr int kGemmStages = 4;    // groups in flight through shared memory (3 requested while one is computed)
-constexpr int kXStride = 64 + 8;  // bf16 per staged x row: 144 bytes, so ldmatrix's 8 rows hit distinct banks
-constexpr int kGemmMaxParts = kMaxGemmParts;
-constexpr int kMinSplitGroups = 4;  // split-K: groups per slice at least (batched.h GemmSplit)
-static_assert(kGemmSplitFloats == 32 * kGemmThreads, "split-K: 32 sums per thread");
 
 template <int BITS>
 struct GemmTile {
@@ -47,81 +40,7 @@ struct GemmTile {
   static constexpr int kSmem = kGemmStages * kStage;
 };
 
-struct GemmPart {        // one matrix of a launch (several share x: gemm_multi)
-  const uint8_t* w;      // its stack's matrix `mat`
-  const uint32_t* sb;
-  int rows;
-  float* y;
-  int ldy;
-  int tile_end;          // row tiles of this and the earlier parts (blockIdx.x below it: this part)
-};
-
-struct GemmArgs {
-  GemmPart part[kGemmMaxParts];
-  int parts;
-  size_t mat_w_bytes, mat_groups;  // grouped: the stride between the stack's matrices
-  int cols;
-  const uint16_t* xhi;
-  const uint16_t* xlo;
-  const float* xsum;
-  const int* x_row;      // grouped: input row of each slot (null: the slot itself)
-  const int* offsets;    // grouped: [n_mats + 1] slot ranges; null: dense over [0, n)
-  const int* tiles;      // grouped: the work list (gemm_grouped_tiles), tile blockIdx.y
-  int n;                 // dense: tokens
-  bool accumulate;
-  const float* scale;    // paired: per output row (slot) factor, null: 1
-  int split;             // dense: K slices (blockIdx.y), 1: none (batched.h GemmSplit)
-  float* split_partial;  // [row tiles][split][kGemmSplitFloats]
-  unsigned* split_count; // [row tiles]
-};
-
-// The groups [g0, g1) of the block's K slice (grouped launches: all).
-__device__ __forceinline__ void k_slice(const GemmArgs& a, int groups, int& g0, int& g1) {
-  const int per = (groups + a.split - 1) / a.split;
-  g0 = a.offsets ? 0 : static_cast<int>(blockIdx.y) * per;
-  g1 = a.offsets ? groups : min(groups, g0 + per);
-}
-
-// Split-K's end of a block: its N sums per thread go to its slice's place; the last of the tile's blocks to
-// arrive (counted in split_count, which it resets) adds the tile's slices in slice order into acc and returns
-// true, the others false. Without a split: true, acc as it is.
-template <int N>
-__device__ __forceinline__ bool split_finish(const GemmArgs& a, float* acc) {
-  if (a.split <= 1) return true;
-  const int tid = threadIdx.x;
-  float* tile = a.split_partial + static_cast<size_t>(blockIdx.x) * a.split * kGemmSplitFloats;
-  float* mine = tile + static_cast<size_t>(blockIdx.y) * kGemmSplitFloats;
-#pragma unroll
-  for (int i = 0; i < N; ++i) __stcg(mine + i * kGemmThreads + tid, acc[i]);
-  __threadfence();
-  __syncthreads();
-  __shared__ int last;
-  if (tid == 0) {
-    last = atomicAdd(a.split_count + blockIdx.x, 1u) == static_cast<unsigned>(a.split - 1);
-    if (last) a.split_count[blockIdx.x] = 0;
-  }
-  __syncthreads();
-  if (!last) return false;
-  __threadfence();
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    float v = 0.f;
-    for (int sl = 0; sl < a.split; ++sl) v += __ldcg(tile + static_cast<size_t>(sl) * kGemmSplitFloats + i * kGemmThreads + tid);
-    acc[i] = v;
-  }
-  return true;
-}
-
-// The A fragment's register for k-slots (s, s + 1) of a k-step: the weights of columns c0 and c0 + 4 of a row
-// (c0 = 8 w + j, j < 4; gemm_x_col's order, in which x is stored), low half = column c0, as bf16 codes.
-// q4: one 32-bit word of the row holds columns 8 w .. 8 w + 7 (column c in bits 4 (c % 8)); 0x4300 | q is the
-// bf16 of 128 + q, so subtracting 128 gives q exactly.
-__device__ __forceinline__ uint32_t q4_pair(uint32_t word, int j) {
-  const uint32_t v = ((word >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
-  __nv_bfloat162 r = *reinterpret_cast<const __nv_bfloat162*>(&v);
-  r = __hsub2(r, __floats2bfloat162_rn(128.f, 128.f));
-  return *reinterpret_cast<uint32_t*>(&r);
-}
+// The A fragment's register for columns c0 and c0 + 4 of a staged q8 or bf16 row (low half = column c0), as bf16.
 template <int BITS>
 __device__ __forceinline__ uint32_t a_pair(const uint8_t* row, int c0) {
   if constexpr (BITS == 8) {
@@ -130,66 +49,6 @@ __device__ __forceinline__ uint32_t a_pair(const uint8_t* row, int c0) {
     const uint32_t lo = reinterpret_cast<const uint16_t*>(row)[c0], hi = reinterpret_cast<const uint16_t*>(row)[c0 + 4];
     return lo | (hi << 16);
   }
-}
-
-// The block's share of a launch: its matrix part and first row (blockIdx.x), the stack's matrix and the slots of
-// its 64-token tile (grouped: blockIdx.y's entry of the work list; dense: tokens from 64 blockIdx.z); false when
-// the tile holds no token.
-struct BlockWork {
-  int pi, r_base, mat, slot0, t_base, t_count;  // t_base: within the matrix's slots
-};
-template <bool PAIRED>
-__device__ __forceinline__ bool block_work(const GemmArgs& a, BlockWork& b) {
-  int pi = 0;
-  while (!PAIRED && pi + 1 < a.parts && static_cast<int>(blockIdx.x) >= a.part[pi].tile_end) ++pi;
-  b.pi = pi;
-  b.r_base = (blockIdx.x - (pi ? a.part[pi - 1].tile_end : 0)) * (PAIRED ? kGemmRows / 2 : kGemmRows);
-  int count = a.n;
-  b.mat = 0, b.slot0 = 0, b.t_base = blockIdx.z * kGemmTok;
-  if (a.offsets) {
-    if (static_cast<int>(blockIdx.y) >= a.tiles[0]) return false;
-    const int tile = a.tiles[1 + blockIdx.y];
-    b.mat = tile >> 16;
-    b.t_base = (tile & 0xFFFF) * kGemmTok;
-    b.slot0 = a.offsets[b.mat];
-    count = a.offsets[b.mat + 1] - b.slot0;
-  }
-  if (b.t_base >= count) return false;
-  b.t_count = min(kGemmTok, count - b.t_base);
-  return true;
-}
-
-// Element offsets in hi / lo of the x chunks this thread copies per group: chunk tid + 256 i is piece tid % 8 of
-// the tile's token (tid + 256 i) / 8, for the 16-token pairs that hold a valid token (past the tile's last
-// token: that token again); -1: none.
-__device__ __forceinline__ void x_offsets(const GemmArgs& a, const BlockWork& bw, int tid, int (&xoff)[2]) {
-  const int x_rows = (bw.t_count + 15) & ~15;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int t = (tid + i * kGemmThreads) >> 3;
-    xoff[i] = -1;
-    if (t < x_rows) {
-      const int slot = bw.slot0 + bw.t_base + min(t, bw.t_count - 1);
-      xoff[i] = (a.x_row ? a.x_row[slot] : slot) * a.cols + (tid & 7) * 8;
-    }
-  }
-}
-// The group sums thread tid (kGemmRows <= tid < kGemmRows + kGemmTok) copies: token tid - kGemmRows's (past the
-// tile's last token: that token's).
-__device__ __forceinline__ const float* gsum_row(const GemmArgs& a, const BlockWork& bw, int tid) {
-  const int slot = bw.slot0 + bw.t_base + min(tid - kGemmRows, bw.t_count - 1);
-  return a.xsum + static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * (a.cols / 64);
-}
-// The tile's output for token t, row r of the part: scale * silu(v) * up (PAIRED: v the gate, up the up
-// projection) or v (y = or +=); nothing past the tile's tokens or the part's rows.
-template <bool PAIRED>
-__device__ __forceinline__ void store_out(const GemmArgs& a, const GemmPart& part, const BlockWork& bw, int t, int r,
-                                          float v, float up) {
-  if (t >= bw.t_count || r >= part.rows) return;
-  const int slot = bw.slot0 + bw.t_base + t;
-  float* dst = part.y + static_cast<size_t>(slot) * part.ldy + r;
-  if constexpr (PAIRED) *dst = swiglu_value(a.scale ? a.scale[slot] : 1.f, v, up);
-  else *dst = a.accumulate ? *dst + v : v;
 }
 
 // Each warp computes 32 rows x 32 tokens of the block's 128 x 64 tile: warp w takes tile rows 32 (w % 4) .. and
@@ -563,7 +422,10 @@ void launch_q4_wgmma(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t
 template <bool PAIRED>
 void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) {
   switch (f) {
-    case QFormat::q4: launch_q4_wgmma<PAIRED>(a, grid_y, max_tokens, s); break;
+    case QFormat::q4:
+      if (a.xf16) launch_q4_f16<PAIRED>(a, grid_y, max_tokens, s);
+      else launch_q4_wgmma<PAIRED>(a, grid_y, max_tokens, s);
+      break;
     case QFormat::q8: launch_gemm<8, PAIRED>(a, grid_y, max_tokens, s); break;
     case QFormat::bf16: launch_gemm<16, PAIRED>(a, grid_y, max_tokens, s); break;
   }
@@ -608,6 +470,9 @@ GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat
   a.xhi = x.hi;
   a.xlo = x.lo;
   a.xsum = x.gsum;
+  a.xf16 = x.h16;
+  a.xscale = x.rscale;
+  LILY_CHECK(!x.h16 || x.rscale, "gemm: x's fp16 form without its row scales");
   a.split = 1;
   return a;
 }

@@ -30,6 +30,14 @@ struct KernelOptions {
   // LILY_GEMM_SPLIT_BLOCKS=n: a pass of one-token rows only (the batched decode step) splits its dense GEMMs' K
   // loops into slices, up to n blocks a launch (kernels/batched.h GemmSplit); 0 = 4 per SM, -1 = no split.
   int gemm_split_blocks = 0;
+  // LILY_PROMPT_F16=1: the prompt path's and the batched step's 4-bit GEMMs take x as one fp16 term (each row
+  // scaled by a power of two) with the weights dequantised to fp16, summed over the whole of K on the tensor cores
+  // (kernels/gemm_f16.cu), instead of x split into two bf16 terms with a per-group epilogue. The lm_head keeps the
+  // two terms. Precision budget: kernels/batched.h GemmX.
+  bool prompt_f16 = false;
+  // LILY_PROMPT_ATTN_1TERM=1: the prompt path's attention takes q and the probabilities as one bf16 term each
+  // instead of two (kernels/attention_chunk.cu; half the tensor-core products).
+  bool prompt_attn_one_term = false;
   // LILY_DEVICE_MASKS=0: structured output samples on the host (the logits copied per token) instead of on the
   // device with the host's token masks applied inside the decode graph (runtime/device_sampler.cu).
   bool device_masks = true;

@@ -127,17 +127,13 @@ TEST(FullStep, FortyLayersReport) {
   EXPECT_LT(worst, 0.2);
 }
 
-// The chunked prompt path (model/prefill_cuda.cu: tensor-core GEMMs over the chunk, the MoE grouped by expert,
-// the GDN recurrence and flash attention over the chunk) against the decode step (the persistent kernels where
-// they apply) on a 4-layer full-width model: 300 tokens in two chunks (120, then 180 after them) and the same
-// tokens one decode step at a time, logits of every position. Two summation orders and the GEMM's split input
-// (~2^-16 relative) against the GEMV's 16-bit chunks: ~1e-3 of the logits' scale expected, except where a
-// router's 8th and 9th experts are closer than that and the paths pick different ones (a jump of ~0.1, measured
-// on the H200, as between the decode paths in FortyLayersReport); so nearly every position within 2e-3, all
-// within 0.3 (wrong rows, slots or state give O(1) everywhere).
-TEST(FullStep, ChunkedPromptMatchesDecodeSteps) {
-  int n_dev = 0;
-  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+// The chunked prompt path over `tokens` (two chunks: 120, then the rest after them) against the decode step on a
+// 4-layer full-width model: per position max |chunked - step| / max |step| and whether the argmaxes agree.
+struct PathDiff {
+  std::vector<double> rel;
+  int top1_same = 0;
+};
+PathDiff chunked_vs_steps(const KernelOptions& chunked_opts, int T) {
   SynthOptions so;
   so.preset = "full";
   so.layout = CheckpointLayout::mlx_affine;
@@ -150,15 +146,13 @@ TEST(FullStep, ChunkedPromptMatchesDecodeSteps) {
   DeviceWeights wb = synthetic_weights(cfg, 77, s);
   CUDA_CHECK(cudaStreamSynchronize(s));
   CUDA_CHECK(cudaStreamDestroy(s));
-  const int T = 300;
-  CudaEngine chunked(cfg, std::move(wa), T + 8, 0, true);
+  CudaEngine chunked(cfg, std::move(wa), T + 8, 0, true, chunked_opts);
   CudaEngine steps(cfg, std::move(wb), T + 8, 0, true);
   std::vector<int32_t> tokens(T);
   for (int i = 0; i < T; ++i) tokens[i] = (i * 7919 + 13) % cfg.vocab;
   std::vector<float> a(cfg.vocab), b(cfg.vocab);
-  double worst = 0;
-  int worst_at = -1, within = 0;
-  for (const auto [t0, m] : {std::pair{0, 120}, std::pair{120, 180}}) {  // the second chunk with history before it
+  PathDiff d;
+  for (const auto [t0, m] : {std::pair{0, 120}, std::pair{120, T - 120}}) {  // the second chunk with history
     chunked.prefill(tokens.data() + t0, t0, m);
     for (int t = t0; t < t0 + m; ++t) {
       chunked.lm_head(chunked.prefill_h(t - t0));
@@ -171,14 +165,55 @@ TEST(FullStep, ChunkedPromptMatchesDecodeSteps) {
                                  steps.stream()));
       CUDA_CHECK(cudaStreamSynchronize(chunked.stream()));
       CUDA_CHECK(cudaStreamSynchronize(steps.stream()));
-      const double rel = logit_diff(a, b).rel;
-      if (!(rel <= worst)) worst = rel, worst_at = t;
-      within += rel < 2e-3;
-      if (rel >= 2e-3) std::printf("position %d: %.3g\n", t, rel);
+      d.rel.push_back(logit_diff(a, b).rel);
+      d.top1_same += std::max_element(a.begin(), a.end()) - a.begin() == std::max_element(b.begin(), b.end()) - b.begin();
     }
+  }
+  return d;
+}
+
+// The chunked prompt path (model/prefill_cuda.cu: tensor-core GEMMs over the chunk, the MoE grouped by expert,
+// the GDN recurrence and flash attention over the chunk) against the decode step (the persistent kernels where
+// they apply) on a 4-layer full-width model: 300 tokens in two chunks (120, then 180 after them) and the same
+// tokens one decode step at a time, logits of every position. Two summation orders and the GEMM's split input
+// (~2^-16 relative) against the GEMV's 16-bit chunks: ~1e-3 of the logits' scale expected, except where a
+// router's 8th and 9th experts are closer than that and the paths pick different ones (a jump of ~0.1, measured
+// on the H200, as between the decode paths in FortyLayersReport); so nearly every position within 2e-3, all
+// within 0.3 (wrong rows, slots or state give O(1) everywhere).
+TEST(FullStep, ChunkedPromptMatchesDecodeSteps) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  const int T = 300;
+  const PathDiff d = chunked_vs_steps(kernel_options_from_env(), T);
+  double worst = 0;
+  int worst_at = -1, within = 0;
+  for (int t = 0; t < T; ++t) {
+    if (!(d.rel[t] <= worst)) worst = d.rel[t], worst_at = t;
+    within += d.rel[t] < 2e-3;
+    if (d.rel[t] >= 2e-3) std::printf("position %d: %.3g\n", t, d.rel[t]);
   }
   std::printf("chunked prompt vs decode steps, 4 layers, %d tokens: worst %.3g at position %d, %d within 2e-3\n", T,
               worst, worst_at, within);
   EXPECT_LT(worst, 0.3);
   EXPECT_GE(within, T * 95 / 100);
+}
+
+// Issue 28's bound for the prompt path, on the GEMMs' fp16 form (KernelOptions::prompt_f16): median relative
+// logit error <= 2e-3 and top-1 agreement >= 99 % against float64. The decode step stands in for float64 here (its
+// logits are ~1e-4 of the scale from a float64 recomputation: golden tests), so the bound is checked on the
+// difference; the CPU emulation of the same arithmetic measured median 7.4e-4, top-1 100 % (bench/RESULTS.md,
+// 2026-12-05).
+TEST(FullStep, PromptF16WithinTheBound) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  KernelOptions o = kernel_options_from_env();
+  o.prompt_f16 = true;
+  const int T = 300;
+  const PathDiff d = chunked_vs_steps(o, T);
+  std::vector<double> r = d.rel;
+  std::sort(r.begin(), r.end());
+  std::printf("fp16 prompt GEMMs vs decode steps, 4 layers, %d tokens: median %.3g, p90 %.3g, max %.3g, top-1 %d / %d\n",
+              T, r[T / 2], r[T * 9 / 10], r[T - 1], d.top1_same, T);
+  EXPECT_LE(r[T / 2], 2e-3);
+  EXPECT_GE(d.top1_same, T * 99 / 100);
 }
