@@ -30,6 +30,9 @@ struct KernelOptions {
   // LILY_GEMM_SPLIT_BLOCKS=n: a pass of one-token rows only (the batched decode step) splits its dense GEMMs' K
   // loops into slices, up to n blocks a launch (kernels/batched.h GemmSplit); 0 = 4 per SM, -1 = no split.
   int gemm_split_blocks = 0;
+  // LILY_BATCH_PASS_GRAPHS=0: a pass of one-token rows only launches its kernels one by one instead of replaying
+  // the graph captured for its row count and attention splits (model/prefill_cuda.cu).
+  bool batch_pass_graphs = true;
   // LILY_DEVICE_MASKS=0: structured output samples on the host (the logits copied per token) instead of on the
   // device with the host's token masks applied inside the decode graph (runtime/device_sampler.cu).
   bool device_masks = true;

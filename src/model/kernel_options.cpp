@@ -24,6 +24,7 @@ cuda::KernelOptions parse_kernel_options(const std::function<const char*(const c
   o.prefill_min = integer("LILY_PREFILL_MIN", o.prefill_min);
   o.batch_graph_rows = integer("LILY_BATCH_GRAPH_ROWS", o.batch_graph_rows);
   o.gemm_split_blocks = integer("LILY_GEMM_SPLIT_BLOCKS", o.gemm_split_blocks);
+  o.batch_pass_graphs = flag("LILY_BATCH_PASS_GRAPHS", o.batch_pass_graphs);
   o.device_masks = flag("LILY_DEVICE_MASKS", o.device_masks);
   o.debug_sync = flag("LILY_CUDA_SYNC", o.debug_sync);
   o.trace = flag("LILY_TRACE", o.trace);
@@ -43,6 +44,7 @@ std::string describe(const cuda::KernelOptions& o) {
     << " prefill=" << o.prefill << " prefill_chunk=" << num(o.prefill_chunk) << " prefill_min=" << num(o.prefill_min)
     << " batch_graph_rows=" << o.batch_graph_rows << " gemm_split_blocks="
     << (o.gemm_split_blocks == 0 ? std::string("auto") : std::to_string(o.gemm_split_blocks))
+    << " batch_pass_graphs=" << o.batch_pass_graphs
     << " debug_sync=" << o.debug_sync << " trace=" << o.trace << " skip=" << (o.skip.empty() ? "-" : o.skip);
   return s.str();
 }

@@ -56,6 +56,21 @@ struct PrefillBuffers {
   float* ysh = nullptr;         // [n][H] shared expert's output
   GemmSplit split;              // split-K scratch of the dense GEMMs (KernelOptions::gemm_split_blocks)
   const GemmSplit* dense = nullptr;  // this pass's: &split when every row is a one-token row, else null
+  // Decode passes' graphs (KernelOptions::batch_pass_graphs): what a pass of one-token rows launches depends only
+  // on its row count and attention splits (everything else is read from the buffers above), least recently used
+  // dropped beyond kMaxPassGraphs; all dropped when dec_attn moves.
+  struct PassGraph {
+    int n, splits;
+    cudaGraphExec_t exec;
+    uint64_t used;
+  };
+  static constexpr size_t kMaxPassGraphs = 32;
+  std::vector<PassGraph> graphs;
+  uint64_t clock = 0;
+  void drop_graphs() {
+    for (PassGraph& g : graphs) cudaGraphExecDestroy(g.exec);
+    graphs.clear();
+  }
 };
 
 void CudaEngine::prefill_alloc() {
@@ -113,6 +128,7 @@ void CudaEngine::prefill_free() {
   if (b.dec_host) cudaFreeHost(b.dec_host);
   gemm_x_free(b.x);
   gemm_split_free(b.split);
+  b.drop_graphs();
   delete pf_;
   pf_ = nullptr;
 }
@@ -187,12 +203,36 @@ void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
     const size_t need = (size_t)m * attn_scratch_floats(c.n_kv_heads, b.dec_splits, c.n_heads / c.n_kv_heads,
                                                         c.head_dim);
     if (n_attn > 0 && need > b.dec_attn_floats) {  // (the stream is idle: synchronised above)
+      b.drop_graphs();  // (they name the old buffer)
       if (b.dec_attn) CUDA_CHECK(cudaFree(b.dec_attn));
       b.dec_attn_floats = std::max(need, 2 * b.dec_attn_floats);
       b.dec_attn = device_alloc<float>(b.dec_attn_floats);
     }
   }
 
+  if (m < n || !opts_.batch_pass_graphs) {
+    prefill_layers(seqs, n_seqs, n);
+    return;
+  }
+  auto it = std::find_if(b.graphs.begin(), b.graphs.end(),
+                         [&](const PrefillBuffers::PassGraph& g) { return g.n == n && g.splits == b.dec_splits; });
+  if (it == b.graphs.end()) {
+    if (b.graphs.size() >= PrefillBuffers::kMaxPassGraphs) {
+      auto lru = std::min_element(b.graphs.begin(), b.graphs.end(),
+                                  [](const auto& x, const auto& y) { return x.used < y.used; });
+      CUDA_CHECK(cudaGraphExecDestroy(lru->exec));
+      b.graphs.erase(lru);
+    }
+    b.graphs.push_back({n, b.dec_splits, capture_fn([&] { prefill_layers(seqs, n_seqs, n); }), 0});
+    it = b.graphs.end() - 1;
+  }
+  it->used = ++b.clock;
+  CUDA_CHECK(cudaGraphLaunch(it->exec, stream_));
+}
+
+void CudaEngine::prefill_layers(const SeqRows* seqs, int n_seqs, int n) {
+  PrefillBuffers& b = *pf_;
+  const Config& c = cfg_;
   embed_rows(w_.embed_tokens, b.tokens, n, b.h, stream_);
   for (int i = 0; i < c.n_layers; ++i) {
     if (c.is_attention(i))
