@@ -399,10 +399,10 @@ void CudaEngine::prefill_moe(int layer, int n) {
   pmark("gemm_experts_gate_up", 4.0 * n * k * H * F);
   if (m.experts_gate.format == m.experts_up.format) {
     gemm_grouped_swiglu(m.experts_gate, m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act,
-                        F, stream_);
+                        F, stream_, n);
   } else {
-    gemm_grouped(m.experts_gate, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, g, F, stream_);
-    gemm_grouped(m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_);
+    gemm_grouped(m.experts_gate, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, g, F, stream_, n);
+    gemm_grouped(m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_, n);
     swiglu_rows(g, u, b.w_slot, n * k, F, act, stream_);
   }
   const GemmXBuf xs = at_width(b.x, Fs);  // the shared expert's activations, then the routed ones after them
@@ -414,7 +414,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   pmark("norm");
   gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
   pmark("gemm_experts_down", 2.0 * n * k * F * H);
-  gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
+  gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, n);
   pmark("combine");
   moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);
 }

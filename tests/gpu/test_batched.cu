@@ -411,6 +411,50 @@ void run_grouped(QFormat fmt, bool gather, uint64_t seed, int rows = 100, int K 
   EXPECT_TRUE(close_enough(dy.download(), r64, r32, name));
 }
 
+// The 4-bit kernel's 16-token shape (max_per_mat <= 16: deeper pipeline) against the 64-token one on the same
+// launch: experts of 0..16 slots with gathered rows, K 2048 and 512 (more groups than either pipeline holds, and
+// fewer), plain and SwiGLU: the same bits.
+TEST(GemmGrouped, SixteenTokenShapeSameBits) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(7100);
+  const std::vector<int> counts = {3, 0, 16, 1, 7, 16, 0, 2, 11};
+  const int E = static_cast<int>(counts.size()), X = 16, rows = 200;
+  std::vector<int> offsets(E + 1, 0);
+  for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  const int S = offsets[E], max_tiles = gemm_grouped_max_tiles(S, E);
+  std::vector<int> x_row(S);
+  for (int e = 0; e < E; ++e)  // distinct tokens within an expert, as the MoE's routing gives
+    for (int a = offsets[e]; a < offsets[e + 1]; ++a) x_row[a] = (a - offsets[e] + 5 * e) % X;
+  DevBuf<int> doff(offsets), drow(x_row), dtiles(1 + max_tiles);
+  gemm_grouped_tiles(doff.p, E, dtiles.p, nullptr);
+  const std::vector<float> sc = random_vec(rng, S, 0.05f, 1.f);
+  DevBuf<float> dsc(sc);
+  for (int K : {2048, 512}) {
+    DevMat g(random_mat(rng, QFormat::q4, E, rows, K)), u(random_mat(rng, QFormat::q4, E, rows, K));
+    DevBuf<float> dx(random_x(rng, X, K));
+    XBuf xb(X, K);
+    gemm_x_prep(dx.p, K, X, nullptr, 0.f, xb.b, nullptr, nullptr);
+    for (bool paired : {false, true}) {
+      DevBuf<float> wide(static_cast<size_t>(S) * rows), small(wide.n);
+      wide.poison();
+      small.poison();
+      for (int hint : {0, 16}) {
+        float* y = hint ? small.p : wide.p;
+        if (paired)
+          gemm_grouped_swiglu(g.m, u.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, dsc.p, y, rows, nullptr, hint);
+        else
+          gemm_grouped(g.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, y, rows, nullptr, hint);
+      }
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> a = wide.download(), b = small.download();
+      size_t differ = 0;
+      for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << "K " << K << (paired ? " swiglu" : " plain") << ": " << differ << " of " << a.size()
+                            << " values differ between the 16- and 64-token shapes";
+    }
+  }
+}
+
 TEST(GemmGrouped, ExpertsWithGatheredRows) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   uint64_t seed = 4000;
