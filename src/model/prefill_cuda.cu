@@ -210,7 +210,7 @@ void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
     }
   }
 
-  if (m < n || !opts_.batch_pass_graphs) {
+  if (m < n || !opts_.batch_pass_graphs || prof_) {  // (a profiled pass marks its families: no graph)
     prefill_layers(seqs, n_seqs, n);
     return;
   }
