@@ -57,18 +57,20 @@ struct PrefillBuffers {
   GemmSplit split;              // split-K scratch of the dense GEMMs (KernelOptions::gemm_split_blocks)
   const GemmSplit* dense = nullptr;  // this pass's: &split when every row is a one-token row, else null
   // Decode passes' graphs (KernelOptions::batch_pass_graphs): what a pass of one-token rows launches depends only
-  // on its row count and attention splits (everything else is read from the buffers above), least recently used
+  // on its row count and attention splits (everything else is read from the buffers above), captured at a key's
+  // second pass (a row count seen once, as requests start and end, is not worth a capture), least recently used
   // dropped beyond kMaxPassGraphs; all dropped when dec_attn moves.
   struct PassGraph {
     int n, splits;
-    cudaGraphExec_t exec;
+    cudaGraphExec_t exec;  // null until the key's second pass
     uint64_t used;
   };
   static constexpr size_t kMaxPassGraphs = 32;
   std::vector<PassGraph> graphs;
   uint64_t clock = 0;
   void drop_graphs() {
-    for (PassGraph& g : graphs) cudaGraphExecDestroy(g.exec);
+    for (PassGraph& g : graphs)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
     graphs.clear();
   }
 };
@@ -210,22 +212,25 @@ void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
     }
   }
 
-  if (m < n || !opts_.batch_pass_graphs || prof_) {  // (a profiled pass marks its families: no graph)
+  // (a profiled pass marks its families, a debug run synchronises after each launch: no graph)
+  if (m < n || !opts_.batch_pass_graphs || prof_ || opts_.debug_sync) {
     prefill_layers(seqs, n_seqs, n);
     return;
   }
   auto it = std::find_if(b.graphs.begin(), b.graphs.end(),
                          [&](const PrefillBuffers::PassGraph& g) { return g.n == n && g.splits == b.dec_splits; });
-  if (it == b.graphs.end()) {
+  if (it == b.graphs.end()) {  // the key's first pass: remembered, run directly
     if (b.graphs.size() >= PrefillBuffers::kMaxPassGraphs) {
       auto lru = std::min_element(b.graphs.begin(), b.graphs.end(),
                                   [](const auto& x, const auto& y) { return x.used < y.used; });
-      CUDA_CHECK(cudaGraphExecDestroy(lru->exec));
+      if (lru->exec) CUDA_CHECK(cudaGraphExecDestroy(lru->exec));
       b.graphs.erase(lru);
     }
-    b.graphs.push_back({n, b.dec_splits, capture_fn([&] { prefill_layers(seqs, n_seqs, n); }), 0});
-    it = b.graphs.end() - 1;
+    b.graphs.push_back({n, b.dec_splits, nullptr, ++b.clock});
+    prefill_layers(seqs, n_seqs, n);
+    return;
   }
+  if (!it->exec) it->exec = capture_fn([&] { prefill_layers(seqs, n_seqs, n); });
   it->used = ++b.clock;
   CUDA_CHECK(cudaGraphLaunch(it->exec, stream_));
 }

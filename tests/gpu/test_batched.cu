@@ -430,8 +430,10 @@ TEST(GemmGrouped, SixteenTokenShapeSameBits) {
   const std::vector<float> sc = random_vec(rng, S, 0.05f, 1.f);
   DevBuf<float> dsc(sc);
   for (int K : {2048, 512}) {
-    DevMat g(random_mat(rng, QFormat::q4, E, rows, K)), u(random_mat(rng, QFormat::q4, E, rows, K));
-    DevBuf<float> dx(random_x(rng, X, K));
+    const HostMat g_host = random_mat(rng, QFormat::q4, E, rows, K);
+    DevMat g(g_host), u(random_mat(rng, QFormat::q4, E, rows, K));
+    const std::vector<float> x_host = random_x(rng, X, K);
+    DevBuf<float> dx(x_host);
     XBuf xb(X, K);
     gemm_x_prep(dx.p, K, X, nullptr, 0.f, xb.b, nullptr, nullptr);
     for (bool paired : {false, true}) {
@@ -451,6 +453,23 @@ TEST(GemmGrouped, SixteenTokenShapeSameBits) {
       for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
       EXPECT_EQ(differ, 0u) << "K " << K << (paired ? " swiglu" : " plain") << ": " << differ << " of " << a.size()
                             << " values differ between the 16- and 64-token shapes";
+      if (!paired) {  // and the 16-token shape against the reference (the test would pass were it never chosen)
+        size_t bad_split = 0;
+        const std::vector<double> xt = split_of(xb.b, X, dx.download(), K, bad_split);
+        const HostMat& hg = g_host;
+        std::vector<double> r64(a.size());
+        std::vector<float> r32(a.size());
+        RowW w;
+        for (int e = 0; e < E; ++e)
+          for (int r = 0; r < rows; ++r) {
+            row_w(hg, e, r, w);
+            for (int s2 = offsets[e]; s2 < offsets[e + 1]; ++s2) {
+              const size_t xi = static_cast<size_t>(x_row[s2]) * K, i = static_cast<size_t>(s2) * rows + r;
+              gemm_dot(w, &xt[xi], &x_host[xi], K, r64[i], r32[i]);
+            }
+          }
+        EXPECT_TRUE(close_enough(b, r64, r32, "gemm_grouped 16-token shape K " + std::to_string(K)));
+      }
     }
   }
 }
