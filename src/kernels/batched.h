@@ -93,8 +93,10 @@ void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cuda
 // reads x row x_row[a] (x_row null: row a) and writes y row a: y[a][r] = sum_k W_e[r][k] x[x_row[a]][k].
 // offsets [W.n_mats + 1] and the launch's tiles (gemm_grouped_tiles over the same offsets) on the device;
 // max_tiles = gemm_grouped_max_tiles(slots, W.n_mats) for the slots' count (or any larger bound).
+// max_per_mat: no matrix gets more slots than this (the MoE: the tokens, each picks an expert once), 0: unknown;
+// at most 16 takes the 4-bit kernel's 16-token shape (deeper pipeline, the same bits).
 void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, const int* tiles,
-                  int max_tiles, float* y, int ldy, cudaStream_t s);
+                  int max_tiles, float* y, int ldy, cudaStream_t s, int max_per_mat = 0);
 // The grouped GEMM's work list: tiles[0] = the count, then (matrix << 16 | tile) for each 64-slot tile of each
 // matrix's slots, matrices in order. tiles: [1 + gemm_grouped_max_tiles(slots, n_mats)] ints; n_mats <= 32767.
 inline int gemm_grouped_max_tiles(int slots, int n_mats) { return slots / 64 + n_mats; }
@@ -106,7 +108,8 @@ void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t
 void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float* act, int ldact, cudaStream_t s,
                  const GemmSplit* split = nullptr);
 void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const int* x_row, const int* offsets,
-                         const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s);
+                         const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s,
+                         int max_per_mat = 0);
 
 // ---- MoE for n tokens (docs/model.md §2.4) ----
 // logits [n][ld]: the router's E logits then the shared expert gate's. Per token: softmax over E in fp32, the

@@ -249,23 +249,33 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
 // is thread (wq, g)'s row rr of warp wq of warpgroup wg; PAIRED puts gate row i at rr 0 and up row i at rr 1, so
 // a thread holds both. (Four warpgroups, 256 rows per block, halve the L2 reads of x but leave one block per SM:
 // slower or equal on every shape.)
-constexpr int kWgBTile = kGemmTok * 128;  // one swizzled bf16 B tile (hi or lo): 64 tokens x 64 k, 8 KB
+// TOK: the tokens a stage holds, 64 or 16; the 16-token shape (launches whose tiles hold at most 16 tokens: a
+// batched decode step's passes) stages 9 KB a group instead of 22, so it keeps STAGES = 10 groups in flight and a
+// block's walk along K waits less on memory. Same arithmetic per column: the same bits.
+template <int TOK, int STAGES>
 struct WgTile {
+  static constexpr int kTok = TOK;
+  static constexpr int kStages = STAGES;
+  static constexpr int kBTile = TOK * 128;        // one swizzled bf16 B tile (hi or lo): TOK tokens x 64 k
   static constexpr int kWBytes = kGemmRows * 32;  // one group of the block's q4 rows
-  static constexpr int kStage = (2 * kWgBTile + kWBytes + kGemmRows * 4 + kGemmTok * 4 + 1023) & ~1023;
-  static constexpr int kSmem = kGemmStages * kStage + 1024;  // + the slack to align the base to 1 KB
+  static constexpr int kStage = (2 * kBTile + kWBytes + kGemmRows * 4 + TOK * 4 + 1023) & ~1023;
+  static constexpr int kSmem = STAGES * kStage + 1024;  // + the slack to align the base to 1 KB
 };
+using WgTileWide = WgTile<kGemmTok, kGemmStages>;
+using WgTileSmall = WgTile<16, 10>;
+static_assert(2 * WgTileSmall::kSmem <= 227 * 1024, "two 16-token blocks per SM");
 static_assert(kGemmThreads == 2 * 128 && kGemmRows == 2 * 64, "two warpgroups of 64 rows");
 static_assert(kGemmTok * 8 == 2 * kGemmThreads, "two 16-byte x chunks (of hi, of lo) per thread (x_offsets)");
 
-template <bool PAIRED>
+template <bool PAIRED, typename T>
 __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs a) {
-  using T = WgTile;
+  constexpr int kWgBTile = T::kBTile, kStages = T::kStages;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   BlockWork bw;
   if (!block_work<PAIRED>(a, bw)) return;
+  if (T::kTok < kGemmTok && bw.t_count > T::kTok) __trap();  // (the launcher's bound on a tile's tokens was wrong)
   const GemmPart& part = a.part[bw.pi];
   const int r_base = bw.r_base, rows = part.rows, mat = bw.mat, t_count = bw.t_count;
   auto tile_part = [](int tr) { return PAIRED ? (tr >> 3) & 1 : 0; };
@@ -285,12 +295,12 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
   const uint32_t* sbsrc = nullptr;
   const float* gsrc = nullptr;
   if (tid < kGemmRows) sbsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups;
-  else if (tid < kGemmRows + kGemmTok) gsrc = gsum_row(a, bw, tid);
+  else if (tid < kGemmRows + T::kTok) gsrc = gsum_row(a, bw, tid);
   auto stage = [&](int g, int buf) {
     uint8_t* base = smem + buf * T::kStage;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      if (xoff[i] < 0) continue;
+      if (xoff[i] < 0) continue;  // (16-token stages: x_offsets gives tokens past 16 none, t_count <= 16)
       const int off = wgmma::b_chunk_offset((tid + i * kGemmThreads) >> 3, tid & 7);
       mma::cp16(base + off, a.xhi + xoff[i] + g * 64);
       mma::cp16(base + kWgBTile + off, a.xlo + xoff[i] + g * 64);
@@ -306,7 +316,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
   const int tr0 = (warp >> 2) * 64 + (warp & 3) * 16 + gq;  // this thread's tile rows tr0, tr0 + 8
   int g0, g1;
   k_slice(a, groups, g0, g1);
-  for (int i = 0; i < kGemmStages - 1; ++i) {
+  for (int i = 0; i < kStages - 1; ++i) {
     if (g0 + i < g1) stage(g0 + i, i);
     else mma::commit();
   }
@@ -318,10 +328,10 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
     for (int g = g0; g < g1; ++g) {
-      mma::wait<kGemmStages - 2>();
+      mma::wait<kStages - 2>();
       wgmma::fence_proxy_shared();  // this thread's copies of group g, seen by the tensor cores' reads
       __syncthreads();              // everyone's; group g - 1's buffer is read by no one any more
-      const uint8_t* base = smem + ((g - g0) % kGemmStages) * T::kStage;
+      const uint8_t* base = smem + ((g - g0) % kStages) * T::kStage;
       const uint8_t* ws = base + 2 * kWgBTile;
       const float* sbs = reinterpret_cast<const float*>(ws + T::kWBytes);
       const uint32_t b_hi = static_cast<uint32_t>(__cvta_generic_to_shared(base));
@@ -346,8 +356,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
         wgmma::m64k16<NT>(cg, af[ks], wgmma::b_desc(b_hi + kWgBTile, 32 * ks), true);
       }
       wgmma::commit();
-      const int next = g + kGemmStages - 1;  // (its copies issued while the tensor cores work)
-      if (next < g1) stage(next, (next - g0) % kGemmStages);
+      const int next = g + kStages - 1;  // (its copies issued while the tensor cores work)
+      if (next < g1) stage(next, (next - g0) % kStages);
       else mma::commit();
       wgmma::wait<0>();
       const float* xsum = sbs + kGemmRows;
@@ -376,7 +386,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
         }
       }
   };
-  if (t_count <= 16) run(std::integral_constant<int, 16>{});
+  if (T::kTok == 16 || t_count <= 16) run(std::integral_constant<int, 16>{});
   else if (t_count <= 32) run(std::integral_constant<int, 32>{});
   else run(std::integral_constant<int, 64>{});
 }
@@ -410,32 +420,39 @@ void launch_gemm(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) 
   CUDA_CHECK_LAUNCH(s);
 }
 
-template <bool PAIRED>
-void launch_q4_wgmma(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) {
-  CUDA_CHECK(cudaFuncSetAttribute(gemm_q4_wgmma_kernel<PAIRED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  WgTile::kSmem));
+template <bool PAIRED, typename T>
+void launch_q4_wgmma_as(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) {
+  CUDA_CHECK(cudaFuncSetAttribute(gemm_q4_wgmma_kernel<PAIRED, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  T::kSmem));
   const dim3 grid(a.part[a.parts - 1].tile_end, grid_y, (max_tokens + kGemmTok - 1) / kGemmTok);
-  gemm_q4_wgmma_kernel<PAIRED><<<grid, kGemmThreads, WgTile::kSmem, s>>>(a);
+  gemm_q4_wgmma_kernel<PAIRED, T><<<grid, kGemmThreads, T::kSmem, s>>>(a);
   CUDA_CHECK_LAUNCH(s);
+}
+// tile_tokens: at most this many tokens in any tile of the launch (dense: n; grouped: the most slots one matrix
+// can get), 0: unknown.
+template <bool PAIRED>
+void launch_q4_wgmma(const GemmArgs& a, int grid_y, int max_tokens, int tile_tokens, cudaStream_t s) {
+  if (tile_tokens >= 1 && tile_tokens <= WgTileSmall::kTok) launch_q4_wgmma_as<PAIRED, WgTileSmall>(a, grid_y, max_tokens, s);
+  else launch_q4_wgmma_as<PAIRED, WgTileWide>(a, grid_y, max_tokens, s);
 }
 
 template <bool PAIRED>
-void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) {
+void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, int tile_tokens, cudaStream_t s) {
   switch (f) {
     case QFormat::q4:
       if (a.xf16) launch_q4_f16<PAIRED>(a, grid_y, max_tokens, s);
-      else launch_q4_wgmma<PAIRED>(a, grid_y, max_tokens, s);
+      else launch_q4_wgmma<PAIRED>(a, grid_y, max_tokens, tile_tokens, s);
       break;
     case QFormat::q8: launch_gemm<8, PAIRED>(a, grid_y, max_tokens, s); break;
     case QFormat::bf16: launch_gemm<16, PAIRED>(a, grid_y, max_tokens, s); break;
   }
 }
 
-void run(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s, bool paired = false) {
+void run(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s, bool paired = false, int tile_tokens = 0) {
   if (max_tokens <= 0 || a.part[a.parts - 1].tile_end == 0) return;
-  if (!a.offsets) grid_y = a.split;
-  if (paired) run_as<true>(f, a, grid_y, max_tokens, s);
-  else run_as<false>(f, a, grid_y, max_tokens, s);
+  if (!a.offsets) grid_y = a.split, tile_tokens = a.n;
+  if (paired) run_as<true>(f, a, grid_y, max_tokens, tile_tokens, s);
+  else run_as<false>(f, a, grid_y, max_tokens, tile_tokens, s);
 }
 
 // The launch's arguments for matrices W[0..n) (same format and cols) with outputs y[i] (row stride ldy[i]),
@@ -545,14 +562,15 @@ void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float*
 }
 
 void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const int* x_row, const int* offsets,
-                         const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s) {
+                         const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s,
+                         int max_per_mat) {
   detail::check_grouped(offsets, tiles, max_tiles, "gemm_grouped_swiglu");
   detail::GemmArgs a = detail::paired_args(gate, up, x, act, ldact);
   a.x_row = x_row;
   a.offsets = offsets;
   a.tiles = tiles;
   a.scale = scale;
-  detail::run(gate.format, a, max_tiles, 1, s, true);
+  detail::run(gate.format, a, max_tiles, 1, s, true, max_per_mat);
 }
 
 void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s,
@@ -576,13 +594,13 @@ void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cuda
 }
 
 void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, const int* tiles,
-                  int max_tiles, float* y, int ldy, cudaStream_t s) {
+                  int max_tiles, float* y, int ldy, cudaStream_t s, int max_per_mat) {
   detail::check_grouped(offsets, tiles, max_tiles, "gemm_grouped");
   detail::GemmArgs a = detail::args_for(&W, &y, &ldy, 1, 0, x);
   a.x_row = x_row;
   a.offsets = offsets;
   a.tiles = tiles;
-  detail::run(W.format, a, max_tiles, 1, s);
+  detail::run(W.format, a, max_tiles, 1, s, false, max_per_mat);
 }
 
 void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s) {

@@ -38,6 +38,9 @@ struct KernelOptions {
   // LILY_PROMPT_ATTN_1TERM=1: the prompt path's attention takes q and the probabilities as one bf16 term each
   // instead of two (kernels/attention_chunk.cu; half the tensor-core products).
   bool prompt_attn_one_term = false;
+  // LILY_BATCH_PASS_GRAPHS=0: a pass of one-token rows only launches its kernels one by one instead of replaying
+  // the graph captured for its row count and attention splits (model/prefill_cuda.cu).
+  bool batch_pass_graphs = true;
   // LILY_DEVICE_MASKS=0: structured output samples on the host (the logits copied per token) instead of on the
   // device with the host's token masks applied inside the decode graph (runtime/device_sampler.cu).
   bool device_masks = true;

@@ -305,11 +305,17 @@ void CudaEngine::attention(int layer, const float* norm_w) {
 }
 
 cudaGraphExec_t CudaEngine::capture(const std::function<void()>& tail, bool head, StepRecorder* rec) {
+  return capture_fn([&] {
+    record_step(rec, head);
+    if (tail) tail();
+  });
+}
+
+cudaGraphExec_t CudaEngine::capture_fn(const std::function<void()>& fn) {
   cudaGraph_t graph = nullptr;
   CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
-    record_step(rec, head);
-    if (tail) tail();
+    fn();
   } catch (...) {  // a launcher rejected a shape: end the capture so this thread can use CUDA again
     cudaStreamEndCapture(stream_, &graph);
     if (graph) cudaGraphDestroy(graph);

@@ -203,6 +203,10 @@ class CudaEngine {
   void prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_moe(int layer, int n);
+  // The kernels of a pass (after its inputs are staged): embedding, then every layer.
+  void prefill_layers(const SeqRows* seqs, int n_seqs, int n);
+  // The graph of `fn`'s launches on stream_ (a launcher that throws ends the capture first).
+  cudaGraphExec_t capture_fn(const std::function<void()>& fn);
 
   Config cfg_;
   FamilyFlops flops_;                 // what each prompt-path family's mark counts (profiling)

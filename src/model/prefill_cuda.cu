@@ -56,6 +56,23 @@ struct PrefillBuffers {
   float* ysh = nullptr;         // [n][H] shared expert's output
   GemmSplit split;              // split-K scratch of the dense GEMMs (KernelOptions::gemm_split_blocks)
   const GemmSplit* dense = nullptr;  // this pass's: &split when every row is a one-token row, else null
+  // Decode passes' graphs (KernelOptions::batch_pass_graphs): what a pass of one-token rows launches depends only
+  // on its row count and attention splits (everything else is read from the buffers above), captured at a key's
+  // second pass (a row count seen once, as requests start and end, is not worth a capture), least recently used
+  // dropped beyond kMaxPassGraphs; all dropped when dec_attn moves.
+  struct PassGraph {
+    int n, splits;
+    cudaGraphExec_t exec;  // null until the key's second pass
+    uint64_t used;
+  };
+  static constexpr size_t kMaxPassGraphs = 32;
+  std::vector<PassGraph> graphs;
+  uint64_t clock = 0;
+  void drop_graphs() {
+    for (PassGraph& g : graphs)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+    graphs.clear();
+  }
 };
 
 void CudaEngine::prefill_alloc() {
@@ -113,6 +130,7 @@ void CudaEngine::prefill_free() {
   if (b.dec_host) cudaFreeHost(b.dec_host);
   gemm_x_free(b.x);
   gemm_split_free(b.split);
+  b.drop_graphs();
   delete pf_;
   pf_ = nullptr;
 }
@@ -187,12 +205,39 @@ void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
     const size_t need = (size_t)m * attn_scratch_floats(c.n_kv_heads, b.dec_splits, c.n_heads / c.n_kv_heads,
                                                         c.head_dim);
     if (n_attn > 0 && need > b.dec_attn_floats) {  // (the stream is idle: synchronised above)
+      b.drop_graphs();  // (they name the old buffer)
       if (b.dec_attn) CUDA_CHECK(cudaFree(b.dec_attn));
       b.dec_attn_floats = std::max(need, 2 * b.dec_attn_floats);
       b.dec_attn = device_alloc<float>(b.dec_attn_floats);
     }
   }
 
+  // (a profiled pass marks its families, a debug run synchronises after each launch: no graph)
+  if (m < n || !opts_.batch_pass_graphs || prof_ || opts_.debug_sync) {
+    prefill_layers(seqs, n_seqs, n);
+    return;
+  }
+  auto it = std::find_if(b.graphs.begin(), b.graphs.end(),
+                         [&](const PrefillBuffers::PassGraph& g) { return g.n == n && g.splits == b.dec_splits; });
+  if (it == b.graphs.end()) {  // the key's first pass: remembered, run directly
+    if (b.graphs.size() >= PrefillBuffers::kMaxPassGraphs) {
+      auto lru = std::min_element(b.graphs.begin(), b.graphs.end(),
+                                  [](const auto& x, const auto& y) { return x.used < y.used; });
+      if (lru->exec) CUDA_CHECK(cudaGraphExecDestroy(lru->exec));
+      b.graphs.erase(lru);
+    }
+    b.graphs.push_back({n, b.dec_splits, nullptr, ++b.clock});
+    prefill_layers(seqs, n_seqs, n);
+    return;
+  }
+  if (!it->exec) it->exec = capture_fn([&] { prefill_layers(seqs, n_seqs, n); });
+  it->used = ++b.clock;
+  CUDA_CHECK(cudaGraphLaunch(it->exec, stream_));
+}
+
+void CudaEngine::prefill_layers(const SeqRows* seqs, int n_seqs, int n) {
+  PrefillBuffers& b = *pf_;
+  const Config& c = cfg_;
   embed_rows(w_.embed_tokens, b.tokens, n, b.h, stream_);
   for (int i = 0; i < c.n_layers; ++i) {
     if (c.is_attention(i))
@@ -363,10 +408,10 @@ void CudaEngine::prefill_moe(int layer, int n) {
   pmark("gemm_experts_gate_up", n * k * flops_.expert_gate_up);
   if (m.experts_gate.format == m.experts_up.format) {
     gemm_grouped_swiglu(m.experts_gate, m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act,
-                        F, stream_);
+                        F, stream_, n);
   } else {
-    gemm_grouped(m.experts_gate, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, g, F, stream_);
-    gemm_grouped(m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_);
+    gemm_grouped(m.experts_gate, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, g, F, stream_, n);
+    gemm_grouped(m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_, n);
     swiglu_rows(g, u, b.w_slot, n * k, F, act, stream_);
   }
   const GemmXBuf xs = at_width(b.x, Fs);  // the shared expert's activations, then the routed ones after them
@@ -378,7 +423,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   pmark("norm");
   gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
   pmark("gemm_experts_down", n * k * flops_.expert_down);
-  gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
+  gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, n);
   pmark("combine");
   moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);
 }

@@ -411,6 +411,69 @@ void run_grouped(QFormat fmt, bool gather, uint64_t seed, int rows = 100, int K 
   EXPECT_TRUE(close_enough(dy.download(), r64, r32, name));
 }
 
+// The 4-bit kernel's 16-token shape (max_per_mat <= 16: deeper pipeline) against the 64-token one on the same
+// launch: experts of 0..16 slots with gathered rows, K 2048 and 512 (more groups than either pipeline holds, and
+// fewer), plain and SwiGLU: the same bits.
+TEST(GemmGrouped, SixteenTokenShapeSameBits) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(7100);
+  const std::vector<int> counts = {3, 0, 16, 1, 7, 16, 0, 2, 11};
+  const int E = static_cast<int>(counts.size()), X = 16, rows = 200;
+  std::vector<int> offsets(E + 1, 0);
+  for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  const int S = offsets[E], max_tiles = gemm_grouped_max_tiles(S, E);
+  std::vector<int> x_row(S);
+  for (int e = 0; e < E; ++e)  // distinct tokens within an expert, as the MoE's routing gives
+    for (int a = offsets[e]; a < offsets[e + 1]; ++a) x_row[a] = (a - offsets[e] + 5 * e) % X;
+  DevBuf<int> doff(offsets), drow(x_row), dtiles(1 + max_tiles);
+  gemm_grouped_tiles(doff.p, E, dtiles.p, nullptr);
+  const std::vector<float> sc = random_vec(rng, S, 0.05f, 1.f);
+  DevBuf<float> dsc(sc);
+  for (int K : {2048, 512}) {
+    const HostMat g_host = random_mat(rng, QFormat::q4, E, rows, K);
+    DevMat g(g_host), u(random_mat(rng, QFormat::q4, E, rows, K));
+    const std::vector<float> x_host = random_x(rng, X, K);
+    DevBuf<float> dx(x_host);
+    XBuf xb(X, K);
+    gemm_x_prep(dx.p, K, X, nullptr, 0.f, xb.b, nullptr, nullptr);
+    for (bool paired : {false, true}) {
+      DevBuf<float> wide(static_cast<size_t>(S) * rows), small(wide.n);
+      wide.poison();
+      small.poison();
+      for (int hint : {0, 16}) {
+        float* y = hint ? small.p : wide.p;
+        if (paired)
+          gemm_grouped_swiglu(g.m, u.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, dsc.p, y, rows, nullptr, hint);
+        else
+          gemm_grouped(g.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, y, rows, nullptr, hint);
+      }
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> a = wide.download(), b = small.download();
+      size_t differ = 0;
+      for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << "K " << K << (paired ? " swiglu" : " plain") << ": " << differ << " of " << a.size()
+                            << " values differ between the 16- and 64-token shapes";
+      if (!paired) {  // and the 16-token shape against the reference (the test would pass were it never chosen)
+        size_t bad_split = 0;
+        const std::vector<double> xt = split_of(xb.b, X, dx.download(), K, bad_split);
+        const HostMat& hg = g_host;
+        std::vector<double> r64(a.size());
+        std::vector<float> r32(a.size());
+        RowW w;
+        for (int e = 0; e < E; ++e)
+          for (int r = 0; r < rows; ++r) {
+            row_w(hg, e, r, w);
+            for (int s2 = offsets[e]; s2 < offsets[e + 1]; ++s2) {
+              const size_t xi = static_cast<size_t>(x_row[s2]) * K, i = static_cast<size_t>(s2) * rows + r;
+              gemm_dot(w, &xt[xi], &x_host[xi], K, r64[i], r32[i]);
+            }
+          }
+        EXPECT_TRUE(close_enough(b, r64, r32, "gemm_grouped 16-token shape K " + std::to_string(K)));
+      }
+    }
+  }
+}
+
 TEST(GemmGrouped, ExpertsWithGatheredRows) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   uint64_t seed = 4000;

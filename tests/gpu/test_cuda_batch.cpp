@@ -117,6 +117,39 @@ TEST(CudaBatch, MixedStepsMatchAloneAndTheCpuMlx) { mixed_steps("mlx", 12); }
 TEST(CudaBatch, PassesOnlyMatchAloneAndTheCpuHf) { mixed_steps("hf", 0); }
 TEST(CudaBatch, PassesOnlyMatchAloneAndTheCpuMlx) { mixed_steps("mlx", 0); }
 
+// Pass graphs (KernelOptions::batch_pass_graphs): a pass of one-token rows replayed from the graph captured at its
+// key's second pass gives the bits of the same pass run directly. Four prompts, then one-token steps as the
+// sequences run out (4, 3, 2, 1 rows), one sequence past positions 512 and 1,024 (attention splits 2, then 3: the
+// split scratch grows, the graphs are dropped and captured again).
+TEST(CudaBatch, PassGraphsGiveTheDirectPassesBits) {
+  const Model model = load_model(kGolden + "mlx");
+  const int V = model.config.vocab;
+  std::mt19937 rng(5);
+  const int prompt[4] = {600, 700, 10, 1000}, steps[4] = {40, 30, 50, 36};
+  std::vector<Seq> seqs(4);
+  for (int q = 0; q < 4; ++q) {
+    seqs[q].cuts.push_back(prompt[q]);
+    for (int i = 1; i <= steps[q]; ++i) seqs[q].cuts.push_back(prompt[q] + i);
+    for (int t = 0; t < seqs[q].cuts.back(); ++t) seqs[q].tokens.push_back(static_cast<int32_t>(rng() % V));
+  }
+  std::vector<std::vector<std::vector<float>>> res[2];
+  for (bool graphs : {false, true}) {
+    CudaOptions o = small_opts();
+    o.kernels.batch_pass_graphs = graphs;
+    auto single = make_cuda_backend(model, o);
+    auto be = make_cuda_batch_backend(*single, 4, 0);
+    ASSERT_TRUE(be);
+    res[graphs] = run(*be, seqs, -1);
+  }
+  size_t differ = 0, pieces = 0;
+  for (int q = 0; q < 4; ++q)
+    for (size_t p = 0; p < seqs[q].cuts.size(); ++p, ++pieces)
+      if (std::memcmp(res[0][q][p].data(), res[1][q][p].data(), sizeof(float) * V) != 0) {
+        if (differ++ < 5) ADD_FAILURE() << "sequence " << q << " piece " << p << ": graph and direct pass differ";
+      }
+  EXPECT_EQ(differ, 0u) << differ << " of " << pieces << " pieces";
+}
+
 TEST(CudaBatch, CopyPrefixAndRestoreContinueAlike) {
   const Model model = load_model(kGolden + "hf");
   auto single = make_cuda_backend(model, small_opts());
