@@ -38,6 +38,10 @@ struct KernelOptions {
   // LILY_PROMPT_ATTN_1TERM=1: the prompt path's attention takes q and the probabilities as one bf16 term each
   // instead of two (kernels/attention_chunk.cu; half the tensor-core products).
   bool prompt_attn_one_term = false;
+  // LILY_GDN_WY=1: the prompt path's Gated DeltaNet recurrence in the chunked (WY) form on the tensor cores
+  // (kernels/gdn_wy.cu: pieces of 64 tokens at absolute positions that are multiples of 64) instead of the
+  // token-by-token kernel.
+  bool gdn_wy = false;
   // LILY_BATCH_PASS_GRAPHS=0: a pass of one-token rows only launches its kernels one by one instead of replaying
   // the graph captured for its row count and attention splits (model/prefill_cuda.cu).
   bool batch_pass_graphs = true;

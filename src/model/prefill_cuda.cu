@@ -315,7 +315,8 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
                         (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.pos + q, dims, c.eps, stream_);
       else
         launch_gdn_chunk(qkv + t * cd, z + t * vd, a + t * Hv, bb + t * Hv, g.conv1d, g.A_log, g.dt_bias, g.norm,
-                         (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.scratch, r.pos0, r.n, dims, c.eps, stream_);
+                         (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.scratch, r.pos0, r.n, dims, c.eps, opts_.gdn_wy,
+                         stream_);
     }
   const GemmXBuf xm = at_width(b.x, vd);
   pmark("norm");
