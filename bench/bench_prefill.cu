@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
     float* ring = make_vec((size_t)4 * C);
     float* S = make_vec((size_t)32 * 128 * 128, 0.1f);
     float* out = static_cast<float*>(dalloc((size_t)kN * VD * sizeof(float)));
-    void* scratch = dalloc(gdn_chunk_scratch_bytes(kN, d));
+    void* scratch = dalloc(gdn_chunk_scratch_bytes(kN, d, wy));
     const double us = time_graph(4, [&](int, cudaStream_t s) {
       launch_gdn_chunk(qkv, z, a, b, cw, al, dt, nw, ring, S, out, scratch, 4096, kN, d, 1e-6f, wy, s);
     });

@@ -1,22 +1,22 @@
 // The Gated DeltaNet over a prompt chunk (docs/model.md §2.2): the decode step's math (kernels/gdn_core.cuh) for n
-// consecutive tokens at positions pos0.. . Four launches:
+// consecutive tokens at positions pos0.. . Four launches (five with the chunked form):
 //   gdn_prep_kernel    all that does not depend on the state, for every token at once (a thread per channel
 //                      over 32 tokens, then a warp per token for the norms): the conv + SiLU of q, k and v, the
 //                      L2 norms, k . q, beta and the decay, into the scratch rows (PrepRow); conv taps before
 //                      the chunk from the ring.
-//   gdn_chunk_kernel   the recurrence (or, for the real model's heads, the chunked form on the tensor cores:
-//                      kernels/gdn_wy.cu, KernelOptions::gdn_wy): a warp per (value head, 4 value columns), no barrier in the chain per
+//   gdn_chunk_kernel   the recurrence: a warp per (value head, 4 value columns), no barrier in the chain per
 //                      token: it keeps its 128 x 4 slice of the state in registers for the whole chunk (read
 //                      once, written once), each half-warp two columns over 16 lanes of 8 rows, sums its columns'
 //                      S^T k and S^T q with a reduce-scatter over the lanes, and broadcasts the columns' updates
 //                      back. A block's 8 warps share a value head; the prep's values come into shared memory 32
 //                      tokens at a time, double-buffered, so the chain reads them there rather than from L2.
-//                      Its ungated outputs o go to `out`.
+//                      Its ungated outputs o go to `out`. With wy (the real model's heads) the chunked form on
+//                      the tensor cores takes its place instead (kernels/gdn_wy.cu, two launches).
 //   gated_norm_kernel  a warp per (token, value head): out = RMSNorm(o) * norm_w * silu(z), in place.
 //   ring_update_kernel the raw qkv of the chunk's last (up to) 4 tokens into the conv ring.
-// The arithmetic is the decode step's (sums in another order), so a chunk and the decode step agree to fp32
-// rounding.
-// Tested against the fp64 / fp32 references token by token in tests/gpu/test_mixer_kernels.cu.
+// The sequential kernel's arithmetic is the decode step's (sums in another order), so a chunk and the decode step
+// agree to fp32 rounding; the chunked form's error is larger (kernels/gdn_wy.cu).
+// Tested against the fp64 / fp32 references token by token in tests/gpu/test_mixer_kernels.cu and test_gdn_wy.cu.
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/gdn_core.cuh"
@@ -310,9 +310,9 @@ __global__ void ring_update_kernel(const float* qkv, float* ring, int pos0, int 
 
 }  // namespace
 
-size_t gdn_chunk_scratch_bytes(int n, GdnDims dims) {
+size_t gdn_chunk_scratch_bytes(int n, GdnDims dims, bool wy) {
   const size_t prep = (sizeof(float) * (size_t)n * prep_row(dims).width() + 255) & ~size_t(255);
-  return prep + (gdn_wy_supported(dims) ? gdn_wy_work_bytes(n, dims) : 0);
+  return prep + (wy && gdn_wy_supported(dims) ? gdn_wy_work_bytes(n, dims) : 0);
 }
 
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,

@@ -9,12 +9,13 @@
 // which is the token-by-token recurrence (kernels/gdn_core.cuh) regrouped. Two launches after the prep kernel:
 //   gdn_wy_piece_kernel  every piece and value head at once (no state): the Gram matrices K K^T and Q K^T on the
 //                        tensor cores, T applied by forward substitution in fp32 (a thread per column of
-//                        [K | V]), W, U, P and lam into the work area.
+//                        [K | V]), W, U, P and the decays the chain needs into the work area.
 //   gdn_wy_chain_kernel  a block per (value head, 32 state columns) walks the pieces in order, the state slice in
 //                        the tensor cores' fp32 accumulators: Delta, o, then the state update, three products.
-// Every product takes both operands as two bf16 terms (hi + lo, three mma.sync: ~2^-17 of each product's size,
-// fp32 range) and sums in fp32: near the sequential fp32 kernel's precision, not the prompt budget's bound.
-// Tested against the fp64 recurrence and a CPU emulation of this arithmetic in tests/gpu/test_mixer_kernels.cu.
+// Every product takes both operands as two bf16 terms (hi + lo, three mma.sync: ~2^-16 of each product's size,
+// fp32 range) and sums in fp32 (errors ~20-30x the sequential fp32 kernel's, far inside the prompt path's budget);
+// the running sums of log decays are kept in fp64 so that a strong decay does not blur the later ones.
+// Tested against the fp64 recurrence and a CPU emulation of this arithmetic in tests/gpu/test_gdn_wy.cu.
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/gdn_prep.cuh"
@@ -26,7 +27,7 @@ namespace {
 
 constexpr int kPiece = 64;        // tokens per piece
 constexpr int kD = 128;           // Dk = Dv
-constexpr int kLd = kD + 4;       // row stride of [64][128] fp32 tiles in shared memory (conflict-free fragments)
+constexpr int kLd = kD + 4;       // row stride of [64][128] fp32 tiles in shared memory (fragment reads ~2-way)
 constexpr int kLdP = kPiece + 4;  // row stride of [64][64] and [32][64] tiles
 constexpr int kCols = 32;         // state columns per chain block
 
@@ -68,13 +69,14 @@ struct Pieces {
   __host__ __device__ int len(int p) const { return min(n, (p + 1) * kPiece - pos0 % kPiece) - start(p); }
 };
 
-// The work area per (piece, value head): W [64][128], U [64][128], P [64][64], lam [64] (floats).
-constexpr size_t kWorkFloats = 2 * kPiece * kD + kPiece * kPiece + kPiece;
+// The work area per (piece, value head): W [64][128], U [64][128], P [64][64], Gam [64] = e^lam_i,
+// eu [64] = e^(lam_last - lam_j) (0 past the piece), Gam_last and padding to 4 (floats).
+constexpr size_t kWorkFloats = 2 * kPiece * kD + kPiece * kPiece + 2 * kPiece + 4;
 
 constexpr int kPieceThreads = 256;
-constexpr size_t kPieceSmem = sizeof(float) * (3 * kPiece * kLd + kPiece * kLdP + 3 * kPiece);
+constexpr size_t kPieceSmem = sizeof(float) * (3 * kPiece * kLd + kPiece * kLdP + 2 * kPiece) + sizeof(double) * kPiece;
 
-// Block (p, h): piece p of value head h. Shared: K, Q, V [64][kLd], A [64][kLdP], beta, lam, the log decays.
+// Block (p, h): piece p of value head h. Shared: K, Q, V [64][kLd], A [64][kLdP], beta, the log decays, lam (fp64).
 __global__ void __launch_bounds__(kPieceThreads) gdn_wy_piece_kernel(const float* __restrict__ prep,
                                                                      float* __restrict__ work, Pieces pc,
                                                                      PrepRow L, int Hv, int Hk) {
@@ -84,12 +86,12 @@ __global__ void __launch_bounds__(kPieceThreads) gdn_wy_piece_kernel(const float
   float* Vs = Qs + kPiece * kLd;
   float* As = Vs + kPiece * kLd;
   float* beta = As + kPiece * kLdP;
-  float* lam = beta + kPiece;
-  float* lg = lam + kPiece;
+  float* lg = beta + kPiece;
+  double* lam = reinterpret_cast<double*>(lg + kPiece);  // (8-byte aligned: every float region above is even)
   const int p = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int s0 = pc.start(p), len = pc.len(p);
   float* out = work + ((size_t)p * Hv + h) * kWorkFloats;
-  float *Wg = out, *Ug = Wg + kPiece * kD, *Pg = Ug + kPiece * kD, *lamg = Pg + kPiece * kPiece;
+  float *Wg = out, *Ug = Wg + kPiece * kD, *Pg = Ug + kPiece * kD, *gam = Pg + kPiece * kPiece, *eug = gam + kPiece;
 
   // q, k, v of the piece's tokens (rows past len: 0), beta and the log decay
   for (int e = tid; e < kPiece * (3 * kD / 4); e += kPieceThreads) {
@@ -104,18 +106,20 @@ __global__ void __launch_bounds__(kPieceThreads) gdn_wy_piece_kernel(const float
   if (tid < kPiece) {
     const float* row = prep + (size_t)(s0 + tid) * L.width();
     beta[tid] = tid < len ? row[L.beta(h)] : 0.f;
-    lg[tid] = tid < len ? row[L.log_decay(h)] : 0.f;
+    lg[tid] = tid < len ? fmaxf(row[L.log_decay(h)], -1e4f) : 0.f;  // (e^-1e4 is 0 as -inf's would be)
   }
   __syncthreads();
-  if (warp == 0) {  // lam: inclusive running sum of the log decays, two per lane
-    const float a = lg[2 * lane], b = a + lg[2 * lane + 1];
-    float x = b;
+  if (warp == 0) {  // lam: inclusive running sum of the log decays in fp64, two per lane
+    const double a = lg[2 * lane], b = a + lg[2 * lane + 1];
+    double x = b;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, x, o);
+      const double y = __shfl_up_sync(0xffffffffu, x, o);
       if (lane >= o) x += y;
     }
-    lam[2 * lane] = x - b + a, lam[2 * lane + 1] = x;
+    double excl = __shfl_up_sync(0xffffffffu, x, 1);
+    if (lane == 0) excl = 0.0;
+    lam[2 * lane] = excl + a, lam[2 * lane + 1] = x;
   }
   __syncthreads();
 
@@ -144,7 +148,7 @@ __global__ void __launch_bounds__(kPieceThreads) gdn_wy_piece_kernel(const float
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = r0 + g + 8 * (e >> 1), j = c0 + 8 * nt + 2 * t + (e & 1);
-        const float dec = j <= i ? expf(lam[i] - lam[j]) : 0.f;
+        const float dec = j <= i ? expf((float)(lam[i] - lam[j])) : 0.f;
         As[i * kLdP + j] = j < i ? beta[i] * dec * kk[nt][e] : 0.f;
         Pg[i * kPiece + j] = dec * qk[nt][e];
       }
@@ -157,7 +161,7 @@ __global__ void __launch_bounds__(kPieceThreads) gdn_wy_piece_kernel(const float
     float y[kPiece];
 #pragma unroll
     for (int i = 0; i < kPiece; ++i) {
-      float acc = X[i * kLd] * (is_k ? beta[i] * expf(lam[i]) : beta[i]);
+      float acc = X[i * kLd] * (is_k ? beta[i] * expf((float)lam[i]) : beta[i]);
       const float* a = As + i * kLdP;
 #pragma unroll
       for (int j = 0; j < i; ++j) acc = fmaf(-a[j], y[j], acc);
@@ -167,15 +171,19 @@ __global__ void __launch_bounds__(kPieceThreads) gdn_wy_piece_kernel(const float
 #pragma unroll
     for (int i = 0; i < kPiece; ++i) dst[i * kD] = y[i];
   }
-  if (tid < kPiece) lamg[tid] = lam[tid];
+  if (tid < kPiece) {
+    gam[tid] = expf((float)lam[tid]);
+    eug[tid] = tid < len ? expf((float)(lam[len - 1] - lam[tid])) : 0.f;
+  }
+  if (tid == 0) eug[kPiece] = expf((float)lam[len - 1]);
 }
 
 constexpr int kChainThreads = 128;
-// Shared: W, Q, K [64][kLd], P [64][kLdP], U's columns [64][kCols + 4], S^T [32][kLd], Delta^T [32][kLdP], lam,
-// the update's decays.
+// Shared: W, Q, K [64][kLd], P [64][kLdP], U's columns [64][kCols + 4], S^T [32][kLd], Delta^T [32][kLdP], Gam,
+// the update's decays eu and Gam_last.
 constexpr int kLdU = kCols + 4;
 constexpr size_t kChainSmem =
-    sizeof(float) * (3 * kPiece * kLd + kPiece * kLdP + kPiece * kLdU + kCols * kLd + kCols * kLdP + 2 * kPiece);
+    sizeof(float) * (3 * kPiece * kLd + kPiece * kLdP + kPiece * kLdU + kCols * kLd + kCols * kLdP + 2 * kPiece + 4);
 
 // Block (c, h): value head h, state columns 32 c .. 32 c + 31, every piece in order. Warp w keeps the state rows
 // 32 w .. 32 w + 31 (two 16-row tiles x four 8-column tiles) in its accumulators.
@@ -191,8 +199,8 @@ __global__ void __launch_bounds__(kChainThreads) gdn_wy_chain_kernel(const float
   float* Us = Ps + kPiece * kLdP;
   float* St = Us + kPiece * kLdU;
   float* Dt = St + kCols * kLd;
-  float* lam = Dt + kCols * kLdP;
-  float* eu = lam + kPiece;
+  float* gam = Dt + kCols * kLdP;
+  float* eu = gam + kPiece;  // [64] and Gam_last at [64]
   const int h = blockIdx.y, kh = h / (Hv / Hk), col0 = blockIdx.x * kCols;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int vd = Hv * kD;
@@ -210,7 +218,7 @@ __global__ void __launch_bounds__(kChainThreads) gdn_wy_chain_kernel(const float
   for (int p = 0; p < pieces; ++p) {
     const int s0 = pc.start(p), len = pc.len(p);
     const float* wk = work + ((size_t)p * Hv + h) * kWorkFloats;
-    const float *Wg = wk, *Ug = Wg + kPiece * kD, *Pg = Ug + kPiece * kD, *lamg = Pg + kPiece * kPiece;
+    const float *Wg = wk, *Ug = Wg + kPiece * kD, *Pg = Ug + kPiece * kD, *gamg = Pg + kPiece * kPiece;
     for (int e = tid; e < kPiece * kD / 4; e += kChainThreads) {
       const int i = e / (kD / 4), d = 4 * (e % (kD / 4));
       *reinterpret_cast<float4*>(Ws + i * kLd + d) = *reinterpret_cast<const float4*>(Wg + i * kD + d);
@@ -231,7 +239,7 @@ __global__ void __launch_bounds__(kChainThreads) gdn_wy_chain_kernel(const float
       const int i = e / (kCols / 4), c = 4 * (e % (kCols / 4));
       *reinterpret_cast<float4*>(Us + i * kLdU + c) = *reinterpret_cast<const float4*>(Ug + i * kD + col0 + c);
     }
-    if (tid < kPiece) lam[tid] = lamg[tid];
+    for (int e = tid; e <= 2 * kPiece; e += kChainThreads) gam[e] = gamg[e];  // Gam, eu, Gam_last
     // S0^T into shared memory (the B operand of W S0 and Q S0)
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -241,8 +249,6 @@ __global__ void __launch_bounds__(kChainThreads) gdn_wy_chain_kernel(const float
         for (int e = 0; e < 4; ++e)
           St[(8 * nt + 2 * t + (e & 1)) * kLd + 32 * warp + 16 * mt + g + 8 * (e >> 1)] = s[mt][nt][e];
     __syncthreads();
-    const float lam_last = lam[len - 1];
-    if (tid < kPiece) eu[tid] = tid < len ? expf(lam_last - lam[tid]) : 0.f;
 
     // Delta = U - W S0 and o = diag(Gam) Q S0: warp w takes rows 16 w .., all 32 columns
     float dl[4][4] = {}, o[4][4] = {};
@@ -268,7 +274,7 @@ __global__ void __launch_bounds__(kChainThreads) gdn_wy_chain_kernel(const float
         for (int e = 0; e < 4; ++e) {
           const int i = 16 * warp + g + 8 * (e >> 1), c = 8 * nt + 2 * t + (e & 1);
           Dt[c * kLdP + i] = Us[i * kLdU + c] - dl[nt][e];
-          o[nt][e] *= expf(lam[i]);
+          o[nt][e] *= gam[i];
         }
     }
     __syncthreads();
@@ -296,7 +302,7 @@ __global__ void __launch_bounds__(kChainThreads) gdn_wy_chain_kernel(const float
     }
     // S = Gam_last S0 + (diag(eu) K)^T Delta
     {
-      const float gl = expf(lam_last);
+      const float gl = eu[kPiece];
       auto kat = [&](int d, int j) { return Ks[j * kLd + d] * eu[j]; };
       auto dbt = [&](int j, int c) { return Dt[c * kLdP + j]; };
 #pragma unroll

@@ -14,6 +14,7 @@
 
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
+#include "kernels/gdn_prep.cuh"
 #include "kernels/mixers.h"
 #include "mixer_ref.h"
 
@@ -103,15 +104,18 @@ struct WyEmu {
     const int key = dm.n_k_heads * Dk, VD = Hv * Dv;
     auto qs = [&](int i, int d) { return split(q[(size_t)(s0 + i) * key + kh * Dk + d]); };
     auto ks = [&](int i, int d) { return split(k[(size_t)(s0 + i) * key + kh * Dk + d]); };
-    std::vector<float> lam(L), bt(L);
-    float run = 0;
-    for (int i = 0; i < L; ++i) run += lg[(size_t)(s0 + i) * Hv + h], lam[i] = run, bt[i] = beta[(size_t)(s0 + i) * Hv + h];
+    std::vector<double> lam(L);  // (the kernel's running sums are fp64 too)
+    std::vector<float> bt(L);
+    double run = 0;
+    for (int i = 0; i < L; ++i)
+      run += std::max(lg[(size_t)(s0 + i) * Hv + h], -1e4f), lam[i] = run, bt[i] = beta[(size_t)(s0 + i) * Hv + h];
+    auto ex = [](double x) { return std::exp((float)x); };
     std::vector<float> A((size_t)L * L, 0.f), P((size_t)L * L, 0.f);
     for (int i = 0; i < L; ++i)
       for (int j = 0; j <= i; ++j) {
         float kk = 0, qk = 0;
         for (int d = 0; d < Dk; ++d) kk += mul3(ks(i, d), ks(j, d)), qk += mul3(qs(i, d), ks(j, d));
-        const float dec = std::exp(lam[i] - lam[j]);
+        const float dec = ex(lam[i] - lam[j]);
         if (j < i) A[(size_t)i * L + j] = bt[i] * dec * kk;
         P[(size_t)i * L + j] = dec * qk;
       }
@@ -119,7 +123,7 @@ struct WyEmu {
     std::vector<float> W((size_t)L * Dk), U((size_t)L * Dv);
     for (int i = 0; i < L; ++i) {
       for (int d = 0; d < Dk; ++d) {
-        float acc = k[(size_t)(s0 + i) * key + kh * Dk + d] * (bt[i] * std::exp(lam[i]));
+        float acc = k[(size_t)(s0 + i) * key + kh * Dk + d] * (bt[i] * ex(lam[i]));
         for (int j = 0; j < i; ++j) acc = std::fma(-A[(size_t)i * L + j], W[(size_t)j * Dk + d], acc);
         W[(size_t)i * Dk + d] = acc;
       }
@@ -139,7 +143,7 @@ struct WyEmu {
           ws += mul3(split(W[(size_t)i * Dk + d]), s), qs0 += mul3(qs(i, d), s);
         }
         Dl[(size_t)i * Dv + c] = U[(size_t)i * Dv + c] - ws;
-        o[(size_t)(s0 + i) * VD + h * Dv + c] = qs0 * std::exp(lam[i]);
+        o[(size_t)(s0 + i) * VD + h * Dv + c] = qs0 * ex(lam[i]);
       }
     for (int i = 0; i < L; ++i)
       for (int c = 0; c < Dv; ++c) {
@@ -147,12 +151,12 @@ struct WyEmu {
         for (int j = 0; j <= i; ++j) acc += mul3(split(P[(size_t)i * L + j]), split(Dl[(size_t)j * Dv + c]));
         o[(size_t)(s0 + i) * VD + h * Dv + c] = acc;
       }
-    const float gl = std::exp(lam[L - 1]);
+    const float gl = ex(lam[L - 1]);
     for (int d = 0; d < Dk; ++d)
       for (int c = 0; c < Dv; ++c) {
         float acc = Sh[(size_t)d * Dv + c] * gl;
         for (int j = 0; j < L; ++j)
-          acc += mul3(split(k[(size_t)(s0 + j) * key + kh * Dk + d] * std::exp(lam[L - 1] - lam[j])),
+          acc += mul3(split(k[(size_t)(s0 + j) * key + kh * Dk + d] * ex(lam[L - 1] - lam[j])),
                       split(Dl[(size_t)j * Dv + c]));
         Sh[(size_t)d * Dv + c] = acc;
       }
@@ -166,19 +170,24 @@ void expect_wy(const char* what, const std::vector<float>& gpu, const std::vecto
   for (size_t i = 0; i < r64.size(); ++i)
     e32 = std::max(e32, std::fabs(r32[i] - r64[i])), eemu = std::max(eemu, std::fabs(emu[i] - r64[i]));
   std::printf("%-28s emulated kernel arithmetic %.3g, fp32 recurrence %.3g\n", what, eemu, e32);
+  // the emulation must stay near the fp32 recurrence (~20-30x: the split's 2^-16), or it would widen the bound
+  EXPECT_LE(eemu, 64 * e32 + atol) << what << ": the emulated reference itself is off";
   expect_close(what, gpu, r64, eemu > e32 ? emu : r32, atol);
 }
 
 // `before` tokens through the decode step (GPU) and all three references, then n tokens in one launch_gdn_chunk
 // with wy on, then one more decode step reading the ring and state the chunk left.
-void run_wy_case(int before, int n, uint32_t seed) {
+// strong: decays down to ~e^-300 a token (A_log up to 4, a up to 6), the state reset within a piece.
+void run_wy_case(int before, int n, uint32_t seed, bool strong = false) {
   const GdnDims dm{16, 32, 128, 128};
+  ASSERT_TRUE(gdn_wy_supported(dm));  // (else launch_gdn_chunk would take the sequential kernel)
   std::mt19937 g(seed);
   const int C = dm.conv_dim(), Hv = dm.n_v_heads, Dv = dm.v_dim, VD = Hv * Dv;
   const size_t nS = (size_t)Hv * dm.k_dim * Dv;
-  auto cw = randv((size_t)C * 4, g, -0.6f, 0.6f), alog = randv(Hv, g, -2, 1), dtb = randv(Hv, g, -1, 1);
+  auto cw = randv((size_t)C * 4, g, -0.6f, 0.6f), alog = randv(Hv, g, -2, strong ? 4 : 1), dtb = randv(Hv, g, -1, 1);
   auto nw = randv(Dv, g, 0.5f, 1.5f);
   auto S0 = randv(nS, g, -0.3f, 0.3f);
+  const float a_hi = strong ? 6 : 2;
   GdnRef<double> r64{dm, std::vector<double>(S0.begin(), S0.end()), {}};
   GdnRef<float> r32{dm, S0, {}};
   WyEmu emu{dm, S0, {}};
@@ -186,7 +195,7 @@ void run_wy_case(int before, int n, uint32_t seed) {
   float* ring = poisoned((size_t)4 * C);
   int* dpos = to_dev(std::vector<int>{0});
   auto one_step = [&](int t, const char* what) {
-    auto qkv = randv(C, g, -2, 2), z = randv(VD, g, -2, 2), a = randv(Hv, g, -2, 2), b = randv(Hv, g, -2, 2);
+    auto qkv = randv(C, g, -2, 2), z = randv(VD, g, -2, 2), a = randv(Hv, g, -2, a_hi), b = randv(Hv, g, -2, 2);
     float *dqkv = to_dev(qkv), *dz = to_dev(z), *da = to_dev(a), *db = to_dev(b), *dout = poisoned(VD);
     CUDA_CHECK(cudaMemcpy(dpos, &t, sizeof(int), cudaMemcpyHostToDevice));
     launch_gdn_step(dqkv, dz, da, db, dcw, dal, ddt, dnw, ring, dS, dout, dpos, dm, 1e-6f, 0);
@@ -201,7 +210,7 @@ void run_wy_case(int before, int n, uint32_t seed) {
   std::vector<float> qkv, z, a, b, o32;
   std::vector<double> o64;
   for (int t = 0; t < n; ++t) {
-    auto q1 = randv(C, g, -2, 2), z1 = randv(VD, g, -2, 2), a1 = randv(Hv, g, -2, 2), b1 = randv(Hv, g, -2, 2);
+    auto q1 = randv(C, g, -2, 2), z1 = randv(VD, g, -2, 2), a1 = randv(Hv, g, -2, a_hi), b1 = randv(Hv, g, -2, 2);
     auto e64 = r64.step(q1, z1, a1, b1, cw, alog, dtb, nw);
     auto e32 = r32.step(q1, z1, a1, b1, cw, alog, dtb, nw);
     qkv.insert(qkv.end(), q1.begin(), q1.end()), z.insert(z.end(), z1.begin(), z1.end());
@@ -211,7 +220,7 @@ void run_wy_case(int before, int n, uint32_t seed) {
   auto oe = emu.run(before, n, qkv, z, a, b, cw, alog, dtb, nw);
   float *dqkv = to_dev(qkv), *dz = to_dev(z), *da = to_dev(a), *db = to_dev(b), *dout = poisoned((size_t)n * VD);
   void* scratch = nullptr;
-  CUDA_CHECK(cudaMalloc(&scratch, gdn_chunk_scratch_bytes(n, dm)));
+  CUDA_CHECK(cudaMalloc(&scratch, gdn_chunk_scratch_bytes(n, dm, true)));
   launch_gdn_chunk(dqkv, dz, da, db, dcw, dal, ddt, dnw, ring, dS, dout, scratch, before, n, dm, 1e-6f, true, 0);
   CUDA_CHECK(cudaDeviceSynchronize());
   char name[96];
@@ -238,3 +247,4 @@ TEST(GdnWy, AcrossPieceBoundaries) {
   run_wy_case(128, 128, 25); // two whole pieces
 }
 TEST(GdnWy, ManyPieces) { run_wy_case(60, 300, 26); }
+TEST(GdnWy, StrongDecays) { run_wy_case(30, 150, 27, true); }

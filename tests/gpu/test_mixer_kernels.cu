@@ -170,7 +170,7 @@ void run_gdn_chunk_case(GdnDims dm, int before, int n, uint32_t seed) {
   }
   float *dqkv = to_dev(qkv), *dz = to_dev(z), *da = to_dev(a), *db = to_dev(b), *dout = poisoned((size_t)n * VD);
   void* scratch = nullptr;
-  CUDA_CHECK(cudaMalloc(&scratch, gdn_chunk_scratch_bytes(n, dm)));
+  CUDA_CHECK(cudaMalloc(&scratch, gdn_chunk_scratch_bytes(n, dm, false)));
   launch_gdn_chunk(dqkv, dz, da, db, dcw, dal, ddt, dnw, ring, dS, dout, scratch, before, n, dm, 1e-6f, false, 0);
   CUDA_CHECK(cudaDeviceSynchronize());
   char name[96];
