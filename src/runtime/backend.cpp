@@ -11,6 +11,10 @@ namespace lily {
 
 void Backend::begin_sampling(const SamplingSetup& setup, std::span<const int32_t> prompt) { host_begin(setup, prompt); }
 void Backend::prefill(std::span<const int32_t> tokens, bool last) { host_prefill(tokens, last); }
+bool Backend::prefill_stoppable(std::span<const int32_t> tokens, bool last, const std::function<bool()>&) {
+  prefill(tokens, last);
+  return true;
+}
 SampledToken Backend::sample() { return host_sample(); }
 void Backend::decode_launch() { host_launch(); }
 SampledToken Backend::decode_wait() { return host_wait(); }

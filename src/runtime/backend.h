@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -72,6 +73,11 @@ class Backend {
   // Consumes prompt tokens; with `last`, this piece ends the prompt and its last token's logits are the ones
   // sample() draws from.
   virtual void prefill(std::span<const int32_t> tokens, bool last);
+  // prefill() that can stop partway through the piece: stop() is checked between parts of it (not before it:
+  // the caller does that) and once it returns true the rest is abandoned. Returns false then, and the sequence's
+  // state is undefined until reset() or restore_state(). This base: the whole piece, never stopped; the CPU
+  // backend checks every 256 tokens.
+  virtual bool prefill_stoppable(std::span<const int32_t> tokens, bool last, const std::function<bool()>& stop);
   // The next id from the logits of the last consumed position. It becomes the pending id; position() is unchanged.
   virtual SampledToken sample();
   // Consumes the pending id (position() + 1) and samples the next one from its logits, which becomes pending.

@@ -1,6 +1,8 @@
 // The CPU backend: the reference forward pass (model/forward_cpu.h) behind the runtime's Backend, with the
 // host implementation of the generation protocol (the Sampler over its logits).
 #pragma once
+#include <algorithm>
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -45,6 +47,16 @@ class CpuBackend : public Backend {
     s.bytes = f_.save_state();
     return s;
   }
+  // Parts of 256 tokens (whole passes of the forward: the same passes, so the same bits, as one call), stop()
+  // before each after the first.
+  bool prefill_stoppable(std::span<const int32_t> tokens, bool last, const std::function<bool()>& stop) override {
+    for (size_t i = 0; i < tokens.size(); i += kStopTokens) {
+      if (i > 0 && stop && stop()) return false;
+      const size_t m = std::min(kStopTokens, tokens.size() - i);
+      prefill(tokens.subspan(i, m), last && i + m == tokens.size());
+    }
+    return true;
+  }
   bool profile_begin() override {
     prof_.finish();
     f_.set_profiler(&prof_);
@@ -62,6 +74,7 @@ class CpuBackend : public Backend {
 
  private:
   static constexpr int kPageTokens = 256;  // KV accounting granularity (the vectors grow per token)
+  static constexpr size_t kStopTokens = 2 * CpuForward::kPromptChunk;  // prefill_stoppable's parts
   CpuForward f_;
   IdPool kv_pool_;                 // this backend's KV pages (accounting: the forward pass owns the memory)
   PageTable kv_{kPageTokens};

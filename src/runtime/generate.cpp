@@ -37,6 +37,11 @@ bool prefill(Backend& be, std::span<const int32_t> prompt, int from, const Gener
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
   const int V = be.config().vocab;
+  FinishReason why = FinishReason::none;
+  const std::function<bool()> stop = [&] {
+    why = opt.interrupt ? opt.interrupt() : FinishReason::none;
+    return why != FinishReason::none;
+  };
   size_t next_cut = 0;
   for (int pos = from; pos < n;) {
     if (opt.interrupt)
@@ -49,7 +54,11 @@ bool prefill(Backend& be, std::span<const int32_t> prompt, int from, const Gener
     if (at_cut) end = cuts[next_cut++];
     const std::span<const int32_t> piece = prompt.subspan(pos, end - pos);
     if (opt.prompt_logits) be.forward(piece, opt.prompt_logits + static_cast<size_t>(pos - from) * V, true);
-    else be.prefill(piece, end == n);
+    else if (!be.prefill_stoppable(piece, end == n, stop)) {
+      res.finish = why;
+      res.state_valid = false;  // stopped inside the piece
+      return false;
+    }
     pos = end;
     if (at_cut && opt.on_checkpoint) opt.on_checkpoint(pos);
   }

@@ -30,7 +30,8 @@ struct GenerateOptions {
   std::function<void()> on_prefilled;   // the prompt is consumed (before the first sample)
   float* prompt_logits = nullptr;       // max_tokens 0: [n - from][vocab] every prompt position's logits
   // ---- control ----
-  // Checked before each prompt piece and each reported id: a reason to end now (cancelled; length for a time
+  // Checked before each prompt piece, inside a piece where the backend can stop partway
+  // (Backend::prefill_stoppable), and before each reported id: a reason to end now (cancelled; length for a time
   // limit), or FinishReason::none to go on.
   std::function<FinishReason()> interrupt;
   // Every sampled id in order, stop ids too (`stop_id`); returns a reason to end after this id, or none.
@@ -42,7 +43,8 @@ struct GenerateResult {
   FinishReason finish = FinishReason::none;
   bool stopped_by_id = false;
   bool prefilled = false;               // false: interrupted while consuming the prompt
-  bool state_valid = true;              // false: a discarded look-ahead step had non-finite logits (reset the backend)
+  bool state_valid = true;              // false: the backend's state is not its position's (a discarded look-ahead
+                                        // step had non-finite logits, or a prompt piece was stopped partway): reset it
   int prompt_tokens = 0;
   std::vector<int32_t> ids() const;     // tokens' ids
 };

@@ -241,8 +241,11 @@ void Engine::run(GenJob& job) {
   seq.resize(static_cast<size_t>(backend_->position()));
   resident_ = std::move(seq);
   if (!r.prefilled) {
-    // Interrupted prefill: the resident tokens are exactly what was consumed, so they stay reusable.
-    return finish(job, r.finish);
+    // Interrupted prefill: between pieces the resident tokens are exactly what was consumed, so they stay
+    // reusable; inside a piece the state is partway through it.
+    finish(job, r.finish);
+    if (!r.state_valid) start_over();
+    return;
   }
   job.gen_ms = ms_since(r.tokens.empty() ? start : gen_start);
   job.stopped_by_id = r.stopped_by_id;

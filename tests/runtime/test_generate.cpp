@@ -5,6 +5,7 @@
 #include <cmath>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -178,6 +179,67 @@ TEST(Generate, InterruptStopsPrefillAndDecode) {
   EXPECT_EQ(checkpoints, (std::vector<int>{40}));
   EXPECT_EQ(r.ids(), (std::vector<int32_t>{2, 3}));
   EXPECT_EQ(r.finish, FinishReason::length);
+}
+
+// A backend that stops inside a piece (Backend::prefill_stoppable): parts of 4 tokens, stop() between them.
+class PartsBackend : public CountingBackend {
+ public:
+  using CountingBackend::CountingBackend;
+  bool prefill_stoppable(std::span<const int32_t> tokens, bool last, const std::function<bool()>& stop) override {
+    for (size_t i = 0; i < tokens.size(); i += 4) {
+      if (i > 0 && stop()) return false;
+      prefill(tokens.subspan(i, std::min<size_t>(4, tokens.size() - i)), last && i + 4 >= tokens.size());
+    }
+    return true;
+  }
+};
+
+TEST(Generate, InterruptInsideAPiece) {
+  PartsBackend be(1000);
+  std::vector<int32_t> prompt(30, 1);
+  GenerateOptions o = greedy(5, be, false);
+  o.prefill_chunk = 16;
+  int calls = 0;
+  // call 1 before the piece [0, 16), calls 2 and 3 before its parts [4, 8) and [8, 12): stopped there
+  o.interrupt = [&] { return ++calls == 3 ? FinishReason::cancelled : FinishReason::none; };
+  GenerateResult r = generate(be, prompt, o);
+  EXPECT_FALSE(r.prefilled);
+  EXPECT_FALSE(r.state_valid);
+  EXPECT_EQ(r.finish, FinishReason::cancelled);
+  EXPECT_EQ(be.position(), 8);
+  EXPECT_TRUE(r.tokens.empty());
+  // between pieces the state stays valid (the position is what was consumed)
+  be.reset();
+  calls = 0;
+  o.interrupt = [&] { return ++calls == 5 ? FinishReason::cancelled : FinishReason::none; };  // 1, 2, 3, 4: [0, 16)
+  r = generate(be, prompt, o);
+  EXPECT_FALSE(r.prefilled);
+  EXPECT_TRUE(r.state_valid);
+  EXPECT_EQ(be.position(), 16);
+}
+
+// The CPU backend's parts (prefill_stoppable) give the bits of one whole forward: the state and the next logits.
+TEST(Generate, CpuPartsGiveTheWholePiecesBits) {
+  Model model = load_model(std::string(LILY_SOURCE_DIR) + "/tests/data/golden/hf");
+  ThreadPool pool(2);
+  CpuBackend whole(model, 0, &pool), parts(model, 0, &pool);
+  std::vector<int32_t> prompt(600);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % model.config.vocab);
+  whole.forward(prompt, nullptr, false);
+  int checks = 0;
+  EXPECT_TRUE(parts.prefill_stoppable(prompt, false, [&] { return ++checks, false; }));
+  EXPECT_EQ(checks, 2);  // before [256, 512) and [512, 600)
+  EXPECT_EQ(parts.position(), whole.position());
+  EXPECT_EQ(parts.save_state().bytes, whole.save_state().bytes);
+  const int32_t next = 5;
+  std::vector<float> a(model.config.vocab), b(model.config.vocab);
+  whole.forward(std::span<const int32_t>(&next, 1), a.data(), false);
+  parts.forward(std::span<const int32_t>(&next, 1), b.data(), false);
+  EXPECT_EQ(a, b);
+  // stopped before its second part: the first part consumed, false returned
+  parts.reset();
+  EXPECT_FALSE(parts.prefill_stoppable(prompt, true, [] { return true; }));
+  EXPECT_EQ(parts.position(), 256);
 }
 
 TEST(Generate, ScoresAPromptWithoutSampling) {

@@ -533,7 +533,17 @@ class ScriptBackend : public Backend {
     fed.clear();
     ++resets;
   }
+  // in two halves, `mid` and stop() between them
+  bool prefill_stoppable(std::span<const int32_t> tokens, bool last, const std::function<bool()>& stop) override {
+    const size_t h = tokens.size() / 2;
+    prefill(tokens.first(h), false);
+    if (mid) mid();
+    if (stop()) return false;
+    prefill(tokens.subspan(h), last);
+    return true;
+  }
   std::vector<int32_t> fed;
+  std::function<void()> mid;
   int begun = 0, max_queued = 0, resets = 0;
   int32_t nan_id = -1;  // the device sample that would produce this id has NaN logits instead
 
@@ -643,6 +653,33 @@ TEST(ServerEngine, NanLogitsOnTheDevicePath) {
   EXPECT_GT(after_cut.resets, cut_clean.resets);
   EXPECT_TRUE(after_cut.fed.empty());
   EXPECT_EQ(cut_clean.fed, (std::vector<int32_t>{2, 3, 4, 5, 6}));
+}
+
+// A request cancelled while its prompt piece is processed (docs/api.md: a dropped client stops its request): the
+// backend stops inside the piece, the request ends cancelled with no ids, and the half-consumed state is reset.
+TEST(ServerEngine, CancelInsideAPromptPiece) {
+  ScriptBackend be(false);
+  Metrics metrics;
+  EngineOptions eo;
+  eo.prefix_cache = false;
+  Engine engine(be, metrics, eo);
+  auto job = std::make_shared<GenJob>();
+  job->prompt = {2, 3, 4, 5, 6, 7};
+  job->sampling.temperature = 0;
+  job->max_tokens = 5;
+  std::vector<int32_t> ids;
+  job->on_token = [&](const SampledToken& ev) { return ids.push_back(ev.token), true; };
+  std::promise<void> done;
+  job->on_done = [&] { done.set_value(); };
+  be.mid = [&] { job->cancel.store(true); };
+  const int resets = be.resets;
+  engine.submit(job);
+  done.get_future().wait();
+  engine.shutdown(Clock::now());  // (joins the engine thread: the reset after on_done has happened)
+  EXPECT_EQ(job->finish, FinishReason::cancelled);
+  EXPECT_TRUE(ids.empty());
+  EXPECT_GT(be.resets, resets);
+  EXPECT_TRUE(be.fed.empty());  // the half piece was dropped, not kept as the resident prefix
 }
 
 // The context-length error names the field the prompt came from: "prompt" for /v1/completions.
