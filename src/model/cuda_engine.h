@@ -166,14 +166,19 @@ class CudaEngine {
   int prefill_chunk() const;
   // logits() = lm_head(RMSNorm(h) * norm) for h [H] on the device (e.g. prefill_h(t)); enqueued on stream().
   void lm_head(const float* h);
-  void prefill(const int32_t* tokens, int pos0, int n);
+  // stop (may be null): asked every kStopLayers layers once the group before has run (the GPU keeps one group
+  // queued meanwhile); when it returns true the pass is abandoned: false, and the sequence's state is undefined
+  // (the caller resets it). A cancelled request then stops within about two groups, a quarter of a chunk's time.
+  static constexpr int kStopLayers = 5;
+  bool prefill(const int32_t* tokens, int pos0, int n, const std::function<bool()>* stop = nullptr);
   void prefill_alloc();  // the prompt path's buffers (~0.5 GB for the real model; prefill allocates them if needed)
   bool prefill_supported() const;  // the prompt path's kernels take this model's shapes
   const float* prefill_h(int t) const;
   // The prompt path over several sequences at once (the batched step): rows_tokens [n_rows] (host), each
   // sequence's rows and state in `seqs` (their KV pages allocated up to pos0 + n); n_rows <= kPrefillChunk.
   // Every weight product runs once over all rows; GDN and attention per sequence on its own state.
-  void prefill_rows(const int32_t* rows_tokens, int n_rows, const SeqRows* seqs, int n_seqs);
+  // False only when prefill's stop ended the pass.
+  bool prefill_rows(const int32_t* rows_tokens, int n_rows, const SeqRows* seqs, int n_seqs);
   // logits [n][vocab] (device) = lm_head(RMSNorm(h) * norm) of the last pass's rows `rows` [n] (host), n <=
   // kPrefillChunk, as one GEMM (the lm_head read once for all of them). Enqueued on stream().
   void head_rows(const int* rows, int n, float* logits);
@@ -204,7 +209,8 @@ class CudaEngine {
   void prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_moe(int layer, int n);
   // The kernels of a pass (after its inputs are staged): embedding, then every layer.
-  void prefill_layers(const SeqRows* seqs, int n_seqs, int n);
+  // False: stopped by stop_ (prefill).
+  bool prefill_layers(const SeqRows* seqs, int n_seqs, int n);
   // The graph of `fn`'s launches on stream_ (a launcher that throws ends the capture first).
   cudaGraphExec_t capture_fn(const std::function<void()>& fn);
 
@@ -213,6 +219,7 @@ class CudaEngine {
   DeviceWeights w_;
   bool fused_ = true;                 // constructor: false = the split paths everywhere (tests)
   KernelOptions opts_;                // as constructed (the plan's source; prefill_skips reads skip)
+  const std::function<bool()>* stop_ = nullptr;  // the running prefill's stop (prefill_layers asks it)
   DecodePlan plan_;                   // made once the weights and scratch exist
   StepRecorder* rec_ = nullptr;       // during record_step: its recorder (never null there)
   float* gdn_scratch_ = nullptr;      // [gdn_mixer_scratch_floats()] fused GDN mixer: staged outputs, tile sums

@@ -55,6 +55,7 @@ struct PrefillBuffers {
                                 // formats differ, 2 x [n * top_k][F])
   float* ysh = nullptr;         // [n][H] shared expert's output
   GemmSplit split;              // split-K scratch of the dense GEMMs (KernelOptions::gemm_split_blocks)
+  cudaEvent_t stop_ev[2] = {};  // prefill's stop checks: the end of the last two layer groups queued
   const GemmSplit* dense = nullptr;  // this pass's: &split when every row is a one-token row, else null
   // Decode passes' graphs (KernelOptions::batch_pass_graphs): what a pass of one-token rows launches depends only
   // on its row count and attention splits (everything else is read from the buffers above), captured at a key's
@@ -85,6 +86,7 @@ void CudaEngine::prefill_alloc() {
   const int attn_proj = c.q_proj_rows() + 2 * c.n_kv_heads * d;
   const int mix = std::max(c.value_dim(), c.n_heads * d);
   b->tokens = device_alloc<int>(n);
+  for (cudaEvent_t& e : b->stop_ev) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   CUDA_CHECK(cudaMallocHost(&b->host, sizeof(int) * 2 * n));
   b->pos = device_alloc<int>(n);
   b->dec = device_alloc<int>(2 * (size_t)n);
@@ -128,6 +130,8 @@ void CudaEngine::prefill_free() {
     if (p) cudaFree(p);
   if (b.host) cudaFreeHost(b.host);
   if (b.dec_host) cudaFreeHost(b.dec_host);
+  for (cudaEvent_t e : b.stop_ev)
+    if (e) cudaEventDestroy(e);
   gemm_x_free(b.x);
   gemm_split_free(b.split);
   b.drop_graphs();
@@ -154,14 +158,19 @@ int CudaEngine::prefill_chunk() const {
 
 const float* CudaEngine::prefill_h(int t) const { return pf_->h + (size_t)t * cfg_.hidden; }
 
-void CudaEngine::prefill(const int32_t* tokens, int pos0, int n) {
+bool CudaEngine::prefill(const int32_t* tokens, int pos0, int n, const std::function<bool()>* stop) {
   LILY_CHECK(n >= 1 && n <= kPrefillChunk, "prefill: ", n, " tokens in one chunk (1..", kPrefillChunk, ")");
   ensure_kv(pos0 + n);
   const SeqRows own{0, n, pos0, &own_.ring, &own_.S, &own_.page_table};
-  prefill_rows(tokens, n, &own, 1);
+  stop_ = stop;
+  struct Clear {
+    const std::function<bool()>*& p;
+    ~Clear() { p = nullptr; }
+  } clear{stop_};
+  return prefill_rows(tokens, n, &own, 1);
 }
 
-void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs, int n_seqs) {
+bool CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs, int n_seqs) {
   LILY_CHECK(n >= 1 && n <= kPrefillChunk && n_seqs >= 1 && n_seqs <= n, "prefill: ", n, " rows of ", n_seqs,
              " sequences in one pass (1..", kPrefillChunk, " rows)");
   prefill_alloc();
@@ -213,10 +222,7 @@ void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
   }
 
   // (a profiled pass marks its families, a debug run synchronises after each launch: no graph)
-  if (m < n || !opts_.batch_pass_graphs || prof_ || opts_.debug_sync) {
-    prefill_layers(seqs, n_seqs, n);
-    return;
-  }
+  if (m < n || stop_ || !opts_.batch_pass_graphs || prof_ || opts_.debug_sync) return prefill_layers(seqs, n_seqs, n);
   auto it = std::find_if(b.graphs.begin(), b.graphs.end(),
                          [&](const PrefillBuffers::PassGraph& g) { return g.n == n && g.splits == b.dec_splits; });
   if (it == b.graphs.end()) {  // the key's first pass: remembered, run directly
@@ -227,26 +233,35 @@ void CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
       b.graphs.erase(lru);
     }
     b.graphs.push_back({n, b.dec_splits, nullptr, ++b.clock});
-    prefill_layers(seqs, n_seqs, n);
-    return;
+    return prefill_layers(seqs, n_seqs, n);
   }
   if (!it->exec) it->exec = capture_fn([&] { prefill_layers(seqs, n_seqs, n); });
   it->used = ++b.clock;
   CUDA_CHECK(cudaGraphLaunch(it->exec, stream_));
+  return true;
 }
 
-void CudaEngine::prefill_layers(const SeqRows* seqs, int n_seqs, int n) {
+bool CudaEngine::prefill_layers(const SeqRows* seqs, int n_seqs, int n) {
   PrefillBuffers& b = *pf_;
   const Config& c = cfg_;
   embed_rows(w_.embed_tokens, b.tokens, n, b.h, stream_);
-  for (int i = 0; i < c.n_layers; ++i) {
+  for (int i = 0, group = 0; i < c.n_layers; ++i) {
     if (c.is_attention(i))
       prefill_attention(i, seqs, n_seqs, n);  // h += o_proj(attention(norm(h)))
     else
       prefill_gdn(i, seqs, n_seqs, n);  // h += out_proj(gdn(norm(h)))
     prefill_moe(i, n);                  // h += MoE(norm(h))
+    if (stop_ && (i + 1) % kStopLayers == 0 && i + 1 < c.n_layers) {  // (a pass with a stop is never captured)
+      CUDA_CHECK(cudaEventRecord(b.stop_ev[group & 1], stream_));
+      if (group > 0) {
+        CUDA_CHECK(cudaEventSynchronize(b.stop_ev[(group - 1) & 1]));
+        if ((*stop_)()) return false;
+      }
+      ++group;
+    }
   }
   pmark("host");
+  return true;
 }
 
 void CudaEngine::head_rows(const int* rows, int n, float* logits) {

@@ -115,7 +115,11 @@ class CudaBackend : public Backend {
     const int chunk = engine_.prefill_chunk();
     for (int i0 = 0; i0 < n; i0 += chunk) {
       const int m = std::min(chunk, n - i0);
-      engine_.prefill(tokens.data() + i0, pos_, m);
+      // (stopped: the state is partway through the prompt, and the caller resets it)
+      if ((stop_ && i0 > 0 && (*stop_)()) || !engine_.prefill(tokens.data() + i0, pos_, m, stop_)) {
+        stopped_ = true;
+        return;
+      }
       auto head = [&](int t, float* dst) {  // the lm_head per token (the GEMV of the decode step)
         if (profiling_) prof_.mark("lm_head", FamilyFlops(cfg_).lm_head);
         engine_.lm_head(engine_.prefill_h(t));
@@ -137,6 +141,8 @@ class CudaBackend : public Backend {
   // KernelOptions::prefill_min moves it
   static constexpr int kPrefillMin = 16;
   const int prefill_min_;
+  const std::function<bool()>* stop_ = nullptr;  // prefill_stoppable's, while it runs
+  bool stopped_ = false;
   const bool device_masks_;  // structured output samples on the device (KernelOptions::device_masks)
 
   // ---- the generation protocol: on the device where the sampler can be (else the host's, Backend's) ----
@@ -151,6 +157,17 @@ class CudaBackend : public Backend {
   void prefill(std::span<const int32_t> tokens, bool last) override {
     if (device_) forward(tokens, nullptr, false);  // the last token's logits stay on the device
     else host_prefill(tokens, last);
+  }
+  // The chunked path asks stop() between groups of layers (CudaEngine::prefill) and between chunks.
+  bool prefill_stoppable(std::span<const int32_t> tokens, bool last, const std::function<bool()>& stop) override {
+    stop_ = &stop;
+    stopped_ = false;
+    struct Clear {
+      const std::function<bool()>*& p;
+      ~Clear() { p = nullptr; }
+    } clear{stop_};
+    prefill(tokens, last);
+    return !stopped_;
   }
   lily::SampledToken sample() override { return device_ ? sampler_.sample() : host_sample(); }
   void decode_launch() override {

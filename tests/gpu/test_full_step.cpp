@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -216,4 +217,47 @@ TEST(FullStep, PromptF16WithinTheBound) {
               T, r[T / 2], r[T * 9 / 10], r[T - 1], d.top1_same, T);
   EXPECT_LE(r[T / 2], 2e-3);
   EXPECT_GE(d.top1_same, T * 99 / 100);
+}
+
+// CudaEngine::prefill's stop (a cancelled request): asked every kStopLayers layers once the group before has run,
+// on a 12-layer full-width model (groups end at layers 5 and 10: asked once). A pass it does not stop gives the
+// bits of a pass without a stop; one it stops returns false.
+TEST(FullStep, PrefillStopsBetweenLayerGroups) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  SynthOptions so;
+  so.preset = "full";
+  so.layout = CheckpointLayout::mlx_affine;
+  Config cfg = synth_config(so);
+  cfg.n_layers = 12;
+  cfg.layer_kinds.resize(12);
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  DeviceWeights wa = synthetic_weights(cfg, 77, s);
+  DeviceWeights wb = synthetic_weights(cfg, 77, s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaStreamDestroy(s));
+  const int T = 100;
+  CudaEngine a(cfg, std::move(wa), 2 * T, 0, true, kernel_options_from_env());
+  CudaEngine b(cfg, std::move(wb), 2 * T, 0, true, kernel_options_from_env());
+  std::vector<int32_t> tokens(T);
+  for (int i = 0; i < T; ++i) tokens[i] = (i * 7919 + 13) % cfg.vocab;
+  int calls = 0;
+  const std::function<bool()> never = [&] { return ++calls, false; };
+  EXPECT_TRUE(a.prefill(tokens.data(), 0, T, &never));
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(b.prefill(tokens.data(), 0, T));
+  std::vector<float> ha(cfg.hidden), hb(cfg.hidden);
+  CUDA_CHECK(cudaMemcpyAsync(ha.data(), a.prefill_h(T - 1), ha.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                             a.stream()));
+  CUDA_CHECK(cudaMemcpyAsync(hb.data(), b.prefill_h(T - 1), hb.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                             b.stream()));
+  CUDA_CHECK(cudaStreamSynchronize(a.stream()));
+  CUDA_CHECK(cudaStreamSynchronize(b.stream()));
+  EXPECT_EQ(ha, hb);
+  calls = 0;
+  const std::function<bool()> now = [&] { return ++calls, true; };
+  EXPECT_FALSE(a.prefill(tokens.data(), T, T, &now));
+  EXPECT_EQ(calls, 1);
+  CUDA_CHECK(cudaStreamSynchronize(a.stream()));
 }
