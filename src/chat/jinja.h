@@ -21,6 +21,9 @@ struct Limits {
   size_t max_output_bytes = size_t{256} << 20;  // rendered text, and any single string or list built
   uint64_t max_steps = 200'000'000;            // evaluated nodes (expressions, statements, loop iterations)
   int max_call_depth = 64;                     // nested macro calls
+  int max_nesting = 512;                       // nested evaluations (expressions and statements, through macro
+                                               // calls): the parser bounds one expression's height, this the
+                                               // stack of a render (~5 KB a level under AddressSanitizer)
 };
 
 class Template {

@@ -19,6 +19,19 @@ struct Evaluator {
   Frame builtins;
   int call_depth = 0;
   int loop_depth = 0;
+  int nesting = 0;  // eval / exec frames on the stack (Limits::max_nesting)
+
+  struct Nest {
+    Evaluator& e;
+    explicit Nest(Evaluator& x) : e(x) {
+      if (++e.nesting > e.budget.limits.max_nesting) {
+        --e.nesting;
+        throw_error("template nested too deeply when rendered (over " + std::to_string(e.budget.limits.max_nesting) +
+                    " levels of expressions and statements)");
+      }
+    }
+    ~Nest() { --e.nesting; }
+  };
 
   Value lookup(const std::string& name) const {
     for (auto it = scopes.rbegin(); it != scopes.rend(); ++it)
@@ -67,6 +80,7 @@ struct Evaluator {
 
   Flow exec(const Node& n, std::string& out) {
     budget.step();
+    const Nest nest(*this);
     switch (n.kind) {
       case Node::Kind::Template: return exec_body(n, out);
       case Node::Kind::Text: emit(out, n.str); return Flow::Normal;
@@ -225,6 +239,7 @@ struct Evaluator {
 
   Value eval(const Node& n) {
     budget.step();
+    const Nest nest(*this);
     switch (n.kind) {
       case Node::Kind::Literal: return n.value;
       case Node::Kind::Name: return lookup(n.str);

@@ -255,6 +255,16 @@ TEST(Jinja, LimitsStopRunawayTemplates) {
   std::string nest;
   for (int k = 0; k < 5000; ++k) nest += "{% if true %}";
   EXPECT_THROW(render(nest.c_str(), "{}"), TemplateError);
+  // each expression within the parser's height bound, but nested through macro calls: 60 calls x 150 levels would
+  // overflow the stack of an AddressSanitizer build (fuzz_jinja found it with 16 calls); the render's nesting bound
+  // ends it. Two calls deep, the same expression renders.
+  std::string minus(150, '-');
+  const std::string deep_calls =
+      "{% macro f(n) %}{% if n > 0 %}{{ " + minus + "(f(n - 1)|int) }}{% else %}0{% endif %}{% endmacro %}{{ f(60) }}";
+  EXPECT_THROW(render(deep_calls.c_str(), "{}"), TemplateError);
+  const std::string shallow =
+      "{% macro f(n) %}{% if n > 0 %}{{ " + minus + "(f(n - 1)|int) }}{% else %}0{% endif %}{% endmacro %}{{ f(2) }}";
+  EXPECT_EQ(render(shallow.c_str(), "{}"), "0");
 }
 
 }  // namespace
