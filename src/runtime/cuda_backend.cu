@@ -113,6 +113,7 @@ class CudaBackend : public Backend {
     const int n = (int)tokens.size(), V = cfg_.vocab;
     cudaStream_t s = engine_.stream();
     const int chunk = engine_.prefill_chunk();
+    const double head_flops = FamilyFlops(cfg_).lm_head;  // (profiling)
     for (int i0 = 0; i0 < n; i0 += chunk) {
       const int m = std::min(chunk, n - i0);
       // (stopped: the state is partway through the prompt, and the caller resets it)
@@ -121,7 +122,7 @@ class CudaBackend : public Backend {
         return;
       }
       auto head = [&](int t, float* dst) {  // the lm_head per token (the GEMV of the decode step)
-        if (profiling_) prof_.mark("lm_head", FamilyFlops(cfg_).lm_head);
+        if (profiling_) prof_.mark("lm_head", head_flops);
         engine_.lm_head(engine_.prefill_h(t));
         if (dst)
           CUDA_CHECK(cudaMemcpyAsync(dst, engine_.logits(), (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s));

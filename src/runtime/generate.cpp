@@ -37,18 +37,17 @@ bool prefill(Backend& be, std::span<const int32_t> prompt, int from, const Gener
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
   const int V = be.config().vocab;
-  FinishReason why = FinishReason::none;
+  FinishReason why = FinishReason::none;  // what the last stop() saw
   const std::function<bool()> stop = [&] {
     why = opt.interrupt ? opt.interrupt() : FinishReason::none;
     return why != FinishReason::none;
   };
   size_t next_cut = 0;
   for (int pos = from; pos < n;) {
-    if (opt.interrupt)
-      if (const FinishReason r = opt.interrupt(); r != FinishReason::none) {
-        res.finish = r;
-        return false;
-      }
+    if (stop()) {  // between pieces: the state is the consumed tokens'
+      res.finish = why;
+      return false;
+    }
     int end = opt.prefill_chunk > 0 ? std::min(n, pos + opt.prefill_chunk) : n;
     const bool at_cut = next_cut < cuts.size() && cuts[next_cut] <= end;
     if (at_cut) end = cuts[next_cut++];
