@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   GemmSplit split;
-  bool f16 = false, attn1 = false, wy = false;
+  bool f16 = false, attn1 = false, wy = false, few = false;
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "split") {
       split = gemm_split_alloc(4 * sm_count());
@@ -108,6 +108,9 @@ int main(int argc, char** argv) {
     } else if (std::string(argv[i]) == "wy") {
       wy = true;
       std::printf("GDN recurrence in the chunked (WY) form on the tensor cores\n");
+    } else if (std::string(argv[i]) == "rows") {
+      few = true;
+      std::printf("launches of <= 16 tokens a tile through kernels/gemm_rows.cu\n");
     } else if (std::string(argv[i]) == "f16") {
       f16 = true;
       std::printf("4-bit GEMMs on x's one-term fp16 form (kernels/gemm_f16.cu)\n");
@@ -116,6 +119,7 @@ int main(int argc, char** argv) {
   const int H = 2048, E = 256, k = 8, F = 512;
   std::printf("prompt-path kernels, one chunk of n = %d tokens (real shapes; weights beyond the L2)\n", kN);
   GemmXBuf x = gemm_x_alloc(kN * k, 4096, f16);
+  x.few = few;
   float* src = make_vec((size_t)kN * k * 4096);
   float* y = static_cast<float*>(dalloc((size_t)kN * k * 8192 * sizeof(float)));
   float* norm_w = make_vec(H);
@@ -186,18 +190,18 @@ int main(int argc, char** argv) {
     GemmXBuf xh = x, xf = x;
     xh.K = H, xf.K = F;
     const double us_gate = time_graph(copies, [&](int i, cudaStream_t s) {
-      gemm_grouped(gate[i], xh.view(), x_row, off, tiles, max_tiles, y, F, s);
+      gemm_grouped(gate[i], xh.view(), x_row, off, tiles, max_tiles, y, F, s, kN);
     });
     report("gemm_grouped q4 experts gate / up 256 x 512 x 2048", us_gate, 2.0 * F * H * kN * k,
            (double)up_probe.bytes());
     std::vector<QMat> up;
     for (int i = 0; i < copies; ++i) up.push_back(make_mat(QFormat::q4, F, H, E));
     const double us_pair = time_graph(copies, [&](int i, cudaStream_t s) {
-      gemm_grouped_swiglu(gate[i], up[i], xh.view(), x_row, off, tiles, max_tiles, w_slot, y, F, s);
+      gemm_grouped_swiglu(gate[i], up[i], xh.view(), x_row, off, tiles, max_tiles, w_slot, y, F, s, kN);
     });
     report("gemm_grouped_swiglu q4 experts gate|up", us_pair, 4.0 * F * H * kN * k, 2.0 * up_probe.bytes());
     const double us_down = time_graph(copies, [&](int i, cudaStream_t s) {
-      gemm_grouped(down[i], xf.view(), nullptr, off, tiles, max_tiles, y, H, s);
+      gemm_grouped(down[i], xf.view(), nullptr, off, tiles, max_tiles, y, H, s, kN);
     });
     report("gemm_grouped q4 experts down 256 x 2048 x 512", us_down, 2.0 * F * H * kN * k, (double)up_probe.bytes());
   }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# wip/comb (main + wip/prompt-f16 + wip/batch-pass + the chunked GDN + the CUDA prompt stop) on the GPU machine: the new
-# kernels' tests first, bench_prefill old vs new, `lily bench --prompts` with the options off / on, the
-# combination's precision bound, concurrency with and without pass graphs, then the older tests; each step within
-# what is left of BUDGET seconds. Logs -> $OUT/logs.tgz. There: tar xzf .device/stage-comb.tgz -C .device &&
+# wip/comb (main + wip/prompt-f16 + wip/batch-pass + the chunked GDN + the CUDA prompt stop + the few-token GEMM)
+# on the GPU machine: the new kernels' tests first, bench_prefill old vs new at 2048, 16 and 4 tokens, `lily
+# bench --prompts` with the options off / on, concurrency (default, few-token GEMMs in passes only, passes only),
+# the combination's precision bound, then the older tests; each step within what is left of BUDGET seconds. Logs -> $OUT/logs.tgz. There: tar xzf .device/stage-comb.tgz -C .device &&
 # BUDGET=520 bash tools/gpu_comb_run.sh .device/stage-comb
 set -uo pipefail
 T0=$(date +%s); BUDGET=${BUDGET:-540}
@@ -22,20 +22,28 @@ step() { # name timeout cmd...
   echo "== $n rc=$rc $(( $(date +%s) - s ))s $(grep -cE '^\[       OK' $L/$n.log) ok $(grep -E '^\[  (PASSED|FAILED) ' $L/$n.log | tail -1)"
   grep -E "^\[  FAILED|Failure|vs decode|median|top-1" $L/$n.log | head -8
 }
-for t in test_gdn_wy test_gemm_f16 test_full_step test_mixer_kernels test_batched test_cuda_batch; do
-  step $t 150 $B/$t
-done
+for t in test_gdn_wy test_gemm_rows; do step $t 120 $B/$t; done
 step prefill_plain 60 $B/bench_prefill 2048
 step prefill_new 60 $B/bench_prefill 2048 f16 attn1 wy
 for f in plain new; do grep " us " $L/prefill_$f.log | cut -c1-75 | sed "s/^/$f: /"; done
 pr() { python3 -c 'import json,sys; t=open(sys.argv[1]).read(); d=json.JSONDecoder().raw_decode(t[t.index("{"):])[0]; [print("%7d tokens %9.1f ms %8.0f tok/s  gemm %.0f TFLOP/s" % (p["tokens"], p["ttft_ms"], p["tok_per_s"], p["gemm_tflops"])) for p in d["points"]]' $1; }
 step prompts_plain 90 $B/lily bench --synthetic full --prompts 1k,8k,32k --json; pr $L/prompts_plain.log
 step prompts_all 90 env LILY_GDN_WY=1 LILY_PROMPT_F16=1 LILY_PROMPT_ATTN_1TERM=1 $B/lily bench --synthetic full --prompts 1k,8k,32k --json; pr $L/prompts_all.log
+for r in 16 4; do
+  step prefill${r}_split 40 $B/bench_prefill $r split
+  step prefill${r}_rows 40 $B/bench_prefill $r rows
+  for f in split rows; do grep " us " $L/prefill${r}_$f.log | grep -v "attention\|gdn" | cut -c1-62 | sed "s/^/$r $f: /"; done
+done
+cc() { step $1 120 env $2 $B/lily bench --synthetic full --concurrency 1,4,8,16,64 --gen-tokens 128; tail -7 $L/$1.log; }
+cc conc_default ""
+cc conc_rows "LILY_GEMM_ROWS=1 LILY_BATCH_GRAPH_ROWS=0"
+cc conc_passonly "LILY_BATCH_GRAPH_ROWS=0"
+step test_gemm_f16 90 $B/test_gemm_f16
 step all_full_step 150 env LILY_GDN_WY=1 LILY_PROMPT_F16=1 LILY_PROMPT_ATTN_1TERM=1 $B/test_full_step
+for t in test_mixer_kernels test_batched test_cuda_batch test_full_step; do step $t 150 $B/$t; done
 step prompts_f16 90 env LILY_PROMPT_F16=1 $B/lily bench --synthetic full --prompts 1k,8k,32k --json; pr $L/prompts_f16.log
 step prompts_wy 90 env LILY_GDN_WY=1 $B/lily bench --synthetic full --prompts 1k,8k,32k --json; pr $L/prompts_wy.log
-step conc_pass 120 $B/lily bench --synthetic full --concurrency 1,4,8,16,64 --gen-tokens 128; tail -7 $L/conc_pass.log
-step conc_nopass 120 env LILY_BATCH_PASS_GRAPHS=0 $B/lily bench --synthetic full --concurrency 1,4,8,16,64 --gen-tokens 128; tail -7 $L/conc_nopass.log
+cc conc_nopass "LILY_BATCH_PASS_GRAPHS=0"
 for t in test_cuda_backend test_moe test_gdn_fused test_gemv test_sampling; do step $t 100 $B/$t; done
 step prompts_all_128k 120 env LILY_GDN_WY=1 LILY_PROMPT_F16=1 LILY_PROMPT_ATTN_1TERM=1 $B/lily bench --synthetic full --prompts 128k --json; pr $L/prompts_all_128k.log
 echo "total $(( $(date +%s) - T0 ))s"

@@ -36,6 +36,7 @@ struct GemmX {
   int K = 0;                     // multiple of 64
   const uint16_t* h16 = nullptr;  // [n][K] fp16 bits of x * 2^-e (gemm_x_col's order), or null: none
   const float* rscale = nullptr;  // [n] 2^e of each row
+  bool few = false;  // launches of <= 16 tokens a tile take kernels/gemm_rows.cu (KernelOptions::gemm_rows)
 };
 // Device buffers behind a GemmX for up to n rows of width K (gemm_x_alloc / gemm_x_free).
 struct GemmXBuf {
@@ -45,7 +46,8 @@ struct GemmXBuf {
   int K = 0;
   uint16_t* h16 = nullptr;  // with the fp16 form (gemm_x_alloc's f16)
   float* rscale = nullptr;
-  GemmX view() const { return GemmX{hi, lo, gsum, K, h16, rscale}; }
+  bool few = false;
+  GemmX view() const { return GemmX{hi, lo, gsum, K, h16, rscale, few}; }
 };
 GemmXBuf gemm_x_alloc(int n, int K, bool f16 = false);
 void gemm_x_free(GemmXBuf& b);

@@ -451,6 +451,7 @@ void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, int tile_tokens,
 void run(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s, bool paired = false, int tile_tokens = 0) {
   if (max_tokens <= 0 || a.part[a.parts - 1].tile_end == 0) return;
   if (!a.offsets) grid_y = a.split, tile_tokens = a.n;
+  if (gemm_rows_takes(f, a, tile_tokens)) return launch_gemm_rows(f, a, paired, a.offsets ? grid_y : 1, s);
   if (paired) run_as<true>(f, a, grid_y, max_tokens, tile_tokens, s);
   else run_as<false>(f, a, grid_y, max_tokens, tile_tokens, s);
 }
@@ -491,6 +492,7 @@ GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat
   a.xscale = x.rscale;
   LILY_CHECK(!x.h16 || x.rscale, "gemm: x's fp16 form without its row scales");
   a.split = 1;
+  a.rows_kernel = x.few;
   return a;
 }
 

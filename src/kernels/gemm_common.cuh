@@ -48,6 +48,7 @@ struct GemmArgs {
   int split;             // dense: K slices (blockIdx.y), 1: none (batched.h GemmSplit)
   float* split_partial;  // [row tiles][split][kGemmSplitFloats]
   unsigned* split_count; // [row tiles]
+  bool rows_kernel;      // GemmX::few: launches of <= 16 tokens a tile take kernels/gemm_rows.cu
 };
 
 // The groups [g0, g1) of the block's K slice (grouped launches: all).
@@ -157,6 +158,11 @@ __device__ __forceinline__ void store_out(const GemmArgs& a, const GemmPart& par
   else *dst = a.accumulate ? *dst + v : v;
 }
 
+
+// kernels/gemm_rows.cu: whether it takes a launch of this format whose tiles hold at most tile_tokens tokens
+// (needs a.rows_kernel, q4 or q8, K a multiple of 512), and the launch (grid_y: grouped, the work list's bound).
+bool gemm_rows_takes(QFormat f, const GemmArgs& a, int tile_tokens);
+void launch_gemm_rows(QFormat f, const GemmArgs& a, bool paired, int grid_y, cudaStream_t s);
 
 // The 4-bit weights on fp16 x (kernels/gemm_f16.cu): the launch of gemm_q4_f16_kernel for a.xf16.
 template <bool PAIRED>

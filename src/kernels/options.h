@@ -42,6 +42,10 @@ struct KernelOptions {
   // (kernels/gdn_wy.cu: pieces of 64 tokens at absolute positions that are multiples of 64) instead of the
   // token-by-token kernel.
   bool gdn_wy = false;
+  // LILY_GEMM_ROWS=1: GEMM launches of at most 16 tokens a tile (a batched decode step's passes, an expert's few
+  // slots) take kernels/gemm_rows.cu (weights straight into registers, K split between a block's warps) instead
+  // of the 64- and 16-token tiles of kernels/gemm.cu. Same arithmetic per column, other bits.
+  bool gemm_rows = false;
   // LILY_BATCH_PASS_GRAPHS=0: a pass of one-token rows only launches its kernels one by one instead of replaying
   // the graph captured for its row count and attention splits (model/prefill_cuda.cu).
   bool batch_pass_graphs = true;

@@ -98,6 +98,7 @@ void CudaEngine::prefill_alloc() {
   // allocation of x_elems values (and x_elems / 64 group sums), viewed at each width (at_width)
   const size_t x_elems = std::max((size_t)n * std::max(H, mix), (size_t)n * k * F);
   b->x = gemm_x_alloc((int)(x_elems / 64), 64, opts_.prompt_f16);
+  b->x.few = opts_.gemm_rows;
   b->proj = device_alloc<float>((size_t)n * std::max(gdn_proj, attn_proj));
   b->mix = device_alloc<float>((size_t)n * mix);
   const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};

@@ -19,96 +19,12 @@
 #include <memory>
 #include <numeric>
 
+#include "gemm_ref.h"
 #include "kernel_test_util.h"
 #include "kernels/batched.h"
 
 namespace lily::cuda::test {
 namespace {
-
-bool no_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) != cudaSuccess || n == 0;
-}
-
-const char* fmt_name(QFormat f) { return f == QFormat::q4 ? "q4" : f == QFormat::q8 ? "q8" : "bf16"; }
-
-template <typename T>
-std::vector<T> to_host(const T* p, size_t n) {
-  std::vector<T> v(n);
-  CUDA_CHECK(cudaMemcpy(v.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost));
-  return v;
-}
-
-struct XBuf {  // a GemmXBuf freed on scope exit
-  GemmXBuf b;
-  XBuf(int n, int K) : b(gemm_x_alloc(n, K)) {}
-  ~XBuf() { gemm_x_free(b); }
-  XBuf(const XBuf&) = delete;
-  XBuf& operator=(const XBuf&) = delete;
-};
-
-// x [n][ld] with varied magnitudes: per row 2^-3..2^3, per element another 2^-2..2^2 (never zero).
-std::vector<float> random_x(std::mt19937_64& rng, int n, int ld) {
-  std::uniform_int_distribution<int> e_row(-3, 3), e_el(-2, 2);
-  std::vector<float> x = random_vec(rng, static_cast<size_t>(n) * ld);
-  for (int t = 0; t < n; ++t) {
-    const int er = e_row(rng);
-    float* row = &x[static_cast<size_t>(t) * ld];
-    for (int k = 0; k < ld; ++k) row[k] = std::ldexp(row[k], er + e_el(rng));
-  }
-  return x;
-}
-
-// The storage position of column c of a 64-element group (the inverse of gemm_x_col).
-int pos_of(int c) {
-  for (int p = 0; p < 64; ++p)
-    if (gemm_x_col(p) == c) return p;
-  return -1;
-}
-
-// x~ = hi + lo of the n rows in b ([n][K]); bad counts the elements outside |x - x~| <= 2^-16 |x| (x [n][ldx]).
-std::vector<double> split_of(const GemmXBuf& b, int n, const std::vector<float>& x, int ldx, size_t& bad) {
-  const size_t m = static_cast<size_t>(n) * b.K;
-  const std::vector<uint16_t> hi = to_host(b.hi, m), lo = to_host(b.lo, m);
-  std::vector<double> xt(m);
-  bad = 0;
-  for (int t = 0; t < n; ++t)
-    for (int k = 0; k < b.K; ++k) {
-      const size_t i = static_cast<size_t>(t) * b.K + k;  // column k, stored at position p (batched.h)
-      const size_t p = static_cast<size_t>(t) * b.K + (k / 64) * 64 + pos_of(k % 64);
-      xt[i] = static_cast<double>(bf16_to_f32(hi[p])) + bf16_to_f32(lo[p]);
-      const double xv = x[static_cast<size_t>(t) * ldx + k];
-      if (!(std::fabs(xv - xt[i]) <= std::ldexp(std::fabs(xv), -16))) ++bad;
-    }
-  return xt;
-}
-
-// Row r of matrix e as the GEMM applies it: w = sq + b, sq = scale * q (bf16: the weight) multiplies x~ and
-// b = bias (bf16: 0) multiplies x (through the group sums). fp64 and fp32 copies.
-struct RowW {
-  std::vector<double> sq, b;
-  std::vector<float> sq32, b32;
-};
-void row_w(const HostMat& h, int e, int r, RowW& w) {
-  w.sq.resize(h.cols); w.b.resize(h.cols); w.sq32.resize(h.cols); w.b32.resize(h.cols);
-  for (int k = 0; k < h.cols; ++k) {
-    if (h.fmt == QFormat::bf16) {
-      w.sq[k] = h.at(e, r, k); w.sq32[k] = h.at32(e, r, k); w.b[k] = 0; w.b32[k] = 0.f;
-    } else {
-      w.sq[k] = static_cast<double>(h.scale(e, r, k)) * h.q(e, r, k);
-      w.sq32[k] = h.scale(e, r, k) * static_cast<float>(h.q(e, r, k));
-      w.b[k] = w.b32[k] = h.bias(e, r, k);
-    }
-  }
-}
-// y = sum_k sq[k] x~[k] + b[k] x[k]: fp64, and a sequential fp32 sum for the tolerance.
-void gemm_dot(const RowW& w, const double* xt, const float* x, int K, double& d64, float& d32) {
-  d64 = 0; d32 = 0;
-  for (int k = 0; k < K; ++k) {
-    d64 += w.sq[k] * xt[k] + w.b[k] * x[k];
-    d32 += w.sq32[k] * static_cast<float>(xt[k]) + w.b32[k] * x[k];
-  }
-}
 
 // ---- gemm (dense) ----
 

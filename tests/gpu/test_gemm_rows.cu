@@ -1,0 +1,229 @@
+// GPU tests of the few-token GEMM (kernels/gemm_rows.cu, taken by launches of <= 16 tokens a tile when the x
+// buffer asks for it: GemmX::few) against the CPU reference of test_batched.cu (gemm_ref.h): dense q4 / q8 with
+// K of 8, 16 and 24 groups (one or two groups per warp and phase, several phases), rows off the 16- and 32-row
+// tiles and enough rows for the two-tile blocks, 1..16 tokens, y = and +=; a token's outputs the same bits
+// whatever the launch's other tokens; gemm_multi, the paired SwiGLU and the grouped (expert) launches bit for bit
+// the plain ones; and the launch really took this kernel (its bits differ from the 64-token tile's).
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "gemm_ref.h"
+#include "kernel_test_util.h"
+#include "kernels/batched.h"
+
+namespace lily::cuda::test {
+namespace {
+
+struct Case {
+  int rows, K, n;
+};
+
+// y = or += W x for n tokens through the few-token kernel, against the reference; rows past the matrix's keep
+// their bits. Returns the outputs.
+std::vector<float> run_dense(QFormat f, const Case& c, bool accumulate, uint64_t seed, bool few = true) {
+  const std::string name = std::string("gemm_rows ") + fmt_name(f) + " [" + std::to_string(c.rows) + " x " +
+                           std::to_string(c.K) + "] n " + std::to_string(c.n) + (accumulate ? " +=" : " =");
+  std::mt19937_64 rng(seed);
+  const HostMat h = random_mat(rng, f, 1, c.rows, c.K);
+  DevMat d(h);
+  const int ldy = c.rows + 3;
+  const std::vector<float> x = random_x(rng, c.n, c.K);
+  const std::vector<float> y0 = random_vec(rng, static_cast<size_t>(c.n) * ldy, -2.f, 2.f);
+  DevBuf<float> dx(x), dy(y0);
+  XBuf xb(c.n, c.K);
+  xb.b.few = few;
+  gemm_x_prep(dx.p, c.K, c.n, nullptr, 0.f, xb.b, nullptr, nullptr);
+  gemm(d.m, 0, xb.b.view(), c.n, dy.p, ldy, accumulate, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  size_t bad = 0;
+  const std::vector<double> xt = split_of(xb.b, c.n, x, c.K, bad);
+  const std::vector<float> y = dy.download();
+  const size_t m = static_cast<size_t>(c.n) * c.rows;
+  std::vector<double> r64(m);
+  std::vector<float> r32(m), got(m);
+  RowW w;
+  for (int r = 0; r < c.rows; ++r) {
+    row_w(h, 0, r, w);
+    for (int t = 0; t < c.n; ++t) {
+      const size_t i = static_cast<size_t>(t) * c.rows + r, iy = static_cast<size_t>(t) * ldy + r;
+      gemm_dot(w, &xt[static_cast<size_t>(t) * c.K], &x[static_cast<size_t>(t) * c.K], c.K, r64[i], r32[i]);
+      if (accumulate) r64[i] += y0[iy], r32[i] += y0[iy];
+      got[i] = y[iy];
+    }
+  }
+  EXPECT_TRUE(close_enough(got, r64, r32, name));
+  size_t touched = 0;
+  for (int t = 0; t < c.n; ++t)
+    for (int r = c.rows; r < ldy; ++r) {
+      const size_t iy = static_cast<size_t>(t) * ldy + r;
+      touched += std::memcmp(&y[iy], &y0[iy], sizeof(float)) != 0;
+    }
+  EXPECT_EQ(touched, 0u) << name << ": columns past the rows were written";
+  return got;
+}
+
+size_t differing(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return d;
+}
+
+TEST(GemmRows, DenseAgainstReference) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  // K 512 (8 groups: one a warp), 1536 (24: three phases of 8), 2048 and 4096 (two groups a warp); rows off the
+  // tiles; 9000 rows: two m-tiles a block on any GPU of <= 140 SMs
+  const Case cases[] = {{300, 2048, 1}, {37, 512, 5},  {1, 1536, 8},   {129, 4096, 9},
+                        {300, 2048, 16}, {9000, 512, 3}, {9000, 1024, 12}, {17, 2048, 16}};
+  uint64_t seed = 8000;
+  for (QFormat f : {QFormat::q4, QFormat::q8})
+    for (const Case& c : cases)
+      for (bool acc : {false, true}) run_dense(f, c, acc, seed++);
+}
+
+// The kernel was taken: the same launch through the 64-token tile gives other bits somewhere (another order of
+// the sums), and both agree with the reference (above).
+TEST(GemmRows, TakenForFewTokens) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  for (QFormat f : {QFormat::q4, QFormat::q8}) {
+    const Case c{300, 2048, 7};
+    const std::vector<float> few = run_dense(f, c, false, 8100), wide = run_dense(f, c, false, 8100, false);
+    EXPECT_GT(differing(few, wide), 0u) << fmt_name(f) << ": the few-token launch gave the 64-token tile's bits";
+  }
+}
+
+// A token's outputs do not depend on the launch's other tokens (1..16 of them: one or two n-tiles).
+TEST(GemmRows, TokenResultsIndependentOfLaunchSize) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  for (QFormat f : {QFormat::q4, QFormat::q8}) {
+    std::mt19937_64 rng(8200 + static_cast<int>(f));
+    const int rows = 9000, K = 2048, n_all = 16;
+    DevMat d(random_mat(rng, f, 1, rows, K));
+    DevBuf<float> dx(random_x(rng, n_all, K));
+    XBuf xb(n_all, K);
+    xb.b.few = true;
+    gemm_x_prep(dx.p, K, n_all, nullptr, 0.f, xb.b, nullptr, nullptr);
+    DevBuf<float> all(static_cast<size_t>(n_all) * rows);
+    gemm(d.m, 0, xb.b.view(), n_all, all.p, rows, false, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> ya = all.download();
+    for (int n : {1, 5, 8, 9, 15}) {
+      DevBuf<float> part(static_cast<size_t>(n) * rows);
+      gemm(d.m, 0, xb.b.view(), n, part.p, rows, false, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> yp = part.download();
+      EXPECT_EQ(0, std::memcmp(yp.data(), ya.data(), yp.size() * sizeof(float)))
+          << fmt_name(f) << ": the first " << n << " tokens alone differ from the same tokens among " << n_all;
+    }
+  }
+}
+
+// gemm_multi (4 matrices, one of 1 row, one big enough for two-tile blocks) equals one launch per matrix; the
+// paired SwiGLU equals the two GEMMs and swiglu_rows.
+TEST(GemmRows, MultiAndSwigluEqualThePlainLaunches) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  for (QFormat f : {QFormat::q4, QFormat::q8}) {
+    std::mt19937_64 rng(8300 + static_cast<int>(f));
+    const int K = 2048, n = 11;
+    const int rows[4] = {8192, 37, 1, 4096};
+    std::vector<std::unique_ptr<DevMat>> mats;
+    for (int r : rows) mats.push_back(std::make_unique<DevMat>(random_mat(rng, f, 1, r, K)));
+    DevBuf<float> dx(random_x(rng, n, K));
+    XBuf xb(n, K);
+    xb.b.few = true;
+    gemm_x_prep(dx.p, K, n, nullptr, 0.f, xb.b, nullptr, nullptr);
+    GemmBatch b;
+    b.n = 4;
+    std::vector<std::unique_ptr<DevBuf<float>>> multi, single;
+    for (int i = 0; i < 4; ++i) {
+      const int ldy = rows[i] + i;
+      const std::vector<float> y0 = random_vec(rng, static_cast<size_t>(n) * ldy, -2.f, 2.f);
+      multi.push_back(std::make_unique<DevBuf<float>>(y0));
+      single.push_back(std::make_unique<DevBuf<float>>(y0));
+      b.W[i] = mats[i]->m, b.y[i] = multi.back()->p, b.ldy[i] = ldy;
+      gemm(mats[i]->m, 0, xb.b.view(), n, single.back()->p, ldy, true, nullptr);
+    }
+    gemm_multi(b, xb.b.view(), n, true, nullptr);
+    // SwiGLU of matrices 0 and 3's first 512 rows as gate and up (K 2048, the shared expert's shape)
+    DevMat gate(random_mat(rng, f, 1, 512, K)), up(random_mat(rng, f, 1, 512, K));
+    DevBuf<float> g(static_cast<size_t>(n) * 512), u(g.n), want(g.n), got(g.n);
+    gemm(gate.m, 0, xb.b.view(), n, g.p, 512, false, nullptr);
+    gemm(up.m, 0, xb.b.view(), n, u.p, 512, false, nullptr);
+    swiglu_rows(g.p, u.p, nullptr, n, 512, want.p, nullptr);
+    gemm_swiglu(gate.m, up.m, xb.b.view(), n, got.p, 512, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(differing(multi[i]->download(), single[i]->download()), 0u) << fmt_name(f) << " multi matrix " << i;
+    EXPECT_EQ(differing(got.download(), want.download()), 0u) << fmt_name(f) << " swiglu";
+  }
+}
+
+// Experts (a stack of 9, 0..16 slots each, gathered rows, K 2048 and 512): plain against the reference, the
+// paired launch bit for bit the plain ones and swiglu_rows, and an expert's slots the same bits whatever its
+// slot count.
+TEST(GemmRows, GroupedExperts) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(8400);
+  const std::vector<int> counts = {3, 0, 16, 1, 9, 8, 0, 2, 11};
+  const int E = static_cast<int>(counts.size()), X = 16, rows = 200;
+  std::vector<int> offsets(E + 1, 0);
+  for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  const int S = offsets[E], max_tiles = gemm_grouped_max_tiles(S, E);
+  std::vector<int> x_row(S);
+  for (int e = 0; e < E; ++e)
+    for (int a = offsets[e]; a < offsets[e + 1]; ++a) x_row[a] = (a - offsets[e] + 5 * e) % X;
+  DevBuf<int> doff(offsets), drow(x_row), dtiles(1 + max_tiles);
+  gemm_grouped_tiles(doff.p, E, dtiles.p, nullptr);
+  const std::vector<float> sc = random_vec(rng, S, 0.05f, 1.f);
+  DevBuf<float> dsc(sc);
+  for (QFormat f : {QFormat::q4, QFormat::q8})
+    for (int K : {2048, 512}) {
+      const std::string name = std::string("grouped ") + fmt_name(f) + " K " + std::to_string(K);
+      const HostMat gh = random_mat(rng, f, E, rows, K);
+      DevMat g(gh), u(random_mat(rng, f, E, rows, K));
+      const std::vector<float> x = random_x(rng, X, K);
+      DevBuf<float> dx(x);
+      XBuf xb(X, K);
+      xb.b.few = true;
+      gemm_x_prep(dx.p, K, X, nullptr, 0.f, xb.b, nullptr, nullptr);
+      DevBuf<float> yg(static_cast<size_t>(S) * rows), yu(yg.n), want(yg.n), got(yg.n);
+      yg.poison(), got.poison();
+      gemm_grouped(g.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, yg.p, rows, nullptr, X);
+      gemm_grouped(u.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, yu.p, rows, nullptr, X);
+      swiglu_rows(yg.p, yu.p, dsc.p, S, rows, want.p, nullptr);
+      gemm_grouped_swiglu(g.m, u.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, dsc.p, got.p, rows, nullptr, X);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> a = yg.download();
+      EXPECT_EQ(differing(got.download(), want.download()), 0u) << name << ": swiglu";
+      size_t bad = 0;
+      const std::vector<double> xt = split_of(xb.b, X, x, K, bad);
+      std::vector<double> r64(a.size());
+      std::vector<float> r32(a.size());
+      RowW w;
+      for (int e = 0; e < E; ++e)
+        for (int r = 0; r < rows; ++r) {
+          row_w(gh, e, r, w);
+          for (int s = offsets[e]; s < offsets[e + 1]; ++s) {
+            const size_t xi = static_cast<size_t>(x_row[s]) * K, i = static_cast<size_t>(s) * rows + r;
+            gemm_dot(w, &xt[xi], &x[xi], K, r64[i], r32[i]);
+          }
+        }
+      EXPECT_TRUE(close_enough(a, r64, r32, name));
+      // expert 2's first 5 slots alone (the other experts as they were) give the bits of its 16
+      std::vector<int> off5 = offsets;
+      for (int e = 3; e <= E; ++e) off5[e] -= 11;
+      std::vector<int> row5(x_row.begin(), x_row.begin() + offsets[2] + 5);
+      row5.insert(row5.end(), x_row.begin() + offsets[3], x_row.end());
+      DevBuf<int> doff5(off5), drow5(row5), dtiles5(1 + max_tiles);
+      gemm_grouped_tiles(doff5.p, E, dtiles5.p, nullptr);
+      DevBuf<float> y5(static_cast<size_t>(S - 11) * rows);
+      gemm_grouped(g.m, xb.b.view(), drow5.p, doff5.p, dtiles5.p, max_tiles, y5.p, rows, nullptr, X);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> b5 = y5.download();
+      EXPECT_EQ(0, std::memcmp(b5.data(), a.data(), sizeof(float) * (offsets[2] + 5) * rows))
+          << name << ": expert 2's first 5 slots alone differ from the same slots among 16";
+    }
+}
+
+}  // namespace
+}  // namespace lily::cuda::test
