@@ -5,7 +5,7 @@
 // phase issued before any product) and read x from shared memory, which holds the phase's columns for the tile's
 // 8 or 16 tokens. The warps' sums meet in shared memory at the end and are added in warp order. A token's column
 // is computed the same way whatever the other columns hold, so its bits do not depend on the launch's other
-// tokens. Tested by tests/gpu/test_batched.cu against the CPU and the 64-token kernels.
+// tokens. Tested by tests/gpu/test_gemm_rows.cu against the CPU reference and the 64-token kernels.
 #include <algorithm>
 #include <type_traits>
 
@@ -19,6 +19,7 @@ namespace {
 constexpr int kRowsThreads = 256;
 constexpr int kRowsWarps = kRowsThreads / 32;
 constexpr int kRowsMaxTok = 16;
+constexpr int kRedStride = kRowsMaxTok + 1;  // floats per tile row of the warps' sums (no bank conflicts)
 
 struct RowsArgs {
   GemmArgs g;
@@ -60,8 +61,8 @@ __global__ void __launch_bounds__(kRowsThreads, 2) gemm_rows_kernel(RowsArgs ra)
   const GemmArgs& a = ra.g;
   extern __shared__ __align__(16) uint8_t smem[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(smem);                                    // [2][16][XS]
-  float* gs = reinterpret_cast<float*>(smem + 2 * kRowsMaxTok * XS * 2);             // [16][P]
-  float* red = reinterpret_cast<float*>(smem);                                         // [8][RB][16] at the end
+  float* gs = reinterpret_cast<float*>(smem + 2 * kRowsMaxTok * XS * 2);             // [P][16]
+  float* red = reinterpret_cast<float*>(smem);                                         // [8][RB][17] at the end
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
 
   int pi = 0;
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(kRowsThreads, 2) gemm_rows_kernel(RowsArgs ra)
       for (int c = tid; c < nrows * P; c += kRowsThreads) {
         const int t = c / P, g = c % P;
         const int slot = slot0 + min(t, count - 1);
-        gs[t * P + g] = a.xsum[static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * groups + ph * P + g];
+        gs[g * kRowsMaxTok + t] = a.xsum[static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * groups + ph * P + g];
       }
       mma::commit();
       mma::wait<0>();
@@ -188,9 +189,9 @@ __global__ void __launch_bounds__(kRowsThreads, 2) gemm_rows_kernel(RowsArgs ra)
             const float sc = __uint_as_float(s << 16), bi = __uint_as_float(s & 0xFFFF0000u);
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
-              const float x0 = gs[(8 * n + 2 * tq) * P + gl], x1 = gs[(8 * n + 2 * tq + 1) * P + gl];
-              acc[i][n][2 * rr] = fmaf(bi, x0, fmaf(sc, cg[i][n][2 * rr], acc[i][n][2 * rr]));
-              acc[i][n][2 * rr + 1] = fmaf(bi, x1, fmaf(sc, cg[i][n][2 * rr + 1], acc[i][n][2 * rr + 1]));
+              const float2 xv = *reinterpret_cast<const float2*>(gs + gl * kRowsMaxTok + 8 * n + 2 * tq);
+              acc[i][n][2 * rr] = fmaf(bi, xv.x, fmaf(sc, cg[i][n][2 * rr], acc[i][n][2 * rr]));
+              acc[i][n][2 * rr + 1] = fmaf(bi, xv.y, fmaf(sc, cg[i][n][2 * rr + 1], acc[i][n][2 * rr + 1]));
             }
           }
       }
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(kRowsThreads, 2) gemm_rows_kernel(RowsArgs ra)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int tr = 16 * i + gq + 8 * (e >> 1), t = 8 * n + 2 * tq + (e & 1);
-          red[(warp * RB + tr) * kRowsMaxTok + t] = acc[i][n][e];
+          red[(warp * RB + tr) * kRedStride + t] = acc[i][n][e];
         }
   };
   if (count <= 8) run(std::integral_constant<int, 1>{});
@@ -218,10 +219,10 @@ __global__ void __launch_bounds__(kRowsThreads, 2) gemm_rows_kernel(RowsArgs ra)
     if (r >= rows) continue;
     float v = 0.f, up = 0.f;
 #pragma unroll
-    for (int w = 0; w < kRowsWarps; ++w) v += red[(w * RB + tr) * kRowsMaxTok + t];
+    for (int w = 0; w < kRowsWarps; ++w) v += red[(w * RB + tr) * kRedStride + t];
     if constexpr (PAIRED) {
 #pragma unroll
-      for (int w = 0; w < kRowsWarps; ++w) up += red[(w * RB + tr + OUT) * kRowsMaxTok + t];
+      for (int w = 0; w < kRowsWarps; ++w) up += red[(w * RB + tr + OUT) * kRedStride + t];
     }
     const int slot = slot0 + t;
     float* dst = part.y + static_cast<size_t>(slot) * part.ldy + r;
@@ -234,7 +235,7 @@ template <int BITS, int MT, int GW, bool PAIRED>
 void launch_rows(const GemmArgs& g, int grid_y, cudaStream_t s) {
   constexpr int RB = 16 * MT, P = 8 * GW, XS = P * 64 + 8;
   constexpr int smem_x = 2 * kRowsMaxTok * XS * 2 + kRowsMaxTok * P * 4;
-  constexpr int smem_red = kRowsWarps * RB * kRowsMaxTok * 4;
+  constexpr int smem_red = kRowsWarps * RB * kRedStride * 4;
   constexpr int smem = smem_x > smem_red ? smem_x : smem_red;
   RowsArgs ra;
   ra.g = g;

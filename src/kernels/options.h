@@ -44,7 +44,8 @@ struct KernelOptions {
   bool gdn_wy = false;
   // LILY_GEMM_ROWS=1: GEMM launches of at most 16 tokens a tile (a batched decode step's passes, an expert's few
   // slots) take kernels/gemm_rows.cu (weights straight into registers, K split between a block's warps) instead
-  // of the 64- and 16-token tiles of kernels/gemm.cu. Same arithmetic per column, other bits.
+  // of the 64- and 16-token tiles of kernels/gemm.cu. Same arithmetic per column, other bits. Such launches keep
+  // the two-term x with prompt_f16 on (the fp16 kernel's reuse does not pay at that size).
   bool gemm_rows = false;
   // LILY_BATCH_PASS_GRAPHS=0: a pass of one-token rows only launches its kernels one by one instead of replaying
   // the graph captured for its row count and attention splits (model/prefill_cuda.cu).
