@@ -98,7 +98,6 @@ void CudaEngine::prefill_alloc() {
   // allocation of x_elems values (and x_elems / 64 group sums), viewed at each width (at_width)
   const size_t x_elems = std::max((size_t)n * std::max(H, mix), (size_t)n * k * F);
   b->x = gemm_x_alloc((int)(x_elems / 64), 64, opts_.prompt_f16);
-  b->x.few = opts_.gemm_rows;
   b->proj = device_alloc<float>((size_t)n * std::max(gdn_proj, attn_proj));
   b->mix = device_alloc<float>((size_t)n * mix);
   const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
@@ -192,9 +191,10 @@ bool CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
   for (int q = 0; q < n_seqs; ++q) m += seqs[q].n == 1;
   b.n_dec = m;
   b.dec_splits = 0;
-  // a decode pass: its rows' results must not depend on one another's count, so split-K only when all rows are
-  // one-token rows (a prompt's chunk gives the same bits whatever its size; kernels/batched.h)
+  // a decode pass: its rows' results must not depend on one another's count, so split-K and the few-token GEMMs
+  // only when all rows are one-token rows (a prompt's chunk gives the same bits whatever its size; kernels/batched.h)
   b.dense = m == n && b.split.blocks > 0 ? &b.split : nullptr;
+  b.x.few = opts_.gemm_rows && m == n;
   if (m > 0) {
     for (int q = 0, j = 0; q < n_seqs; ++q)
       if (seqs[q].n == 1) {
