@@ -42,6 +42,8 @@ class BatchBackend {
   virtual void reset(int slot) = 0;           // empty sequence at position 0
   // Whether step() can draw ids with these parameters itself (BatchEntry::sampler); by default never.
   virtual bool draws(const SamplingParams& /*params*/) const { return false; }
+  // As Backend::prompt_grid: prompt checkpoints at multiples of it restore the whole prompt's bits.
+  virtual int prompt_grid() const { return 1; }
 
   // One forward pass over every entry (distinct slots, in any order). Token ids are validated before any
   // state changes.
@@ -70,6 +72,7 @@ class ForwardingBatchBackend : public BatchBackend {
   int64_t kv_capacity_tokens() const override { return inner_.kv_capacity_tokens(); }
   void reset(int slot) override { inner_.reset(slot); }
   bool draws(const SamplingParams& params) const override { return inner_.draws(params); }
+  int prompt_grid() const override { return inner_.prompt_grid(); }
   void step(std::span<const BatchEntry> batch) override { inner_.step(batch); }
   StateSnapshot save_state(int slot) const override { return inner_.save_state(slot); }
   void restore_state(int slot, const StateSnapshot& s) override { inner_.restore_state(slot, s); }

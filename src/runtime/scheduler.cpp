@@ -76,6 +76,7 @@ void Scheduler::add(SeqSpec spec) {
   std::vector<int> cuts = s->spec.checkpoints;
   if (opt_.checkpoint_interval > 0)
     for (int c = opt_.checkpoint_interval; c < n; c += opt_.checkpoint_interval) cuts.push_back(c);
+  for (int& c : cuts) c = prompt_cut(c, be_.prompt_grid());
   std::sort(cuts.begin(), cuts.end());
   for (int c : cuts)
     if (c > 0 && c < n && (s->cuts.empty() || s->cuts.back() != c)) s->cuts.push_back(c);
@@ -311,8 +312,9 @@ bool Scheduler::waits_for_prefix(const Seq& s) {
   for (auto& rp : running_) {
     Seq& r = *rp;
     if (r.done || r.slot < 0) continue;
-    const int k = lcp(r.ctx, s.ctx, std::min(L - 1, r.n_prompt - 1));
-    if (k < 1 || r.consumed >= k || (k < kSharedPrefixMin && k < L - 1)) continue;
+    const int whole = lcp(r.ctx, s.ctx, std::min(L - 1, r.n_prompt - 1));
+    const int k = prompt_cut(whole, be_.prompt_grid());
+    if (k < 1 || r.consumed >= k || (whole < kSharedPrefixMin && whole < L - 1)) continue;
     if (!std::binary_search(r.cuts.begin(), r.cuts.end(), k)) r.cuts.insert(std::upper_bound(r.cuts.begin(), r.cuts.end(), k), k);
     return true;
   }

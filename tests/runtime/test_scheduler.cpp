@@ -30,6 +30,7 @@ class HashBackend : public BatchBackend {
   int position(int slot) const override { return static_cast<int>(slots_.at(slot).kv.size()); }
   void reset(int slot) override { slots_.at(slot) = {}; }
   bool draws(const SamplingParams&) const override { return draws_ids; }
+  int prompt_grid() const override { return grid; }
   void step(std::span<const BatchEntry> batch) override {
     std::vector<int> seen;
     for (const BatchEntry& e : batch) {
@@ -87,6 +88,7 @@ class HashBackend : public BatchBackend {
   }
   int steps = 0, max_batch = 0, drawn_by_backend = 0;
   bool draws_ids = false;  // draws() says yes: step() draws the ids itself
+  int grid = 1;            // prompt_grid()
 
  private:
   struct State {
@@ -370,6 +372,65 @@ TEST(Scheduler, ASharedPrefixIsProcessedOnceAcrossSlots) {
   EXPECT_EQ(c.ids, solo(pc, 5, 3));
   EXPECT_EQ(sch.stats().cached_tokens, 80);
   expect_empty(sch);
+}
+
+// A backend whose prompt path works in pieces at multiples of 16 (as the CUDA chunked GDN's 64) gets its prompt
+// checkpoints there: a requested one (100 -> 96), the interval's (50 -> 48), and a shared prefix's that a
+// waiting sequence asks of a running one (100 -> 96); the outputs stay the solo runs'.
+TEST(Scheduler, PromptCheckpointsKeepToTheBackendsGrid) {
+  std::mt19937 rng(23);
+  const std::vector<int32_t> system = random_prompt(rng, 100);
+  auto with = [&](int32_t first, int n) {
+    std::vector<int32_t> p = system;
+    p.push_back(first);
+    return random_prompt(rng, n, p);
+  };
+  {
+    HashBackend be(3, 4096);
+    be.grid = 16;
+    SchedulerOptions o;
+    o.prefill_chunk = 16;
+    o.checkpoint_interval = 50;
+    Scheduler sch(be, o);
+    Outcome a, b;
+    SeqSpec sa = spec_of(with(60, 130), 30, 1, a);
+    sa.checkpoints = {100};
+    sa.stop_ids.clear();
+    sch.add(std::move(sa));
+    for (int i = 0; i < 12; ++i) sch.step();  // a's prompt is in the cache at 48 and 96
+    ASSERT_FALSE(a.done);
+    EXPECT_EQ(sch.stats().cache_entries, 2u);
+    const std::vector<int32_t> pb = with(61, 107);
+    int cached_b = -1;
+    SeqSpec sb = spec_of(pb, 5, 2, b);
+    sb.on_admitted = [&](int n) { cached_b = n; };
+    sch.add(std::move(sb));
+    run_to_idle(sch);
+    EXPECT_EQ(cached_b, 96);
+    EXPECT_EQ(b.ids, solo(pb, 5, 2));
+    expect_empty(sch);
+  }
+  {  // b arrives while a still consumes its prompt: a gets a cut where the shared part ends, on the grid
+    HashBackend be(2, 4096);
+    be.grid = 16;
+    SchedulerOptions o;
+    o.prefill_chunk = 8;
+    o.checkpoint_interval = 0;
+    Scheduler sch(be, o);
+    Outcome a, b;
+    const std::vector<int32_t> pa = with(60, 300), pb = with(61, 110);
+    sch.add(spec_of(pa, 5, 1, a));
+    sch.step();
+    int cached_b = -1;
+    SeqSpec sb = spec_of(pb, 5, 2, b);
+    sb.on_admitted = [&](int n) { cached_b = n; };
+    sch.add(std::move(sb));
+    run_to_idle(sch);
+    EXPECT_EQ(cached_b, 96);
+    EXPECT_EQ(a.ids, solo(pa, 5, 1));
+    EXPECT_EQ(b.ids, solo(pb, 5, 2));
+    expect_empty(sch);
+  }
 }
 
 TEST(Scheduler, TheNextTurnContinuesFromTheTurnTail) {

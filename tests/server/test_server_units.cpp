@@ -497,8 +497,12 @@ class ScriptBackend : public Backend {
     std::fill(logits, logits + cfg_.vocab, 0.0f);
     logits[(tokens.back() + 1) % cfg_.vocab] = 10.0f;
   }
-  StateSnapshot save_state() const override { return {position(), {}}; }
+  StateSnapshot save_state() const override {
+    saved.push_back(position());
+    return {position(), {}};
+  }
   void restore_state(const StateSnapshot& s) override { fed.resize(s.position); }
+  int prompt_grid() const override { return grid; }
   void begin_sampling(const SamplingSetup& s, std::span<const int32_t> prompt) override {
     on_device_ = device_ && s.params.temperature <= 0 && ++begun > 0;
     if (!on_device_) Backend::begin_sampling(s, prompt);
@@ -546,6 +550,8 @@ class ScriptBackend : public Backend {
   std::function<void()> mid;
   int begun = 0, max_queued = 0, resets = 0;
   int32_t nan_id = -1;  // the device sample that would produce this id has NaN logits instead
+  int grid = 1;         // prompt_grid()
+  mutable std::vector<int> saved;  // positions of save_state()
 
  private:
   Config cfg_;
@@ -680,6 +686,33 @@ TEST(ServerEngine, CancelInsideAPromptPiece) {
   EXPECT_TRUE(ids.empty());
   EXPECT_GT(be.resets, resets);
   EXPECT_TRUE(be.fed.empty());  // the half piece was dropped, not kept as the resident prefix
+}
+
+// The prompt checkpoints of a backend with a prompt grid (docs/batching.md: the CUDA chunked GDN's 64) move down
+// to it: a turn checkpoint at 30 and the interval's at 20 become snapshots at 24 and 16 (grid 8).
+TEST(ServerEngine, PromptCheckpointsKeepToTheBackendsGrid) {
+  for (int grid : {1, 8}) {
+    ScriptBackend be(false);
+    be.grid = grid;
+    Metrics metrics;
+    EngineOptions eo;
+    eo.checkpoint_interval = 20;
+    Engine engine(be, metrics, eo);
+    auto job = std::make_shared<GenJob>();
+    for (int i = 0; i < 40; ++i) job->prompt.push_back(i % 16);
+    job->checkpoints = {30};
+    job->sampling.temperature = 0;
+    job->max_tokens = 2;
+    job->on_token = [](const SampledToken&) { return true; };
+    std::promise<void> done;
+    job->on_done = [&] { done.set_value(); };
+    engine.submit(job);
+    done.get_future().wait();
+    engine.shutdown(Clock::now());
+    const std::vector<int> want = grid == 1 ? std::vector<int>{20, 30} : std::vector<int>{16, 24};
+    ASSERT_GE(be.saved.size(), 2u);
+    EXPECT_EQ(std::vector<int>(be.saved.begin(), be.saved.begin() + 2), want) << "grid " << grid;
+  }
 }
 
 // The context-length error names the field the prompt came from: "prompt" for /v1/completions.
