@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/sampling.h"
+#include "kernels/batched.h"
 #include "model/cuda_engine.h"
 #include "runtime/batch_backend.h"
 
@@ -40,6 +41,7 @@ class CudaBatchBackend : public BatchBackend {
   void restore_state(int slot, const StateSnapshot& s) override;
   void copy_prefix(int dst, int src, int n_tokens) override;
   bool draws(const ::lily::SamplingParams& params) const override;
+  int prompt_grid() const override { return eng_.options().gdn_wy ? kGdnWyPiece : 1; }
 
  private:
   int check(int slot) const;
