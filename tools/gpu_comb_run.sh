@@ -34,6 +34,7 @@ for r in 16 4; do
   step prefill${r}_rows 40 $B/bench_prefill $r rows
   for f in split rows; do grep " us " $L/prefill${r}_$f.log | grep -v "attention\|gdn" | cut -c1-62 | sed "s/^/$r $f: /"; done
 done
+step prompts_small 60 $B/lily bench --synthetic full --prompts 16,64; grep -A22 "^16 tokens" $L/prompts_small.log | head -24
 cc() { step $1 120 env $2 $B/lily bench --synthetic full --concurrency 1,4,8,16,64 --gen-tokens 128; tail -7 $L/$1.log; }
 cc conc_default ""
 cc conc_rows "LILY_GEMM_ROWS=1 LILY_BATCH_GRAPH_ROWS=0"
