@@ -39,6 +39,11 @@ cc() { step $1 120 env $2 $B/lily bench --synthetic full --concurrency 1,4,8,16,
 cc conc_default ""
 cc conc_rows "LILY_GEMM_ROWS=1 LILY_BATCH_GRAPH_ROWS=0"
 cc conc_passonly "LILY_BATCH_GRAPH_ROWS=0"
+for v in pass rows; do
+  e="LILY_BATCH_GRAPH_ROWS=0"; [ $v = rows ] && e="$e LILY_GEMM_ROWS=1"
+  step prof_$v 90 env $e $B/lily bench --synthetic full --concurrency 4,16,64 --gen-tokens 32 --profile-steps 4
+  grep -E "clients, |^  (gemm|gdn|attn|norm|rout|comb|lm_h|host|embed|\(all)" $L/prof_$v.log | cut -c1-70 | sed "s/^/$v: /"
+done
 step test_gemm_f16 90 $B/test_gemm_f16
 step all_full_step 150 env LILY_GDN_WY=1 LILY_PROMPT_F16=1 LILY_PROMPT_ATTN_1TERM=1 $B/test_full_step
 for t in test_mixer_kernels test_batched test_cuda_batch test_full_step; do step $t 150 $B/$t; done
