@@ -38,6 +38,7 @@ struct BenchArgs {
   std::string concurrency;              // comma-separated client counts: the scheduler benchmark
   int gen_tokens = 256;
   int prompt_tokens = 100;
+  int profile_steps = 0;
   std::string device = "cpu";           // --concurrency / --prompts with --model: cpu or cuda
   std::string prompts;                  // comma-separated prompt lengths: the prompt benchmark
   int prompt_runs = 3;
@@ -60,6 +61,28 @@ std::vector<int> parse_counts(const std::string& s) {
   return v;
 }
 
+double tflops(double flops, double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; }
+
+// A profile's family table, largest first: ms, share, TFLOP/s and microseconds per unit (units of them: a
+// prompt's tokens, or the rows of the profiled steps), then all gemm_* families together.
+void print_families(std::vector<FamilyTime> fams, double units) {
+  double sum = 0, gemm_ms = 0, gemm_flops = 0;
+  for (const FamilyTime& f : fams) {
+    sum += f.ms;
+    if (f.name.rfind("gemm_", 0) == 0) gemm_ms += f.ms, gemm_flops += f.flops;
+  }
+  std::printf("  %-22s %10s %7s %9s %11s\n", "family", "ms", "%", "TFLOP/s", "us/unit");
+  std::stable_sort(fams.begin(), fams.end(), [](const FamilyTime& x, const FamilyTime& y) { return x.ms > y.ms; });
+  for (const FamilyTime& f : fams) {
+    std::printf("  %-22s %10.2f %6.1f%% ", f.name.c_str(), f.ms, 100 * f.ms / sum);
+    if (f.flops > 0) std::printf("%9.2f", tflops(f.flops, f.ms));
+    else std::printf("%9s", "");
+    std::printf(" %11.2f\n", 1e3 * f.ms / units);
+  }
+  std::printf("  %-22s %10.2f %6.1f%% %9.2f %11.2f\n", "(all gemm_*)", gemm_ms, 100 * gemm_ms / sum,
+              tflops(gemm_flops, gemm_ms), 1e3 * gemm_ms / units);
+}
+
 // The weights of --concurrency / --prompts: --model DIR (CPU, or CUDA with --device cuda) or --synthetic full
 // (CUDA); false (said on stderr) when neither or both are given.
 bool one_weights_source(const BenchArgs& a, const char* mode) {
@@ -77,6 +100,7 @@ int run_concurrency(const BenchArgs& a) {
   o.concurrency = parse_counts(a.concurrency);
   o.gen_tokens = a.gen_tokens;
   o.prompt_tokens = a.prompt_tokens;
+  o.profile_steps = a.profile_steps;
   if (o.concurrency.empty()) {
     std::fprintf(stderr, "lily bench --concurrency: expected a list such as 1,4,8\n");
     return 2;
@@ -122,6 +146,14 @@ int run_concurrency(const BenchArgs& a) {
   for (const ConcurrencyPoint& p : pts)
     std::printf("%8d %12.1f %13.1f %10.1f %11.2f %7d %8.2f %11.2f\n", p.clients, p.total_tok_per_s, p.stream_tok_per_s,
                 p.ttft_ms, p.mean_batch, p.steps, p.step_ms, p.forward_ms);
+  for (const ConcurrencyPoint& p : pts) {
+    if (p.families.empty()) continue;
+    double sum = 0;
+    for (const FamilyTime& f : p.families) sum += f.ms;
+    std::printf("\n%d clients, %d profiled steps (launched one by one): %.2f ms a step; us/unit per row of a step\n",
+                p.clients, p.profiled_steps, sum / p.profiled_steps);
+    print_families(p.families, static_cast<double>(p.profiled_steps) * p.clients);
+  }
   return 0;
 }
 
@@ -155,7 +187,6 @@ int run_prompts(const BenchArgs& a) {
     be = std::make_unique<CpuBackend>(*model, ctx);
   }
   const std::vector<PromptPoint> pts = run_prompt_bench(*be, o);
-  const auto tflops = [](double flops, double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
   if (a.json) {
     nlohmann::json j;
     j["backend"] = be->name();
@@ -183,17 +214,7 @@ int run_prompts(const BenchArgs& a) {
     for (const FamilyTime& f : p.families) sum += f.ms;
     std::printf("\n%d tokens, one profiled run: %.1f ms to the first id, families sum to %.1f ms\n", p.tokens,
                 p.profiled_ms, sum);
-    std::printf("  %-22s %10s %7s %9s %11s\n", "family", "ms", "%", "TFLOP/s", "us/token");
-    std::vector<FamilyTime> fams = p.families;
-    std::stable_sort(fams.begin(), fams.end(), [](const FamilyTime& x, const FamilyTime& y) { return x.ms > y.ms; });
-    for (const FamilyTime& f : fams) {
-      std::printf("  %-22s %10.2f %6.1f%% ", f.name.c_str(), f.ms, 100 * f.ms / sum);
-      if (f.flops > 0) std::printf("%9.2f", tflops(f.flops, f.ms));
-      else std::printf("%9s", "");
-      std::printf(" %11.2f\n", 1e3 * f.ms / p.tokens);
-    }
-    std::printf("  %-22s %10.2f %6.1f%% %9.2f %11.2f\n", "(all gemm_*)", p.gemm_ms, 100 * p.gemm_ms / sum,
-                tflops(p.gemm_flops, p.gemm_ms), 1e3 * p.gemm_ms / p.tokens);
+    print_families(p.families, p.tokens);
   }
   return 0;
 }
@@ -319,6 +340,8 @@ const CommandRegistrar reg{Command{
           ->capture_default_str();
       sub.add_option("--gen-tokens", a->gen_tokens, "--concurrency: ids generated per sequence")->capture_default_str();
       sub.add_option("--prompt-tokens", a->prompt_tokens, "--concurrency: prompt tokens per sequence")->capture_default_str();
+      sub.add_option("--profile-steps", a->profile_steps,
+                     "--concurrency: profile this many steps from the middle of each run (per kernel family)");
       return [a] { return run_bench(*a); };
     }}};
 

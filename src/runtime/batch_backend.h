@@ -57,6 +57,11 @@ class BatchBackend {
   // dst's KV entries become src's first n_tokens (n_tokens <= position(src)); dst's position becomes n_tokens and
   // its recurrent state is undefined until restore_state() (a snapshot at n_tokens) or reset(). src unchanged.
   virtual void copy_prefix(int dst, int src, int n_tokens) = 0;
+
+  // As Backend::profile_begin / profile_end, for the steps between them (`lily bench --concurrency
+  // --profile-steps`): each kernel family's time (model/pass_profile.h), summed over the steps.
+  virtual bool profile_begin() { return false; }
+  virtual std::vector<FamilyTime> profile_end() { return {}; }
 };
 
 // A BatchBackend that passes every call to another one: the base of wrappers that change one call (a benchmark's
@@ -77,6 +82,8 @@ class ForwardingBatchBackend : public BatchBackend {
   StateSnapshot save_state(int slot) const override { return inner_.save_state(slot); }
   void restore_state(int slot, const StateSnapshot& s) override { inner_.restore_state(slot, s); }
   void copy_prefix(int dst, int src, int n_tokens) override { inner_.copy_prefix(dst, src, n_tokens); }
+  bool profile_begin() override { return inner_.profile_begin(); }
+  std::vector<FamilyTime> profile_end() override { return inner_.profile_end(); }
 
  protected:
   BatchBackend& inner_;

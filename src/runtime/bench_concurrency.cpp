@@ -71,11 +71,19 @@ std::vector<ConcurrencyPoint> run_concurrency_bench(BatchBackend& be, const Conc
       sch.add(std::move(s));
     }
     std::vector<double> step_ms;
+    // the profiled steps: from the middle of the run, when every sequence decodes
+    const int prof_from = std::max(1, opt.gen_tokens / 2);
+    int prof_steps = 0;
+    bool profiling = false;
+    std::vector<FamilyTime> families;
     while (!sch.idle()) {
+      if (opt.profile_steps > 0 && static_cast<int>(step_ms.size()) == prof_from) profiling = be.profile_begin();
       const auto s0 = Clock::now();
       sch.step();
       step_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - s0).count());
+      if (profiling && ++prof_steps == opt.profile_steps) families = be.profile_end(), profiling = false;
     }
+    if (profiling) families = be.profile_end();
     const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
     ConcurrencyPoint p;
     p.clients = c;
@@ -94,6 +102,8 @@ std::vector<ConcurrencyPoint> run_concurrency_bench(BatchBackend& be, const Conc
     p.mean_batch = steps > 0 ? static_cast<double>(seqs) / steps : 0;
     p.step_ms = median(step_ms);
     p.forward_ms = median(timed.forward_ms);
+    p.profiled_steps = families.empty() ? 0 : prof_steps;
+    p.families = std::move(families);
     out.push_back(p);
   }
   return out;

@@ -12,6 +12,7 @@ struct ConcurrencyBenchOptions {
   std::vector<int> concurrency = {1, 4, 8, 16, 64};  // levels above the backend's slots are skipped
   int prompt_tokens = 100;
   int gen_tokens = 256;
+  int profile_steps = 0;  // > 0: that many steps from the middle of each run with the backend's family profile
 };
 
 struct ConcurrencyPoint {
@@ -23,6 +24,8 @@ struct ConcurrencyPoint {
   int steps = 0;
   double step_ms = 0;                   // median wall time of a scheduler step (forward, sampling, bookkeeping)
   double forward_ms = 0;                // median time of the backend's forward within it (logits on the host)
+  int profiled_steps = 0;               // steps the families below sum over (launched one by one: slower)
+  std::vector<FamilyTime> families;     // model/pass_profile.h, in order of first appearance
 };
 
 std::vector<ConcurrencyPoint> run_concurrency_bench(BatchBackend& be, const ConcurrencyBenchOptions& opt);

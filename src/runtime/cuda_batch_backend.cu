@@ -163,6 +163,18 @@ void CudaBatchBackend::decode_graphs(std::span<const BatchEntry> batch, const st
   for (int i : which) pos_[batch[i].slot] += 1;
 }
 
+bool CudaBatchBackend::profile_begin() {
+  if (!prof_) prof_ = std::make_unique<EventProfiler>(eng_.stream());
+  prof_->finish();  // (starts over)
+  eng_.set_profiler(prof_.get());
+  return true;
+}
+
+std::vector<FamilyTime> CudaBatchBackend::profile_end() {
+  eng_.set_profiler(nullptr);
+  return prof_ ? prof_->finish() : std::vector<FamilyTime>{};
+}
+
 bool CudaBatchBackend::draws(const ::lily::SamplingParams& p) const {
   return counts_ != nullptr && p.logit_bias.size() <= static_cast<size_t>(kMaxBias) &&
          p.top_logprobs <= kMaxTopLogprobs;

@@ -17,6 +17,7 @@
 
 #include "kernels/sampling.h"
 #include "model/cuda_engine.h"
+#include "model/event_profiler.cuh"
 #include "runtime/batch_backend.h"
 
 namespace lily::cuda {
@@ -40,6 +41,9 @@ class CudaBatchBackend : public BatchBackend {
   void restore_state(int slot, const StateSnapshot& s) override;
   void copy_prefix(int dst, int src, int n_tokens) override;
   bool draws(const ::lily::SamplingParams& params) const override;
+  // The passes' families (their launches one by one while profiled); steps through decode graphs mark nothing.
+  bool profile_begin() override;
+  std::vector<FamilyTime> profile_end() override;
 
  private:
   int check(int slot) const;
@@ -63,6 +67,7 @@ class CudaBatchBackend : public BatchBackend {
   void sync_counts(const BatchEntry& b);
 
   CudaEngine& eng_;
+  std::unique_ptr<EventProfiler> prof_; // profile_begin's, until profile_end
   std::vector<SeqStateDev> slots_;      // [max_seqs]
   std::vector<int> pos_;                // [max_seqs] tokens consumed
   float* logits_ = nullptr;             // device [max_seqs][vocab]

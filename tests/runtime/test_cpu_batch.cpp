@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/forward_cpu.h"
+#include "runtime/bench_concurrency.h"
 #include "runtime/cpu_batch_backend.h"
 #include "util/check.h"
 
@@ -272,4 +273,55 @@ TEST(CpuBatch, ForwardRejectsRepeatedState) {
   const CpuGroup g[2] = {{&s, t, nullptr, false}, {&s, t, nullptr, false}};
   EXPECT_THROW(f.forward(g), Error);
   EXPECT_EQ(s.position, 0);
+}
+
+namespace {
+// Counts the steps between profile_begin and profile_end and returns them as one family's "ms".
+class StepCountingProfile : public ForwardingBatchBackend {
+ public:
+  using ForwardingBatchBackend::ForwardingBatchBackend;
+  bool profile_begin() override { return on_ = true, counted_ = 0, ++begun, true; }
+  std::vector<FamilyTime> profile_end() override {
+    on_ = false;
+    FamilyTime f;
+    f.name = "steps";
+    f.ms = counted_;
+    return {f};
+  }
+  void step(std::span<const BatchEntry> batch) override {
+    counted_ += on_ ? 1 : 0;
+    inner_.step(batch);
+  }
+  int begun = 0;
+
+ private:
+  bool on_ = false;
+  int counted_ = 0;
+};
+}  // namespace
+
+// `lily bench --concurrency --profile-steps N`: N steps from the middle of each run are profiled (fewer when the
+// run ends first), none without the option.
+TEST(CpuBatch, ConcurrencyBenchProfilesStepsFromTheMiddle) {
+  CpuBatchBackend cpu(golden_model("mlx"), 2, 64);
+  StepCountingProfile be(cpu);
+  ConcurrencyBenchOptions o;
+  o.concurrency = {2};
+  o.prompt_tokens = 5;
+  o.gen_tokens = 12;
+  for (int n : {0, 3, 100}) {
+    o.profile_steps = n;
+    const std::vector<ConcurrencyPoint> pts = run_concurrency_bench(be, o);
+    ASSERT_EQ(pts.size(), 1u);
+    const ConcurrencyPoint& p = pts[0];
+    if (n == 0) {
+      EXPECT_TRUE(p.families.empty());
+      EXPECT_EQ(p.profiled_steps, 0);
+      continue;
+    }
+    ASSERT_EQ(p.families.size(), 1u);
+    EXPECT_EQ(p.families[0].ms, p.profiled_steps);
+    EXPECT_EQ(p.profiled_steps, std::min(n, p.steps - o.gen_tokens / 2)) << "profile_steps " << n;
+  }
+  EXPECT_EQ(be.begun, 2);
 }
