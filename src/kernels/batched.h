@@ -101,7 +101,9 @@ void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* of
                   int max_tiles, float* y, int ldy, cudaStream_t s, int max_per_mat = 0);
 // The grouped GEMM's work list: tiles[0] = the count, then (matrix << 16 | tile) for each 64-slot tile of each
 // matrix's slots, matrices in order. tiles: [1 + gemm_grouped_max_tiles(slots, n_mats)] ints; n_mats <= 32767.
-inline int gemm_grouped_max_tiles(int slots, int n_mats) { return slots / 64 + n_mats; }
+// The bound: one tile per matrix that holds a slot (at most min(slots, n_mats)) plus one per full 64 slots; it is
+// the launches' grid, so a few slots (a decode pass) launch few blocks that find no tile.
+inline int gemm_grouped_max_tiles(int slots, int n_mats) { return slots / 64 + (slots < n_mats ? slots : n_mats); }
 void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s);
 
 // SwiGLU of two projections of one shape sharing x (gate, up: the MoE's experts), in one launch:
