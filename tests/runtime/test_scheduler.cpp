@@ -385,13 +385,25 @@ TEST(Scheduler, PromptCheckpointsKeepToTheBackendsGrid) {
     p.push_back(first);
     return random_prompt(rng, n, p);
   };
+  auto options = [](int chunk, int interval) {
+    SchedulerOptions o;
+    o.prefill_chunk = chunk;
+    o.checkpoint_interval = interval;
+    return o;
+  };
+  // b joins the scheduler and runs to the end: how many of its tokens came from the cache
+  auto cached_of = [](Scheduler& sch, const std::vector<int32_t>& pb, Outcome& b) {
+    int cached = -1;
+    SeqSpec sb = spec_of(pb, 5, 2, b);
+    sb.on_admitted = [&](int n) { cached = n; };
+    sch.add(std::move(sb));
+    run_to_idle(sch);
+    return cached;
+  };
   {
     HashBackend be(3, 4096);
     be.grid = 16;
-    SchedulerOptions o;
-    o.prefill_chunk = 16;
-    o.checkpoint_interval = 50;
-    Scheduler sch(be, o);
+    Scheduler sch(be, options(16, 50));
     Outcome a, b;
     SeqSpec sa = spec_of(with(60, 130), 30, 1, a);
     sa.checkpoints = {100};
@@ -401,32 +413,19 @@ TEST(Scheduler, PromptCheckpointsKeepToTheBackendsGrid) {
     ASSERT_FALSE(a.done);
     EXPECT_EQ(sch.stats().cache_entries, 2u);
     const std::vector<int32_t> pb = with(61, 107);
-    int cached_b = -1;
-    SeqSpec sb = spec_of(pb, 5, 2, b);
-    sb.on_admitted = [&](int n) { cached_b = n; };
-    sch.add(std::move(sb));
-    run_to_idle(sch);
-    EXPECT_EQ(cached_b, 96);
+    EXPECT_EQ(cached_of(sch, pb, b), 96);
     EXPECT_EQ(b.ids, solo(pb, 5, 2));
     expect_empty(sch);
   }
   {  // b arrives while a still consumes its prompt: a gets a cut where the shared part ends, on the grid
     HashBackend be(2, 4096);
     be.grid = 16;
-    SchedulerOptions o;
-    o.prefill_chunk = 8;
-    o.checkpoint_interval = 0;
-    Scheduler sch(be, o);
+    Scheduler sch(be, options(8, 0));
     Outcome a, b;
     const std::vector<int32_t> pa = with(60, 300), pb = with(61, 110);
     sch.add(spec_of(pa, 5, 1, a));
     sch.step();
-    int cached_b = -1;
-    SeqSpec sb = spec_of(pb, 5, 2, b);
-    sb.on_admitted = [&](int n) { cached_b = n; };
-    sch.add(std::move(sb));
-    run_to_idle(sch);
-    EXPECT_EQ(cached_b, 96);
+    EXPECT_EQ(cached_of(sch, pb, b), 96);
     EXPECT_EQ(a.ids, solo(pa, 5, 1));
     EXPECT_EQ(b.ids, solo(pb, 5, 2));
     expect_empty(sch);
