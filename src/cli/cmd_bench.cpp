@@ -66,11 +66,9 @@ double tflops(double flops, double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1
 // A profile's family table, largest first: ms, share, TFLOP/s and microseconds per unit (units of them: a
 // prompt's tokens, or the rows of the profiled steps), then all gemm_* families together.
 void print_families(std::vector<FamilyTime> fams, double units) {
-  double sum = 0, gemm_ms = 0, gemm_flops = 0;
-  for (const FamilyTime& f : fams) {
-    sum += f.ms;
-    if (f.name.rfind("gemm_", 0) == 0) gemm_ms += f.ms, gemm_flops += f.flops;
-  }
+  double sum = 0;
+  for (const FamilyTime& f : fams) sum += f.ms;
+  const FamilyTime g = gemm_total(fams);
   std::printf("  %-22s %10s %7s %9s %11s\n", "family", "ms", "%", "TFLOP/s", "us/unit");
   std::stable_sort(fams.begin(), fams.end(), [](const FamilyTime& x, const FamilyTime& y) { return x.ms > y.ms; });
   for (const FamilyTime& f : fams) {
@@ -79,8 +77,8 @@ void print_families(std::vector<FamilyTime> fams, double units) {
     else std::printf("%9s", "");
     std::printf(" %11.2f\n", 1e3 * f.ms / units);
   }
-  std::printf("  %-22s %10.2f %6.1f%% %9.2f %11.2f\n", "(all gemm_*)", gemm_ms, 100 * gemm_ms / sum,
-              tflops(gemm_flops, gemm_ms), 1e3 * gemm_ms / units);
+  std::printf("  %-22s %10.2f %6.1f%% %9.2f %11.2f\n", g.name.c_str(), g.ms, 100 * g.ms / sum, tflops(g.flops, g.ms),
+              1e3 * g.ms / units);
 }
 
 // The weights of --concurrency / --prompts: --model DIR (CPU, or CUDA with --device cuda) or --synthetic full

@@ -19,6 +19,14 @@ FamilyFlops::FamilyFlops(const Config& c) {
   lm_head = 2 * H * c.vocab;
 }
 
+FamilyTime gemm_total(const std::vector<FamilyTime>& rows) {
+  FamilyTime t;
+  t.name = "(all gemm_*)";
+  for (const FamilyTime& f : rows)
+    if (f.name.rfind("gemm_", 0) == 0) t.ms += f.ms, t.flops += f.flops, t.marks += f.marks;
+  return t;
+}
+
 FamilyTime& FamilyTable::row(const std::string& name) {
   for (FamilyTime& r : rows_)
     if (r.name == name) return r;

@@ -40,6 +40,9 @@ class PassProfiler {
   virtual void mark(const char* family, double flops = 0) = 0;
 };
 
+// The gemm_* families of a table summed, as one row named "(all gemm_*)".
+FamilyTime gemm_total(const std::vector<FamilyTime>& rows);
+
 // Accumulates (family, ms, flops) in the order families first appear.
 class FamilyTable {
  public:

@@ -47,9 +47,6 @@ struct ResourceUse {
   int state_slots = 0, state_slots_total = 0;  // recurrent-state slots held / in the pool
 };
 
-// A prompt checkpoint at `pos` moved down to the backend's prompt grid (0: none left).
-inline int prompt_cut(int pos, int grid) { return grid > 1 ? pos / grid * grid : pos; }
-
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -93,7 +90,7 @@ class Backend {
   virtual bool samples_on_device() const { return false; }
   // A prompt resumed from a state at a multiple of this position gets the whole prompt's bits (a prompt path
   // that works in pieces at fixed multiples, such as the chunked GDN's 64, rounds otherwise); the prefix cache's
-  // prompt checkpoints keep to it (prompt_cut).
+  // prompt checkpoints keep to it (runtime/prefix_cache.h prompt_cut).
   virtual int prompt_grid() const { return 1; }
 
   // ---- profiling (`lily bench --prompts`) ----

@@ -56,8 +56,8 @@ std::vector<PromptPoint> run_prompt_bench(Backend& be, const PromptBenchOptions&
     if (opt.profile && be.profile_begin()) {
       p.profiled_ms = prompt_ms(be, n, opt);
       p.families = be.profile_end();
-      for (const FamilyTime& f : p.families)
-        if (f.name.rfind("gemm_", 0) == 0) p.gemm_ms += f.ms, p.gemm_flops += f.flops;
+      const FamilyTime g = gemm_total(p.families);
+      p.gemm_ms = g.ms, p.gemm_flops = g.flops;
     }
     out.push_back(std::move(p));
   }

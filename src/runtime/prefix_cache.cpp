@@ -6,6 +6,16 @@
 
 namespace lily {
 
+std::vector<int> prompt_checkpoints(std::vector<int> requested, int n, int interval, int grid) {
+  for (int c = interval; interval > 0 && c < n; c += interval) requested.push_back(c);
+  std::vector<int> cuts;
+  for (int c : requested)
+    if (const int k = prompt_cut(c, grid); k > 0 && k < n) cuts.push_back(k);
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  return cuts;
+}
+
 uint64_t PrefixCache::hash_step(uint64_t h, int32_t token) {
   // FNV-1a over the token's 4 bytes, then a multiply-xorshift to spread the bits.
   uint32_t t = static_cast<uint32_t>(token);

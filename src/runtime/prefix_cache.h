@@ -15,6 +15,12 @@
 
 namespace lily {
 
+// A prompt checkpoint at `pos` moved down to the backend's prompt grid (Backend::prompt_grid; 0: none left).
+inline int prompt_cut(int pos, int grid) { return grid > 1 ? pos / grid * grid : pos; }
+// The checkpoints of a prompt of n tokens: the requested positions and every `interval` tokens (0: none), each
+// moved down to the grid, ascending and distinct, inside (0, n).
+std::vector<int> prompt_checkpoints(std::vector<int> requested, int n, int interval, int grid);
+
 class PrefixCache {
  public:
   explicit PrefixCache(size_t max_bytes) : max_bytes_(max_bytes) {}

@@ -73,13 +73,7 @@ void Scheduler::add(SeqSpec spec) {
   s->sampler.add_prompt(s->spec.prompt);
   s->ctx = s->spec.prompt;
   s->n_prompt = n;
-  std::vector<int> cuts = s->spec.checkpoints;
-  if (opt_.checkpoint_interval > 0)
-    for (int c = opt_.checkpoint_interval; c < n; c += opt_.checkpoint_interval) cuts.push_back(c);
-  for (int& c : cuts) c = prompt_cut(c, be_.prompt_grid());
-  std::sort(cuts.begin(), cuts.end());
-  for (int c : cuts)
-    if (c > 0 && c < n && (s->cuts.empty() || s->cuts.back() != c)) s->cuts.push_back(c);
+  s->cuts = prompt_checkpoints(s->spec.checkpoints, n, opt_.checkpoint_interval, be_.prompt_grid());
   waiting_.push_back(std::move(s));
 }
 

@@ -194,10 +194,7 @@ void Engine::run(GenJob& job) {
   g.sampling.logprobs = job.logprobs;
   g.sampling.filter = job.filter.get();
   g.prefill_chunk = opt_.prefill_chunk;
-  g.checkpoints = job.checkpoints;
-  if (opt_.checkpoint_interval > 0)
-    for (int c = opt_.checkpoint_interval; c < n; c += opt_.checkpoint_interval) g.checkpoints.push_back(c);
-  for (int& c : g.checkpoints) c = prompt_cut(c, backend_->prompt_grid());
+  g.checkpoints = prompt_checkpoints(job.checkpoints, n, opt_.checkpoint_interval, backend_->prompt_grid());
   if (opt_.prefix_cache)
     g.on_checkpoint = [&](int pos) { cache_.insert(std::span(job.prompt.data(), static_cast<size_t>(pos)), backend_->save_state()); };
   g.on_prefilled = [&] {
