@@ -48,6 +48,12 @@ class BatchBackend {
   // One forward pass over every entry (distinct slots, in any order). Token ids are validated before any
   // state changes.
   virtual void step(std::span<const BatchEntry> batch) = 0;
+  // step() in two halves, so the caller can do host work while the pass runs: step_begin() checks the batch and
+  // starts the pass, step_end() waits for it and fills the entries' logits and drawn ids. In between the caller
+  // keeps `batch` and what it points to alive and unchanged and makes no other call on the backend. By default
+  // step_begin() runs step() and step_end() returns at once.
+  virtual void step_begin(std::span<const BatchEntry> batch) { step(batch); }
+  virtual void step_end() {}
 
   // The slot's recurrent state now (StateSnapshot::position = position(slot)), and its restoration: the slot
   // keeps KV entries [0, s.position) and takes the snapshot's recurrent state (the tokens must be the same ones
@@ -79,6 +85,8 @@ class ForwardingBatchBackend : public BatchBackend {
   bool draws(const SamplingParams& params) const override { return inner_.draws(params); }
   int prompt_grid() const override { return inner_.prompt_grid(); }
   void step(std::span<const BatchEntry> batch) override { inner_.step(batch); }
+  void step_begin(std::span<const BatchEntry> batch) override { inner_.step_begin(batch); }
+  void step_end() override { inner_.step_end(); }
   StateSnapshot save_state(int slot) const override { return inner_.save_state(slot); }
   void restore_state(int slot, const StateSnapshot& s) override { inner_.restore_state(slot, s); }
   void copy_prefix(int dst, int src, int n_tokens) override { inner_.copy_prefix(dst, src, n_tokens); }

@@ -1,6 +1,8 @@
 // CpuBatchBackend: slot bookkeeping and validation around CpuBatchForward.
 #include "runtime/cpu_batch_backend.h"
 
+#include <utility>
+
 #include "util/check.h"
 
 namespace lily {
@@ -15,6 +17,7 @@ CpuBatchBackend::CpuBatchBackend(const Model& model, int max_seqs, int max_conte
 }
 
 int CpuBatchBackend::check_slot(int slot, const char* what) const {
+  LILY_CHECK(!is_open_, "cpu batch backend: ", what, " while a step is open (step_end first)");
   LILY_CHECK(slot >= 0 && slot < max_seqs(), "cpu batch backend: ", what, ": slot ", slot, " outside [0, ",
              max_seqs(), ")");
   return slot;
@@ -22,7 +25,69 @@ int CpuBatchBackend::check_slot(int slot, const char* what) const {
 
 void CpuBatchBackend::reset(int slot) { f_.reset(slots_[check_slot(slot, "reset")]); }
 
+CpuBatchBackend::~CpuBatchBackend() {
+  if (!worker_.joinable()) return;
+  {
+    std::lock_guard l(mu_);
+    quit_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
 void CpuBatchBackend::step(std::span<const BatchEntry> batch) {
+  LILY_CHECK(!is_open_, "cpu batch backend: step while a step is open");
+  check_batch(batch);
+  groups_.clear();
+  for (const BatchEntry& e : batch) groups_.push_back({&slots_[e.slot], e.tokens, e.logits, false});
+  f_.forward(groups_);
+}
+
+void CpuBatchBackend::step_begin(std::span<const BatchEntry> batch) {
+  LILY_CHECK(!is_open_, "cpu batch backend: step_begin while a step is open");
+  check_batch(batch);
+  groups_.clear();
+  for (const BatchEntry& e : batch) groups_.push_back({&slots_[e.slot], e.tokens, e.logits, false});
+  if (!worker_.joinable()) worker_ = std::thread([this] { run_worker(); });
+  {
+    std::lock_guard l(mu_);
+    has_job_ = true;
+    job_done_ = false;
+    error_ = nullptr;
+  }
+  is_open_ = true;
+  cv_.notify_all();
+}
+
+void CpuBatchBackend::step_end() {
+  LILY_CHECK(is_open_, "cpu batch backend: step_end without step_begin");
+  std::unique_lock l(mu_);
+  cv_.wait(l, [&] { return job_done_; });
+  is_open_ = false;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+void CpuBatchBackend::run_worker() {
+  std::unique_lock l(mu_);
+  for (;;) {
+    cv_.wait(l, [&] { return has_job_ || quit_; });
+    if (quit_) return;
+    has_job_ = false;
+    l.unlock();
+    std::exception_ptr err;
+    try {
+      f_.forward(groups_);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    l.lock();
+    error_ = err;
+    job_done_ = true;
+    cv_.notify_all();
+  }
+}
+
+void CpuBatchBackend::check_batch(std::span<const BatchEntry> batch) const {
   // Everything is checked before any slot changes.
   std::vector<char> used(slots_.size(), 0);
   const int vocab = config().vocab;
@@ -40,9 +105,6 @@ void CpuBatchBackend::step(std::span<const BatchEntry> batch) {
       LILY_CHECK(e.tokens[t] >= 0 && e.tokens[t] < vocab, "cpu batch backend: step: slot ", e.slot, ": token id ",
                  e.tokens[t], " (at ", t, ") outside [0, ", vocab, ")");
   }
-  groups_.clear();
-  for (const BatchEntry& e : batch) groups_.push_back({&slots_[e.slot], e.tokens, e.logits, false});
-  f_.forward(groups_);
 }
 
 StateSnapshot CpuBatchBackend::save_state(int slot) const {

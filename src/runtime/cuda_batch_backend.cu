@@ -71,6 +71,18 @@ void CudaBatchBackend::reset(int slot) {
 }
 
 void CudaBatchBackend::step(std::span<const BatchEntry> batch) {
+  step_begin(batch);
+  step_end();
+}
+
+void CudaBatchBackend::step_end() {
+  LILY_CHECK(is_open_, "CUDA batch backend: step_end without step_begin");
+  is_open_ = false;
+  finish_out(open_);
+}
+
+void CudaBatchBackend::step_begin(std::span<const BatchEntry> batch) {
+  LILY_CHECK(!is_open_, "CUDA batch backend: step_begin while a step is open");
   const int V = eng_.config().vocab;
   std::vector<uint8_t> seen(slots_.size(), 0);
   for (size_t i = 0; i < batch.size(); ++i) {  // everything checked before any state changes
@@ -114,7 +126,8 @@ void CudaBatchBackend::step(std::span<const BatchEntry> batch) {
   }
   if (n_draw_ > 0)
     CUDA_CHECK(cudaMemcpyAsync(out_host_, out_dev_, sizeof(DrawOut) * n_draw_, cudaMemcpyDeviceToHost, eng_.stream()));
-  finish_out(batch);
+  open_.assign(batch.begin(), batch.end());
+  is_open_ = true;
 }
 
 void CudaBatchBackend::pass(std::span<const BatchEntry> batch, const std::vector<Piece>& pieces) {

@@ -38,6 +38,9 @@ class CudaBatchBackend : public BatchBackend {
   int64_t kv_capacity_tokens() const override { return kv_capacity_; }
   void reset(int slot) override;
   void step(std::span<const BatchEntry> batch) override;
+  // step() is these two: the launches, then the wait for the ids' and logits' copies.
+  void step_begin(std::span<const BatchEntry> batch) override;
+  void step_end() override;
   StateSnapshot save_state(int slot) const override;
   void restore_state(int slot, const StateSnapshot& s) override;
   void copy_prefix(int dst, int src, int n_tokens) override;
@@ -103,6 +106,8 @@ class CudaBatchBackend : public BatchBackend {
   std::vector<float> bias_vals_host_;
   std::vector<int> row_of_;             // [batch entries] draw row or staged_ row of the entry in this step, -1
   int n_draw_ = 0, n_staged_ = 0;       // rows used in this step
+  std::vector<BatchEntry> open_;        // the step between step_begin and step_end
+  bool is_open_ = false;
   int* ids_dev_ = nullptr;              // device [ids_cap_] token lists for sync_counts
   size_t ids_cap_ = 0;
 };

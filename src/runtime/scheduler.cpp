@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "util/check.h"
 #include "util/thread_pool.h"
@@ -24,6 +25,16 @@ struct Scheduler::Seq {
   bool done = false;                    // on_done ran
   bool tail = false;                    // done, and turn_tail still to be fed in its slot
   bool preempted = false;               // dropped in this step, to go back to the queue
+  bool in_flight = false;               // in the pass between step_begin and step_end
+  // The id commit() took into ctx and deliver() has not reported yet; `ending`: the sequence ends there (stop:
+  // a stop id; length: max_tokens or the context), so it takes no further pass.
+  struct Report {
+    SampledToken token;
+    int index = 0;
+    bool stop = false;
+  };
+  std::optional<Report> report;
+  FinishReason ending = FinishReason::none;
   SeqResult result;
   Seq(SeqSpec s, int vocab) : spec(std::move(s)), sampler(spec.sampling.params, vocab) {}
 };
@@ -222,6 +233,7 @@ void Scheduler::release(Seq& s, bool keep_tokens) {
 }
 
 void Scheduler::finish(Seq& s, FinishReason reason) {
+  deliver(s);  // an id drawn before goes out first (and may itself end the sequence)
   if (s.done) return;
   s.done = true;
   s.result.finish = reason;
@@ -248,6 +260,7 @@ void Scheduler::abort_all(FinishReason reason, const std::string& error) {
     finish(*s, reason);
   }
   waiting_.clear();
+  reports_.clear();
 }
 
 // Draws the next id of `s` from its last position's logits (its own Sampler; the filter's mask in mask_, so
@@ -268,8 +281,9 @@ Scheduler::Drawn Scheduler::draw(Seq& s, const float* logits, bool use_mask) {
   return d;
 }
 
-// Reports the drawn id of `s` and decides whether it goes on.
-void Scheduler::accept(Seq& s, Drawn d) {
+// Takes the drawn id of `s` into its context; it is reported by deliver() (in the next step(), while that
+// step's pass runs).
+void Scheduler::commit(Seq& s, Drawn d) {
   if (!d.ok) {
     s.result.error = d.error;
     s.result.nan_logits = d.nan;
@@ -278,23 +292,44 @@ void Scheduler::accept(Seq& s, Drawn d) {
     return;
   }
   SampledToken t = std::move(d.token);
-  TokenFilter* filter = s.spec.sampling.filter;
-  if (filter) filter->accept(t.token);
+  if (TokenFilter* filter = s.spec.sampling.filter) filter->accept(t.token);
   if (!s.spec.sampling.logprobs) t.logprob = std::numeric_limits<float>::quiet_NaN();
   s.ctx.push_back(t.token);
   const int index = s.result.n_generated++;
   const bool stop = std::find(s.spec.stop_ids.begin(), s.spec.stop_ids.end(), t.token) != s.spec.stop_ids.end();
-  const FinishReason ended = s.spec.on_token ? s.spec.on_token(t, index, stop) : FinishReason::none;
-  if (stop || ended != FinishReason::none) {
-    s.result.stopped_by_id = stop;
-    finish(s, stop ? FinishReason::stop : ended);
-    const auto& tail = s.spec.turn_tail;
-    s.tail = stop && opt_.prefix_cache && !tail.empty() && tail.front() == t.token &&
-             s.consumed + static_cast<int>(tail.size()) < max_context_;
-  } else if (s.result.n_generated >= s.spec.max_tokens || static_cast<int>(s.ctx.size()) > max_context_) {
-    finish(s, FinishReason::length);  // no room to consume the new id
-  }
-  if (s.done && !s.tail) release(s, true);
+  if (stop) s.ending = FinishReason::stop;
+  else if (s.result.n_generated >= s.spec.max_tokens || static_cast<int>(s.ctx.size()) > max_context_)
+    s.ending = FinishReason::length;  // no room to consume the new id
+  s.report = Seq::Report{std::move(t), index, stop};
+  reports_.push_back(&s);
+}
+
+// Reports the id commit() left and ends the sequence where it ends (its slot kept for reuse; a sequence whose
+// pass is running gives its slot back after step_end).
+void Scheduler::deliver(Seq& s) {
+  if (!s.report) return;
+  Seq::Report r = std::move(*s.report);
+  s.report.reset();
+  if (s.done) return;
+  const FinishReason ended = s.spec.on_token ? s.spec.on_token(r.token, r.index, r.stop) : FinishReason::none;
+  if (s.ending == FinishReason::none && ended == FinishReason::none) return;
+  s.result.stopped_by_id = r.stop;
+  finish(s, r.stop ? FinishReason::stop : ended != FinishReason::none ? ended : s.ending);
+  const auto& tail = s.spec.turn_tail;
+  s.tail = r.stop && opt_.prefix_cache && !tail.empty() && tail.front() == r.token.token && s.slot >= 0 &&
+           s.consumed + static_cast<int>(tail.size()) < max_context_;
+  if (!s.tail && !s.in_flight) release(s, true);
+}
+
+void Scheduler::deliver_all() {
+  for (Seq* s : reports_) deliver(*s);
+  reports_.clear();
+}
+
+// Forgets the sequences that ended (after their turn tail, if any).
+void Scheduler::drop_ended() {
+  std::erase_if(reports_, [](const Seq* s) { return s->done; });
+  std::erase_if(running_, [](const auto& s) { return s->done && !s->tail; });
 }
 
 // Whether `s` should wait for a running sequence that is still consuming a prefix they share (the same system
@@ -316,23 +351,30 @@ bool Scheduler::waits_for_prefix(const Seq& s) {
 }
 
 int Scheduler::step() {
-  // Interruptions: running sequences keep their consumed tokens in the slot; waiting ones just end.
+  // Interruptions: running sequences keep their consumed tokens in the slot; waiting ones just end. An id drawn
+  // but not reported yet is reported first (finish()), unless the request was cancelled.
   for (auto& s : running_)
     if (!s->done && s->spec.interrupt)
       if (const FinishReason r = s->spec.interrupt(); r != FinishReason::none) {
+        if (r == FinishReason::cancelled) s->report.reset();  // nobody reads it
         finish(*s, r);
+        s->tail = false;
         release(*s, true);
       }
   for (auto it = waiting_.begin(); it != waiting_.end();) {
-    const FinishReason r = (*it)->spec.interrupt ? (*it)->spec.interrupt() : FinishReason::none;
-    if (r == FinishReason::none) {
+    Seq& s = **it;
+    const FinishReason r =
+        s.done ? FinishReason::none : s.spec.interrupt ? s.spec.interrupt() : FinishReason::none;
+    if (r == FinishReason::cancelled) s.report.reset();
+    if (r != FinishReason::none) finish(s, r);
+    if (!s.done) {  // (a preempted sequence may have ended at its last id's report)
       ++it;
       continue;
     }
-    finish(**it, r);
+    std::erase(reports_, &s);
     it = waiting_.erase(it);
   }
-  std::erase_if(running_, [](const auto& s) { return s->done && !s->tail; });
+  drop_ended();
 
   // Admission in FIFO order; a sequence waiting for a running one's prompt to pass their common prefix is
   // skipped, the first that does not fit stops the line.
@@ -340,6 +382,7 @@ int Scheduler::step() {
     Seq& s = **it;
     if (PageTable::pages_for(static_cast<int>(s.ctx.size()), opt_.kv_page_tokens) > kv_pool_.capacity()) {
       finish(s, FinishReason::length);  // its context outgrew the whole KV pool
+      std::erase(reports_, &s);
       it = waiting_.erase(it);
       continue;
     }
@@ -369,13 +412,18 @@ int Scheduler::step() {
   }
   for (auto& sp : running_) {
     Seq& s = *sp;
-    if (s.done || s.preempted || s.result.n_generated == 0 || static_cast<int>(s.ctx.size()) - s.consumed != 1) continue;
+    if (s.done || s.preempted || s.ending != FinishReason::none || s.result.n_generated == 0 ||
+        static_cast<int>(s.ctx.size()) - s.consumed != 1)
+      continue;
+    // the newest running sequence that goes on
+    const auto goes_on = [](const auto& o) {
+      return !o->done && !o->preempted && o->ending == FinishReason::none && o->slot >= 0;
+    };
     while (s.slot >= 0 && !reserve(slots_[s.slot], s.consumed + 1)) {
-      Seq* victim = nullptr;  // the newest running sequence that is not done
+      Seq* victim = nullptr;
       for (auto& o : running_)
-        if (!o->done && !o->preempted && o->slot >= 0 && (!victim || o->order > victim->order)) victim = o.get();
-      if (victim == &s && std::count_if(running_.begin(), running_.end(),
-                                        [](const auto& o) { return !o->done && !o->preempted && o->slot >= 0; }) == 1) {
+        if (goes_on(o) && (!victim || o->order > victim->order)) victim = o.get();
+      if (victim == &s && std::count_if(running_.begin(), running_.end(), goes_on) == 1) {
         finish(s, FinishReason::length);  // alone and still no room: the KV pool is the limit
         release(s, true);
         break;
@@ -417,7 +465,8 @@ int Scheduler::step() {
     running_.erase(it);
   }
   if (items.empty()) {
-    std::erase_if(running_, [](const auto& s) { return s->done && !s->tail; });
+    deliver_all();
+    drop_ended();
     return 0;
   }
 
@@ -439,16 +488,30 @@ int Scheduler::step() {
     batch.push_back(e);
     n_tokens += items[i].n;
   }
+  // The pass runs while the previous step's ids are reported.
+  std::string failure;
+  bool begun = false;
   try {
-    be_.step(batch);
+    be_.step_begin(batch);
+    begun = true;
+    for (const Item& it : items) it.seq->in_flight = true;
+    deliver_all();
+    begun = false;
+    be_.step_end();
   } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  for (const Item& it : items) it.seq->in_flight = false;
+  if (begun) be_.step_end();  // a report threw: the pass still ends before the error goes on
+  if (!failure.empty()) {
     for (const Item& it : items) {  // their slots' states are unknown
-      it.seq->result.error = e.what();
+      if (!it.seq->done) it.seq->result.error = failure;
       finish(*it.seq, FinishReason::error);
       it.seq->tail = false;
       release(*it.seq, false);
     }
-    std::erase_if(running_, [](const auto& s) { return s->done && !s->tail; });
+    deliver_all();
+    drop_ended();
     return static_cast<int>(items.size());
   }
   ++steps_;
@@ -469,13 +532,14 @@ int Scheduler::step() {
     s.consumed += items[i].n;
     if (opt_.prefix_cache && std::binary_search(s.cuts.begin(), s.cuts.end(), s.consumed))
       cache_.insert(std::span(s.ctx.data(), static_cast<size_t>(s.consumed)), be_.save_state(s.slot));
+    if (s.done) release(s, true);  // its report ended it while the pass ran (the slot holds the id it consumed)
   }
   // The next ids: drawn in parallel where the sequence has no structured-output filter (each Sampler is its own;
   // filters may share a grammar's memo tables), then reported in the batch's order on this thread.
   std::vector<Drawn> drawn(items.size());
   std::vector<size_t> free;
   for (size_t i = 0; i < items.size(); ++i) {
-    if (!items[i].logits) continue;
+    if (!items[i].logits || items[i].seq->done) continue;
     if (batch[i].drawn) {  // drawn by the backend
       Drawn& d = drawn[i];
       if (batch[i].drawn->token >= 0) {
@@ -493,16 +557,16 @@ int Scheduler::step() {
     for (int64_t k = b; k < e; ++k) drawn[free[k]] = draw(*items[free[k]].seq, batch[free[k]].logits, false);
   });
   for (size_t i = 0; i < items.size(); ++i) {
-    if (!items[i].logits) continue;
     Seq& s = *items[i].seq;
+    if (!items[i].logits || s.done) continue;
     if (!s.prefilled) {
       s.prefilled = true;
       if (s.spec.on_prefilled) s.spec.on_prefilled();
     }
     if (s.spec.sampling.filter) drawn[i] = draw(s, batch[i].logits, true);
-    accept(s, std::move(drawn[i]));
+    commit(s, std::move(drawn[i]));
   }
-  std::erase_if(running_, [](const auto& s) { return s->done && !s->tail; });
+  drop_ended();
   return static_cast<int>(items.size());
 }
 

@@ -12,6 +12,11 @@
 // BatchBackend::copy_prefix). A sequence whose prompt shares a prefix with one still being consumed (the same
 // long system prompt; n samples of one prompt) waits until that prefix is done and starts from it, so the
 // common tokens are computed once. One thread (the caller's) drives it.
+// Overlap: the ids a step drew are reported (on_token, on_done) in the next step() call while the backend runs
+// that call's pass (BatchBackend::step_begin / step_end), so the host's work per id (the server's streaming)
+// does not stall the device. Stop ids and max_tokens are known when an id is drawn, so a sequence that ends
+// there is not in the next pass; one that its on_token ends (a stop string, a disconnect) has consumed that id in
+// the pass already running, which only leaves its slot one token further (the slot records it).
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -90,8 +95,9 @@ class Scheduler {
   // context that can never fit (prompt + 1 beyond max_context or the KV pool).
   void add(SeqSpec spec);
   bool idle() const { return running_.empty() && waiting_.empty(); }
-  // Admits what fits, runs one forward pass, samples and reports. Sequences that end call on_done inside.
-  // Returns the number of sequences that took part (0 when idle).
+  // Admits what fits, starts one forward pass, reports the previous step's ids while it runs, then samples.
+  // Sequences that end call on_done inside (after their last on_token). Returns the number of sequences that
+  // took part in the pass (0 when none ran: then only reports were due, or nothing).
   int step();
   // Ends every sequence with `reason` (on_done for each), slots emptied: shutdown or after a backend failure.
   void abort_all(FinishReason reason, const std::string& error = "");
@@ -125,7 +131,13 @@ class Scheduler {
     std::string error;
   };
   Drawn draw(Seq& s, const float* logits, bool use_mask);
-  void accept(Seq& s, Drawn d);
+  // An id drawn for `s`: into its context, and whether it ends there (stop id, max_tokens, context); reported
+  // later by deliver().
+  void commit(Seq& s, Drawn d);
+  // Reports the id commit() left (on_prefilled, on_token), then ends the sequence if it ends there.
+  void deliver(Seq& s);
+  void deliver_all();                          // every pending report, in the order of the step that drew them
+  void drop_ended();                           // forgets sequences that ended (and fed their turn tail)
 
   BatchBackend& be_;
   SchedulerOptions opt_;
@@ -135,6 +147,7 @@ class Scheduler {
   PrefixCache cache_;
   std::deque<std::unique_ptr<Seq>> waiting_;   // FIFO; preempted sequences go back to the front
   std::vector<std::unique_ptr<Seq>> running_;  // in admission order
+  std::vector<Seq*> reports_;                  // sequences with an id to report (Seq::report)
   uint64_t clock_ = 0, admissions_ = 0, keys_ = 0;
   int64_t preemptions_ = 0, cached_tokens_ = 0, steps_ = 0;
   std::vector<float> logits_;                  // [max_seqs][vocab]

@@ -522,3 +522,89 @@ TEST(Scheduler, SamplesOfOnePromptComputeItOnce) {
   run_to_idle(sch);
   expect_empty(sch);
 }
+
+namespace {
+// Marks the time between step_begin and step_end (the pass in flight).
+class OpenFlag : public ForwardingBatchBackend {
+ public:
+  using ForwardingBatchBackend::ForwardingBatchBackend;
+  void step_begin(std::span<const BatchEntry> batch) override {
+    inner_.step_begin(batch);
+    open = true;
+  }
+  void step_end() override {
+    open = false;
+    inner_.step_end();
+  }
+  bool open = false;
+};
+}  // namespace
+
+// The ids a step drew are reported while the next step's pass runs (the host's streaming work overlaps the
+// device); only ids after which no pass is left to run are reported outside one. Outputs are unchanged.
+TEST(Scheduler, IdsAreReportedWhileTheNextPassRuns) {
+  std::mt19937 rng(31);
+  HashBackend hash(2, 4096);
+  hash.draws_ids = true;
+  OpenFlag be(hash);
+  Scheduler sch(be, {});
+  std::vector<std::vector<int32_t>> prompts = {random_prompt(rng, 9), random_prompt(rng, 14)};
+  std::vector<Outcome> out(2);
+  int reports = 0, during_pass = 0;
+  for (int i = 0; i < 2; ++i) {
+    SeqSpec s = spec_of(prompts[i], 20 + 7 * i, 40 + i, out[i]);
+    s.stop_ids.clear();
+    Outcome* o = &out[i];
+    s.on_token = [&, o](const SampledToken& t, int, bool) {
+      o->ids.push_back(t.token);
+      ++reports;
+      during_pass += be.open ? 1 : 0;
+      return FinishReason::none;
+    };
+    sch.add(std::move(s));
+  }
+  run_to_idle(sch);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(out[i].ids, solo(prompts[i], 20 + 7 * i, 40 + i, false)) << i;
+  EXPECT_EQ(reports, 47);
+  EXPECT_EQ(during_pass, 47 - 1) << "only the very last id has no pass left to overlap";
+  expect_empty(sch);
+}
+
+// A sequence that its on_token ends (a stop string, a client gone) has already gone into the next pass with
+// that id: the pass still ends, its slot records the id it consumed, and a follow-up request that extends the
+// conversation continues from there with the same ids as from scratch.
+TEST(Scheduler, ASequenceEndedWhileItsNextPassRunsKeepsItsSlotExact) {
+  std::mt19937 rng(33);
+  HashBackend be(2, 4096);
+  be.draws_ids = true;
+  Scheduler sch(be, {});
+  const std::vector<int32_t> prompt = random_prompt(rng, 12);
+  Outcome a;
+  SeqSpec sa = spec_of(prompt, 30, 5, a);
+  sa.stop_ids.clear();
+  sa.on_token = [&a](const SampledToken& t, int index, bool) {
+    a.ids.push_back(t.token);
+    return index == 6 ? FinishReason::stop : FinishReason::none;
+  };
+  sch.add(std::move(sa));
+  run_to_idle(sch);
+  ASSERT_TRUE(a.done);
+  EXPECT_EQ(a.result.finish, FinishReason::stop);
+  EXPECT_FALSE(a.result.stopped_by_id);
+  std::vector<int32_t> ref = solo(prompt, 30, 5, false);
+  ref.resize(7);
+  EXPECT_EQ(a.ids, ref);
+  expect_empty(sch);
+
+  std::vector<int32_t> next = prompt;
+  next.insert(next.end(), a.ids.begin(), a.ids.end());
+  next.insert(next.end(), {3, 1, 4});
+  Outcome b;
+  SeqSpec sb = spec_of(next, 12, 6, b);
+  sb.stop_ids.clear();
+  sch.add(std::move(sb));
+  run_to_idle(sch);
+  EXPECT_EQ(b.result.n_cached, static_cast<int>(prompt.size()) + 7) << "the slot holds every id a consumed";
+  EXPECT_EQ(b.ids, solo(next, 12, 6, false));
+  expect_empty(sch);
+}
