@@ -144,8 +144,6 @@ void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh
 // the conv ring brought up to date): qkv [n][conv_dim], z [n][Hv*Dv], a, b [n][Hv], out [n][Hv*Dv]; the ring and
 // state as there, updated in place. scratch: device, gdn_chunk_scratch_bytes. wy: the recurrence in the chunked
 // form on the tensor cores (kernels/gdn_wy.cu; the real model's head size, else the sequential kernel).
-// The chunked form's pieces: tokens [64 j, 64 j + 64) at absolute positions, whatever the chunk's bounds.
-inline constexpr int kGdnWyPiece = 64;
 size_t gdn_chunk_scratch_bytes(int n, GdnDims dims, bool wy);
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,

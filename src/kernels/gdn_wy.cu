@@ -25,7 +25,7 @@ namespace lily::cuda {
 
 namespace {
 
-constexpr int kPiece = kGdnWyPiece;  // tokens per piece
+constexpr int kPiece = 64;        // tokens per piece
 constexpr int kD = 128;           // Dk = Dv
 constexpr int kLd = kD + 4;       // row stride of [64][128] fp32 tiles in shared memory (fragment reads ~2-way)
 constexpr int kLdP = kPiece + 4;  // row stride of [64][64] and [32][64] tiles

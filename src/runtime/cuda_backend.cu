@@ -11,7 +11,6 @@
 #include <string>
 
 #include "kernels/common.cuh"
-#include "kernels/batched.h"
 #include "model/cuda_engine.h"
 #include "model/event_profiler.cuh"
 #include "model/synth.h"
@@ -182,7 +181,6 @@ class CudaBackend : public Backend {
   }
   lily::SampledToken decode_wait() override { return device_ ? sampler_.wait() : host_wait(); }
   bool samples_on_device() const override { return device_; }
-  int prompt_grid() const override { return engine_.options().gdn_wy ? cuda::kGdnWyPiece : 1; }
 
   bool profile_begin() override {
     prof_.finish();

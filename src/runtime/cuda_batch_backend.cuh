@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "kernels/sampling.h"
-#include "kernels/batched.h"
 #include "model/cuda_engine.h"
 #include "model/event_profiler.cuh"
 #include "runtime/batch_backend.h"
@@ -45,7 +44,6 @@ class CudaBatchBackend : public BatchBackend {
   void restore_state(int slot, const StateSnapshot& s) override;
   void copy_prefix(int dst, int src, int n_tokens) override;
   bool draws(const ::lily::SamplingParams& params) const override;
-  int prompt_grid() const override { return eng_.options().gdn_wy ? kGdnWyPiece : 1; }
   // The passes' families (their launches one by one while profiled); steps through decode graphs mark nothing.
   bool profile_begin() override;
   std::vector<FamilyTime> profile_end() override;
