@@ -1,8 +1,7 @@
 // Benchmark of the prompt path's kernels (kernels/batched.h) on the real Qwen3.6-35B-A3B shapes for one chunk
 // of n tokens: the dense GEMMs of a layer, the MoE's grouped GEMMs (each token's 8 experts drawn at random),
 // the GEMM's input split, the GDN chunk and the attention chunk (at context 0 and 4K).
-// Usage: bench_prefill [tokens per chunk, default 2048] [split] [f16] [attn1] [wy]: wy, the GDN recurrence in the
-// chunked form on the tensor cores (kernels/gdn_wy.cu, KernelOptions::gdn_wy); attn1, the attention chunk with q
+// Usage: bench_prefill [tokens per chunk, default 2048] [split] [f16] [attn1]: attn1, the attention chunk with q
 // and p in one bf16 term (KernelOptions::prompt_attn_one_term); split, the dense GEMMs split-K as in a
 // decode pass (at most 4 blocks per SM a launch; kernels/batched.h GemmSplit); f16, the 4-bit GEMMs on x's
 // one-term fp16 form (kernels/gemm_f16.cu, KernelOptions::prompt_f16). Each case is captured into a CUDA graph several times
@@ -96,7 +95,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   GemmSplit split;
-  bool f16 = false, attn1 = false, wy = false, few = false;
+  bool f16 = false, attn1 = false, few = false;
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "split") {
       split = gemm_split_alloc(4 * sm_count());
@@ -105,9 +104,6 @@ int main(int argc, char** argv) {
     } else if (std::string(argv[i]) == "attn1") {
       attn1 = true;
       std::printf("attention with q and p in one bf16 term\n");
-    } else if (std::string(argv[i]) == "wy") {
-      wy = true;
-      std::printf("GDN recurrence in the chunked (WY) form on the tensor cores\n");
     } else if (std::string(argv[i]) == "rows") {
       few = true;
       std::printf("launches of <= 16 tokens a tile through kernels/gemm_rows.cu\n");
@@ -216,9 +212,9 @@ int main(int argc, char** argv) {
     float* ring = make_vec((size_t)4 * C);
     float* S = make_vec((size_t)32 * 128 * 128, 0.1f);
     float* out = static_cast<float*>(dalloc((size_t)kN * VD * sizeof(float)));
-    void* scratch = dalloc(gdn_chunk_scratch_bytes(kN, d, wy));
+    void* scratch = dalloc(gdn_chunk_scratch_bytes(kN, d));
     const double us = time_graph(4, [&](int, cudaStream_t s) {
-      launch_gdn_chunk(qkv, z, a, b, cw, al, dt, nw, ring, S, out, scratch, 4096, kN, d, 1e-6f, wy, s);
+      launch_gdn_chunk(qkv, z, a, b, cw, al, dt, nw, ring, S, out, scratch, 4096, kN, d, 1e-6f, s);
     });
     report("gdn chunk (Hv 32, Dk = Dv 128)", us, 0, 0);
   }

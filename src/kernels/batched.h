@@ -142,12 +142,11 @@ void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh
 // launch_gdn_step (kernels/mixers.h) for the n consecutive tokens at positions pos0.. in four launches (what
 // does not depend on the state, for every token at once; the recurrence over the chunk; the gated output norm;
 // the conv ring brought up to date): qkv [n][conv_dim], z [n][Hv*Dv], a, b [n][Hv], out [n][Hv*Dv]; the ring and
-// state as there, updated in place. scratch: device, gdn_chunk_scratch_bytes. wy: the recurrence in the chunked
-// form on the tensor cores (kernels/gdn_wy.cu; the real model's head size, else the sequential kernel).
-size_t gdn_chunk_scratch_bytes(int n, GdnDims dims, bool wy);
+// state as there, updated in place. scratch: device, gdn_chunk_scratch_bytes.
+size_t gdn_chunk_scratch_bytes(int n, GdnDims dims);
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
-                      float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, bool wy, cudaStream_t s);
+                      float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, cudaStream_t s);
 
 // ---- attention over a chunk (kernels/attention_chunk.cu) ----
 // launch_attention_decode (kernels/mixers.h) for the n consecutive tokens at positions pos0.. : in.qg [n][n_heads

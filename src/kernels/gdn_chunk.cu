@@ -1,5 +1,5 @@
 // The Gated DeltaNet over a prompt chunk (docs/model.md §2.2): the decode step's math (kernels/gdn_core.cuh) for n
-// consecutive tokens at positions pos0.. . Four launches (five with the chunked form):
+// consecutive tokens at positions pos0.. . Four launches:
 //   gdn_prep_kernel    all that does not depend on the state, for every token at once (a thread per channel
 //                      over 32 tokens, then a warp per token for the norms): the conv + SiLU of q, k and v, the
 //                      L2 norms, k . q, beta and the decay, into the scratch rows (PrepRow); conv taps before
@@ -10,17 +10,15 @@
 //                      S^T k and S^T q with a reduce-scatter over the lanes, and broadcasts the columns' updates
 //                      back. A block's 8 warps share a value head; the prep's values come into shared memory 32
 //                      tokens at a time, double-buffered, so the chain reads them there rather than from L2.
-//                      Its ungated outputs o go to `out`. With wy (the real model's heads) the chunked form on
-//                      the tensor cores takes its place instead (kernels/gdn_wy.cu, two launches).
+//                      Its ungated outputs o go to `out`.
 //   gated_norm_kernel  a warp per (token, value head): out = RMSNorm(o) * norm_w * silu(z), in place.
 //   ring_update_kernel the raw qkv of the chunk's last (up to) 4 tokens into the conv ring.
-// The sequential kernel's arithmetic is the decode step's (sums in another order), so a chunk and the decode step
-// agree to fp32 rounding; the chunked form's error is larger (kernels/gdn_wy.cu).
-// Tested against the fp64 / fp32 references token by token in tests/gpu/test_mixer_kernels.cu and test_gdn_wy.cu.
+// The arithmetic is the decode step's (sums in another order), so a chunk and the decode step agree to fp32
+// rounding.
+// Tested against the fp64 / fp32 references token by token in tests/gpu/test_mixer_kernels.cu.
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/gdn_core.cuh"
-#include "kernels/gdn_prep.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/mma.cuh"
 
@@ -44,6 +42,18 @@ __device__ __forceinline__ void scatter_step(float (&x)[V], int lane) {
   }
 }
 
+// Row layout of the prep's output per token (floats): q normed and scaled [Hk][Dk] | k normed [Hk][Dk] |
+// v after conv + SiLU [Hv][Dv] | k . q [Hk] | beta [Hv] | decay [Hv].
+struct PrepRow {
+  int key_dim, vd, n_k, n_v;
+  __host__ __device__ int width() const { return 2 * key_dim + vd + n_k + 2 * n_v; }
+  __host__ __device__ int q(int kh) const { return kh * (key_dim / n_k); }
+  __host__ __device__ int k(int kh) const { return key_dim + q(kh); }
+  __host__ __device__ int v(int h) const { return 2 * key_dim + h * (vd / n_v); }
+  __host__ __device__ int kq(int kh) const { return 2 * key_dim + vd + kh; }
+  __host__ __device__ int beta(int h) const { return 2 * key_dim + vd + n_k + h; }
+  __host__ __device__ int decay(int h) const { return 2 * key_dim + vd + n_k + n_v + h; }
+};
 
 // Everything of a token that does not depend on the state, for kPrepTok tokens per block, each input row read
 // once: block (x, y < Hk) runs key head y's q channels on threads [0, 128) and its k channels on [128, 256), a
@@ -141,9 +151,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(
         const int i = e / Hv, h = e % Hv, t = t0 + i;
         float* row = prep + (size_t)t * L.width();
         row[L.beta(h)] = gdn::sigmoid(b_in[(size_t)t * Hv + h]);
-        const float lg = -__expf(a_log[h]) * gdn::softplus(a_in[(size_t)t * Hv + h] + dt_bias[h]);
-        row[L.decay(h)] = __expf(lg);
-        row[L.log_decay(h)] = lg;
+        row[L.decay(h)] = __expf(-__expf(a_log[h]) * gdn::softplus(a_in[(size_t)t * Hv + h] + dt_bias[h]));
       }
     }
   }
@@ -310,14 +318,14 @@ __global__ void ring_update_kernel(const float* qkv, float* ring, int pos0, int 
 
 }  // namespace
 
-size_t gdn_chunk_scratch_bytes(int n, GdnDims dims, bool wy) {
-  const size_t prep = (sizeof(float) * (size_t)n * prep_row(dims).width() + 255) & ~size_t(255);
-  return prep + (wy && gdn_wy_supported(dims) ? gdn_wy_work_bytes(n, dims) : 0);
+size_t gdn_chunk_scratch_bytes(int n, GdnDims dims) {
+  const int key_dim = dims.n_k_heads * dims.k_dim, vd = dims.n_v_heads * dims.v_dim;
+  return sizeof(float) * (size_t)n * PrepRow{key_dim, vd, dims.n_k_heads, dims.n_v_heads}.width();
 }
 
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
-                      float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, bool wy, cudaStream_t s) {
+                      float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, cudaStream_t s) {
   LILY_CHECK(dims.k_dim >= 1 && dims.k_dim <= kDkMax && dims.v_dim >= 4 && dims.v_dim % 4 == 0 &&
                  dims.n_k_heads > 0 && dims.n_v_heads % dims.n_k_heads == 0 && dims.n_v_heads / dims.n_k_heads <= 32 && pos0 >= 0,
              "gdn_chunk: unsupported dims Dk=", dims.k_dim, " Dv=", dims.v_dim, " Hk=", dims.n_k_heads,
@@ -330,15 +338,9 @@ void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const fl
   gdn_prep_kernel<<<prep_grid, kPrepThreads, 0, s>>>(qkv, a, b, conv_w, a_log, dt_bias, conv_ring, prep, pos0, n,
                                                      dims);
   CUDA_CHECK_LAUNCH(s);
-  if (wy && gdn_wy_supported(dims)) {
-    float* work = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) +
-                                           ((sizeof(float) * (size_t)n * prep_row(dims).width() + 255) & ~size_t(255)));
-    launch_gdn_wy(prep, work, state, out, pos0, n, dims, s);
-  } else {
-    const dim3 grid((dims.v_dim + kBlockCols - 1) / kBlockCols, dims.n_v_heads);
-    gdn_chunk_kernel<<<grid, kStageWarps * 32, 0, s>>>(prep, state, out, n, dims);
-    CUDA_CHECK_LAUNCH(s);
-  }
+  const dim3 grid((dims.v_dim + kBlockCols - 1) / kBlockCols, dims.n_v_heads);
+  gdn_chunk_kernel<<<grid, kStageWarps * 32, 0, s>>>(prep, state, out, n, dims);
+  CUDA_CHECK_LAUNCH(s);
   const int rows = n * dims.n_v_heads;
   gated_norm_kernel<<<(rows + 7) / 8, 256, 0, s>>>(out, z, norm_w, n, dims.n_v_heads, dims.v_dim, eps);
   CUDA_CHECK_LAUNCH(s);

@@ -38,10 +38,6 @@ struct KernelOptions {
   // LILY_PROMPT_ATTN_1TERM=1: the prompt path's attention takes q and the probabilities as one bf16 term each
   // instead of two (kernels/attention_chunk.cu; half the tensor-core products).
   bool prompt_attn_one_term = false;
-  // LILY_GDN_WY=1: the prompt path's Gated DeltaNet recurrence in the chunked (WY) form on the tensor cores
-  // (kernels/gdn_wy.cu: pieces of 64 tokens at absolute positions that are multiples of 64) instead of the
-  // token-by-token kernel.
-  bool gdn_wy = false;
   // LILY_GEMM_ROWS=1: GEMM launches of at most 16 tokens a tile (a batched decode step's passes, an expert's few
   // slots) take kernels/gemm_rows.cu (weights straight into registers, K split between a block's warps) instead
   // of the 64- and 16-token tiles of kernels/gemm.cu. Same arithmetic per column, other bits. Such launches keep

@@ -27,7 +27,6 @@ cuda::KernelOptions parse_kernel_options(const std::function<const char*(const c
   o.prompt_f16 = flag("LILY_PROMPT_F16", o.prompt_f16);
   o.prompt_attn_one_term = flag("LILY_PROMPT_ATTN_1TERM", o.prompt_attn_one_term);
   o.batch_pass_graphs = flag("LILY_BATCH_PASS_GRAPHS", o.batch_pass_graphs);
-  o.gdn_wy = flag("LILY_GDN_WY", o.gdn_wy);
   o.gemm_rows = flag("LILY_GEMM_ROWS", o.gemm_rows);
   o.device_masks = flag("LILY_DEVICE_MASKS", o.device_masks);
   o.debug_sync = flag("LILY_CUDA_SYNC", o.debug_sync);
@@ -49,7 +48,7 @@ std::string describe(const cuda::KernelOptions& o) {
     << " batch_graph_rows=" << o.batch_graph_rows << " gemm_split_blocks="
     << (o.gemm_split_blocks == 0 ? std::string("auto") : std::to_string(o.gemm_split_blocks))
     << " prompt_f16=" << o.prompt_f16 << " prompt_attn_one_term=" << o.prompt_attn_one_term
-    << " batch_pass_graphs=" << o.batch_pass_graphs << " gdn_wy=" << o.gdn_wy << " gemm_rows=" << o.gemm_rows << " debug_sync=" << o.debug_sync << " trace=" << o.trace << " skip=" << (o.skip.empty() ? "-" : o.skip);
+    << " batch_pass_graphs=" << o.batch_pass_graphs << " gemm_rows=" << o.gemm_rows << " debug_sync=" << o.debug_sync << " trace=" << o.trace << " skip=" << (o.skip.empty() ? "-" : o.skip);
   return s.str();
 }
 
