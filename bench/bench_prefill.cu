@@ -1,10 +1,10 @@
 // Benchmark of the prompt path's kernels (kernels/batched.h) on the real Qwen3.6-35B-A3B shapes for one chunk
 // of n tokens: the dense GEMMs of a layer, the MoE's grouped GEMMs (each token's 8 experts drawn at random),
 // the GEMM's input split, the GDN chunk and the attention chunk (at context 0 and 4K).
-// Usage: bench_prefill [tokens per chunk, default 2048] [split] [f16] [attn1]: attn1, the attention chunk with q
+// Usage: bench_prefill [tokens per chunk, default 2048] [split] [rows] [attn1]: attn1, the attention chunk with q
 // and p in one bf16 term (KernelOptions::prompt_attn_one_term); split, the dense GEMMs split-K as in a
-// decode pass (at most 4 blocks per SM a launch; kernels/batched.h GemmSplit); f16, the 4-bit GEMMs on x's
-// one-term fp16 form (kernels/gemm_f16.cu, KernelOptions::prompt_f16). Each case is captured into a CUDA graph several times
+// decode pass (at most 4 blocks per SM a launch; kernels/batched.h GemmSplit); rows, launches of <= 16 tokens a
+// tile through kernels/gemm_rows.cu (KernelOptions::gemm_rows). Each case is captured into a CUDA graph several times
 // over distinct weight copies (>= ~256 MB, beyond the L2) and replayed; the median time per launch is reported
 // with the useful FLOPs (2 x weights x tokens; the GEMM's split input doubles the tensor-core work), TFLOP/s and
 // the weights' GB/s.
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   GemmSplit split;
-  bool f16 = false, attn1 = false, few = false;
+  bool attn1 = false, few = false;
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "split") {
       split = gemm_split_alloc(4 * sm_count());
@@ -107,14 +107,11 @@ int main(int argc, char** argv) {
     } else if (std::string(argv[i]) == "rows") {
       few = true;
       std::printf("launches of <= 16 tokens a tile through kernels/gemm_rows.cu\n");
-    } else if (std::string(argv[i]) == "f16") {
-      f16 = true;
-      std::printf("4-bit GEMMs on x's one-term fp16 form (kernels/gemm_f16.cu)\n");
     }
   }
   const int H = 2048, E = 256, k = 8, F = 512;
   std::printf("prompt-path kernels, one chunk of n = %d tokens (real shapes; weights beyond the L2)\n", kN);
-  GemmXBuf x = gemm_x_alloc(kN * k, 4096, f16);
+  GemmXBuf x = gemm_x_alloc(kN * k, 4096);
   x.few = few;
   float* src = make_vec((size_t)kN * k * 4096);
   float* y = static_cast<float*>(dalloc((size_t)kN * k * 8192 * sizeof(float)));

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 STAGE=${LILY_STAGE_OUT:-.device/stage}
-BINS=${LILY_STAGE_BINS:-lily test_batched test_gemm_f16 test_gemv test_moe test_sampling test_mixer_kernels test_cuda_backend test_cuda_batch test_gdn_fused test_full_step bench_kernels bench_stream bench_prefill}
+BINS=${LILY_STAGE_BINS:-lily test_batched test_gemm_rows test_gemv test_moe test_sampling test_mixer_kernels test_cuda_backend test_cuda_batch test_gdn_fused test_full_step bench_kernels bench_stream bench_prefill}
 rm -rf "$STAGE" && mkdir -p "$STAGE"
 for b in $BINS; do
   cp "$BUILD/$b" "$STAGE/"

@@ -23,11 +23,9 @@ __device__ __forceinline__ uint16_t bf16_bits(float f) {
 }
 
 // One block (256 threads) per row: the RMSNorm's scale, then per 64-element group (a warp each): the value,
-// its hi / lo split and the group's sum; with h16, first the row's largest magnitude m, then each value times
-// 2^-e (e = ilogb(m) - 12: m into [2^12, 2^13)) rounded to fp16, and rscale = 2^e.
+// its hi / lo split and the group's sum.
 __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, const float* norm_w, float eps, int K,
-                                                     uint16_t* hi, uint16_t* lo, float* gsum, float* x_out,
-                                                     uint16_t* h16, float* rscale) {
+                                                     uint16_t* hi, uint16_t* lo, float* gsum, float* x_out) {
   const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const float* row = x + static_cast<size_t>(t) * ldx;
   float rs = 1.f;
@@ -43,21 +41,6 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
     for (int i = 0; i < 8; ++i) tot += part[i];
     rs = rsqrtf(tot / K + eps);
   }
-  float down = 1.f;  // 2^-e
-  if (h16) {
-    __shared__ float pmax[8];
-    float m = 0.f;
-    for (int c = tid; c < K; c += 256) m = fmaxf(m, fabsf(norm_w ? row[c] * rs * norm_w[c] : row[c]));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) pmax[warp] = m;
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < 8; ++i) m = fmaxf(m, pmax[i]);
-    const int e = m > 0.f && isfinite(m) ? max(ilogbf(m) - 12, -126) : 0;  // (2^e and 2^-e finite)
-    down = ldexpf(1.f, -e);
-    if (tid == 0) rscale[t] = ldexpf(1.f, e);
-  }
   for (int g = warp; g < K / 64; g += 8) {
     float s = 0.f;
 #pragma unroll
@@ -68,7 +51,6 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
       const size_t o = static_cast<size_t>(t) * K;
       hi[o + pos] = h;
       lo[o + pos] = bf16_bits(v - bf16_lo(h));
-      if (h16) h16[o + pos] = __half_as_ushort(__float2half_rn(v * down));
       if (x_out) x_out[o + c] = v;
       s += v;
     }
@@ -175,7 +157,7 @@ __global__ void combine_kernel(const float* y, const int* slot_of, int top_k, co
 
 }  // namespace detail
 
-GemmXBuf gemm_x_alloc(int n, int K, bool f16) {
+GemmXBuf gemm_x_alloc(int n, int K) {
   LILY_CHECK(K % 64 == 0 && K > 0 && n > 0, "gemm_x_alloc: ", n, " rows of width ", K,
              " (a positive multiple of 64)");
   GemmXBuf b;
@@ -183,15 +165,11 @@ GemmXBuf gemm_x_alloc(int n, int K, bool f16) {
   CUDA_CHECK(cudaMalloc(&b.hi, sizeof(uint16_t) * n * K));
   CUDA_CHECK(cudaMalloc(&b.lo, sizeof(uint16_t) * n * K));
   CUDA_CHECK(cudaMalloc(&b.gsum, sizeof(float) * n * (K / 64)));
-  if (f16) {
-    CUDA_CHECK(cudaMalloc(&b.h16, sizeof(uint16_t) * n * K));
-    CUDA_CHECK(cudaMalloc(&b.rscale, sizeof(float) * n));
-  }
   return b;
 }
 
 void gemm_x_free(GemmXBuf& b) {
-  for (void* p : {(void*)b.hi, (void*)b.lo, (void*)b.gsum, (void*)b.h16, (void*)b.rscale})
+  for (void* p : {(void*)b.hi, (void*)b.lo, (void*)b.gsum})
     if (p) cudaFree(p);
   b = GemmXBuf{};
 }
@@ -199,8 +177,7 @@ void gemm_x_free(GemmXBuf& b) {
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s) {
   if (n <= 0) return;
-  detail::x_prep_kernel<<<n, 256, 0, s>>>(x, ldx, norm_w, eps, out.K, out.hi, out.lo, out.gsum, x_out,
-                                                   out.h16, out.rscale);
+  detail::x_prep_kernel<<<n, 256, 0, s>>>(x, ldx, norm_w, eps, out.K, out.hi, out.lo, out.gsum, x_out);
   CUDA_CHECK_LAUNCH(s);
 }
 

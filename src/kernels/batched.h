@@ -24,37 +24,35 @@ __host__ __device__ constexpr int gemm_x_col(int p) {
 }
 // x's rows times K stay below 2^31 (32-bit element offsets; checked for dense launches, where the rows are the
 // tokens; a grouped launch's x_row values must keep to it).
-// Optionally also x's one-term fp16 form: each row scaled by a power of two 2^-e (its largest element into
-// [2^12, 2^13), so no row overflows fp16 or leaves its normal range) and rounded once; the 4-bit GEMMs then take
-// that form (kernels/gemm_f16.cu: the weights dequantised to fp16 too, fp32 sums over the whole of K) and scale
-// their outputs back by 2^e. It keeps ~11 bits of x instead of ~16: within issue 28's bound for the prompt path
-// (bench/RESULTS.md, 2026-12-05: median 7e-4 against 5e-4 for fp16 x on exact weights, bf16 misses it).
 struct GemmX {
   const uint16_t* hi = nullptr;  // [n][K] bf16 bits
   const uint16_t* lo = nullptr;  // [n][K]
   const float* gsum = nullptr;   // [n][K / 64]
   int K = 0;                     // multiple of 64
-  const uint16_t* h16 = nullptr;  // [n][K] fp16 bits of x * 2^-e (gemm_x_col's order), or null: none
-  const float* rscale = nullptr;  // [n] 2^e of each row
-  bool few = false;  // launches of <= 16 tokens a tile take kernels/gemm_rows.cu (KernelOptions::gemm_rows)
+  // Dense launches of <= 16 tokens a tile and at most kRowsMaxWeights weights take kernels/gemm_rows.cu
+  // (KernelOptions::gemm_rows); few_all: every launch it can take, grouped and large ones too (its tests).
+  bool few = false;
+  bool few_all = false;
 };
+// Where the few-token kernel wins (bench_prefill at 16 and 4 tokens, bench/RESULTS.md 2026-12-05): dense matrices
+// of at most ~4M weights (the router, the shared expert, k / v: up to 3.6x faster); larger ones and the grouped
+// experts stream faster through the 64- / 16-token tiles.
+inline constexpr long long kRowsMaxWeights = 1LL << 22;
 // Device buffers behind a GemmX for up to n rows of width K (gemm_x_alloc / gemm_x_free).
 struct GemmXBuf {
   uint16_t* hi = nullptr;
   uint16_t* lo = nullptr;
   float* gsum = nullptr;
   int K = 0;
-  uint16_t* h16 = nullptr;  // with the fp16 form (gemm_x_alloc's f16)
-  float* rscale = nullptr;
   bool few = false;
-  GemmX view() const { return GemmX{hi, lo, gsum, K, h16, rscale, few}; }
+  bool few_all = false;
+  GemmX view() const { return GemmX{hi, lo, gsum, K, few, few_all}; }
 };
-GemmXBuf gemm_x_alloc(int n, int K, bool f16 = false);
+GemmXBuf gemm_x_alloc(int n, int K);
 void gemm_x_free(GemmXBuf& b);
 
 // out row t = split of x[t] (norm_w null), or of RMSNorm(x[t]) * norm_w (docs/model.md §2.1; norm_w the effective
-// multiplier 1 + w), for t < n; x [n][ldx] fp32; and its fp16 form where out has one. With x_out, the (normed)
-// fp32 row is also stored there [n][K].
+// multiplier 1 + w), for t < n; x [n][ldx] fp32. With x_out, the (normed) fp32 row is also stored there [n][K].
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s);
 

@@ -11,8 +11,7 @@
 // Dense launches take tokens [0, n); grouped launches (MoE experts) take matrix e for the slots of
 // [offsets[e], offsets[e+1]) and gather their input rows. The 4-bit weights (every matrix of the 4-bit checkpoint
 // but the 8-bit router) take gemm_q4_wgmma_kernel instead: the same tile and arithmetic on Hopper's warpgroup
-// MMA (kernels/wgmma.cuh), ~1.8x the throughput; on x's fp16 form (GemmX::h16), kernels/gemm_f16.cu. Tested by
-// tests/gpu/test_batched.cu.
+// MMA (kernels/wgmma.cuh), ~1.8x the throughput. Tested by tests/gpu/test_batched.cu.
 #include <cuda_bf16.h>
 
 #include <cub/block/block_scan.cuh>
@@ -440,8 +439,7 @@ template <bool PAIRED>
 void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, int tile_tokens, cudaStream_t s) {
   switch (f) {
     case QFormat::q4:
-      if (a.xf16) launch_q4_f16<PAIRED>(a, grid_y, max_tokens, s);
-      else launch_q4_wgmma<PAIRED>(a, grid_y, max_tokens, tile_tokens, s);
+      launch_q4_wgmma<PAIRED>(a, grid_y, max_tokens, tile_tokens, s);
       break;
     case QFormat::q8: launch_gemm<8, PAIRED>(a, grid_y, max_tokens, s); break;
     case QFormat::bf16: launch_gemm<16, PAIRED>(a, grid_y, max_tokens, s); break;
@@ -488,11 +486,9 @@ GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat
   a.xhi = x.hi;
   a.xlo = x.lo;
   a.xsum = x.gsum;
-  a.xf16 = x.h16;
-  a.xscale = x.rscale;
-  LILY_CHECK(!x.h16 || x.rscale, "gemm: x's fp16 form without its row scales");
   a.split = 1;
   a.rows_kernel = x.few;
+  a.rows_any_size = x.few_all;
   return a;
 }
 

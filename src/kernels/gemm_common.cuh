@@ -1,6 +1,6 @@
 // What the prompt path's GEMM kernels share (kernels/gemm.cu: the mma.sync kernel and the 4-bit wgmma kernel on
-// the split two-term x; kernels/gemm_f16.cu: the 4-bit wgmma kernel on fp16 x): the launch's arguments, a block's
-// share of the work, the split-K end, the x copies' offsets and the output store. Included by those two files only.
+// the split two-term x; kernels/gemm_rows.cu: the few-token kernel): the launch's arguments, a block's share of
+// the work, the split-K end, the x copies' offsets and the output store. Included by those two files only.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -37,8 +37,6 @@ struct GemmArgs {
   const uint16_t* xhi;
   const uint16_t* xlo;
   const float* xsum;
-  const uint16_t* xf16;  // the fp16 form (GemmX::h16) for the 4-bit fp16 kernel (kernels/gemm_f16.cu), or null
-  const float* xscale;   // its rows' 2^e (GemmX::rscale)
   const int* x_row;      // grouped: input row of each slot (null: the slot itself)
   const int* offsets;    // grouped: [n_mats + 1] slot ranges; null: dense over [0, n)
   const int* tiles;      // grouped: the work list (gemm_grouped_tiles), tile blockIdx.y
@@ -49,6 +47,7 @@ struct GemmArgs {
   float* split_partial;  // [row tiles][split][kGemmSplitFloats]
   unsigned* split_count; // [row tiles]
   bool rows_kernel;      // GemmX::few: launches of <= 16 tokens a tile take kernels/gemm_rows.cu
+  bool rows_any_size;    // GemmX::few_all: grouped and large ones too
 };
 
 // The groups [g0, g1) of the block's K slice (grouped launches: all).
@@ -163,9 +162,5 @@ __device__ __forceinline__ void store_out(const GemmArgs& a, const GemmPart& par
 // (needs a.rows_kernel, q4 or q8, K a multiple of 512), and the launch (grid_y: grouped, the work list's bound).
 bool gemm_rows_takes(QFormat f, const GemmArgs& a, int tile_tokens);
 void launch_gemm_rows(QFormat f, const GemmArgs& a, bool paired, int grid_y, cudaStream_t s);
-
-// The 4-bit weights on fp16 x (kernels/gemm_f16.cu): the launch of gemm_q4_f16_kernel for a.xf16.
-template <bool PAIRED>
-void launch_q4_f16(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s);
 
 }  // namespace lily::cuda::detail

@@ -268,8 +268,13 @@ void launch_rows_mt(const GemmArgs& g, int grid_y, int mt, int gw, cudaStream_t 
 }  // namespace
 
 bool gemm_rows_takes(QFormat f, const GemmArgs& a, int tile_tokens) {
-  return a.rows_kernel && (f == QFormat::q4 || f == QFormat::q8) && tile_tokens >= 1 &&
-         tile_tokens <= kRowsMaxTok && a.cols % (8 * 64) == 0;
+  if (!a.rows_kernel || !(f == QFormat::q4 || f == QFormat::q8) || tile_tokens < 1 || tile_tokens > kRowsMaxTok ||
+      a.cols % (8 * 64) != 0)
+    return false;
+  if (a.rows_any_size) return true;
+  long long rows = 0;
+  for (int i = 0; i < a.parts; ++i) rows += a.part[i].rows;
+  return !a.offsets && rows * a.cols <= kRowsMaxWeights;
 }
 
 void launch_gemm_rows(QFormat f, const GemmArgs& a, bool paired, int grid_y, cudaStream_t s) {

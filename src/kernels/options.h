@@ -30,18 +30,12 @@ struct KernelOptions {
   // LILY_GEMM_SPLIT_BLOCKS=n: a pass of one-token rows only (the batched decode step) splits its dense GEMMs' K
   // loops into slices, up to n blocks a launch (kernels/batched.h GemmSplit); 0 = 4 per SM, -1 = no split.
   int gemm_split_blocks = 0;
-  // LILY_PROMPT_F16=1: the prompt path's and the batched step's 4-bit GEMMs take x as one fp16 term (each row
-  // scaled by a power of two) with the weights dequantised to fp16, summed over the whole of K on the tensor cores
-  // (kernels/gemm_f16.cu), instead of x split into two bf16 terms with a per-group epilogue. The lm_head keeps the
-  // two terms. Precision budget: kernels/batched.h GemmX.
-  bool prompt_f16 = false;
   // LILY_PROMPT_ATTN_1TERM=1: the prompt path's attention takes q and the probabilities as one bf16 term each
   // instead of two (kernels/attention_chunk.cu; half the tensor-core products).
   bool prompt_attn_one_term = false;
   // LILY_GEMM_ROWS=1: GEMM launches of at most 16 tokens a tile (a batched decode step's passes, an expert's few
   // slots) take kernels/gemm_rows.cu (weights straight into registers, K split between a block's warps) instead
-  // of the 64- and 16-token tiles of kernels/gemm.cu. Same arithmetic per column, other bits. Such launches keep
-  // the two-term x with prompt_f16 on (the fp16 kernel's reuse does not pay at that size).
+  // of the 64- and 16-token tiles of kernels/gemm.cu. Same arithmetic per column, other bits.
   bool gemm_rows = false;
   // LILY_BATCH_PASS_GRAPHS=0: a pass of one-token rows only launches its kernels one by one instead of replaying
   // the graph captured for its row count and attention splits (model/prefill_cuda.cu).

@@ -24,7 +24,6 @@ cuda::KernelOptions parse_kernel_options(const std::function<const char*(const c
   o.prefill_min = integer("LILY_PREFILL_MIN", o.prefill_min);
   o.batch_graph_rows = integer("LILY_BATCH_GRAPH_ROWS", o.batch_graph_rows);
   o.gemm_split_blocks = integer("LILY_GEMM_SPLIT_BLOCKS", o.gemm_split_blocks);
-  o.prompt_f16 = flag("LILY_PROMPT_F16", o.prompt_f16);
   o.prompt_attn_one_term = flag("LILY_PROMPT_ATTN_1TERM", o.prompt_attn_one_term);
   o.batch_pass_graphs = flag("LILY_BATCH_PASS_GRAPHS", o.batch_pass_graphs);
   o.gemm_rows = flag("LILY_GEMM_ROWS", o.gemm_rows);
@@ -47,8 +46,9 @@ std::string describe(const cuda::KernelOptions& o) {
     << " prefill=" << o.prefill << " prefill_chunk=" << num(o.prefill_chunk) << " prefill_min=" << num(o.prefill_min)
     << " batch_graph_rows=" << o.batch_graph_rows << " gemm_split_blocks="
     << (o.gemm_split_blocks == 0 ? std::string("auto") : std::to_string(o.gemm_split_blocks))
-    << " prompt_f16=" << o.prompt_f16 << " prompt_attn_one_term=" << o.prompt_attn_one_term
-    << " batch_pass_graphs=" << o.batch_pass_graphs << " gemm_rows=" << o.gemm_rows << " debug_sync=" << o.debug_sync << " trace=" << o.trace << " skip=" << (o.skip.empty() ? "-" : o.skip);
+    << " prompt_attn_one_term=" << o.prompt_attn_one_term << " batch_pass_graphs=" << o.batch_pass_graphs
+    << " gemm_rows=" << o.gemm_rows << " debug_sync=" << o.debug_sync << " trace=" << o.trace
+    << " skip=" << (o.skip.empty() ? "-" : o.skip);
   return s.str();
 }
 

@@ -97,7 +97,7 @@ void CudaEngine::prefill_alloc() {
   // rows of width <= max(H, mix) for the chunk's tokens, or of width F for their n * k expert slots: one
   // allocation of x_elems values (and x_elems / 64 group sums), viewed at each width (at_width)
   const size_t x_elems = std::max((size_t)n * std::max(H, mix), (size_t)n * k * F);
-  b->x = gemm_x_alloc((int)(x_elems / 64), 64, opts_.prompt_f16);
+  b->x = gemm_x_alloc((int)(x_elems / 64), 64);
   b->proj = device_alloc<float>((size_t)n * std::max(gdn_proj, attn_proj));
   b->mix = device_alloc<float>((size_t)n * mix);
   const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
@@ -276,8 +276,7 @@ void CudaEngine::head_rows(const int* rows, int n, float* logits) {
   for (int i = 0; i < n && !in_order; ++i)
     CUDA_CHECK(cudaMemcpyAsync(gathered + (size_t)i * H, b.h + (size_t)rows[i] * H, sizeof(float) * H,
                                cudaMemcpyDeviceToDevice, stream_));
-  GemmXBuf xh = at_width(b.x, H);
-  xh.h16 = nullptr, xh.rscale = nullptr;  // the lm_head on the two-term form (KernelOptions::prompt_f16)
+  const GemmXBuf xh = at_width(b.x, H);
   pmark("lm_head", n * flops_.lm_head);
   gemm_x_prep(gathered, H, n, w_.norm, c.eps, xh, nullptr, stream_);
   gemm(w_.lm_head, 0, xh.view(), n, logits, c.vocab, false, stream_);

@@ -21,7 +21,9 @@ struct Case {
 
 // y = or += W x for n tokens through the few-token kernel, against the reference; rows past the matrix's keep
 // their bits. Returns the outputs.
-std::vector<float> run_dense(QFormat f, const Case& c, bool accumulate, uint64_t seed, bool few = true) {
+// few_all: every launch the kernel can take (its large shapes too); false with few: the production rule.
+std::vector<float> run_dense(QFormat f, const Case& c, bool accumulate, uint64_t seed, bool few = true,
+                             bool few_all = true) {
   const std::string name = std::string("gemm_rows ") + fmt_name(f) + " [" + std::to_string(c.rows) + " x " +
                            std::to_string(c.K) + "] n " + std::to_string(c.n) + (accumulate ? " +=" : " =");
   std::mt19937_64 rng(seed);
@@ -33,6 +35,7 @@ std::vector<float> run_dense(QFormat f, const Case& c, bool accumulate, uint64_t
   DevBuf<float> dx(x), dy(y0);
   XBuf xb(c.n, c.K);
   xb.b.few = few;
+  xb.b.few_all = few_all;
   gemm_x_prep(dx.p, c.K, c.n, nullptr, 0.f, xb.b, nullptr, nullptr);
   gemm(d.m, 0, xb.b.view(), c.n, dy.p, ldy, accumulate, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -90,6 +93,14 @@ TEST(GemmRows, TakenForFewTokens) {
     const std::vector<float> few = run_dense(f, c, false, 8100), wide = run_dense(f, c, false, 8100, false);
     EXPECT_GT(differing(few, wide), 0u) << fmt_name(f) << ": the few-token launch gave the 64-token tile's bits";
   }
+  // The production rule (GemmX::few alone): a router-sized matrix takes it, one above kRowsMaxWeights does not.
+  const Case small{256, 2048, 5}, large{4096, 2048, 5};
+  ASSERT_LE(static_cast<long long>(small.rows) * small.K, kRowsMaxWeights);
+  ASSERT_GT(static_cast<long long>(large.rows) * large.K, kRowsMaxWeights);
+  EXPECT_GT(differing(run_dense(QFormat::q8, small, false, 8200, true, false),
+                      run_dense(QFormat::q8, small, false, 8200, false, false)), 0u) << "router-sized: not taken";
+  EXPECT_EQ(differing(run_dense(QFormat::q4, large, false, 8201, true, false),
+                      run_dense(QFormat::q4, large, false, 8201, false, false)), 0u) << "above the bound: taken";
 }
 
 // A token's outputs do not depend on the launch's other tokens (1..16 of them: one or two n-tiles).
@@ -101,7 +112,7 @@ TEST(GemmRows, TokenResultsIndependentOfLaunchSize) {
     DevMat d(random_mat(rng, f, 1, rows, K));
     DevBuf<float> dx(random_x(rng, n_all, K));
     XBuf xb(n_all, K);
-    xb.b.few = true;
+    xb.b.few = xb.b.few_all = true;
     gemm_x_prep(dx.p, K, n_all, nullptr, 0.f, xb.b, nullptr, nullptr);
     DevBuf<float> all(static_cast<size_t>(n_all) * rows);
     gemm(d.m, 0, xb.b.view(), n_all, all.p, rows, false, nullptr);
@@ -130,7 +141,7 @@ TEST(GemmRows, MultiAndSwigluEqualThePlainLaunches) {
     for (int r : rows) mats.push_back(std::make_unique<DevMat>(random_mat(rng, f, 1, r, K)));
     DevBuf<float> dx(random_x(rng, n, K));
     XBuf xb(n, K);
-    xb.b.few = true;
+    xb.b.few = xb.b.few_all = true;
     gemm_x_prep(dx.p, K, n, nullptr, 0.f, xb.b, nullptr, nullptr);
     GemmBatch b;
     b.n = 4;
@@ -184,7 +195,7 @@ TEST(GemmRows, GroupedExperts) {
       const std::vector<float> x = random_x(rng, X, K);
       DevBuf<float> dx(x);
       XBuf xb(X, K);
-      xb.b.few = true;
+      xb.b.few = xb.b.few_all = true;
       gemm_x_prep(dx.p, K, X, nullptr, 0.f, xb.b, nullptr, nullptr);
       DevBuf<float> yg(static_cast<size_t>(S) * rows), yu(yg.n), want(yg.n), got(yg.n);
       yg.poison(), got.poison();
