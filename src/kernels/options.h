@@ -30,13 +30,13 @@ struct KernelOptions {
   // LILY_GEMM_SPLIT_BLOCKS=n: a pass of one-token rows only (the batched decode step) splits its dense GEMMs' K
   // loops into slices, up to n blocks a launch (kernels/batched.h GemmSplit); 0 = 4 per SM, -1 = no split.
   int gemm_split_blocks = 0;
-  // LILY_PROMPT_ATTN_1TERM=1: the prompt path's attention takes q and the probabilities as one bf16 term each
-  // instead of two (kernels/attention_chunk.cu; half the tensor-core products).
-  bool prompt_attn_one_term = false;
-  // LILY_GEMM_ROWS=1: GEMM launches of at most 16 tokens a tile (a batched decode step's passes, an expert's few
-  // slots) take kernels/gemm_rows.cu (weights straight into registers, K split between a block's warps) instead
-  // of the 64- and 16-token tiles of kernels/gemm.cu. Same arithmetic per column, other bits.
-  bool gemm_rows = false;
+  // LILY_PROMPT_ATTN_1TERM=0: the prompt path's attention takes q and the probabilities as two bf16 terms each
+  // instead of one (kernels/attention_chunk.cu; one term: half the tensor-core products, within issue 28's bound).
+  bool prompt_attn_one_term = true;
+  // LILY_GEMM_ROWS=0: a decode pass's dense GEMMs of at most kRowsMaxWeights weights (kernels/batched.h) keep the
+  // 64- / 16-token tiles of kernels/gemm.cu instead of kernels/gemm_rows.cu (weights straight into registers, K
+  // split between a block's warps). Same arithmetic per column, other bits.
+  bool gemm_rows = true;
   // LILY_BATCH_PASS_GRAPHS=0: a pass of one-token rows only launches its kernels one by one instead of replaying
   // the graph captured for its row count and attention splits (model/prefill_cuda.cu).
   bool batch_pass_graphs = true;

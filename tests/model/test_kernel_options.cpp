@@ -25,8 +25,8 @@ TEST(KernelOptions, DefaultsWhenNothingIsSet) {
   EXPECT_TRUE(o.prefill);
   EXPECT_FALSE(o.debug_sync);
   EXPECT_FALSE(o.trace);
-  EXPECT_FALSE(o.prompt_attn_one_term);
-  EXPECT_FALSE(o.gemm_rows);
+  EXPECT_TRUE(o.prompt_attn_one_term);
+  EXPECT_TRUE(o.gemm_rows);
   EXPECT_TRUE(o.batch_pass_graphs);
   EXPECT_EQ(o.attn_splits, d.attn_splits);
   EXPECT_EQ(o.prefill_chunk, d.prefill_chunk);
@@ -38,8 +38,8 @@ TEST(KernelOptions, EachVariableSetsItsField) {
   const cuda::KernelOptions o =
       parse({{"LILY_GDN_FUSED", "0"}, {"LILY_MOE_FUSED", "0"}, {"LILY_ATTN_SPLITS", "33"}, {"LILY_PREFILL", "0"},
              {"LILY_PREFILL_CHUNK", "512"}, {"LILY_PREFILL_MIN", "40"}, {"LILY_CUDA_SYNC", "1"}, {"LILY_TRACE", "1"},
-             {"LILY_SKIP", "moe,lm_head"}, {"LILY_GEMM_ROWS", "1"},
-             {"LILY_BATCH_PASS_GRAPHS", "0"}, {"LILY_PROMPT_ATTN_1TERM", "1"}});
+             {"LILY_SKIP", "moe,lm_head"}, {"LILY_GEMM_ROWS", "0"},
+             {"LILY_BATCH_PASS_GRAPHS", "0"}, {"LILY_PROMPT_ATTN_1TERM", "0"}});
   EXPECT_FALSE(o.gdn_fused);
   EXPECT_FALSE(o.moe_fused);
   EXPECT_EQ(o.attn_splits, 33);
@@ -49,9 +49,9 @@ TEST(KernelOptions, EachVariableSetsItsField) {
   EXPECT_TRUE(o.debug_sync);
   EXPECT_TRUE(o.trace);
   EXPECT_EQ(o.skip, "moe,lm_head");
-  EXPECT_TRUE(o.gemm_rows);
+  EXPECT_FALSE(o.gemm_rows);
   EXPECT_FALSE(o.batch_pass_graphs);
-  EXPECT_TRUE(o.prompt_attn_one_term);
+  EXPECT_FALSE(o.prompt_attn_one_term);
 }
 
 TEST(KernelOptions, SwitchesOnlyFlipOnTheirOppositeDigit) {
