@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -95,6 +96,24 @@ inline void gemm_dot(const RowW& w, const double* xt, const float* x, int K, dou
   for (int k = 0; k < K; ++k) {
     d64 += w.sq[k] * xt[k] + w.b[k] * x[k];
     d32 += w.sq32[k] * static_cast<float>(xt[k]) + w.b32[k] * x[k];
+  }
+}
+
+// A token's outputs do not depend on the launch's other tokens: y = W x over n_all tokens (x prepared in xb), then
+// for each n in ns the first n tokens alone must give the same bits.
+inline void expect_first_tokens_alone_same(const QMat& m, const GemmXBuf& xb, int n_all, int rows,
+                                           std::initializer_list<int> ns, const char* what) {
+  DevBuf<float> all(std::vector<float>(static_cast<size_t>(n_all) * rows, 0.f));
+  gemm(m, 0, xb.view(), n_all, all.p, rows, false, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> ya = all.download();
+  for (int n : ns) {
+    DevBuf<float> part(std::vector<float>(static_cast<size_t>(n) * rows, 0.f));
+    gemm(m, 0, xb.view(), n, part.p, rows, false, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> yp = part.download();
+    EXPECT_EQ(0, std::memcmp(yp.data(), ya.data(), yp.size() * sizeof(float)))
+        << what << ": the first " << n << " tokens alone differ from the same tokens among " << n_all;
   }
 }
 

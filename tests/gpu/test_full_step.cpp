@@ -21,6 +21,29 @@
 using namespace lily;
 using namespace lily::cuda;
 
+// A full-width synthetic model of n_layers layers (MLX 4-bit layout, 3 GDN : 1 attention) and two copies of its
+// weights: one for each engine of a comparison.
+struct TwinModel {
+  Config cfg;
+  DeviceWeights a, b;
+};
+TwinModel twin_model(int n_layers, uint64_t seed = 77) {
+  SynthOptions so;
+  so.preset = "full";
+  so.layout = CheckpointLayout::mlx_affine;
+  TwinModel m;
+  m.cfg = synth_config(so);
+  m.cfg.n_layers = n_layers;
+  m.cfg.layer_kinds.resize(n_layers);
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  m.a = synthetic_weights(m.cfg, seed, s);
+  m.b = synthetic_weights(m.cfg, seed, s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaStreamDestroy(s));
+  return m;
+}
+
 // max |a - b| / max |b| over a position's logits (a non-finite a counts as infinitely far) and where it is.
 struct LogitDiff {
   double rel = 0, scale = 0;
@@ -42,18 +65,10 @@ LogitDiff logit_diff(const std::vector<float>& a, const std::vector<float>& b) {
 // returns the worst max|fused - multi| / max|logit| over the positions (printed per position). *persistent:
 // whether the persistent kernels take these layers at all (else both engines run the multi-launch paths).
 double compare_paths(int layers, int positions, uint64_t seed, bool* persistent) {
-  SynthOptions so;
-  so.preset = "full";
-  so.layout = CheckpointLayout::mlx_affine;
-  Config cfg = synth_config(so);
-  cfg.n_layers = layers;
-  cfg.layer_kinds.resize(layers);
-  cudaStream_t s;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  DeviceWeights wa = synthetic_weights(cfg, seed, s);
-  DeviceWeights wb = synthetic_weights(cfg, seed, s);
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  CUDA_CHECK(cudaStreamDestroy(s));
+  TwinModel twin = twin_model(layers, seed);
+  const Config& cfg = twin.cfg;
+  DeviceWeights& wa = twin.a;
+  DeviceWeights& wb = twin.b;
   {
     MoeScratch sc = moe_scratch_alloc(cfg.n_experts, cfg.top_k, cfg.moe_ffn);
     const GdnDims dims{cfg.lin_k_heads, cfg.lin_v_heads, cfg.lin_k_dim, cfg.lin_v_dim};
@@ -135,20 +150,10 @@ struct PathDiff {
   int top1_same = 0;
 };
 PathDiff chunked_vs_steps(const KernelOptions& chunked_opts, int T) {
-  SynthOptions so;
-  so.preset = "full";
-  so.layout = CheckpointLayout::mlx_affine;
-  Config cfg = synth_config(so);
-  cfg.n_layers = 4;
-  cfg.layer_kinds.resize(4);
-  cudaStream_t s;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  DeviceWeights wa = synthetic_weights(cfg, 77, s);
-  DeviceWeights wb = synthetic_weights(cfg, 77, s);
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  CUDA_CHECK(cudaStreamDestroy(s));
-  CudaEngine chunked(cfg, std::move(wa), T + 8, 0, true, chunked_opts);
-  CudaEngine steps(cfg, std::move(wb), T + 8, 0, true);
+  TwinModel m = twin_model(4);
+  const Config& cfg = m.cfg;
+  CudaEngine chunked(cfg, std::move(m.a), T + 8, 0, true, chunked_opts);
+  CudaEngine steps(cfg, std::move(m.b), T + 8, 0, true);
   std::vector<int32_t> tokens(T);
   for (int i = 0; i < T; ++i) tokens[i] = (i * 7919 + 13) % cfg.vocab;
   std::vector<float> a(cfg.vocab), b(cfg.vocab);
@@ -222,21 +227,11 @@ TEST(FullStep, PromptPathWithinTheBound) {
 TEST(FullStep, PrefillStopsBetweenLayerGroups) {
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
-  SynthOptions so;
-  so.preset = "full";
-  so.layout = CheckpointLayout::mlx_affine;
-  Config cfg = synth_config(so);
-  cfg.n_layers = 12;
-  cfg.layer_kinds.resize(12);
-  cudaStream_t s;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  DeviceWeights wa = synthetic_weights(cfg, 77, s);
-  DeviceWeights wb = synthetic_weights(cfg, 77, s);
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  CUDA_CHECK(cudaStreamDestroy(s));
+  TwinModel m = twin_model(12);
+  const Config& cfg = m.cfg;
   const int T = 100;
-  CudaEngine a(cfg, std::move(wa), 2 * T, 0, true, kernel_options_from_env());
-  CudaEngine b(cfg, std::move(wb), 2 * T, 0, true, kernel_options_from_env());
+  CudaEngine a(cfg, std::move(m.a), 2 * T, 0, true, kernel_options_from_env());
+  CudaEngine b(cfg, std::move(m.b), 2 * T, 0, true, kernel_options_from_env());
   std::vector<int32_t> tokens(T);
   for (int i = 0; i < T; ++i) tokens[i] = (i * 7919 + 13) % cfg.vocab;
   int calls = 0;

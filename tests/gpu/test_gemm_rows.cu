@@ -114,18 +114,7 @@ TEST(GemmRows, TokenResultsIndependentOfLaunchSize) {
     XBuf xb(n_all, K);
     xb.b.few = xb.b.few_all = true;
     gemm_x_prep(dx.p, K, n_all, nullptr, 0.f, xb.b, nullptr, nullptr);
-    DevBuf<float> all(static_cast<size_t>(n_all) * rows);
-    gemm(d.m, 0, xb.b.view(), n_all, all.p, rows, false, nullptr);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<float> ya = all.download();
-    for (int n : {1, 5, 8, 9, 15}) {
-      DevBuf<float> part(static_cast<size_t>(n) * rows);
-      gemm(d.m, 0, xb.b.view(), n, part.p, rows, false, nullptr);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      const std::vector<float> yp = part.download();
-      EXPECT_EQ(0, std::memcmp(yp.data(), ya.data(), yp.size() * sizeof(float)))
-          << fmt_name(f) << ": the first " << n << " tokens alone differ from the same tokens among " << n_all;
-    }
+    expect_first_tokens_alone_same(d.m, xb.b, n_all, rows, {1, 5, 8, 9, 15}, fmt_name(f));
   }
 }
 
