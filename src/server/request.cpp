@@ -302,6 +302,9 @@ ojson check_tools(const ojson& b) {
     auto desc = f->find("description");
     if (desc != f->end() && !desc->is_null() && !desc->is_string())
       wrong_type(p + ".function.description", "a string", *desc);
+    auto strict = f->find("strict");
+    if (strict != f->end() && !strict->is_null() && !strict->is_boolean())
+      wrong_type(p + ".function.strict", "a boolean", *strict);
   }
   return tools->empty() ? ojson(nullptr) : *tools;
 }

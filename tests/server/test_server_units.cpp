@@ -152,6 +152,7 @@ TEST(ServerRequest, EveryFieldIsTypeAndRangeChecked) {
       {R"(,"tools":{})", "tools"},                    {R"(,"tools":[{"type":"retrieval"}])", "tools[0].type"},
       {R"(,"tools":[{"type":"function","function":{"name":"f","parameters":"x"}}])", "tools[0].function.parameters"},
       {R"(,"tools":[{"type":"function","function":{"name":""}}])", "tools[0].function.name"},
+      {R"(,"tools":[{"type":"function","function":{"name":"f","strict":"yes"}}])", "tools[0].function.strict"},
       {R"(,"tool_choice":"sometimes")", "tool_choice"}, {R"(,"tool_choice":"required")", "tool_choice"},
       {R"(,"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"integer","multipleOf":2}}})",
        "response_format.json_schema.schema"},
