@@ -99,6 +99,25 @@ inline void gemm_dot(const RowW& w, const double* xt, const float* x, int K, dou
   }
 }
 
+// The reference of a grouped launch: slot s of expert e (offsets[e] <= s < offsets[e + 1]) takes x row x_row[s]
+// (xt its split form, x the values, both [..][K]); r64 / r32 [slots][rows] the fp64 and fp32 dot products.
+inline void grouped_ref(const HostMat& h, const std::vector<int>& offsets, const std::vector<int>& x_row, int rows,
+                        int K, const std::vector<double>& xt, const std::vector<float>& x, std::vector<double>& r64,
+                        std::vector<float>& r32) {
+  const int E = static_cast<int>(offsets.size()) - 1;
+  r64.assign(static_cast<size_t>(offsets[E]) * rows, 0.0);
+  r32.assign(r64.size(), 0.f);
+  RowW w;
+  for (int e = 0; e < E; ++e)
+    for (int r = 0; r < rows; ++r) {
+      row_w(h, e, r, w);
+      for (int s = offsets[e]; s < offsets[e + 1]; ++s) {
+        const size_t xi = static_cast<size_t>(x_row[s]) * K, i = static_cast<size_t>(s) * rows + r;
+        gemm_dot(w, &xt[xi], &x[xi], K, r64[i], r32[i]);
+      }
+    }
+}
+
 // A token's outputs do not depend on the launch's other tokens: y = W x over n_all tokens (x prepared in xb), then
 // for each n in ns the first n tokens alone must give the same bits.
 inline void expect_first_tokens_alone_same(const QMat& m, const GemmXBuf& xb, int n_all, int rows,

@@ -302,17 +302,9 @@ void run_grouped(QFormat fmt, bool gather, uint64_t seed, int rows = 100, int K 
   const std::vector<double> xt = split_of(xb.b, n_x, x, K, bad_split);
   EXPECT_EQ(bad_split, 0u) << name << ": |x - hi - lo| > 2^-16 |x|";
 
-  std::vector<double> r64(static_cast<size_t>(S) * rows);
-  std::vector<float> r32(r64.size());
-  RowW w;
-  for (int e = 0; e < E; ++e)
-    for (int r = 0; r < rows; ++r) {
-      row_w(h, e, r, w);
-      for (int a = offsets[e]; a < offsets[e + 1]; ++a) {
-        const size_t xi = static_cast<size_t>(x_row[a]) * K, i = static_cast<size_t>(a) * rows + r;
-        gemm_dot(w, &xt[xi], &x[xi], K, r64[i], r32[i]);
-      }
-    }
+  std::vector<double> r64;
+  std::vector<float> r32;
+  grouped_ref(h, offsets, x_row, rows, K, xt, x, r64, r32);
   EXPECT_TRUE(close_enough(dy.download(), r64, r32, name));
 }
 
@@ -361,18 +353,9 @@ TEST(GemmGrouped, SixteenTokenShapeSameBits) {
       if (!paired) {  // and the 16-token shape against the reference (the test would pass were it never chosen)
         size_t bad_split = 0;
         const std::vector<double> xt = split_of(xb.b, X, dx.download(), K, bad_split);
-        const HostMat& hg = g_host;
-        std::vector<double> r64(a.size());
-        std::vector<float> r32(a.size());
-        RowW w;
-        for (int e = 0; e < E; ++e)
-          for (int r = 0; r < rows; ++r) {
-            row_w(hg, e, r, w);
-            for (int s2 = offsets[e]; s2 < offsets[e + 1]; ++s2) {
-              const size_t xi = static_cast<size_t>(x_row[s2]) * K, i = static_cast<size_t>(s2) * rows + r;
-              gemm_dot(w, &xt[xi], &x_host[xi], K, r64[i], r32[i]);
-            }
-          }
+        std::vector<double> r64;
+        std::vector<float> r32;
+        grouped_ref(g_host, offsets, x_row, rows, K, xt, x_host, r64, r32);
         EXPECT_TRUE(close_enough(b, r64, r32, "gemm_grouped 16-token shape K " + std::to_string(K)));
       }
     }

@@ -197,17 +197,9 @@ TEST(GemmRows, GroupedExperts) {
       EXPECT_EQ(differing(got.download(), want.download()), 0u) << name << ": swiglu";
       size_t bad = 0;
       const std::vector<double> xt = split_of(xb.b, X, x, K, bad);
-      std::vector<double> r64(a.size());
-      std::vector<float> r32(a.size());
-      RowW w;
-      for (int e = 0; e < E; ++e)
-        for (int r = 0; r < rows; ++r) {
-          row_w(gh, e, r, w);
-          for (int s = offsets[e]; s < offsets[e + 1]; ++s) {
-            const size_t xi = static_cast<size_t>(x_row[s]) * K, i = static_cast<size_t>(s) * rows + r;
-            gemm_dot(w, &xt[xi], &x[xi], K, r64[i], r32[i]);
-          }
-        }
+      std::vector<double> r64;
+      std::vector<float> r32;
+      grouped_ref(gh, offsets, x_row, rows, K, xt, x, r64, r32);
       EXPECT_TRUE(close_enough(a, r64, r32, name));
       // expert 2's first 5 slots alone (the other experts as they were) give the bits of its 16
       std::vector<int> off5 = offsets;
