@@ -87,6 +87,16 @@ def stream(content, **kw):
     return t0, times, usage
 
 
+def content_delta(line):
+    """Whether an SSE line carries generated text (the first chunk's role-only delta, content "", does not: counting it
+    put the prompt's processing into the first gap between tokens)."""
+    if not line.startswith(b"data: {"):
+        return False
+    ev = json.loads(line[6:])
+    d = ev["choices"][0].get("delta", {}) if ev.get("choices") else {}
+    return bool(d.get("content") or d.get("reasoning_content"))
+
+
 def check(ok, what):
     print("%s %s" % ("ok  " if ok else "FAIL", what))
     if not ok:
@@ -217,7 +227,7 @@ def gap_during_prompt(n):
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as resp:
             for line in resp:
-                if line.startswith(b"data: {") and b'"content"' in line:
+                if content_delta(line):
                     times.append(time.time())
                 if "done" in box:
                     break
@@ -297,7 +307,7 @@ def concurrency(levels):
             times = []
             with urllib.request.urlopen(req, timeout=600) as resp:
                 for line in resp:
-                    if line.startswith(b"data: {") and b'"content"' in line:
+                    if content_delta(line):
                         times.append(time.time())
             res[i] = times
 
