@@ -34,9 +34,9 @@ struct GemmX {
   bool few = false;
   bool few_all = false;
 };
-// Where the few-token kernel wins (bench_prefill at 16 and 4 tokens, bench/RESULTS.md 2026-12-05): dense matrices
-// of at most ~4M weights (the router, the shared expert, k / v: up to 3.6x faster); larger ones and the grouped
-// experts stream faster through the 64- / 16-token tiles.
+// Where the few-token kernel wins: dense matrices of at most ~4M weights (the router, the shared expert, k / v),
+// whose launches are latency-bound; larger ones and the grouped experts stream faster through the 64- / 16-token
+// tiles, which keep more of the weights in flight (bench_prefill rows vs split; bench/RESULTS.md).
 inline constexpr long long kRowsMaxWeights = 1LL << 22;
 // Device buffers behind a GemmX for up to n rows of width K (gemm_x_alloc / gemm_x_free).
 struct GemmXBuf {

@@ -36,18 +36,12 @@ CpuBatchBackend::~CpuBatchBackend() {
 }
 
 void CpuBatchBackend::step(std::span<const BatchEntry> batch) {
-  LILY_CHECK(!is_open_, "cpu batch backend: step while a step is open");
-  check_batch(batch);
-  groups_.clear();
-  for (const BatchEntry& e : batch) groups_.push_back({&slots_[e.slot], e.tokens, e.logits, false});
+  load(batch, "step");
   f_.forward(groups_);
 }
 
 void CpuBatchBackend::step_begin(std::span<const BatchEntry> batch) {
-  LILY_CHECK(!is_open_, "cpu batch backend: step_begin while a step is open");
-  check_batch(batch);
-  groups_.clear();
-  for (const BatchEntry& e : batch) groups_.push_back({&slots_[e.slot], e.tokens, e.logits, false});
+  load(batch, "step_begin");
   if (!worker_.joinable()) worker_ = std::thread([this] { run_worker(); });
   {
     std::lock_guard l(mu_);
@@ -87,7 +81,8 @@ void CpuBatchBackend::run_worker() {
   }
 }
 
-void CpuBatchBackend::check_batch(std::span<const BatchEntry> batch) const {
+void CpuBatchBackend::load(std::span<const BatchEntry> batch, const char* what) {
+  LILY_CHECK(!is_open_, "cpu batch backend: ", what, " while a step is open");
   // Everything is checked before any slot changes.
   std::vector<char> used(slots_.size(), 0);
   const int vocab = config().vocab;
@@ -105,6 +100,8 @@ void CpuBatchBackend::check_batch(std::span<const BatchEntry> batch) const {
       LILY_CHECK(e.tokens[t] >= 0 && e.tokens[t] < vocab, "cpu batch backend: step: slot ", e.slot, ": token id ",
                  e.tokens[t], " (at ", t, ") outside [0, ", vocab, ")");
   }
+  groups_.clear();
+  for (const BatchEntry& e : batch) groups_.push_back({&slots_[e.slot], e.tokens, e.logits, false});
 }
 
 StateSnapshot CpuBatchBackend::save_state(int slot) const {

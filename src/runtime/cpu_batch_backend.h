@@ -37,7 +37,8 @@ class CpuBatchBackend : public BatchBackend {
 
  private:
   int check_slot(int slot, const char* what) const;  // returns slot; throws naming `what` if out of range
-  void check_batch(std::span<const BatchEntry> batch) const;
+  // Checks the batch (naming the call `what`) and builds groups_ from it.
+  void load(std::span<const BatchEntry> batch, const char* what);
   void run_worker();
 
   CpuBatchForward f_;

@@ -25,7 +25,6 @@ struct Scheduler::Seq {
   bool done = false;                    // on_done ran
   bool tail = false;                    // done, and turn_tail still to be fed in its slot
   bool preempted = false;               // dropped in this step, to go back to the queue
-  bool in_flight = false;               // in the pass between step_begin and step_end
   // The id commit() took into ctx and deliver() has not reported yet; `ending`: the sequence ends there (stop:
   // a stop id; length: max_tokens or the context), so it takes no further pass.
   struct Report {
@@ -304,8 +303,8 @@ void Scheduler::commit(Seq& s, Drawn d) {
   reports_.push_back(&s);
 }
 
-// Reports the id commit() left and ends the sequence where it ends (its slot kept for reuse; a sequence whose
-// pass is running gives its slot back after step_end).
+// Reports the id commit() left and ends the sequence where it ends. Its slot goes back in drop_ended(), at the end
+// of the step (it may be in the pass now running).
 void Scheduler::deliver(Seq& s) {
   if (!s.report) return;
   Seq::Report r = std::move(*s.report);
@@ -318,7 +317,6 @@ void Scheduler::deliver(Seq& s) {
   const auto& tail = s.spec.turn_tail;
   s.tail = r.stop && opt_.prefix_cache && !tail.empty() && tail.front() == r.token.token && s.slot >= 0 &&
            s.consumed + static_cast<int>(tail.size()) < max_context_;
-  if (!s.tail && !s.in_flight) release(s, true);
 }
 
 void Scheduler::deliver_all() {
@@ -326,9 +324,11 @@ void Scheduler::deliver_all() {
   reports_.clear();
 }
 
-// Forgets the sequences that ended (after their turn tail, if any).
+// Forgets the sequences that ended (after their turn tail, if any); their slots keep the consumed tokens for reuse.
 void Scheduler::drop_ended() {
   std::erase_if(reports_, [](const Seq* s) { return s->done; });
+  for (auto& s : running_)
+    if (s->done && !s->tail) release(*s, true);
   std::erase_if(running_, [](const auto& s) { return s->done && !s->tail; });
 }
 
@@ -494,14 +494,12 @@ int Scheduler::step() {
   try {
     be_.step_begin(batch);
     begun = true;
-    for (const Item& it : items) it.seq->in_flight = true;
     deliver_all();
     begun = false;
     be_.step_end();
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  for (const Item& it : items) it.seq->in_flight = false;
   if (begun) be_.step_end();  // a report threw: the pass still ends before the error goes on
   if (!failure.empty()) {
     for (const Item& it : items) {  // their slots' states are unknown
@@ -532,7 +530,6 @@ int Scheduler::step() {
     s.consumed += items[i].n;
     if (opt_.prefix_cache && std::binary_search(s.cuts.begin(), s.cuts.end(), s.consumed))
       cache_.insert(std::span(s.ctx.data(), static_cast<size_t>(s.consumed)), be_.save_state(s.slot));
-    if (s.done) release(s, true);  // its report ended it while the pass ran (the slot holds the id it consumed)
   }
   // The next ids: drawn in parallel where the sequence has no structured-output filter (each Sampler is its own;
   // filters may share a grammar's memo tables), then reported in the batch's order on this thread.
