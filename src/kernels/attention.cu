@@ -20,8 +20,8 @@
 //     split_run_scalar       smaller heads (the test models): the same steps in fp32 FMAs, a reduce-scatter
 //                            leaving head (lane / 4) in each lane
 //     merge_warps            the warps' (acc, m, l) merged in a fixed order -> the split's partial
-//   attention_combine_kernel grid (n_heads, head_dim / 32): merges the active splits' partials for one head and
-//                            32 dims (splits spread over the warps, fixed order) and applies the sigmoid gate.
+//   attention_combine_kernel (kernels/attention_combine.cu) grid (n_heads, head_dim / 32): merges the active
+//                            splits' partials for one head and 32 dims and applies the sigmoid gate.
 // Deterministic: every sum has a fixed order; no float atomics. The split kernel reads what another kernel wrote
 // through L2 (__ldcg, cp.async.cg): with PDL its block may start on an SM before the previous kernel's blocks
 // there finish.
@@ -33,6 +33,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "kernels/attention_split.cuh"
 #include "kernels/common.cuh"
 #include "kernels/grid_barrier.cuh"
 #include "kernels/launch.cuh"
@@ -52,23 +53,14 @@ using qk::lane_rope_weights;
 using qk::load_lane;
 using qk::norm_rope_lane;
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+using attn::active_splits;
+using attn::kMaxSplits;
+using attn::kStep;
+using attn::kWarps;
+constexpr int kThreads = kWarps * 32;
 constexpr int kMaxGroup = 8;
-constexpr int kStep = 8;          // tokens a warp scores at once (page_tokens is a multiple of it)
 constexpr int kStages = 3;        // cp.async ring per warp: two steps in flight while one is computed
-constexpr int kMaxSplits = kAttnMaxSplits;  // (combine: kMaxSplits / kCombWarps per lane)
-constexpr int kCombThreads = 256;
-constexpr int kCombWarps = kCombThreads / 32;
-constexpr int kCombDims = 32;     // output dims per combine block (one per lane)
 constexpr float kLog2e = 1.4426950408889634f;
-
-// Steps of the token range and how many split blocks get some: ceil(n_steps / kWarps), so each gets up to kWarps
-// steps (64 tokens) and at least half that once n_steps >= kWarps: a short context uses few splits and the combine
-// reads little; from ~4K tokens on every split block.
-__device__ __forceinline__ int active_splits(int n_steps, int splits) {
-  return max(1, min(splits, (n_steps + kWarps - 1) / kWarps));
-}
 
 // EPL consecutive bf16 values kept packed in registers (half the registers of fp32), unpacked on use.
 template <int EPL>
@@ -702,93 +694,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_split_rows_kernel(
   split_body<EPL>(at, kv, pos, min(attention_row_splits(pos + 1), (int)gridDim.x), scratch, group, pdl, ring_all, sh);
 }
 
-// One block per (query head, 32 dims): warp w sums splits w, w + 8, ... for its lane's dim, then the warps'
-// sums are added in a fixed order. The split weights exp2(m_s - max) / Σ weight·l are computed by warp 0
-// while the other warps' partial loads are in flight.
-template <bool kRows>
-__global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
-    const float* __restrict__ qg, const int* __restrict__ pos_ptr, float* __restrict__ out, AttnScratch scratch,
-    int splits, int group, int D, AttnRows rows) {
-  __shared__ float w_sh[kMaxSplits];
-  __shared__ float num_sh[kCombWarps][kCombDims];
-  __shared__ float inv_den;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int h = blockIdx.x, g = h / group, hh = h % group;
-  const int dim = blockIdx.y * kCombDims + lane;
-  const int tb = blockIdx.x + blockIdx.y * gridDim.x;
-  if constexpr (kRows) {  // sequence blockIdx.z of several one-token rows (AttnRows)
-    const int q = blockIdx.z, n_heads = gridDim.x;
-    const size_t r = (size_t)rows.row[q];
-    qg += r * n_heads * 2 * D;
-    out += r * n_heads * D;
-    pos_ptr = rows.pos + q;
-    scratch.partial += (size_t)q * (n_heads / group) * scratch.max_splits * group * (D + 2);
-    splits = min(attention_row_splits(*pos_ptr + 1), splits);
-  }
-  trace_stamp_at(scratch.trace_comb, tb, 0);
-  dep_trigger();
-  dep_wait();
-  trace_stamp_at(scratch.trace_comb, tb, 15);
-  const int len = *pos_ptr + 1;
-  const int n_active = active_splits((len + kStep - 1) / kStep, splits);
-  const int stride = D + 2;
-  // Every load of the kernel is issued here, in one L2 round trip: the gate (written two launches earlier), this
-  // block's partial values and warp 0's split maxima and sums (each read once; a second pass over them and the
-  // gate read at the end cost two more round trips).
-  // note: __ldcg reads through L2 only (the partials were written by the previous kernel on other SMs)
-  const float gate = warp == 0 && dim < D ? __ldcg(qg + (size_t)h * 2 * D + D + dim) : 0.f;
-  const float* base = scratch.partial + ((size_t)g * scratch.max_splits * group + hh) * stride;
-  constexpr int kPer = kMaxSplits / kCombWarps, kPerLane = kMaxSplits / 32;
-  float v[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int sp = warp + i * kCombWarps;
-    v[i] = sp < n_active && dim < D ? __ldcg(base + (size_t)sp * group * stride + dim) : 0.f;
-  }
-  if (warp == 0) {
-    float m[kPerLane], l[kPerLane];
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int sp = lane + 32 * j;
-      const float* p = base + (size_t)sp * group * stride;
-      m[j] = sp < n_active ? __ldcg(p + D) : -FLT_MAX;
-      l[j] = sp < n_active ? __ldcg(p + D + 1) : 0.f;
-    }
-    float mx = -FLT_MAX;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) mx = fmaxf(mx, m[j]);
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float den = 0.f;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int sp = lane + 32 * j;
-      if (sp < n_active) {
-        const float wt = exp2f(m[j] - mx);
-        w_sh[sp] = wt;
-        den = fmaf(wt, l[j], den);
-      }
-    }
-    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-    if (lane == 0) inv_den = 1.f / den;
-  }
-  __syncthreads();
-  float num = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int sp = warp + i * kCombWarps;
-    if (sp < n_active) num = fmaf(w_sh[sp], v[i], num);
-  }
-  num_sh[warp][lane] = num;
-  __syncthreads();
-  if (warp == 0 && dim < D) {
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kCombWarps; ++w) total += num_sh[w][lane];
-    out[(size_t)h * D + dim] = total * inv_den / (1.f + __expf(-gate));
-  }
-  trace_stamp_at(scratch.trace_comb, tb, 1);
-}
-
 template <int EPL>
 void launch_split(const AttnIn& in, KvPages kv, const int* pos, AttnScratch scratch, int splits, int group,
                   cudaStream_t s) {
@@ -855,11 +760,9 @@ void launch_attention_decode(const AttnIn& in, KvPages kv, const int* pos, float
     case 32: launch_split<1>(in, kv, pos, scratch, splits, group, s); break;
     default: ::lily::fail("attention_decode: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
   }
-  const dim3 grid(n_heads, (kv.head_dim + kCombDims - 1) / kCombDims);
   // the combine with PDL (it triggers at entry, so the o_proj + MoE launch is scheduled early), let in by the split
   // blocks' trigger at their end
-  launch_ex(attention_combine_kernel<false>, grid, dim3(kCombThreads), 0, s, LaunchOpts{true, 1, false}, in.qg,
-            pos, out, scratch, splits, group, kv.head_dim, AttnRows{});
+  attn::launch_combine(in.qg, pos, out, scratch, splits, group, kv.head_dim, n_heads, AttnRows{}, 0, s);
 }
 
 void launch_attention_decode_rows(const AttnIn& in, KvPages kv, AttnRows rows, int n_rows, float* out,
@@ -878,9 +781,7 @@ void launch_attention_decode_rows(const AttnIn& in, KvPages kv, AttnRows rows, i
     case 32: launch_split_rows<1>(in, kv, rows, n_rows, scratch, splits, group, s); break;
     default: ::lily::fail("attention_decode_rows: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
   }
-  const dim3 grid(n_heads, (kv.head_dim + kCombDims - 1) / kCombDims, n_rows);
-  launch_ex(attention_combine_kernel<true>, grid, dim3(kCombThreads), 0, s, LaunchOpts{true, 1, false}, in.qg,
-            rows.pos, out, scratch, splits, group, kv.head_dim, rows);
+  attn::launch_combine(in.qg, rows.pos, out, scratch, splits, group, kv.head_dim, n_heads, rows, n_rows, s);
 }
 
 }  // namespace lily::cuda

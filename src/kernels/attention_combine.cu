@@ -1,0 +1,121 @@
+// The decode attention's combine (kernels/attention.cu has the split kernel and the design): one block per (query
+// head, 32 dims) merges the active splits' partials in a fixed order and applies the sigmoid gate.
+// Tested with the split kernel in tests/gpu/test_mixer_kernels.cu.
+#include <cfloat>
+
+#include "kernels/attention_split.cuh"
+#include "kernels/common.cuh"
+#include "kernels/grid_barrier.cuh"
+#include "kernels/launch.cuh"
+
+namespace lily::cuda::attn {
+
+namespace {
+
+using detail::trace_stamp_at;
+
+constexpr int kCombThreads = 256;
+constexpr int kCombWarps = kCombThreads / 32;
+constexpr int kCombDims = 32;  // output dims per combine block (one per lane)
+
+// One block per (query head, 32 dims): warp w sums splits w, w + 8, ... for its lane's dim, then the warps'
+// sums are added in a fixed order. The split weights exp2(m_s - max) / Σ weight·l are computed by warp 0
+// while the other warps' partial loads are in flight.
+template <bool kRows>
+__global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
+    const float* __restrict__ qg, const int* __restrict__ pos_ptr, float* __restrict__ out, AttnScratch scratch,
+    int splits, int group, int D, AttnRows rows) {
+  __shared__ float w_sh[kMaxSplits];
+  __shared__ float num_sh[kCombWarps][kCombDims];
+  __shared__ float inv_den;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int h = blockIdx.x, g = h / group, hh = h % group;
+  const int dim = blockIdx.y * kCombDims + lane;
+  const int tb = blockIdx.x + blockIdx.y * gridDim.x;
+  if constexpr (kRows) {  // sequence blockIdx.z of several one-token rows (AttnRows)
+    const int q = blockIdx.z, n_heads = gridDim.x;
+    const size_t r = (size_t)rows.row[q];
+    qg += r * n_heads * 2 * D;
+    out += r * n_heads * D;
+    pos_ptr = rows.pos + q;
+    scratch.partial += (size_t)q * (n_heads / group) * scratch.max_splits * group * (D + 2);
+    splits = min(attention_row_splits(*pos_ptr + 1), splits);
+  }
+  trace_stamp_at(scratch.trace_comb, tb, 0);
+  dep_trigger();
+  dep_wait();
+  trace_stamp_at(scratch.trace_comb, tb, 15);
+  const int len = *pos_ptr + 1;
+  const int n_active = active_splits((len + kStep - 1) / kStep, splits);
+  const int stride = D + 2;
+  // Every load of the kernel is issued here, in one L2 round trip: the gate (written two launches earlier), this
+  // block's partial values and warp 0's split maxima and sums (each read once; a second pass over them and the
+  // gate read at the end cost two more round trips).
+  // note: __ldcg reads through L2 only (the partials were written by the previous kernel on other SMs)
+  const float gate = warp == 0 && dim < D ? __ldcg(qg + (size_t)h * 2 * D + D + dim) : 0.f;
+  const float* base = scratch.partial + ((size_t)g * scratch.max_splits * group + hh) * stride;
+  constexpr int kPer = kMaxSplits / kCombWarps, kPerLane = kMaxSplits / 32;
+  float v[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int sp = warp + i * kCombWarps;
+    v[i] = sp < n_active && dim < D ? __ldcg(base + (size_t)sp * group * stride + dim) : 0.f;
+  }
+  if (warp == 0) {
+    float m[kPerLane], l[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int sp = lane + 32 * j;
+      const float* p = base + (size_t)sp * group * stride;
+      m[j] = sp < n_active ? __ldcg(p + D) : -FLT_MAX;
+      l[j] = sp < n_active ? __ldcg(p + D + 1) : 0.f;
+    }
+    float mx = -FLT_MAX;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) mx = fmaxf(mx, m[j]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float den = 0.f;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int sp = lane + 32 * j;
+      if (sp < n_active) {
+        const float wt = exp2f(m[j] - mx);
+        w_sh[sp] = wt;
+        den = fmaf(wt, l[j], den);
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    if (lane == 0) inv_den = 1.f / den;
+  }
+  __syncthreads();
+  float num = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int sp = warp + i * kCombWarps;
+    if (sp < n_active) num = fmaf(w_sh[sp], v[i], num);
+  }
+  num_sh[warp][lane] = num;
+  __syncthreads();
+  if (warp == 0 && dim < D) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kCombWarps; ++w) total += num_sh[w][lane];
+    out[(size_t)h * D + dim] = total * inv_den / (1.f + __expf(-gate));
+  }
+  trace_stamp_at(scratch.trace_comb, tb, 1);
+}
+
+}  // namespace
+
+void launch_combine(const float* qg, const int* pos, float* out, const AttnScratch& scratch, int splits, int group,
+                    int head_dim, int n_heads, AttnRows rows, int n_rows, cudaStream_t s) {
+  const dim3 grid(n_heads, (head_dim + kCombDims - 1) / kCombDims, n_rows > 0 ? n_rows : 1);
+  if (n_rows > 0)
+    launch_ex(attention_combine_kernel<true>, grid, dim3(kCombThreads), 0, s, LaunchOpts{true, 1, false}, qg, pos,
+              out, scratch, splits, group, head_dim, rows);
+  else
+    launch_ex(attention_combine_kernel<false>, grid, dim3(kCombThreads), 0, s, LaunchOpts{true, 1, false}, qg, pos,
+              out, scratch, splits, group, head_dim, rows);
+}
+
+}  // namespace lily::cuda::attn
