@@ -28,6 +28,7 @@
 #include "runtime/generate.h"
 #include "util/check.h"
 #include "util/npy.h"
+#include "prompt_bound.h"
 
 using namespace lily;
 
@@ -181,8 +182,9 @@ TEST(CudaBackend, RefusesUnsupportedSyntheticShapesCleanly) {
 }
 
 // The chunked prompt path (GEMMs over the chunk, model/prefill_cuda.cu) against the decode step token by token:
-// the same math in another order (the GEMM's x enters as two bf16 halves, ~2^-16 relative), so the logits agree
-// to ~1e-4 of their scale, unless a near-tied expert choice flips (a discrete jump, as against the CPU).
+// the same math in another order, with bf16 inputs to the tensor cores (the GEMM's x as two bf16 halves, the
+// attention's q and probabilities as one term), so the logits agree within issue 28's bound (prompt_bound.h),
+// with a discrete jump where a near-tied expert choice flips (as against the CPU); none beyond 10 kTol.
 double prompt_vs_decode(const Model& model, const std::vector<int32_t>& tokens, const std::vector<int>& pieces) {
   const int V = model.config.vocab, T = (int)tokens.size();
   auto a = make_cuda_backend(model, small_opts());  // chunked, in the given pieces
@@ -197,25 +199,26 @@ double prompt_vs_decode(const Model& model, const std::vector<int32_t>& tokens, 
   CudaOptions o = small_opts();
   o.chunked_prompts = false;
   auto b = make_cuda_backend(model, o);
-  double worst = 0;
-  int within = 0;
+  std::vector<double> rel(T);
+  int top1_same = 0;
   for (int t = 0; t < T; ++t) {
     b->forward(std::span<const int32_t>(&tokens[t], 1), one.data(), false);
-    const Worst w = compare(one, std::vector<float>(all.begin() + (size_t)t * V, all.begin() + (size_t)(t + 1) * V));
-    worst = std::max(worst, w.rel);
-    within += w.rel < 1e-3;
+    const auto chunked = all.begin() + (size_t)t * V;
+    const Worst w = compare(one, std::vector<float>(chunked, chunked + V));
+    rel[t] = w.rel;
+    top1_same += std::max_element(one.begin(), one.end()) - one.begin() ==
+                 std::max_element(chunked, chunked + V) - chunked;
     EXPECT_LT(w.rel, 10 * kTol) << "token " << t << " id " << w.at;
   }
-  EXPECT_GE(within, T * 95 / 100);
+  const std::string what = "chunked prompt of " + std::to_string(T) + " tokens vs decode steps";
+  lily::test::expect_prompt_bound(what.c_str(), rel, top1_same);
   // the next decode step after the chunked prompt (step state, KV, GDN states) continues the same sequence
   const int32_t next = tokens[0];
   std::vector<float> la(V), lb(V);
   a->forward(std::span<const int32_t>(&next, 1), la.data(), false);
   b->forward(std::span<const int32_t>(&next, 1), lb.data(), false);
-  EXPECT_LT(compare(la, lb).rel, 1e-3);
-  std::printf("chunked prompt of %d tokens vs decode steps: worst relative error %.3g, %d of %d within 1e-3\n", T,
-              worst, within, T);
-  return worst;
+  EXPECT_LT(compare(la, lb).rel, lily::test::kPromptMedianBound);
+  return *std::max_element(rel.begin(), rel.end());
 }
 
 TEST(CudaBackend, ChunkedPromptEqualsDecodeSteps) {
