@@ -1,6 +1,7 @@
 // Benchmark of the prompt path's kernels (kernels/batched.h) on the real Qwen3.6-35B-A3B shapes for one chunk
 // of n tokens: the dense GEMMs of a layer, the MoE's grouped GEMMs (each token's 8 experts drawn at random),
-// the GEMM's input split, the GDN chunk and the attention chunk (at context 0 and 4K).
+// the GEMM's input split, the GDN chunk and the attention chunk (at context 0 and 4K); up to 64 tokens, also the
+// routed experts streamed as a decode pass takes them (kernels/moe_rows.cu).
 // Usage: bench_prefill [tokens per chunk, default 2048] [split] [rows] [attn1]: attn1, the attention chunk with q
 // and p in one bf16 term (KernelOptions::prompt_attn_one_term); split, the dense GEMMs split-K as in a
 // decode pass (at most 4 blocks per SM a launch; kernels/batched.h GemmSplit); rows, launches of <= 16 tokens a
@@ -197,6 +198,26 @@ int main(int argc, char** argv) {
       gemm_grouped(down[i], xf.view(), nullptr, off, tiles, max_tiles, y, H, s, kN);
     });
     report("gemm_grouped q4 experts down 256 x 2048 x 512", us_down, 2.0 * F * H * kN * k, (double)up_probe.bytes());
+    if (kN <= 64) {  // a decode pass's experts streamed (kernels/moe_rows.cu); GB/s of the experts the tokens use
+      std::vector<char> used(E, 0);
+      for (int i : idx) used[i] = 1;
+      const double used_bytes = up_probe.bytes() / E * std::count(used.begin(), used.end(), 1);
+      std::printf("(%d of %d experts used; the gemm_grouped lines' GB/s count all of them)\n",
+                  (int)std::count(used.begin(), used.end(), 1), E);
+      void* xs = dalloc(std::max(kN * stream_row_bytes(H), (size_t)kN * k * stream_row_bytes(F)));
+      float* src = make_vec((size_t)kN * k * F);  // (>= kN * H values)
+      const double us_prep = time_graph(8, [&](int, cudaStream_t s) { stream_rows_prep(src, H, kN, H, xs, s); });
+      report("stream_rows_prep n x 2048", us_prep, 0, 0);
+      const double us_up = time_graph(copies, [&](int i, cudaStream_t s) {
+        moe_rows_swiglu(gate[i], up[i], xs, x_row, off, tiles, max_tiles, w_slot, y, F, s);
+      });
+      report("moe_rows_swiglu q4 experts gate|up", us_up, 4.0 * F * H * kN * k, 2.0 * used_bytes);
+      stream_rows_prep(src, F, kN * k, F, xs, 0);
+      const double us_dn = time_graph(copies, [&](int i, cudaStream_t s) {
+        moe_rows_down(down[i], xs, off, tiles, max_tiles, y, H, s);
+      });
+      report("moe_rows_down q4 experts down", us_dn, 2.0 * F * H * kN * k, used_bytes);
+    }
   }
 
   // GDN chunk (real dims) and attention chunk at context 0 and 4K

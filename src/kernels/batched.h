@@ -29,7 +29,7 @@ struct GemmX {
   const uint16_t* lo = nullptr;  // [n][K]
   const float* gsum = nullptr;   // [n][K / 64]
   int K = 0;                     // multiple of 64
-  // Dense launches of <= 16 tokens a tile and at most kRowsMaxWeights weights take kernels/gemm_rows.cu
+  // Dense launches of <= 64 tokens and at most kRowsMaxWeights weights take kernels/gemm_rows.cu
   // (KernelOptions::gemm_rows); few_all: every launch it can take, grouped and large ones too (its tests).
   bool few = false;
   bool few_all = false;
@@ -135,6 +135,22 @@ void swiglu_rows(const float* g, const float* u, const float* scale, int n, int 
 // h[t][i] += sum_j y[slot_of[t][j]][i] + sh_scale[t] * ysh[t][i]   (t < n, i < H; j in order).
 void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh, const float* sh_scale, int n,
                  int H, float* h, cudaStream_t s);
+
+// ---- the routed experts of a decode pass, streamed (kernels/moe_rows.cu) ----
+// For passes of one-token rows (4 to 64 rows give each used expert one to three slots), where the tensor-core
+// tiles would leave most of their token columns empty: the decode kernels' arithmetic (x per 32-element chunk in
+// 16-bit fixed point, integer dot products; kernels/gemv_stream.cuh), each used expert's weights read once.
+// 4-bit stacks of the real shapes only (H 2048, F 512).
+bool moe_rows_supported(const QMat& gate, const QMat& up, const QMat& down);
+// Bytes of one staged row of width K (2048 or 512); x [n][ldx] fp32 staged row by row into out [n] such rows.
+size_t stream_row_bytes(int K);
+void stream_rows_prep(const float* x, int ldx, int n, int K, void* out, cudaStream_t s);
+// gemm_grouped_swiglu's contract (offsets, tiles over them, max_tiles, x_row, scale, act) with x staged at width 2048.
+void moe_rows_swiglu(const QMat& gate, const QMat& up, const void* x, const int* x_row, const int* offsets,
+                     const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s);
+// gemm_grouped's contract (x_row null: slot a reads staged row a) over act staged at width 512.
+void moe_rows_down(const QMat& down, const void* act, const int* offsets, const int* tiles, int max_tiles, float* y,
+                   int ldy, cudaStream_t s);
 
 // ---- Gated DeltaNet over a chunk (kernels/gdn_chunk.cu) ----
 // launch_gdn_step (kernels/mixers.h) for the n consecutive tokens at positions pos0.. in four launches (what

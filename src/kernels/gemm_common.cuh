@@ -46,7 +46,7 @@ struct GemmArgs {
   int split;             // dense: K slices (blockIdx.y), 1: none (batched.h GemmSplit)
   float* split_partial;  // [row tiles][split][kGemmSplitFloats]
   unsigned* split_count; // [row tiles]
-  bool rows_kernel;      // GemmX::few: launches of <= 16 tokens a tile take kernels/gemm_rows.cu
+  bool rows_kernel;      // GemmX::few: dense launches of <= 64 tokens take kernels/gemm_rows.cu
   bool rows_any_size;    // GemmX::few_all: grouped and large ones too
 };
 

@@ -1,6 +1,6 @@
-// The prompt GEMM's arithmetic for launches of at most 16 tokens a tile (a batched decode step's passes, an
-// expert's few slots): the same two-term bf16 x, integer weight codes on mma.sync and per-group scale and bias in
-// fp32, but shaped for bandwidth instead of reuse. A block takes 16 MT weight rows and all of K; its 8 warps split
+// The prompt GEMM's arithmetic for launches of few tokens (a batched decode step's passes: dense launches of up to
+// 64 tokens, a block per 16; an expert's few slots): the same two-term bf16 x, integer weight codes on mma.sync and
+// per-group scale and bias in fp32, but shaped for bandwidth instead of reuse. A block takes 16 MT weight rows and all of K; its 8 warps split
 // each phase of K (8 or 16 groups) between them, load their weights straight into registers (every load of the
 // phase issued before any product) and read x from shared memory, which holds the phase's columns for the tile's
 // 8 or 16 tokens. The warps' sums meet in shared memory at the end and are added in warp order. A token's column
@@ -18,7 +18,8 @@ namespace {
 
 constexpr int kRowsThreads = 256;
 constexpr int kRowsWarps = kRowsThreads / 32;
-constexpr int kRowsMaxTok = 16;
+constexpr int kRowsMaxTok = 16;       // tokens a block takes
+constexpr int kRowsMaxDenseTok = 64;  // a dense launch's tokens: groups of 16 along the grid's y
 constexpr int kRedStride = kRowsMaxTok + 1;  // floats per tile row of the warps' sums (no bank conflicts)
 
 struct RowsArgs {
@@ -74,6 +75,9 @@ __global__ void __launch_bounds__(kRowsThreads, 2) gemm_rows_kernel(RowsArgs ra)
     mat = a.tiles[1 + blockIdx.y] >> 16;
     slot0 = a.offsets[mat];
     count = a.offsets[mat + 1] - slot0;
+  } else {  // dense: the block's group of 16 tokens
+    slot0 = kRowsMaxTok * static_cast<int>(blockIdx.y);
+    count = min(kRowsMaxTok, a.n - slot0);
   }
   if (count <= 0) return;
   if (count > kRowsMaxTok) __trap();  // (the launcher's bound on a tile's tokens was wrong)
@@ -268,7 +272,8 @@ void launch_rows_mt(const GemmArgs& g, int grid_y, int mt, int gw, cudaStream_t 
 }  // namespace
 
 bool gemm_rows_takes(QFormat f, const GemmArgs& a, int tile_tokens) {
-  if (!a.rows_kernel || !(f == QFormat::q4 || f == QFormat::q8) || tile_tokens < 1 || tile_tokens > kRowsMaxTok ||
+  const int max_tokens = a.offsets ? kRowsMaxTok : kRowsMaxDenseTok;
+  if (!a.rows_kernel || !(f == QFormat::q4 || f == QFormat::q8) || tile_tokens < 1 || tile_tokens > max_tokens ||
       a.cols % (8 * 64) != 0)
     return false;
   if (a.rows_any_size) return true;
@@ -278,6 +283,7 @@ bool gemm_rows_takes(QFormat f, const GemmArgs& a, int tile_tokens) {
 }
 
 void launch_gemm_rows(QFormat f, const GemmArgs& a, bool paired, int grid_y, cudaStream_t s) {
+  if (!a.offsets) grid_y = (a.n + kRowsMaxTok - 1) / kRowsMaxTok;  // dense: the token groups
   const int gw = (a.cols / 64) % 16 == 0 ? 2 : 1;
   // two m-tiles a block (half the x traffic per weight byte) where the launch still fills the GPU twice
   int rows = 0;

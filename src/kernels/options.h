@@ -26,17 +26,21 @@ struct KernelOptions {
   // LILY_BATCH_GRAPH_ROWS=n: a batched step (runtime/cuda_batch_backend) with at most n one-token rows runs each
   // of them through the captured decode step of its slot (the batch-1 kernels, one after another) instead of one
   // pass of the prompt path over all of them; 0 = always the pass.
-  int batch_graph_rows = 12;
+  int batch_graph_rows = 4;
   // LILY_GEMM_SPLIT_BLOCKS=n: a pass of one-token rows only (the batched decode step) splits its dense GEMMs' K
   // loops into slices, up to n blocks a launch (kernels/batched.h GemmSplit); 0 = 4 per SM, -1 = no split.
   int gemm_split_blocks = 0;
   // LILY_PROMPT_ATTN_1TERM=0: the prompt path's attention takes q and the probabilities as two bf16 terms each
   // instead of one (kernels/attention_chunk.cu; one term: half the tensor-core products, within issue 28's bound).
   bool prompt_attn_one_term = true;
-  // LILY_GEMM_ROWS=0: a decode pass's dense GEMMs of at most kRowsMaxWeights weights (kernels/batched.h) keep the
-  // 64- / 16-token tiles of kernels/gemm.cu instead of kernels/gemm_rows.cu (weights straight into registers, K
-  // split between a block's warps). Same arithmetic per column, other bits.
+  // LILY_GEMM_ROWS=0: a decode pass's dense GEMMs of at most kRowsMaxWeights weights (kernels/batched.h; at most 64
+  // one-token rows) keep the 64- / 16-token tiles of kernels/gemm.cu instead of kernels/gemm_rows.cu (weights
+  // straight into registers, K split between a block's warps). Same arithmetic per column, other bits.
   bool gemm_rows = true;
+  // LILY_MOE_ROWS=0: a decode pass of at most kMoeRowsMaxTokens one-token rows keeps the grouped tensor-core GEMMs
+  // for its routed experts instead of streaming each used expert's weights once with the decode kernels'
+  // arithmetic (kernels/moe_rows.cu).
+  bool moe_rows = true;
   // LILY_BATCH_PASS_GRAPHS=0: a pass of one-token rows only launches its kernels one by one instead of replaying
   // the graph captured for its row count and attention splits (model/prefill_cuda.cu).
   bool batch_pass_graphs = true;

@@ -204,6 +204,7 @@ class CudaEngine {
   void project(const GemvBatch& b, const float* norm_w, bool& normed);
   void project(std::initializer_list<PrefillOut> outs, const GemmX& x, int n);
   void prefill_free();
+  bool moe_rows_ok() const;  // KernelOptions::moe_rows and every layer's experts fit kernels/moe_rows.cu
   bool prefill_skips(const char* family) const;
   void prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n);

@@ -57,6 +57,11 @@ struct PrefillBuffers {
   GemmSplit split;              // split-K scratch of the dense GEMMs (KernelOptions::gemm_split_blocks)
   cudaEvent_t stop_ev[2] = {};  // prefill's stop checks: the end of the last two layer groups queued
   const GemmSplit* dense = nullptr;  // this pass's: &split when every row is a one-token row, else null
+  // a pass of at most kMoeRowsMaxTokens one-token rows streams its routed experts (kernels/moe_rows.cu) through
+  // staged rows: the tokens' normed x [n] at width H, then the slots' activations [n * top_k] at width F
+  static constexpr int kMoeRowsMaxTokens = 64;
+  bool moe_rows = false;
+  void* srows = nullptr;
   // Decode passes' graphs (KernelOptions::batch_pass_graphs): what a pass of one-token rows launches depends only
   // on its row count and attention splits (everything else is read from the buffers above), captured at a key's
   // second pass (a row count seen once, as requests start and end, is not worth a capture), least recently used
@@ -117,7 +122,17 @@ void CudaEngine::prefill_alloc() {
   b->ysh = device_alloc<float>((size_t)n * H);
   const int split_blocks = opts_.gemm_split_blocks == 0 ? 4 * sm_count() : opts_.gemm_split_blocks;
   if (split_blocks > 0) b->split = gemm_split_alloc(split_blocks);
+  const int nr = PrefillBuffers::kMoeRowsMaxTokens;
+  if (moe_rows_ok())
+    b->srows = device_alloc<uint8_t>(std::max(nr * stream_row_bytes(H), (size_t)nr * k * stream_row_bytes(c.moe_ffn)));
   pf_ = b;
+}
+
+bool CudaEngine::moe_rows_ok() const {
+  if (!opts_.moe_rows) return false;
+  for (const LayerDev& l : w_.layers)
+    if (!moe_rows_supported(l.moe.experts_gate, l.moe.experts_up, l.moe.experts_down)) return false;
+  return true;
 }
 
 void CudaEngine::prefill_free() {
@@ -126,7 +141,7 @@ void CudaEngine::prefill_free() {
   for (void* p : {(void*)b.tokens, (void*)b.pos, (void*)b.dec, (void*)b.dec_ptrs, (void*)b.dec_pages,
                   (void*)b.dec_attn, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits, (void*)b.idx,
                   (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles, (void*)b.x_row, (void*)b.w_slot,
-                  (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh})
+                  (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh, b.srows})
     if (p) cudaFree(p);
   if (b.host) cudaFreeHost(b.host);
   if (b.dec_host) cudaFreeHost(b.dec_host);
@@ -195,6 +210,7 @@ bool CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
   // only when all rows are one-token rows (a prompt's chunk gives the same bits whatever its size; kernels/batched.h)
   b.dense = m == n && b.split.blocks > 0 ? &b.split : nullptr;
   b.x.few = opts_.gemm_rows && m == n;
+  b.moe_rows = m == n && n <= PrefillBuffers::kMoeRowsMaxTokens && b.srows;
   if (m > 0) {
     for (int q = 0, j = 0; q < n_seqs; ++q)
       if (seqs[q].n == 1) {
@@ -398,7 +414,9 @@ void CudaEngine::prefill_moe(int layer, int n) {
   const int H = c.hidden, E = c.n_experts, k = c.top_k, F = c.moe_ffn, Fs = c.shared_ffn;
   const GemmXBuf xh = at_width(b.x, H);
   pmark("norm");
-  gemm_x_prep(b.h, H, n, w_.layers[layer].post_attention_layernorm, c.eps, xh, nullptr, stream_);
+  // the streamed experts read the normed rows staged (b.ysh holds them in fp32 until the shared expert's down)
+  gemm_x_prep(b.h, H, n, w_.layers[layer].post_attention_layernorm, c.eps, xh, b.moe_rows ? b.ysh : nullptr, stream_);
+  if (b.moe_rows) stream_rows_prep(b.ysh, H, n, H, b.srows, stream_);
   pmark("gemm_router", n * flops_.router);
   project({{&m.gate, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
   pmark("routing");
@@ -421,7 +439,10 @@ void CudaEngine::prefill_moe(int layer, int n) {
   // routed experts: each token's rows go to its 8 experts' slots (x_row), weighted by the routing weight
   float* act = b.act + (size_t)n * Fs;
   pmark("gemm_experts_gate_up", n * k * flops_.expert_gate_up);
-  if (m.experts_gate.format == m.experts_up.format) {
+  if (b.moe_rows) {
+    moe_rows_swiglu(m.experts_gate, m.experts_up, b.srows, b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act, F,
+                    stream_);
+  } else if (m.experts_gate.format == m.experts_up.format) {
     gemm_grouped_swiglu(m.experts_gate, m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act,
                         F, stream_, n);
   } else {
@@ -434,11 +455,17 @@ void CudaEngine::prefill_moe(int layer, int n) {
   gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
   pmark("gemm_shared", n * flops_.shared_down);
   gemm(m.shared_down, 0, xs.view(), n, b.ysh, H, false, stream_, b.dense);
-  const GemmXBuf xr = at_width(b.x, F);
   pmark("norm");
-  gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
-  pmark("gemm_experts_down", n * k * flops_.expert_down);
-  gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, n);
+  if (b.moe_rows) {
+    stream_rows_prep(act, F, n * k, F, b.srows, stream_);
+    pmark("gemm_experts_down", n * k * flops_.expert_down);
+    moe_rows_down(m.experts_down, b.srows, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
+  } else {
+    const GemmXBuf xr = at_width(b.x, F);
+    gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
+    pmark("gemm_experts_down", n * k * flops_.expert_down);
+    gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, n);
+  }
   pmark("combine");
   moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);
 }

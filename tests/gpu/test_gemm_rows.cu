@@ -1,7 +1,7 @@
-// GPU tests of the few-token GEMM (kernels/gemm_rows.cu, taken by launches of <= 16 tokens a tile when the x
+// GPU tests of the few-token GEMM (kernels/gemm_rows.cu, taken by dense launches of <= 64 tokens when the x
 // buffer asks for it: GemmX::few) against the CPU reference of test_batched.cu (gemm_ref.h): dense q4 / q8 with
 // K of 8, 16 and 24 groups (one or two groups per warp and phase, several phases), rows off the 16- and 32-row
-// tiles and enough rows for the two-tile blocks, 1..16 tokens, y = and +=; a token's outputs the same bits
+// tiles and enough rows for the two-tile blocks, 1..64 tokens, y = and +=; a token's outputs the same bits
 // whatever the launch's other tokens; gemm_multi, the paired SwiGLU and the grouped (expert) launches bit for bit
 // the plain ones; and the launch really took this kernel (its bits differ from the 64-token tile's).
 #include <gtest/gtest.h>
@@ -77,7 +77,8 @@ TEST(GemmRows, DenseAgainstReference) {
   // K 512 (8 groups: one a warp), 1536 (24: three phases of 8), 2048 and 4096 (two groups a warp); rows off the
   // tiles; 9000 rows: two m-tiles a block on any GPU of <= 140 SMs
   const Case cases[] = {{300, 2048, 1}, {37, 512, 5},  {1, 1536, 8},   {129, 4096, 9},
-                        {300, 2048, 16}, {9000, 512, 3}, {9000, 1024, 12}, {17, 2048, 16}};
+                        {300, 2048, 16}, {9000, 512, 3}, {9000, 1024, 12}, {17, 2048, 16},
+                        {300, 2048, 40}, {37, 512, 64}, {257, 2048, 17}};  // dense: up to 64 tokens, 16 a block
   uint64_t seed = 8000;
   for (QFormat f : {QFormat::q4, QFormat::q8})
     for (const Case& c : cases)
@@ -103,18 +104,19 @@ TEST(GemmRows, TakenForFewTokens) {
                       run_dense(QFormat::q4, large, false, 8201, false, false)), 0u) << "above the bound: taken";
 }
 
-// A token's outputs do not depend on the launch's other tokens (1..16 of them: one or two n-tiles).
+// A token's outputs do not depend on the launch's other tokens (1..64 of them: one or two n-tiles, one to four
+// blocks along the tokens).
 TEST(GemmRows, TokenResultsIndependentOfLaunchSize) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   for (QFormat f : {QFormat::q4, QFormat::q8}) {
     std::mt19937_64 rng(8200 + static_cast<int>(f));
-    const int rows = 9000, K = 2048, n_all = 16;
+    const int rows = 9000, K = 2048, n_all = 64;
     DevMat d(random_mat(rng, f, 1, rows, K));
     DevBuf<float> dx(random_x(rng, n_all, K));
     XBuf xb(n_all, K);
     xb.b.few = xb.b.few_all = true;
     gemm_x_prep(dx.p, K, n_all, nullptr, 0.f, xb.b, nullptr, nullptr);
-    expect_first_tokens_alone_same(d.m, xb.b, n_all, rows, {1, 5, 8, 9, 15}, fmt_name(f));
+    expect_first_tokens_alone_same(d.m, xb.b, n_all, rows, {1, 5, 8, 9, 15, 16, 17, 40, 63}, fmt_name(f));
   }
 }
 
