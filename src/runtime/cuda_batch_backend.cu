@@ -27,6 +27,12 @@ CudaBatchBackend::CudaBatchBackend(CudaEngine& engine, int max_seqs, int graph_r
     counts_ = device_alloc<int>(static_cast<size_t>(max_seqs) * eng_.config().vocab);
     counts_key_.assign(static_cast<size_t>(max_seqs), 0);
     sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(eng_.config().vocab));
+    draw_scratch_ = device_alloc<uint8_t>(kDrawStreams * sampling_scratch_bytes(eng_.config().vocab));
+    for (int k = 0; k < kDrawStreams; ++k) {
+      CUDA_CHECK(cudaStreamCreateWithFlags(&draw_streams_[k], cudaStreamNonBlocking));
+      CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_[k], cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
     in_dev_ = device_alloc<DrawIn>(static_cast<size_t>(max_seqs));
     out_dev_ = device_alloc<DrawOut>(static_cast<size_t>(max_seqs));
     CUDA_CHECK(cudaMallocHost(&out_host_, sizeof(DrawOut) * static_cast<size_t>(max_seqs)));
@@ -48,8 +54,14 @@ CudaBatchBackend::~CudaBatchBackend() {
     if (g) cudaGraphExecDestroy(g);
   for (SeqStateDev& st : slots_) eng_.seq_free(st);
   cudaFreeHost(step_host_);
-  for (void* p : {(void*)counts_, sample_scratch_, (void*)in_dev_, (void*)out_dev_, (void*)ids_dev_})
+  for (void* p : {(void*)counts_, sample_scratch_, (void*)draw_scratch_, (void*)in_dev_, (void*)out_dev_,
+                  (void*)ids_dev_})
     if (p) cudaFree(p);
+  for (int k = 0; k < kDrawStreams; ++k) {
+    if (draw_streams_[k]) cudaStreamDestroy(draw_streams_[k]);
+    if (join_ev_[k]) cudaEventDestroy(join_ev_[k]);
+  }
+  if (fork_ev_) cudaEventDestroy(fork_ev_);
   if (out_host_) cudaFreeHost(out_host_);
   if (in_host_) cudaFreeHost(in_host_);
   cudaFree(logits_);
@@ -157,7 +169,26 @@ void CudaBatchBackend::pass(std::span<const BatchEntry> batch, const std::vector
   if (!head_rows.empty()) {  // (distinct slots: at most max_seqs rows, what logits_ holds)
     const int m = static_cast<int>(head_rows.size());
     eng_.head_rows(head_rows.data(), m, logits_);
-    for (int j = 0; j < m; ++j) enqueue_out(batch[head_entry[j]], logits_ + static_cast<size_t>(j) * V, head_entry[j]);
+    // the draws on the side streams (row j on stream j % kDrawStreams, in row order there); logits copies stay
+    const int k_used = draw_scratch_ ? std::min(kDrawStreams, m) : 0;
+    if (k_used > 0) {
+      CUDA_CHECK(cudaEventRecord(fork_ev_, eng_.stream()));
+      for (int k = 0; k < k_used; ++k) CUDA_CHECK(cudaStreamWaitEvent(draw_streams_[k], fork_ev_, 0));
+    }
+    const size_t scratch_bytes = draw_scratch_ ? sampling_scratch_bytes(V) : 0;
+    for (int j = 0; j < m; ++j) {
+      const BatchEntry& b = batch[head_entry[j]];
+      const int k = j % kDrawStreams;
+      if (b.sampler && k_used > 0)
+        enqueue_out(b, logits_ + static_cast<size_t>(j) * V, head_entry[j], draw_streams_[k],
+                    draw_scratch_ + k * scratch_bytes);
+      else
+        enqueue_out(b, logits_ + static_cast<size_t>(j) * V, head_entry[j]);
+    }
+    for (int k = 0; k < k_used; ++k) {
+      CUDA_CHECK(cudaEventRecord(join_ev_[k], draw_streams_[k]));
+      CUDA_CHECK(cudaStreamWaitEvent(eng_.stream(), join_ev_[k], 0));
+    }
   }
   for (const Piece& p : pieces) pos_[batch[p.entry].slot] += p.n;
 }
@@ -240,9 +271,10 @@ void CudaBatchBackend::prepare_draws(std::span<const BatchEntry> batch) {
     CUDA_CHECK(cudaMemcpyAsync(in_dev_, in_host_, sizeof(DrawIn) * n_draw_, cudaMemcpyHostToDevice, eng_.stream()));
 }
 
-void CudaBatchBackend::enqueue_out(const BatchEntry& b, float* logits, int entry) {
+void CudaBatchBackend::enqueue_out(const BatchEntry& b, float* logits, int entry, cudaStream_t s, void* scratch) {
   const int V = eng_.config().vocab;
-  cudaStream_t s = eng_.stream();
+  if (!s) s = eng_.stream();
+  if (!scratch) scratch = sample_scratch_;
   if (b.sampler) {
     const int r = row_of_[entry];
     const ::lily::SamplingParams& p = b.sampler->params();
@@ -251,7 +283,7 @@ void CudaBatchBackend::enqueue_out(const BatchEntry& b, float* logits, int entry
     DrawIn* in = in_dev_ + r;
     if (in_host_[r].n_bias > 0) add_logit_bias(logits, V, in->bias_ids, in->bias_vals, in_host_[r].n_bias, s);
     DrawOut* o = out_dev_ + r;
-    sample(logits, V, d, d.update_counts ? counts : nullptr, in->rng, &o->token, sample_scratch_, s, &o->logprob,
+    sample(logits, V, d, d.update_counts ? counts : nullptr, in->rng, &o->token, scratch, s, &o->logprob,
            nullptr, p.top_logprobs, o->top_ids, o->top_logprobs);
   } else if (b.logits) {
     const int j = n_staged_++;

@@ -62,7 +62,8 @@ class CudaBatchBackend : public BatchBackend {
   void prepare_draws(std::span<const BatchEntry> batch);
   // Enqueues what an entry with a logits row on the device needs: its device draw (row row_of_[entry]) or the
   // copy of its logits into staged_ row j.
-  void enqueue_out(const BatchEntry& b, float* logits, int entry);
+  // Enqueued on stream s (null: the engine's) with sampling scratch `scratch` (null: sample_scratch_).
+  void enqueue_out(const BatchEntry& b, float* logits, int entry, cudaStream_t s = nullptr, void* scratch = nullptr);
   // After the stream's work: the staged logits to their entries (host threads), the drawn ids to theirs.
   void finish_out(std::span<const BatchEntry> batch);
   // The slot's device counts made to mirror the entry's sampler (a new sequence in the slot, or a preempted one
@@ -83,6 +84,14 @@ class CudaBatchBackend : public BatchBackend {
   int* counts_ = nullptr;               // device [max_seqs][vocab]: generated counts | kSampleInContext
   std::vector<uint64_t> counts_key_;    // [max_seqs] the sequence (BatchEntry::key) the counts mirror, 0: none
   void* sample_scratch_ = nullptr;      // device sampling_scratch_bytes(vocab), reused row after row
+  // A pass's draws spread over kDrawStreams streams forked from the engine's after its lm_head and joined
+  // before the ids are copied back (a draw is two short launches, one of them a single block: one after
+  // another, 64 rows took ~1.6 ms of a step on the H100); stream k draws with scratch k.
+  static constexpr int kDrawStreams = 8;
+  cudaStream_t draw_streams_[kDrawStreams] = {};
+  cudaEvent_t fork_ev_ = nullptr;
+  cudaEvent_t join_ev_[kDrawStreams] = {};
+  uint8_t* draw_scratch_ = nullptr;     // device [kDrawStreams][sampling_scratch_bytes(vocab)]
   static constexpr int kMaxBias = 64;   // logit_bias entries a device draw takes (more: the host samples)
   struct DrawOut {                      // what a draw row returns (device, then pinned host)
     int token;

@@ -49,7 +49,7 @@ std::vector<uint8_t> stage(const std::vector<float>& x, int n, int ldx, int K, D
   return out.download();
 }
 
-TEST(MoeRows, StagedRowsAreTheDecodeFixedPoint) {
+TEST(StreamedExperts, StagedRowsAreTheDecodeFixedPoint) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(8100);
   for (int K : {2048, 512}) {
@@ -130,7 +130,7 @@ std::vector<float> run_swiglu(const DevMat& gate, const DevMat& up, const DevBuf
   return act.download();
 }
 
-TEST(MoeRows, SwigluMatchesTheReference) {
+TEST(StreamedExperts, SwigluMatchesTheReference) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(8200);
   const int E = static_cast<int>(kSlots.size()), K = 2048, X = 80;
@@ -189,7 +189,7 @@ std::vector<float> run_down(const DevMat& down, const DevBuf<uint8_t>& acts, con
   return y.download();
 }
 
-TEST(MoeRows, DownMatchesTheReference) {
+TEST(StreamedExperts, DownMatchesTheReference) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(8300);
   const int E = static_cast<int>(kSlots.size()), K = 512;
@@ -229,7 +229,7 @@ TEST(MoeRows, DownMatchesTheReference) {
   }
 }
 
-TEST(MoeRows, SupportsTheRealShapesOnly) {
+TEST(StreamedExperts, SupportsTheRealShapesOnly) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(8400);
   DevMat g(random_mat(rng, QFormat::q4, 2, 512, 2048)), u(random_mat(rng, QFormat::q4, 2, 512, 2048)),
