@@ -1,7 +1,8 @@
 // Benchmark of the prompt path's kernels (kernels/batched.h) on the real Qwen3.6-35B-A3B shapes for one chunk
 // of n tokens: the dense GEMMs of a layer, the MoE's grouped GEMMs (each token's 8 experts drawn at random),
 // the GEMM's input split, the GDN chunk and the attention chunk (at context 0 and 4K); up to 64 tokens, also the
-// routed experts streamed as a decode pass takes them (kernels/moe_rows.cu).
+// routed experts streamed as a decode pass takes them (kernels/moe_rows.cu) and lm_head; up to 16 tokens, the dense
+// GEMMs also on the int8 tensor cores (kernels/gemm_i8.cu).
 // Usage: bench_prefill [tokens per chunk, default 2048] [split] [rows] [attn1]: attn1, the attention chunk with q
 // and p in one bf16 term (KernelOptions::prompt_attn_one_term); split, the dense GEMMs split-K as in a
 // decode pass (at most 4 blocks per SM a launch; kernels/batched.h GemmSplit); rows, launches of <= 16 tokens a
@@ -47,7 +48,21 @@ void report(const char* name, double us, double flops, double bytes) {
               bytes / us / 1e3);
 }
 
-// Dense GEMM rows x cols over kN tokens (over `copies` weight copies).
+// Up to kI8MaxTokens tokens: x staged for kernels/gemm_i8.cu at width K (from the fp32 rows src), once per K.
+const float* kSrc = nullptr;
+const void* i8x_for(int K) {
+  static const void* staged[2] = {};
+  const int i = K == 2048 ? 0 : 1;
+  if (!staged[i]) {
+    void* p = dalloc(kN * i8x_row_bytes(K));
+    i8x_prep(kSrc, 4096, kN, K, nullptr, 0.f, p, 0);
+    staged[i] = p;
+  }
+  return staged[i];
+}
+bool i8_applies(QFormat f, int cols) { return kN <= kI8MaxTokens && f == QFormat::q4 && (cols == 2048 || cols == 4096); }
+
+// Dense GEMM rows x cols over kN tokens (over `copies` weight copies); up to 16 tokens also on the int8 cores.
 void dense(const char* name, QFormat f, int rows, int cols, const GemmXBuf& x, float* y) {
   const QMat probe = [&] { QMat m; m.format = f, m.rows = rows, m.cols = cols; return m; }();
   const int copies = std::max(2, (int)std::ceil(256e6 / probe.bytes()));
@@ -57,6 +72,14 @@ void dense(const char* name, QFormat f, int rows, int cols, const GemmXBuf& x, f
   xv.K = cols;
   const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm(w[i], 0, xv.view(), kN, y, rows, false, s, kSplit); });
   report(name, us, 2.0 * rows * cols * kN, (double)probe.bytes());
+  if (!i8_applies(f, cols)) return;
+  const void* xs = i8x_for(cols);
+  const double us8 = time_graph(copies, [&](int i, cudaStream_t s) {
+    GemmBatch b;
+    b.n = 1, b.W[0] = w[i], b.y[0] = y, b.ldy[0] = rows;
+    gemm_i8(b, xs, kN, false, s);
+  });
+  report((std::string(name) + ", int8").c_str(), us8, 2.0 * rows * cols * kN, (double)probe.bytes());
 }
 
 // Several matrices sharing x in one launch (gemm_multi), as the prompt path projects.
@@ -84,6 +107,10 @@ void multi(const char* name, QFormat f, std::vector<int> rows, int cols, const G
   xv.K = cols;
   const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm_multi(b[i], xv.view(), kN, false, s, kSplit); });
   report(name, us, flops, bytes);
+  if (!i8_applies(f, cols)) return;
+  const void* xs = i8x_for(cols);
+  const double us8 = time_graph(copies, [&](int i, cudaStream_t s) { gemm_i8(b[i], xs, kN, false, s); });
+  report((std::string(name) + ", int8").c_str(), us8, flops, bytes);
 }
 
 }  // namespace
@@ -115,7 +142,8 @@ int main(int argc, char** argv) {
   GemmXBuf x = gemm_x_alloc(kN * k, 4096);
   x.few = few;
   float* src = make_vec((size_t)kN * k * 4096);
-  float* y = static_cast<float*>(dalloc((size_t)kN * k * 8192 * sizeof(float)));
+  kSrc = src;
+  float* y = static_cast<float*>(dalloc(std::max((size_t)kN * k * 8192, (size_t)kN * 248320) * sizeof(float)));
   float* norm_w = make_vec(H);
   {
     GemmXBuf xh = x;
@@ -135,6 +163,7 @@ int main(int argc, char** argv) {
   dense("gemm q4 shared gate / up 512 x 2048", QFormat::q4, F, H, x, y);
   dense("gemm q4 shared down 2048 x 512", QFormat::q4, H, F, x, y);
   dense("gemm q8 router 256 x 2048", QFormat::q8, E, H, x, y);
+  if (kN <= 64) dense("gemm q4 lm_head 248320 x 2048", QFormat::q4, 248320, H, x, y);
   multi("gemm_multi q4 GDN in_proj qkv|z|b|a", QFormat::q4, {8192, 4096, 32, 32}, H, x, y);
   multi("gemm_multi q4 attention q|k|v", QFormat::q4, {8192, 512, 512}, H, x, y);
   multi("gemm_multi q8 router|shared expert gate", QFormat::q8, {256, 1}, H, x, y);

@@ -136,6 +136,19 @@ void swiglu_rows(const float* g, const float* u, const float* scale, int n, int 
 void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh, const float* sh_scale, int n,
                  int H, float* h, cudaStream_t s);
 
+// ---- dense projections of a decode pass on the int8 tensor cores (kernels/gemm_i8.cu) ----
+// For passes of at most kI8MaxTokens one-token rows, where the split-K tiles spend their time on x and on the
+// slices' sums: x per 64-element group in 16-bit fixed point (int8 hi and lo), the weights' 4-bit codes as int8,
+// exact integer sums, scale and bias per group in fp32; each weight read once, x staged once per block.
+inline constexpr int kI8MaxTokens = 16;
+inline constexpr int kI8MaxK = 4096;
+size_t i8x_row_bytes(int K);
+// x [n][ldx] fp32, or RMSNorm(x) * norm_w where norm_w is set, staged row by row into out [n][i8x_row_bytes(K)].
+void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float eps, void* out, cudaStream_t s);
+// y[i] row t (= or +=) W[i] x[t] for the matrices of b (4-bit, one width K: a multiple of 512 up to kI8MaxK) over
+// n <= kI8MaxTokens tokens staged by i8x_prep.
+void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s);
+
 // ---- the routed experts of a decode pass, streamed (kernels/moe_rows.cu) ----
 // For passes of one-token rows (4 to 64 rows give each used expert one to three slots), where the tensor-core
 // tiles would leave most of their token columns empty: the decode kernels' arithmetic (x per 32-element chunk in

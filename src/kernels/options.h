@@ -37,6 +37,10 @@ struct KernelOptions {
   // one-token rows) keep the 64- / 16-token tiles of kernels/gemm.cu instead of kernels/gemm_rows.cu (weights
   // straight into registers, K split between a block's warps). Same arithmetic per column, other bits.
   bool gemm_rows = true;
+  // LILY_GEMM_I8=0: a decode pass of at most kI8MaxTokens one-token rows keeps the split-K tiles for its input
+  // projections and lm_head instead of the int8 tensor-core GEMM (kernels/gemm_i8.cu: x staged once per block as
+  // 16-bit fixed point, the weights read once).
+  bool gemm_i8 = true;
   // LILY_MOE_ROWS=0: a decode pass of at most kMoeRowsMaxTokens one-token rows keeps the grouped tensor-core GEMMs
   // for its routed experts instead of streaming each used expert's weights once with the decode kernels'
   // arithmetic (kernels/moe_rows.cu).

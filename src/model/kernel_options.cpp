@@ -28,6 +28,7 @@ cuda::KernelOptions parse_kernel_options(const std::function<const char*(const c
   o.batch_pass_graphs = flag("LILY_BATCH_PASS_GRAPHS", o.batch_pass_graphs);
   o.gemm_rows = flag("LILY_GEMM_ROWS", o.gemm_rows);
   o.moe_rows = flag("LILY_MOE_ROWS", o.moe_rows);
+  o.gemm_i8 = flag("LILY_GEMM_I8", o.gemm_i8);
   o.device_masks = flag("LILY_DEVICE_MASKS", o.device_masks);
   o.debug_sync = flag("LILY_CUDA_SYNC", o.debug_sync);
   o.trace = flag("LILY_TRACE", o.trace);
@@ -48,7 +49,8 @@ std::string describe(const cuda::KernelOptions& o) {
     << " batch_graph_rows=" << o.batch_graph_rows << " gemm_split_blocks="
     << (o.gemm_split_blocks == 0 ? std::string("auto") : std::to_string(o.gemm_split_blocks))
     << " prompt_attn_one_term=" << o.prompt_attn_one_term << " batch_pass_graphs=" << o.batch_pass_graphs
-    << " gemm_rows=" << o.gemm_rows << " moe_rows=" << o.moe_rows << " debug_sync=" << o.debug_sync << " trace=" << o.trace
+    << " gemm_rows=" << o.gemm_rows << " moe_rows=" << o.moe_rows << " gemm_i8=" << o.gemm_i8
+    << " debug_sync=" << o.debug_sync << " trace=" << o.trace
     << " skip=" << (o.skip.empty() ? "-" : o.skip);
   return s.str();
 }

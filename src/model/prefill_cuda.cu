@@ -62,6 +62,8 @@ struct PrefillBuffers {
   static constexpr int kMoeRowsMaxTokens = 64;
   bool moe_rows = false;
   void* srows = nullptr;
+  bool i8 = false;              // a pass of at most kI8MaxTokens one-token rows: project_i8 applies
+  void* i8x = nullptr;          // [kI8MaxTokens][i8x_row_bytes(H)] its staged x
   // Decode passes' graphs (KernelOptions::batch_pass_graphs): what a pass of one-token rows launches depends only
   // on its row count and attention splits (everything else is read from the buffers above), captured at a key's
   // second pass (a row count seen once, as requests start and end, is not worth a capture), least recently used
@@ -122,6 +124,7 @@ void CudaEngine::prefill_alloc() {
   b->ysh = device_alloc<float>((size_t)n * H);
   const int split_blocks = opts_.gemm_split_blocks == 0 ? 4 * sm_count() : opts_.gemm_split_blocks;
   if (split_blocks > 0) b->split = gemm_split_alloc(split_blocks);
+  if (opts_.gemm_i8) b->i8x = device_alloc<uint8_t>(kI8MaxTokens * i8x_row_bytes(H));
   const int nr = PrefillBuffers::kMoeRowsMaxTokens;
   if (moe_rows_ok())
     b->srows = device_alloc<uint8_t>(std::max(nr * stream_row_bytes(H), (size_t)nr * k * stream_row_bytes(c.moe_ffn)));
@@ -141,7 +144,7 @@ void CudaEngine::prefill_free() {
   for (void* p : {(void*)b.tokens, (void*)b.pos, (void*)b.dec, (void*)b.dec_ptrs, (void*)b.dec_pages,
                   (void*)b.dec_attn, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits, (void*)b.idx,
                   (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles, (void*)b.x_row, (void*)b.w_slot,
-                  (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh, b.srows})
+                  (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh, b.srows, b.i8x})
     if (p) cudaFree(p);
   if (b.host) cudaFreeHost(b.host);
   if (b.dec_host) cudaFreeHost(b.dec_host);
@@ -211,6 +214,7 @@ bool CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
   b.dense = m == n && b.split.blocks > 0 ? &b.split : nullptr;
   b.x.few = opts_.gemm_rows && m == n;
   b.moe_rows = m == n && n <= PrefillBuffers::kMoeRowsMaxTokens && b.srows;
+  b.i8 = m == n && n <= kI8MaxTokens && b.i8x;
   if (m > 0) {
     for (int q = 0, j = 0; q < n_seqs; ++q)
       if (seqs[q].n == 1) {
@@ -292,10 +296,28 @@ void CudaEngine::head_rows(const int* rows, int n, float* logits) {
   for (int i = 0; i < n && !in_order; ++i)
     CUDA_CHECK(cudaMemcpyAsync(gathered + (size_t)i * H, b.h + (size_t)rows[i] * H, sizeof(float) * H,
                                cudaMemcpyDeviceToDevice, stream_));
+  if (project_i8({{&w_.lm_head, logits, c.vocab}}, gathered, w_.norm, n, "lm_head", n * flops_.lm_head)) return;
   const GemmXBuf xh = at_width(b.x, H);
   pmark("lm_head", n * flops_.lm_head);
   gemm_x_prep(gathered, H, n, w_.norm, c.eps, xh, nullptr, stream_);
   gemm(w_.lm_head, 0, xh.view(), n, logits, c.vocab, false, stream_);
+}
+
+bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float* h, const float* norm_w, int n,
+                            const char* family, double flops) {
+  PrefillBuffers& b = *pf_;
+  const int H = cfg_.hidden;
+  if (!b.i8 || n > kI8MaxTokens || outs.size() > static_cast<size_t>(kMaxGemmParts) || H % 512 || H > kI8MaxK)
+    return false;
+  for (const PrefillOut& o : outs)
+    if (o.W->format != QFormat::q4 || o.W->cols != H || o.W->n_mats != 1) return false;
+  pmark("norm");
+  i8x_prep(h, H, n, H, norm_w, cfg_.eps, b.i8x, stream_);
+  GemmBatch gb;
+  for (const PrefillOut& o : outs) gb.W[gb.n] = *o.W, gb.y[gb.n] = o.y, gb.ldy[gb.n++] = o.ldy;
+  pmark(family, flops);
+  gemm_i8(gb, b.i8x, n, false, stream_);
+  return true;
 }
 
 // y = W x for matrices sharing x: one launch per run of matrices of the same format and width.
@@ -321,12 +343,15 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
   float* z = qkv + (size_t)n * cd;
   float* bb = z + (size_t)n * vd;
   float* a = bb + (size_t)n * Hv;
-  const GemmXBuf xh = at_width(b.x, H);
-  pmark("norm");
-  gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
-  pmark("gemm_gdn_in", n * flops_.gdn_in);
-  project({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}}, xh.view(),
-          n);
+  if (!project_i8({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}},
+                  b.h, w_.layers[layer].input_layernorm, n, "gemm_gdn_in", n * flops_.gdn_in)) {
+    const GemmXBuf xh = at_width(b.x, H);
+    pmark("norm");
+    gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
+    pmark("gemm_gdn_in", n * flops_.gdn_in);
+    project({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}},
+            xh.view(), n);
+  }
   // the one-token rows' steps together (also a single one: a row's result must not depend on the batch)
   const bool rows_launch = b.n_dec > 0;
   pmark("gdn_core", n * flops_.gdn_core);
@@ -363,11 +388,14 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   float* qg = b.proj;
   float* k = qg + (size_t)n * qr;
   float* v = k + (size_t)n * kvd;
-  const GemmXBuf xh = at_width(b.x, H);
-  pmark("norm");
-  gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
-  pmark("gemm_attn_in", n * flops_.attn_in);
-  project({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, xh.view(), n);
+  if (!project_i8({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, b.h,
+                  w_.layers[layer].input_layernorm, n, "gemm_attn_in", n * flops_.attn_in)) {
+    const GemmXBuf xh = at_width(b.x, H);
+    pmark("norm");
+    gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
+    pmark("gemm_attn_in", n * flops_.attn_in);
+    project({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, xh.view(), n);
+  }
   KvPages kv;
   kv.page_tokens = page_tokens_;
   kv.n_kv = c.n_kv_heads;

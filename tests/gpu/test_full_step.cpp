@@ -246,3 +246,83 @@ TEST(FullStep, PrefillStopsBetweenLayerGroups) {
   EXPECT_EQ(calls, 1);
   CUDA_CHECK(cudaStreamSynchronize(a.stream()));
 }
+
+// A batched decode step's pass (CudaEngine::prefill_rows over one-token rows of several sequences, then head_rows:
+// the streamed experts of kernels/moe_rows.cu, the int8 GEMMs of kernels/gemm_i8.cu, the few-token kernel) against
+// each sequence's decode step from the same state, on a 4-layer full-width model, 10 sequences over 24 positions:
+// within issue 28's bound (prompt_bound.h, which holds for batched steps too); and a row's bits the same in a pass
+// of 3 rows as in the pass of 10 (another kernel shape for 8 tokens or fewer). Before each step the decode
+// engine's states (GDN rings and states, KV pages) are copied into the pass's slots, so a position measures one
+// step's arithmetic: left to run on their own, the two paths' trajectories drift apart after a near-tied expert
+// choice goes the other way (bench/RESULTS.md, 2026-12-05: top-1 234 to 237 of 240 free-running, with or without
+// this session's kernels).
+TEST(FullStep, DecodePassWithinTheBound) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  TwinModel m = twin_model(4, 91);
+  const Config& cfg = m.cfg;
+  const int B = 10, few = 3, T = 24, V = cfg.vocab;
+  CudaEngine pass(cfg, std::move(m.a), T + 8, 0, true, kernel_options_from_env());
+  CudaEngine steps(cfg, std::move(m.b), T + 8, 0, true, kernel_options_from_env());
+  std::vector<SeqStateDev> all, part, alone;
+  for (int q = 0; q < B; ++q) all.push_back(pass.seq_alloc()), alone.push_back(steps.seq_alloc());
+  for (int q = 0; q < few; ++q) part.push_back(pass.seq_alloc());
+  std::vector<cudaGraphExec_t> graphs;
+  for (const SeqStateDev& st : alone) graphs.push_back(steps.capture_for(st));
+  float* logits = device_alloc<float>(static_cast<size_t>(B) * V);
+  std::vector<float> got(static_cast<size_t>(B) * V), got_few(static_cast<size_t>(few) * V), want(V);
+  std::vector<double> rel;
+  int top1_same = 0;
+  size_t differ = 0;
+  auto sync_state = [&](SeqStateDev& dst, const SeqStateDev& src, int pos) {  // the streams are idle here
+    pass.seq_ensure_kv(dst, pos + 1);
+    CUDA_CHECK(cudaMemcpy(dst.gdn, src.gdn, steps.gdn_state_bytes(), cudaMemcpyDeviceToDevice));
+    for (int i = 0; i < src.pages; ++i)
+      CUDA_CHECK(cudaMemcpy(dst.page_blocks[i], src.page_blocks[i], steps.kv_page_bytes(), cudaMemcpyDeviceToDevice));
+  };
+  auto run_pass = [&](std::vector<SeqStateDev>& slots, const std::vector<int32_t>& toks, int pos, float* out) {
+    const int n = static_cast<int>(slots.size());
+    std::vector<SeqRows> seqs(n);
+    std::vector<int> rows(n);
+    for (int q = 0; q < n; ++q) {
+      seqs[q].row0 = q, seqs[q].n = 1, seqs[q].pos0 = pos;
+      seqs[q].ring = &slots[q].ring, seqs[q].S = &slots[q].S, seqs[q].page_table = &slots[q].page_table;
+      rows[q] = q;
+    }
+    pass.prefill_rows(toks.data(), n, seqs.data(), n);
+    pass.head_rows(rows.data(), n, logits);
+    CUDA_CHECK(cudaMemcpyAsync(out, logits, sizeof(float) * n * V, cudaMemcpyDeviceToHost, pass.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(pass.stream()));
+  };
+  for (int t = 0; t < T; ++t) {
+    std::vector<int32_t> toks(B);
+    for (int q = 0; q < B; ++q) {
+      toks[q] = (q * 104729 + t * 7919 + 11) % V;
+      steps.seq_ensure_kv(alone[q], t + 1);
+      sync_state(all[q], alone[q], t);
+      if (q < few) sync_state(part[q], alone[q], t);
+    }
+    run_pass(all, toks, t, got.data());
+    run_pass(part, std::vector<int32_t>(toks.begin(), toks.begin() + few), t, got_few.data());
+    differ += std::memcmp(got.data(), got_few.data(), sizeof(float) * few * V) != 0;
+    for (int q = 0; q < B; ++q) {
+      const StepDev st{toks[q], t, 0.f};
+      CUDA_CHECK(cudaMemcpyAsync(steps.step(), &st, sizeof st, cudaMemcpyHostToDevice, steps.stream()));
+      CUDA_CHECK(cudaGraphLaunch(graphs[q], steps.stream()));
+      CUDA_CHECK(cudaMemcpyAsync(want.data(), steps.logits(), sizeof(float) * V, cudaMemcpyDeviceToHost,
+                                 steps.stream()));
+      CUDA_CHECK(cudaStreamSynchronize(steps.stream()));
+      const auto row = got.begin() + static_cast<size_t>(q) * V;
+      rel.push_back(logit_diff(std::vector<float>(row, row + V), want).rel);
+      top1_same += std::max_element(row, row + V) - row == std::max_element(want.begin(), want.end()) - want.begin();
+    }
+  }
+  lily::test::expect_prompt_bound("decode passes of 10 rows vs decode steps from the same states, 4 layers", rel,
+                                  top1_same);
+  EXPECT_EQ(differ, 0u) << "positions where a row's logits differed between the passes of 3 and of 10 rows";
+  for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
+  for (SeqStateDev& st : all) pass.seq_free(st);
+  for (SeqStateDev& st : part) pass.seq_free(st);
+  for (SeqStateDev& st : alone) steps.seq_free(st);
+  cudaFree(logits);
+}

@@ -1,0 +1,223 @@
+// Dense 4-bit GEMMs of a decode pass (a few one-token rows) on the int8 tensor cores. The split-K tiles of
+// kernels/gemm.cu read x as two bf16 terms per token and spend their time on x and on the slices' sums when the
+// tokens are few; here x is staged once per block as 16-bit fixed point per 64-element group (int8 hi and lo, the
+// decode GEMVs' rule, kernels/gemv_stream.cuh, per group instead of per 32-element chunk), the weights' 4-bit codes
+// go into mma.m16n8k32 as int8 unchanged and the integer sums are exact; scale and bias apply per group in fp32.
+// A warp streams a 16-row tile over all of K (two phases of 4 groups in flight), the grid is at most one block per
+// SM (x staged once per block). A token's column is computed the same way whatever the other columns hold, so its
+// bits do not depend on the launch's other tokens. Tested by tests/gpu/test_gemm_i8.cu.
+//
+// The staged row of a token (i8x_prep), per group g of 64 elements: hi bytes [4 t][16], lo bytes [4 t][16], where
+// the 16 bytes of lane quad t are {even, odd elements of word 2 t, even, odd elements of word 2 t + 1} (word w: the
+// group's elements 8 w .. 8 w + 7; even: 8 w + 0, 2, 4, 6; odd: 8 w + 1, 3, 5, 7), the order in which
+// (word & 0x0f0f0f0f) and ((word >> 4) & 0x0f0f0f0f) hold the 4-bit codes; after all groups, float sx[G] (x ~ sx
+// (256 hi + lo)) and float xsum[G] (the group's sum of x in fp32, for the bias).
+#include <algorithm>
+
+#include "kernels/batched.h"
+#include "kernels/common.cuh"
+#include "kernels/gemv_stream.cuh"
+
+namespace lily::cuda {
+namespace detail {
+namespace {
+
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+constexpr int kPhase = 4;  // groups per phase; two phases in flight per warp
+
+constexpr int row_bytes(int K) { return K / 64 * 136; }
+constexpr int smem_stride(int K) { return row_bytes(K) + 64; }  // tokens 16 banks apart: no conflicts
+
+__device__ __forceinline__ uint2 ld_stream8(const void* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// d += a (16 x 32, row) * b (32 x 8, col), int8 in, int32 sums.
+__device__ __forceinline__ void mma_i8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One block per token, a warp per group (lane l: elements 2 l, 2 l + 1). With norm_w: x = RMSNorm(x) * norm_w first.
+__global__ void __launch_bounds__(256) prep_kernel(const float* x, int ldx, int K, const float* norm_w, float eps,
+                                                   uint8_t* out) {
+  const int tok = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31, G = K / 64;
+  const float* row = x + static_cast<size_t>(tok) * ldx;
+  uint8_t* dst = out + static_cast<size_t>(tok) * row_bytes(K);
+  float rs = 1.f;
+  if (norm_w) {
+    __shared__ float part[8];
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < K; c += 256) ss = fmaf(row[c], row[c], ss);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    float tot = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) tot += part[i];
+    rs = rsqrtf(tot / K + eps);
+  }
+  float* sx = reinterpret_cast<float*>(dst + G * 128);
+  for (int g = warp; g < G; g += 8) {
+    const int e = g * 64 + 2 * lane;
+    float v0 = row[e], v1 = row[e + 1];
+    if (norm_w) v0 = v0 * rs * norm_w[e], v1 = v1 * rs * norm_w[e + 1];
+    float m = fmaxf(fabsf(v0), fabsf(v1)), s = v0 + v1;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+    }
+    const float inv = m > 0.f ? 127.f / m : 0.f;
+    int h0, l0, h1, l1;
+    x16_split(v0, inv, h0, l0);
+    x16_split(v1, inv, h1, l1);
+    // elements 2 lane (even) and 2 lane + 1 (odd) of word w = lane / 4, byte i = lane % 4 of its even / odd part
+    const int w = lane >> 2, i = lane & 3;
+    const int at = g * 128 + (w >> 1) * 16 + (w & 1) * 8 + i;
+    dst[at] = static_cast<uint8_t>(h0), dst[at + 4] = static_cast<uint8_t>(h1);
+    dst[at + 64] = static_cast<uint8_t>(l0), dst[at + 68] = static_cast<uint8_t>(l1);
+    if (lane == 0) sx[g] = m / 32512.f, sx[G + g] = s;
+  }
+}
+
+struct I8Args {
+  const uint8_t* w[kMaxGemmParts];
+  const uint32_t* sb[kMaxGemmParts];
+  float* y[kMaxGemmParts];
+  int ldy[kMaxGemmParts];
+  int rows[kMaxGemmParts];
+  int tile_end[kMaxGemmParts];  // 16-row tiles of this part and the earlier ones
+  int parts, K, n;
+  const uint8_t* x;             // staged rows [n][row_bytes(K)]
+  bool accumulate;
+};
+
+// NTG: groups of 8 tokens (1 or 2).
+template <int NTG>
+__global__ void __launch_bounds__(kThreads) gemm_i8_kernel(I8Args a) {
+  extern __shared__ __align__(16) uint8_t smem[];  // [NTG * 8][smem_stride(K)]
+  const int K = a.K, G = K / 64, rb = row_bytes(K), stride = smem_stride(K);
+  for (int i = threadIdx.x; i < NTG * 8 * (rb / 16); i += kThreads) {  // tokens past n: zeros
+    const int tok = i / (rb / 16), q = i % (rb / 16);
+    const uint4 v = tok < a.n ? reinterpret_cast<const uint4*>(a.x + static_cast<size_t>(tok) * rb)[q]
+                              : make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(smem + tok * stride + q * 16) = v;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int n_tiles = a.tile_end[a.parts - 1], n_ph = G / kPhase;
+  constexpr uint32_t M = 0x0f0f0f0fu;
+  struct Regs {
+    uint2 w0[kPhase], w1[kPhase];  // words 2 t, 2 t + 1 of rows g and g + 8, per group of the phase
+    uint4 s0, s1;                  // the phase's 4 scale | bias words of rows g and g + 8
+  };
+  for (int tile = blockIdx.x * kWarps + warp; tile < n_tiles; tile += gridDim.x * kWarps) {
+    int p = 0;
+    while (p + 1 < a.parts && tile >= a.tile_end[p]) ++p;
+    const int r0 = (tile - (p ? a.tile_end[p - 1] : 0)) * 16, rows = a.rows[p];
+    const int ra = min(r0 + g, rows - 1), rc = min(r0 + g + 8, rows - 1);  // past the end: the last row, not stored
+    const uint8_t* wa = a.w[p] + static_cast<size_t>(ra) * (K / 2) + 8 * t;
+    const uint8_t* wc = a.w[p] + static_cast<size_t>(rc) * (K / 2) + 8 * t;
+    const uint32_t* sa = a.sb[p] + static_cast<size_t>(ra) * G;
+    const uint32_t* sc = a.sb[p] + static_cast<size_t>(rc) * G;
+    auto load = [&](Regs& r, int ph) {
+#pragma unroll
+      for (int j = 0; j < kPhase; ++j) {
+        r.w0[j] = ld_stream8(wa + (ph * kPhase + j) * 32);
+        r.w1[j] = ld_stream8(wc + (ph * kPhase + j) * 32);
+      }
+      r.s0 = ld_stream(sa + ph * kPhase);
+      r.s1 = ld_stream(sc + ph * kPhase);
+    };
+    float acc[NTG][4];
+#pragma unroll
+    for (int j = 0; j < NTG; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    auto compute = [&](const Regs& r, int ph) {
+#pragma unroll
+      for (int j = 0; j < kPhase; ++j) {
+        const int gi = ph * kPhase + j;
+        const uint32_t s0 = j == 0 ? r.s0.x : j == 1 ? r.s0.y : j == 2 ? r.s0.z : r.s0.w;
+        const uint32_t s1 = j == 0 ? r.s1.x : j == 1 ? r.s1.y : j == 2 ? r.s1.z : r.s1.w;
+        const uint32_t x0 = r.w0[j].x, y0 = r.w0[j].y, x1 = r.w1[j].x, y1 = r.w1[j].y;
+#pragma unroll
+        for (int tg = 0; tg < NTG; ++tg) {
+          const uint8_t* xt = smem + (tg * 8 + g) * stride + gi * 128 + t * 16;
+          const uint4 hi = *reinterpret_cast<const uint4*>(xt), lo = *reinterpret_cast<const uint4*>(xt + 64);
+          int dh[4] = {0, 0, 0, 0}, dl[4] = {0, 0, 0, 0};
+          mma_i8(dh, x0 & M, x1 & M, (x0 >> 4) & M, (x1 >> 4) & M, hi.x, hi.y);  // word 2 t
+          mma_i8(dh, y0 & M, y1 & M, (y0 >> 4) & M, (y1 >> 4) & M, hi.z, hi.w);  // word 2 t + 1
+          mma_i8(dl, x0 & M, x1 & M, (x0 >> 4) & M, (x1 >> 4) & M, lo.x, lo.y);
+          mma_i8(dl, y0 & M, y1 & M, (y0 >> 4) & M, (y1 >> 4) & M, lo.z, lo.w);
+          // d[e]: row g + 8 (e >> 1), token 8 tg + 2 t + (e & 1)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float* f = reinterpret_cast<const float*>(smem + (tg * 8 + 2 * t + (e & 1)) * stride + G * 128);
+            const uint32_t s = e < 2 ? s0 : s1;
+            const float sum = fmaf(256.f, static_cast<float>(dh[e]), static_cast<float>(dl[e]));
+            acc[tg][e] += fmaf(bf16_lo(s) * f[gi], sum, bf16_hi(s) * f[G + gi]);
+          }
+        }
+      }
+    };
+    Regs A, B;
+    load(A, 0);
+    for (int ph = 0; ph < n_ph; ph += 2) {  // (n_ph even: K a multiple of 512)
+      load(B, ph + 1);
+      compute(A, ph);
+      if (ph + 2 < n_ph) load(A, ph + 2);
+      compute(B, ph + 1);
+    }
+#pragma unroll
+    for (int tg = 0; tg < NTG; ++tg)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = r0 + g + 8 * (e >> 1), tok = tg * 8 + 2 * t + (e & 1);
+        if (row >= rows || tok >= a.n) continue;
+        float* dst = a.y[p] + static_cast<size_t>(tok) * a.ldy[p] + row;
+        *dst = a.accumulate ? *dst + acc[tg][e] : acc[tg][e];
+      }
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+size_t i8x_row_bytes(int K) { return static_cast<size_t>(detail::row_bytes(K)); }
+
+void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float eps, void* out, cudaStream_t s) {
+  LILY_CHECK(K % 512 == 0 && K <= kI8MaxK && ldx >= K && n >= 0 && n <= kI8MaxTokens, "i8x_prep: n ", n, " K ", K,
+             " ldx ", ldx, " (K a multiple of 512 up to ", kI8MaxK, ", n up to ", kI8MaxTokens, ")");
+  if (n == 0) return;
+  detail::launch_kernel(detail::prep_kernel, n, 256, 0, s, x, ldx, K, norm_w, eps, static_cast<uint8_t*>(out));
+}
+
+void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s) {
+  LILY_CHECK(b.n >= 1 && b.n <= kMaxGemmParts && n >= 1 && n <= kI8MaxTokens, "gemm_i8: ", b.n, " matrices, ", n,
+             " tokens (1..", kI8MaxTokens, ")");
+  detail::I8Args a{};
+  a.parts = b.n, a.K = b.W[0].cols, a.n = n, a.x = static_cast<const uint8_t*>(x), a.accumulate = accumulate;
+  int tiles = 0;
+  for (int i = 0; i < b.n; ++i) {
+    const QMat& m = b.W[i];
+    LILY_CHECK(m.format == QFormat::q4 && m.cols == a.K && m.w && m.sb && m.rows >= 1,
+               "gemm_i8: matrix ", i, " [", m.rows, ", ", m.cols, "] is not 4-bit of width ", a.K);
+    a.w[i] = m.w, a.sb[i] = m.sb, a.y[i] = b.y[i], a.ldy[i] = b.ldy[i], a.rows[i] = m.rows;
+    tiles += (m.rows + 15) / 16;
+    a.tile_end[i] = tiles;
+  }
+  LILY_CHECK(a.K % 512 == 0 && a.K <= kI8MaxK, "gemm_i8: width ", a.K, " (a multiple of 512 up to ", kI8MaxK, ")");
+  const int ntg = (n + 7) / 8;
+  const size_t smem = static_cast<size_t>(ntg) * 8 * detail::smem_stride(a.K);
+  const int grid = std::min(sm_count(), (tiles + detail::kWarps - 1) / detail::kWarps);
+  auto* k = ntg == 1 ? detail::gemm_i8_kernel<1> : detail::gemm_i8_kernel<2>;
+  CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  detail::launch_kernel(k, grid, detail::kThreads, smem, s, a);
+}
+
+}  // namespace lily::cuda
