@@ -60,7 +60,9 @@ const void* i8x_for(int K) {
   }
   return staged[i];
 }
-bool i8_applies(QFormat f, int cols) { return kN <= kI8MaxTokens && f == QFormat::q4 && (cols == 2048 || cols == 4096); }
+bool i8_applies(QFormat f, int cols) {
+  return kN <= kI8MaxTokens && f == QFormat::q4 && (cols == 2048 || cols == 4096);
+}
 
 // Dense GEMM rows x cols over kN tokens (over `copies` weight copies); up to 16 tokens also on the int8 cores.
 void dense(const char* name, QFormat f, int rows, int cols, const GemmXBuf& x, float* y) {

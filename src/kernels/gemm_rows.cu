@@ -1,11 +1,12 @@
 // The prompt GEMM's arithmetic for launches of few tokens (a batched decode step's passes: dense launches of up to
 // 64 tokens, a block per 16; an expert's few slots): the same two-term bf16 x, integer weight codes on mma.sync and
-// per-group scale and bias in fp32, but shaped for bandwidth instead of reuse. A block takes 16 MT weight rows and all of K; its 8 warps split
-// each phase of K (8 or 16 groups) between them, load their weights straight into registers (every load of the
-// phase issued before any product) and read x from shared memory, which holds the phase's columns for the tile's
-// 8 or 16 tokens. The warps' sums meet in shared memory at the end and are added in warp order. A token's column
-// is computed the same way whatever the other columns hold, so its bits do not depend on the launch's other
-// tokens. Tested by tests/gpu/test_gemm_rows.cu against the CPU reference and the 64-token kernels.
+// per-group scale and bias in fp32, but shaped for bandwidth instead of reuse. A block takes 16 MT weight rows and
+// all of K; its 8 warps split each phase of K (8 or 16 groups) between them, load their weights straight into
+// registers (every load of the phase issued before any product) and read x from shared memory, which holds the
+// phase's columns for the tile's 8 or 16 tokens. The warps' sums meet in shared memory at the end and are added in
+// warp order. A token's column is computed the same way whatever the other columns hold, so its bits do not depend
+// on the launch's other tokens. Tested by tests/gpu/test_gemm_rows.cu against the CPU reference and the 64-token
+// kernels.
 #include <algorithm>
 #include <type_traits>
 

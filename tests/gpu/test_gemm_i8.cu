@@ -77,7 +77,10 @@ TEST(GemmI8, StagedRowsAreTheFixedPoint) {
         const std::vector<double> want = emulate(row.data(), K);
         for (int g = 0; g < K / 64; ++g) {
           double sum = 0, mag = 0, gmax = 0;
-          for (int e = g * 64; e < g * 64 + 64; ++e) sum += row[e], mag += std::fabs(row[e]), gmax = std::max(gmax, (double)std::fabs(row[e]));
+          for (int e = g * 64; e < g * 64 + 64; ++e) {
+            sum += row[e], mag += std::fabs(row[e]);
+            gmax = std::max(gmax, static_cast<double>(std::fabs(row[e])));
+          }
           bad_sum += !(std::fabs(xsum[g] - sum) <= 2e-6 * mag);
           for (int e = g * 64; e < g * 64 + 64; ++e)  // with the norm: the row's fp32 rounding differs a little
             bad += norm ? !(std::fabs(xt[e] - row[e]) <= gmax / 32000.0) : xt[e] != want[e];
@@ -142,7 +145,8 @@ std::vector<float> run_case(const std::vector<int>& rows, int K, int n, bool acc
         for (int c = 0; c < K; ++c) {
           const double q = h.q(0, r, c);
           d64 += h.scale(0, r, c) * q * xt[t][c] + static_cast<double>(h.bias(0, r, c)) * x[t * K + c];
-          d32 += h.scale(0, r, c) * static_cast<float>(q) * static_cast<float>(xt[t][c]) + h.bias(0, r, c) * x[t * K + c];
+          d32 += h.scale(0, r, c) * static_cast<float>(q) * static_cast<float>(xt[t][c]) +
+                 h.bias(0, r, c) * x[t * K + c];
         }
         const size_t iy = static_cast<size_t>(t) * ldy + r;
         if (accumulate) d64 += y0s[i][iy], d32 += y0s[i][iy];

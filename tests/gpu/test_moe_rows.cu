@@ -59,7 +59,8 @@ TEST(StreamedExperts, StagedRowsAreTheDecodeFixedPoint) {
     const std::vector<uint8_t> bytes = stage(x, n, ldx, K, d);
     size_t bad = 0, bad_sum = 0;
     for (int t = 0; t < n; ++t) {
-      const std::vector<float> row(x.begin() + static_cast<size_t>(t) * ldx, x.begin() + static_cast<size_t>(t) * ldx + K);
+      const auto first = x.begin() + static_cast<size_t>(t) * ldx;
+      const std::vector<float> row(first, first + K);
       const std::vector<double> want = stream_x(row);
       const Staged s = read_staged(bytes, t * stream_row_bytes(K), K);
       for (int i = 0; i < K; ++i) bad += s.xt[i] != want[i];
@@ -205,7 +206,8 @@ TEST(StreamedExperts, DownMatchesTheReference) {
     std::vector<float> r32(got.size(), 0.f), out(got.size(), 0.f);
     for (int e = 0; e < E; ++e)
       for (int a = g.offsets[e]; a < g.offsets[e + 1]; ++a) {
-        const std::vector<float> xr(act.begin() + static_cast<size_t>(a) * K, act.begin() + static_cast<size_t>(a + 1) * K);
+        const auto first = act.begin() + static_cast<size_t>(a) * K;
+        const std::vector<float> xr(first, first + K);
         for (int r = 0; r < rows; ++r) {
           const size_t i = static_cast<size_t>(a) * (rows + 3) + r;
           ref_dot_k(h, e, r, xr, true, r64[i], r32[i]);
@@ -217,7 +219,10 @@ TEST(StreamedExperts, DownMatchesTheReference) {
     std::vector<int> kept;
     const Grouping f = firsts(g, kept);
     std::vector<float> fact;
-    for (int a : kept) fact.insert(fact.end(), act.begin() + static_cast<size_t>(a) * K, act.begin() + static_cast<size_t>(a + 1) * K);
+    for (int a : kept) {
+      const auto first = act.begin() + static_cast<size_t>(a) * K;
+      fact.insert(fact.end(), first, first + K);
+    }
     DevBuf<uint8_t> facts(f.S * stream_row_bytes(K));
     stage(fact, f.S, K, K, facts);
     const std::vector<float> alone = run_down(down, facts, f, rows);
