@@ -26,21 +26,9 @@ __device__ __forceinline__ uint16_t bf16_bits(float f) {
 // its hi / lo split and the group's sum.
 __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, const float* norm_w, float eps, int K,
                                                      uint16_t* hi, uint16_t* lo, float* gsum, float* x_out) {
-  const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float* row = x + static_cast<size_t>(t) * ldx;
-  float rs = 1.f;
-  if (norm_w) {
-    __shared__ float part[8];
-    float ss = 0.f;
-    for (int c = tid; c < K; c += 256) ss = fmaf(row[c], row[c], ss);
-    ss = warp_sum(ss);
-    if (lane == 0) part[warp] = ss;
-    __syncthreads();
-    float tot = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) tot += part[i];
-    rs = rsqrtf(tot / K + eps);
-  }
+  const float rs = norm_w ? block_rms_scale256(row, K, eps) : 1.f;
   for (int g = warp; g < K / 64; g += 8) {
     float s = 0.f;
 #pragma unroll

@@ -48,20 +48,7 @@ __global__ void __launch_bounds__(256) prep_kernel(const float* x, int ldx, int 
   const int tok = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31, G = K / 64;
   const float* row = x + static_cast<size_t>(tok) * ldx;
   uint8_t* dst = out + static_cast<size_t>(tok) * row_bytes(K);
-  float rs = 1.f;
-  if (norm_w) {
-    __shared__ float part[8];
-    float ss = 0.f;
-    for (int c = threadIdx.x; c < K; c += 256) ss = fmaf(row[c], row[c], ss);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) part[warp] = ss;
-    __syncthreads();
-    float tot = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) tot += part[i];
-    rs = rsqrtf(tot / K + eps);
-  }
+  const float rs = norm_w ? block_rms_scale256(row, K, eps) : 1.f;
   float* sx = reinterpret_cast<float*>(dst + G * 128);
   for (int g = warp; g < G; g += 8) {
     const int e = g * 64 + 2 * lane;

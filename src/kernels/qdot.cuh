@@ -144,6 +144,21 @@ __device__ __forceinline__ float group_sum(float v) {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
+// The RMSNorm's scale rsqrt(mean(x²) + eps) of a row of K fp32 values, by a block of 256 threads (each thread's
+// strided sum of squares, the warps' butterfly, the 8 warps' sums in order); every thread gets it.
+__device__ __forceinline__ float block_rms_scale256(const float* row, int K, float eps) {
+  __shared__ float part[8];
+  float ss = 0.f;
+  for (int c = threadIdx.x; c < K; c += 256) ss = fmaf(row[c], row[c], ss);
+  ss = group_sum<32>(ss);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) tot += part[i];
+  return rsqrtf(tot / K + eps);
+}
+
 // Lane mapping of a compile-time K: a row is split into CH chunks; LPR lanes share a row, each taking NC
 // chunks (lane li gets chunks li, li + LPR, ...); a warp holds SUB = 32 / LPR rows at once.
 template <QFormat F, int K>
