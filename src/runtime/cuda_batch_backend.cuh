@@ -85,8 +85,8 @@ class CudaBatchBackend : public BatchBackend {
   std::vector<uint64_t> counts_key_;    // [max_seqs] the sequence (BatchEntry::key) the counts mirror, 0: none
   void* sample_scratch_ = nullptr;      // device sampling_scratch_bytes(vocab), reused row after row
   // A pass's draws spread over kDrawStreams streams forked from the engine's after its lm_head and joined
-  // before the ids are copied back (a draw is two short launches, one of them a single block: one after
-  // another, 64 rows took ~1.6 ms of a step on the H100); stream k draws with scratch k.
+  // before the ids are copied back (a draw is two short launches, one of them a single block, which one after
+  // another leave most of the GPU idle); stream k draws with scratch k.
   static constexpr int kDrawStreams = 8;
   cudaStream_t draw_streams_[kDrawStreams] = {};
   cudaEvent_t fork_ev_ = nullptr;
