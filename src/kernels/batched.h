@@ -30,7 +30,7 @@ struct GemmX {
   const float* gsum = nullptr;   // [n][K / 64]
   int K = 0;                     // multiple of 64
   // Dense launches of <= 64 tokens and at most kRowsMaxWeights weights take kernels/gemm_rows.cu
-  // (KernelOptions::gemm_rows); few_all: every launch it can take, grouped and large ones too (its tests).
+  // (KernelOptions::gemm_rows); few_all: every dense launch it can take, large ones too (its tests).
   bool few = false;
   bool few_all = false;
 };

@@ -449,7 +449,7 @@ void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, int tile_tokens,
 void run(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s, bool paired = false, int tile_tokens = 0) {
   if (max_tokens <= 0 || a.part[a.parts - 1].tile_end == 0) return;
   if (!a.offsets) grid_y = a.split, tile_tokens = a.n;
-  if (gemm_rows_takes(f, a, tile_tokens)) return launch_gemm_rows(f, a, paired, a.offsets ? grid_y : 1, s);
+  if (gemm_rows_takes(f, a, tile_tokens)) return launch_gemm_rows(f, a, paired, s);
   if (paired) run_as<true>(f, a, grid_y, max_tokens, tile_tokens, s);
   else run_as<false>(f, a, grid_y, max_tokens, tile_tokens, s);
 }

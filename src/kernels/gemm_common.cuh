@@ -47,7 +47,7 @@ struct GemmArgs {
   float* split_partial;  // [row tiles][split][kGemmSplitFloats]
   unsigned* split_count; // [row tiles]
   bool rows_kernel;      // GemmX::few: dense launches of <= 64 tokens take kernels/gemm_rows.cu
-  bool rows_any_size;    // GemmX::few_all: grouped and large ones too
+  bool rows_any_size;    // GemmX::few_all: large ones too
 };
 
 // The groups [g0, g1) of the block's K slice (grouped launches: all).
@@ -158,9 +158,9 @@ __device__ __forceinline__ void store_out(const GemmArgs& a, const GemmPart& par
 }
 
 
-// kernels/gemm_rows.cu: whether it takes a launch of this format whose tiles hold at most tile_tokens tokens
-// (needs a.rows_kernel, q4 or q8, K a multiple of 512), and the launch (grid_y: grouped, the work list's bound).
-bool gemm_rows_takes(QFormat f, const GemmArgs& a, int tile_tokens);
-void launch_gemm_rows(QFormat f, const GemmArgs& a, bool paired, int grid_y, cudaStream_t s);
+// kernels/gemm_rows.cu: whether it takes a dense launch of this format over `tokens` tokens (needs a.rows_kernel,
+// q4 or q8, K a multiple of 512, at most 64 tokens), and the launch.
+bool gemm_rows_takes(QFormat f, const GemmArgs& a, int tokens);
+void launch_gemm_rows(QFormat f, const GemmArgs& a, bool paired, cudaStream_t s);
 
 }  // namespace lily::cuda::detail

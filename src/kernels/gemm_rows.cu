@@ -1,12 +1,11 @@
-// The prompt GEMM's arithmetic for launches of few tokens (a batched decode step's passes: dense launches of up to
-// 64 tokens, a block per 16; an expert's few slots): the same two-term bf16 x, integer weight codes on mma.sync and
-// per-group scale and bias in fp32, but shaped for bandwidth instead of reuse. A block takes 16 MT weight rows and
-// all of K; its 8 warps split each phase of K (8 or 16 groups) between them, load their weights straight into
-// registers (every load of the phase issued before any product) and read x from shared memory, which holds the
-// phase's columns for the tile's 8 or 16 tokens. The warps' sums meet in shared memory at the end and are added in
-// warp order. A token's column is computed the same way whatever the other columns hold, so its bits do not depend
-// on the launch's other tokens. Tested by tests/gpu/test_gemm_rows.cu against the CPU reference and the 64-token
-// kernels.
+// The prompt GEMM's arithmetic for dense launches of few tokens (a batched decode step's passes: up to 64 tokens, a
+// block per 16): the same two-term bf16 x, integer weight codes on mma.sync and per-group scale and bias in fp32,
+// but shaped for bandwidth instead of reuse. A block takes 16 MT weight rows and all of K; its 8 warps split each
+// phase of K (8 or 16 groups) between them, load their weights straight into registers (every load of the phase
+// issued before any product) and read x from shared memory, which holds the phase's columns for the tile's 8 or 16
+// tokens. The warps' sums meet in shared memory at the end and are added in warp order. A token's column is
+// computed the same way whatever the other columns hold, so its bits do not depend on the launch's other tokens.
+// Tested by tests/gpu/test_gemm_rows.cu against the CPU reference and the 64-token kernels.
 #include <algorithm>
 #include <type_traits>
 
@@ -70,18 +69,9 @@ __global__ void __launch_bounds__(kRowsThreads, 2) gemm_rows_kernel(RowsArgs ra)
   int pi = 0;
   while (!PAIRED && pi + 1 < a.parts && static_cast<int>(blockIdx.x) >= ra.blk_end[pi]) ++pi;
   const int r_base = (static_cast<int>(blockIdx.x) - (pi ? ra.blk_end[pi - 1] : 0)) * (PAIRED ? RB / 2 : RB);
-  int mat = 0, slot0 = 0, count = a.n;
-  if (a.offsets) {
-    if (static_cast<int>(blockIdx.y) >= a.tiles[0]) return;
-    mat = a.tiles[1 + blockIdx.y] >> 16;
-    slot0 = a.offsets[mat];
-    count = a.offsets[mat + 1] - slot0;
-  } else {  // dense: the block's group of 16 tokens
-    slot0 = kRowsMaxTok * static_cast<int>(blockIdx.y);
-    count = min(kRowsMaxTok, a.n - slot0);
-  }
+  const int slot0 = kRowsMaxTok * static_cast<int>(blockIdx.y);  // the block's group of 16 tokens
+  const int count = min(kRowsMaxTok, a.n - slot0);
   if (count <= 0) return;
-  if (count > kRowsMaxTok) __trap();  // (the launcher's bound on a tile's tokens was wrong)
   const int nrows = count <= 8 ? 8 : 16;  // staged x rows (past count: the last token again)
   const int rows = a.part[pi].rows;
   const int groups = a.cols / 64;
@@ -92,17 +82,14 @@ __global__ void __launch_bounds__(kRowsThreads, 2) gemm_rows_kernel(RowsArgs ra)
   auto wrow = [&](int tr) {
     const int p = part_of(tr);
     const uint8_t* w = p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : p == 2 ? a.part[2].w : a.part[3].w;
-    return w + mat * a.mat_w_bytes + static_cast<size_t>(row_of(tr)) * row_bytes;
+    return w + static_cast<size_t>(row_of(tr)) * row_bytes;
   };
   auto sbrow = [&](int tr) {
     const int p = part_of(tr);
     const uint32_t* sb = p == 0 ? a.part[0].sb : p == 1 ? a.part[1].sb : p == 2 ? a.part[2].sb : a.part[3].sb;
-    return sb + mat * a.mat_groups + static_cast<size_t>(row_of(tr)) * groups;
+    return sb + static_cast<size_t>(row_of(tr)) * groups;
   };
-  auto x_src_row = [&](int t) {
-    const int slot = slot0 + min(t, count - 1);
-    return static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * a.cols;
-  };
+  auto x_src_row = [&](int t) { return static_cast<size_t>(slot0 + min(t, count - 1)) * a.cols; };
 
   auto run = [&](auto nt_c) {
     constexpr int NT = decltype(nt_c)::value;
@@ -139,7 +126,7 @@ __global__ void __launch_bounds__(kRowsThreads, 2) gemm_rows_kernel(RowsArgs ra)
       for (int c = tid; c < nrows * P; c += kRowsThreads) {
         const int t = c / P, g = c % P;
         const int slot = slot0 + min(t, count - 1);
-        gs[g * kRowsMaxTok + t] = a.xsum[static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * groups + ph * P + g];
+        gs[g * kRowsMaxTok + t] = a.xsum[static_cast<size_t>(slot) * groups + ph * P + g];
       }
       mma::commit();
       mma::wait<0>();
@@ -272,19 +259,18 @@ void launch_rows_mt(const GemmArgs& g, int grid_y, int mt, int gw, cudaStream_t 
 
 }  // namespace
 
-bool gemm_rows_takes(QFormat f, const GemmArgs& a, int tile_tokens) {
-  const int max_tokens = a.offsets ? kRowsMaxTok : kRowsMaxDenseTok;
-  if (!a.rows_kernel || !(f == QFormat::q4 || f == QFormat::q8) || tile_tokens < 1 || tile_tokens > max_tokens ||
-      a.cols % (8 * 64) != 0)
+bool gemm_rows_takes(QFormat f, const GemmArgs& a, int tokens) {
+  if (!a.rows_kernel || a.offsets || !(f == QFormat::q4 || f == QFormat::q8) || tokens < 1 ||
+      tokens > kRowsMaxDenseTok || a.cols % (8 * 64) != 0)
     return false;
   if (a.rows_any_size) return true;
   long long rows = 0;
   for (int i = 0; i < a.parts; ++i) rows += a.part[i].rows;
-  return !a.offsets && rows * a.cols <= kRowsMaxWeights;
+  return rows * a.cols <= kRowsMaxWeights;
 }
 
-void launch_gemm_rows(QFormat f, const GemmArgs& a, bool paired, int grid_y, cudaStream_t s) {
-  if (!a.offsets) grid_y = (a.n + kRowsMaxTok - 1) / kRowsMaxTok;  // dense: the token groups
+void launch_gemm_rows(QFormat f, const GemmArgs& a, bool paired, cudaStream_t s) {
+  const int grid_y = (a.n + kRowsMaxTok - 1) / kRowsMaxTok;  // the token groups
   const int gw = (a.cols / 64) % 16 == 0 ? 2 : 1;
   // two m-tiles a block (half the x traffic per weight byte) where the launch still fills the GPU twice
   int rows = 0;

@@ -2,8 +2,8 @@
 // buffer asks for it: GemmX::few) against the CPU reference of test_batched.cu (gemm_ref.h): dense q4 / q8 with
 // K of 8, 16 and 24 groups (one or two groups per warp and phase, several phases), rows off the 16- and 32-row
 // tiles and enough rows for the two-tile blocks, 1..64 tokens, y = and +=; a token's outputs the same bits
-// whatever the launch's other tokens; gemm_multi, the paired SwiGLU and the grouped (expert) launches bit for bit
-// the plain ones; and the launch really took this kernel (its bits differ from the 64-token tile's).
+// whatever the launch's other tokens; gemm_multi and the paired SwiGLU bit for bit the plain ones; and the launch
+// really took this kernel (its bits differ from the 64-token tile's).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -158,65 +158,6 @@ TEST(GemmRows, MultiAndSwigluEqualThePlainLaunches) {
       EXPECT_EQ(differing(multi[i]->download(), single[i]->download()), 0u) << fmt_name(f) << " multi matrix " << i;
     EXPECT_EQ(differing(got.download(), want.download()), 0u) << fmt_name(f) << " swiglu";
   }
-}
-
-// Experts (a stack of 9, 0..16 slots each, gathered rows, K 2048 and 512): plain against the reference, the
-// paired launch bit for bit the plain ones and swiglu_rows, and an expert's slots the same bits whatever its
-// slot count.
-TEST(GemmRows, GroupedExperts) {
-  if (no_device()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937_64 rng(8400);
-  const std::vector<int> counts = {3, 0, 16, 1, 9, 8, 0, 2, 11};
-  const int E = static_cast<int>(counts.size()), X = 16, rows = 200;
-  std::vector<int> offsets(E + 1, 0);
-  for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
-  const int S = offsets[E], max_tiles = gemm_grouped_max_tiles(S, E);
-  std::vector<int> x_row(S);
-  for (int e = 0; e < E; ++e)
-    for (int a = offsets[e]; a < offsets[e + 1]; ++a) x_row[a] = (a - offsets[e] + 5 * e) % X;
-  DevBuf<int> doff(offsets), drow(x_row), dtiles(1 + max_tiles);
-  gemm_grouped_tiles(doff.p, E, dtiles.p, nullptr);
-  const std::vector<float> sc = random_vec(rng, S, 0.05f, 1.f);
-  DevBuf<float> dsc(sc);
-  for (QFormat f : {QFormat::q4, QFormat::q8})
-    for (int K : {2048, 512}) {
-      const std::string name = std::string("grouped ") + fmt_name(f) + " K " + std::to_string(K);
-      const HostMat gh = random_mat(rng, f, E, rows, K);
-      DevMat g(gh), u(random_mat(rng, f, E, rows, K));
-      const std::vector<float> x = random_x(rng, X, K);
-      DevBuf<float> dx(x);
-      XBuf xb(X, K);
-      xb.b.few = xb.b.few_all = true;
-      gemm_x_prep(dx.p, K, X, nullptr, 0.f, xb.b, nullptr, nullptr);
-      DevBuf<float> yg(static_cast<size_t>(S) * rows), yu(yg.n), want(yg.n), got(yg.n);
-      yg.poison(), got.poison();
-      gemm_grouped(g.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, yg.p, rows, nullptr, X);
-      gemm_grouped(u.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, yu.p, rows, nullptr, X);
-      swiglu_rows(yg.p, yu.p, dsc.p, S, rows, want.p, nullptr);
-      gemm_grouped_swiglu(g.m, u.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, dsc.p, got.p, rows, nullptr, X);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      const std::vector<float> a = yg.download();
-      EXPECT_EQ(differing(got.download(), want.download()), 0u) << name << ": swiglu";
-      size_t bad = 0;
-      const std::vector<double> xt = split_of(xb.b, X, x, K, bad);
-      std::vector<double> r64;
-      std::vector<float> r32;
-      grouped_ref(gh, offsets, x_row, rows, K, xt, x, r64, r32);
-      EXPECT_TRUE(close_enough(a, r64, r32, name));
-      // expert 2's first 5 slots alone (the other experts as they were) give the bits of its 16
-      std::vector<int> off5 = offsets;
-      for (int e = 3; e <= E; ++e) off5[e] -= 11;
-      std::vector<int> row5(x_row.begin(), x_row.begin() + offsets[2] + 5);
-      row5.insert(row5.end(), x_row.begin() + offsets[3], x_row.end());
-      DevBuf<int> doff5(off5), drow5(row5), dtiles5(1 + max_tiles);
-      gemm_grouped_tiles(doff5.p, E, dtiles5.p, nullptr);
-      DevBuf<float> y5(static_cast<size_t>(S - 11) * rows);
-      gemm_grouped(g.m, xb.b.view(), drow5.p, doff5.p, dtiles5.p, max_tiles, y5.p, rows, nullptr, X);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      const std::vector<float> b5 = y5.download();
-      EXPECT_EQ(0, std::memcmp(b5.data(), a.data(), sizeof(float) * (offsets[2] + 5) * rows))
-          << name << ": expert 2's first 5 slots alone differ from the same slots among 16";
-    }
 }
 
 }  // namespace
