@@ -17,7 +17,7 @@ namespace {
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kH = kHidden, kF = kMoeFfn;  // the real shapes (moe_rows_supported)
-constexpr int kUpPairs = 2;      // (gate, up) row pairs per warp: 4 rows x 2 KB of K in flight per lane group
+constexpr int kUpPairs = 2;      // (gate, up) row pairs per warp: 4 rows of 1 KB in flight per warp
 constexpr int kDownPairs = 8;    // down rows per half warp (K = 512: 16 lanes take a row's 16 chunks)
 constexpr int kUpRound = 8;      // slots whose staged x a block holds at once (4.6 KB each)
 constexpr int kDownRound = 16;   // (1.3 KB each)
@@ -191,7 +191,7 @@ void stream_rows_prep(const float* x, int ldx, int n, int K, void* out, cudaStre
 void moe_rows_swiglu(const QMat& gate, const QMat& up, const void* x, const int* x_row, const int* offsets,
                      const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s) {
   LILY_CHECK(gate.format == QFormat::q4 && up.format == QFormat::q4 && gate.cols == kHidden && up.cols == kHidden &&
-                 gate.rows == up.rows && gate.n_mats == up.n_mats && gate.rows % 2 == 0,
+                 gate.rows == up.rows && gate.n_mats == up.n_mats,
              "moe_rows_swiglu: gate / up must be q4 [rows, 2048] stacks of one shape");
   if (max_tiles <= 0) return;
   using namespace detail;
