@@ -28,12 +28,6 @@ constexpr int kPhase = 4;  // groups per phase; two phases in flight per warp
 constexpr int row_bytes(int K) { return K / 64 * 136; }
 constexpr int smem_stride(int K) { return row_bytes(K) + 64; }  // tokens 16 banks apart: no conflicts
 
-__device__ __forceinline__ uint2 ld_stream8(const void* p) {
-  uint2 v;
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-
 // d += a (16 x 32, row) * b (32 x 8, col), int8 in, int32 sums.
 __device__ __forceinline__ void mma_i8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                        uint32_t b1) {

@@ -27,11 +27,6 @@ struct RowsArgs {
   int blk_end[kGemmMaxParts];  // blocks of this and the earlier parts (dense launches)
 };
 
-__device__ __forceinline__ uint2 ld_stream8(const void* p) {
-  uint2 v;
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
 __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void* p) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));

@@ -124,7 +124,8 @@ void CudaEngine::prefill_alloc() {
   b->ysh = device_alloc<float>((size_t)n * H);
   const int split_blocks = opts_.gemm_split_blocks == 0 ? 4 * sm_count() : opts_.gemm_split_blocks;
   if (split_blocks > 0) b->split = gemm_split_alloc(split_blocks);
-  if (opts_.gemm_i8) b->i8x = device_alloc<uint8_t>(kI8MaxTokens * i8x_row_bytes(H));
+  if (opts_.gemm_i8 && H % 512 == 0 && H <= kI8MaxK)  // (project_i8's projections have width H)
+    b->i8x = device_alloc<uint8_t>(kI8MaxTokens * i8x_row_bytes(H));
   const int nr = PrefillBuffers::kMoeRowsMaxTokens;
   if (moe_rows_ok())
     b->srows = device_alloc<uint8_t>(std::max(nr * stream_row_bytes(H), (size_t)nr * k * stream_row_bytes(c.moe_ffn)));
@@ -307,8 +308,7 @@ bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float*
                             const char* family, double flops) {
   PrefillBuffers& b = *pf_;
   const int H = cfg_.hidden;
-  if (!b.i8 || n > kI8MaxTokens || outs.size() > static_cast<size_t>(kMaxGemmParts) || H % 512 || H > kI8MaxK)
-    return false;
+  if (!b.i8 || outs.size() > static_cast<size_t>(kMaxGemmParts)) return false;  // (b.i8: n <= kI8MaxTokens)
   for (const PrefillOut& o : outs)
     if (o.W->format != QFormat::q4 || o.W->cols != H || o.W->n_mats != 1) return false;
   pmark("norm");

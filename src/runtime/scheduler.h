@@ -134,7 +134,7 @@ class Scheduler {
   // An id drawn for `s`: into its context, and whether it ends there (stop id, max_tokens, context); reported
   // later by deliver().
   void commit(Seq& s, Drawn d);
-  // Reports the id commit() left (on_prefilled, on_token), then ends the sequence if it ends there.
+  // Reports the id commit() left (on_token), then ends the sequence if it ends there.
   void deliver(Seq& s);
   void deliver_all();                          // every pending report, in the order of the step that drew them
   void drop_ended();                           // forgets sequences that ended (and fed their turn tail)

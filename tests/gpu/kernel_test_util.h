@@ -140,13 +140,14 @@ inline void ref_dot(const HostMat& m, int e, int r, const std::vector<float>& x,
 // The streaming q4 kernels (gemv_stream.cuh; qmat.h gemv_streams, moe_gate_up_streams, the fused kernels) take x
 // per 32-element chunk as 16-bit fixed point x~ = sx * (256 hi + lo); these are the same fp32 steps
 // (x16_split), so a reference on x~ checks their arithmetic to fp32 rounding.
-inline std::vector<double> stream_x(const std::vector<float>& x) {
+// chunk: elements per unit sx (the int8 GEMM, kernels/gemm_i8.cu, takes 64).
+inline std::vector<double> stream_x(const std::vector<float>& x, size_t chunk = 32) {
   std::vector<double> q(x.size());
-  for (size_t c0 = 0; c0 < x.size(); c0 += 32) {
+  for (size_t c0 = 0; c0 < x.size(); c0 += chunk) {
     float m = 0.f;
-    for (size_t i = c0; i < c0 + 32; ++i) m = std::max(m, std::fabs(x[i]));
+    for (size_t i = c0; i < c0 + chunk; ++i) m = std::max(m, std::fabs(x[i]));
     const float inv = m > 0.f ? 127.f / m : 0.f, sx = m / 32512.f;
-    for (size_t i = c0; i < c0 + 32; ++i) {
+    for (size_t i = c0; i < c0 + chunk; ++i) {
       const float t = x[i] * inv;
       const float h = std::nearbyint(t);
       const int lo = std::clamp(static_cast<int>(std::nearbyint((t - h) * 256.f)), -127, 127);

@@ -34,22 +34,6 @@ void read_i8x(const std::vector<uint8_t>& bytes, size_t at, int K, std::vector<d
     }
 }
 
-// The fixed point of one group as the kernel computes it (fp32 steps of x16_split), for the bit-exact check.
-std::vector<double> emulate(const float* x, int K) {
-  std::vector<double> out(K);
-  for (int g = 0; g < K / 64; ++g) {
-    float m = 0.f;
-    for (int e = 0; e < 64; ++e) m = std::max(m, std::fabs(x[g * 64 + e]));
-    const float inv = m > 0.f ? 127.f / m : 0.f, sx = m / 32512.f;
-    for (int e = 0; e < 64; ++e) {
-      const float t = x[g * 64 + e] * inv, h = std::nearbyint(t);
-      const int lo = std::clamp(static_cast<int>(std::nearbyint((t - h) * 256.f)), -127, 127);
-      out[g * 64 + e] = static_cast<double>(sx) * (256.0 * h + lo);
-    }
-  }
-  return out;
-}
-
 TEST(GemmI8, StagedRowsAreTheFixedPoint) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(9100);
@@ -74,7 +58,7 @@ TEST(GemmI8, StagedRowsAreTheFixedPoint) {
         std::vector<double> xt;
         std::vector<float> xsum;
         read_i8x(bytes, t * i8x_row_bytes(K), K, xt, xsum);
-        const std::vector<double> want = emulate(row.data(), K);
+        const std::vector<double> want = stream_x(row, 64);  // the fixed point per 64-element group
         for (int g = 0; g < K / 64; ++g) {
           double sum = 0, mag = 0, gmax = 0;
           for (int e = g * 64; e < g * 64 + 64; ++e) {
