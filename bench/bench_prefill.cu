@@ -1,12 +1,11 @@
 // Benchmark of the prompt path's kernels (kernels/batched.h) on the real Qwen3.6-35B-A3B shapes for one chunk
 // of n tokens: the dense GEMMs of a layer, the MoE's grouped GEMMs (each token's 8 experts drawn at random),
 // the GEMM's input split, the GDN chunk and the attention chunk (at context 0 and 4K); up to 64 tokens, also the
-// routed experts streamed as a decode pass takes them (kernels/moe_rows.cu) and lm_head; up to 16 tokens, the dense
+// routed experts streamed as a decode pass takes them (kernels/moe_rows.cu) and lm_head; up to 64 tokens, the dense
 // GEMMs also on the int8 tensor cores (kernels/gemm_i8.cu).
-// Usage: bench_prefill [tokens per chunk, default 2048] [split] [rows] [attn1]: attn1, the attention chunk with q
-// and p in one bf16 term (KernelOptions::prompt_attn_one_term); split, the dense GEMMs split-K as in a
-// decode pass (at most 4 blocks per SM a launch; kernels/batched.h GemmSplit); rows, launches of <= 16 tokens a
-// tile through kernels/gemm_rows.cu (KernelOptions::gemm_rows). Each case is captured into a CUDA graph several times
+// Usage: bench_prefill [tokens per chunk, default 2048] [rows] [attn1]: attn1, the attention chunk with q and p in
+// one bf16 term (KernelOptions::prompt_attn_one_term); rows, launches of <= 16 tokens a tile through
+// kernels/gemm_rows.cu (KernelOptions::gemm_rows). Each case is captured into a CUDA graph several times
 // over distinct weight copies (>= ~256 MB, beyond the L2) and replayed; the median time per launch is reported
 // with the useful FLOPs (2 x weights x tokens; the GEMM's split input doubles the tensor-core work), TFLOP/s and
 // the weights' GB/s.
@@ -32,7 +31,6 @@ using bench::make_vec;
 namespace {
 
 int kN = 2048;  // tokens per chunk (CudaEngine::kPrefillChunk; argv[1] for another)
-const GemmSplit* kSplit = nullptr;  // the dense GEMMs' split-K (argv[2] "split")
 
 double time_graph(int copies, const std::function<void(int, cudaStream_t)>& launch) {
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -64,7 +62,7 @@ bool i8_applies(QFormat f, int cols) {
   return kN <= kI8MaxTokens && f == QFormat::q4 && (cols == 2048 || cols == 4096);
 }
 
-// Dense GEMM rows x cols over kN tokens (over `copies` weight copies); up to 16 tokens also on the int8 cores.
+// Dense GEMM rows x cols over kN tokens (over `copies` weight copies); up to kI8MaxTokens also on the int8 cores.
 void dense(const char* name, QFormat f, int rows, int cols, const GemmXBuf& x, float* y) {
   const QMat probe = [&] { QMat m; m.format = f, m.rows = rows, m.cols = cols; return m; }();
   const int copies = std::max(2, (int)std::ceil(256e6 / probe.bytes()));
@@ -72,16 +70,20 @@ void dense(const char* name, QFormat f, int rows, int cols, const GemmXBuf& x, f
   for (int i = 0; i < copies; ++i) w.push_back(make_mat(f, rows, cols));
   GemmXBuf xv = x;
   xv.K = cols;
-  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm(w[i], 0, xv.view(), kN, y, rows, false, s, kSplit); });
+  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm(w[i], 0, xv.view(), kN, y, rows, false, s); });
   report(name, us, 2.0 * rows * cols * kN, (double)probe.bytes());
   if (!i8_applies(f, cols)) return;
   const void* xs = i8x_for(cols);
-  const double us8 = time_graph(copies, [&](int i, cudaStream_t s) {
-    GemmBatch b;
-    b.n = 1, b.W[0] = w[i], b.y[0] = y, b.ldy[0] = rows;
-    gemm_i8(b, xs, kN, false, s);
-  });
-  report((std::string(name) + ", int8").c_str(), us8, 2.0 * rows * cols * kN, (double)probe.bytes());
+  for (int ks : {0, 1, 2, 4, 8}) {  // 0: the launcher's choice; then each split of K between a tile's warps
+    if (cols % (512 * std::max(ks, 1)) != 0) continue;
+    const double us8 = time_graph(copies, [&](int i, cudaStream_t s) {
+      GemmBatch b;
+      b.n = 1, b.W[0] = w[i], b.y[0] = y, b.ldy[0] = rows;
+      gemm_i8(b, xs, kN, false, s, ks);
+    });
+    report((std::string(name) + ", int8 ks " + (ks ? std::to_string(ks) : "auto")).c_str(), us8,
+           2.0 * rows * cols * kN, (double)probe.bytes());
+  }
 }
 
 // Several matrices sharing x in one launch (gemm_multi), as the prompt path projects.
@@ -107,12 +109,15 @@ void multi(const char* name, QFormat f, std::vector<int> rows, int cols, const G
   }
   GemmXBuf xv = x;
   xv.K = cols;
-  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm_multi(b[i], xv.view(), kN, false, s, kSplit); });
+  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm_multi(b[i], xv.view(), kN, false, s); });
   report(name, us, flops, bytes);
   if (!i8_applies(f, cols)) return;
   const void* xs = i8x_for(cols);
-  const double us8 = time_graph(copies, [&](int i, cudaStream_t s) { gemm_i8(b[i], xs, kN, false, s); });
-  report((std::string(name) + ", int8").c_str(), us8, flops, bytes);
+  for (int ks : {0, 1, 2, 4, 8}) {
+    if (cols % (512 * std::max(ks, 1)) != 0) continue;
+    const double us8 = time_graph(copies, [&](int i, cudaStream_t s) { gemm_i8(b[i], xs, kN, false, s, ks); });
+    report((std::string(name) + ", int8 ks " + (ks ? std::to_string(ks) : "auto")).c_str(), us8, flops, bytes);
+  }
 }
 
 }  // namespace
@@ -124,14 +129,9 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device\n");
     return 0;
   }
-  GemmSplit split;
   bool attn1 = false, few = false;
   for (int i = 2; i < argc; ++i) {
-    if (std::string(argv[i]) == "split") {
-      split = gemm_split_alloc(4 * sm_count());
-      kSplit = &split;
-      std::printf("dense GEMMs split-K (up to %d blocks a launch)\n", split.blocks);
-    } else if (std::string(argv[i]) == "attn1") {
+    if (std::string(argv[i]) == "attn1") {
       attn1 = true;
       std::printf("attention with q and p in one bf16 term\n");
     } else if (std::string(argv[i]) == "rows") {
@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
     const QMat g = make_mat(QFormat::q4, 512, H), u = make_mat(QFormat::q4, 512, H);
     GemmXBuf xh = x;
     xh.K = H;
-    const double us = time_graph(1, [&](int, cudaStream_t s) { gemm_swiglu(g, u, xh.view(), kN, y, 512, s, kSplit); });
+    const double us = time_graph(1, [&](int, cudaStream_t s) { gemm_swiglu(g, u, xh.view(), kN, y, 512, s); });
     report("gemm_swiglu q4 shared expert gate|up", us, 4.0 * 512 * H * kN, 2.0 * g.bytes());
   }
 

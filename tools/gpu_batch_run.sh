@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The batched decode step's checks and numbers in one device call (tools/gpu_stage.sh first): the GPU tests that
-# cover it, bench_prefill's dense GEMMs at few rows with and without split-K, and `lily bench --concurrency` under
-# the kernel options given as arguments (one run each, e.g. "LILY_BATCH_GRAPH_ROWS=0 LILY_GEMM_SPLIT_BLOCKS=-1").
+# cover it, bench_prefill's dense GEMMs at few rows (tiles and int8), and `lily bench --concurrency` under the
+# kernel options given as arguments (one run each, e.g. "LILY_BATCH_GRAPH_ROWS=0 LILY_GEMM_I8=0").
 #   there: bash tools/gpu_batch_run.sh .device/stage "" "LILY_BATCH_GRAPH_ROWS=0"    (logs under $OUT)
 set -uo pipefail
 BIN=$(cd "${1:-.device/stage}" && pwd)
@@ -19,10 +19,8 @@ for t in ${LILY_TESTS:-test_batched test_cuda_batch test_sampling}; do
   grep -E "^\[  FAILED" "$L/$t.log" | head -5
 done
 for n in ${LILY_PREFILL_ROWS:-16}; do
-  for mode in "" split; do
-    timeout 90 "$BIN/bench_prefill" "$n" $mode > "$L/prefill_${n}_${mode:-plain}.txt" 2>&1
-  done
-  paste <(grep "gemm" "$L/prefill_${n}_plain.txt" | cut -c1-56) <(grep "gemm" "$L/prefill_${n}_split.txt" | cut -c45-56)
+  timeout 90 "$BIN/bench_prefill" "$n" > "$L/prefill_${n}.txt" 2>&1
+  grep "gemm" "$L/prefill_${n}.txt" | cut -c1-56
 done
 i=0
 for opts in "$@"; do

@@ -712,9 +712,11 @@ void launch_split_rows(const AttnIn& in, KvPages kv, AttnRows rows, int n_rows, 
   constexpr size_t smem = (size_t)kWarps * ring_elems<EPL * 32>() * sizeof(uint16_t);
   CUDA_CHECK(cudaFuncSetAttribute(attention_split_rows_kernel<EPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem));
-  const bool pdl = true;
+  // Launched with PDL, but waiting at entry (kernel argument pdl false): in a decode pass every kernel lets the next
+  // in at entry (launch.cuh launch_pdl), so this one may start while kernels several launches back still run, and
+  // its rows, positions and pages change between passes.
   launch_ex(attention_split_rows_kernel<EPL>, dim3(splits, kv.n_kv, n_rows), dim3(kThreads), smem, s,
-            LaunchOpts{pdl, 1, false}, in, kv, rows, scratch, group, pdl);
+            LaunchOpts{true, 1, false}, in, kv, rows, scratch, group, false);
 }
 
 void check_shapes(const char* what, const AttnIn& in, const KvPages& kv, int n_heads, int splits,

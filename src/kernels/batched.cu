@@ -6,6 +6,7 @@
 
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/qdot.cuh"
 
 namespace lily::cuda {
@@ -26,6 +27,7 @@ __device__ __forceinline__ uint16_t bf16_bits(float f) {
 // its hi / lo split and the group's sum.
 __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, const float* norm_w, float eps, int K,
                                                      uint16_t* hi, uint16_t* lo, float* gsum, float* x_out) {
+  dep_chain();
   const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float* row = x + static_cast<size_t>(t) * ldx;
   const float rs = norm_w ? block_rms_scale256(row, K, eps) : 1.f;
@@ -49,42 +51,59 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
 
 // One warp per token, the decode path's routing (kernels/gemv_impl.cuh route_topk): the softmax is monotonic and
 // its denominator cancels in the renormalisation, so the top_k are chosen by logit (ties: lower id) and weighted
-// exp(l - l_max) / sum over the chosen of exp(l' - l_max); the shared expert's gate through a sigmoid.
+// exp(l - l_max) / sum over the chosen of exp(l' - l_max); the shared expert's gate through a sigmoid. A lane holds
+// experts lane + 32 i (i < NE) in registers, loaded once; each of the top_k rounds takes the warp's best available
+// one and the lane holding it marks it taken.
 constexpr int kSelMaxK = 16;
+template <int NE>
 __global__ void select_kernel(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w,
                               float* sh_scale) {
+  dep_chain();
   const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
   if (t >= n) return;
   const float* l = logits + static_cast<size_t>(t) * ld;
+  float v[NE];
+  unsigned avail = 0;  // bit i: expert lane + 32 i present and not taken
+#pragma unroll
+  for (int i = 0; i < NE; ++i) {
+    const int e = lane + 32 * i;
+    const float x = e < E ? l[e] : 0.f;
+    v[i] = isnan(x) ? -INFINITY : x;  // (NaN compares false: lanes would disagree, a token could take one expert
+                                      // twice)
+    if (e < E) avail |= 1u << i;
+  }
   int chosen[kSelMaxK];
   float p[kSelMaxK];  // the chosen logits, then exp(l - l_max)
-  for (int j = 0; j < top_k; ++j) {
+#pragma unroll
+  for (int j = 0; j < kSelMaxK; ++j) {
+    if (j >= top_k) break;
     float best = -INFINITY;
     int bid = 0x7fffffff;
-    for (int e = lane; e < E; e += 32) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken |= chosen[i] == e;
-      const float v = isnan(l[e]) ? -INFINITY : l[e];  // (NaN compares false: lanes would disagree, a token
-                                                         // could take one expert twice)
-      if (!taken && (v > best || (v == best && e < bid) || bid == 0x7fffffff)) best = v, bid = e;
-    }
+#pragma unroll
+    for (int i = 0; i < NE; ++i)  // ascending ids: the first of equal logits stays
+      if ((avail >> i & 1u) && (v[i] > best || bid == 0x7fffffff)) best = v[i], bid = lane + 32 * i;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const float ob = __shfl_xor_sync(0xffffffffu, best, o);
       const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
       if (oi != 0x7fffffff && (bid == 0x7fffffff || ob > best || (ob == best && oi < bid))) best = ob, bid = oi;
     }
+    if ((bid & 31) == lane) avail &= ~(1u << (bid >> 5));
     chosen[j] = bid;
     p[j] = best;
   }
   const float l0 = p[0];  // the largest chosen logit (rank order)
   float total = 0.f;
-  for (int j = 0; j < top_k; ++j) {
+#pragma unroll
+  for (int j = 0; j < kSelMaxK; ++j) {
+    if (j >= top_k) break;
     p[j] = expf(p[j] - l0);
     total += p[j];
   }
   if (lane == 0) {
-    for (int j = 0; j < top_k; ++j) {
+#pragma unroll
+    for (int j = 0; j < kSelMaxK; ++j) {
+      if (j >= top_k) break;
       idx[static_cast<size_t>(t) * top_k + j] = chosen[j];
       w[static_cast<size_t>(t) * top_k + j] = p[j] / total;
     }
@@ -99,6 +118,7 @@ constexpr int kGroupThreads = 1024;
 __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int* idx, const float* w, int pairs, int top_k,
                                                               int E, int* offsets, int* x_row, float* w_slot,
                                                               int* slot_of) {
+  dep_chain();
   extern __shared__ int cnt[];  // [E]
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
@@ -134,6 +154,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, const float* scale
 
 __global__ void combine_kernel(const float* y, const int* slot_of, int top_k, const float* ysh,
                                const float* sh_scale, int H, float* h) {
+  dep_chain();
   const int t = blockIdx.y;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= H) return;
@@ -165,25 +186,24 @@ void gemm_x_free(GemmXBuf& b) {
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s) {
   if (n <= 0) return;
-  detail::x_prep_kernel<<<n, 256, 0, s>>>(x, ldx, norm_w, eps, out.K, out.hi, out.lo, out.gsum, x_out);
-  CUDA_CHECK_LAUNCH(s);
+  launch_pdl(detail::x_prep_kernel, dim3(n), dim3(256), 0, s, x, ldx, norm_w, eps, out.K, out.hi, out.lo, out.gsum,
+             x_out);
 }
 
 void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
                      cudaStream_t s) {
-  LILY_CHECK(top_k >= 1 && top_k <= detail::kSelMaxK && top_k <= E && ld > E, "moe_select_rows: top_k ", top_k,
-             " of ", E, " experts");
+  LILY_CHECK(top_k >= 1 && top_k <= detail::kSelMaxK && top_k <= E && E <= 512 && ld > E, "moe_select_rows: top_k ",
+             top_k, " of ", E, " experts (at most 512)");
   if (n <= 0) return;
-  detail::select_kernel<<<(n + 7) / 8, 256, 0, s>>>(logits, ld, n, E, top_k, idx, w, sh_scale);
-  CUDA_CHECK_LAUNCH(s);
+  auto* k = E <= 256 ? detail::select_kernel<8> : detail::select_kernel<16>;
+  launch_pdl(k, dim3((n + 7) / 8), dim3(256), 0, s, logits, ld, n, E, top_k, idx, w, sh_scale);
 }
 
 void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* offsets, int* x_row, float* w_slot,
                int* slot_of, cudaStream_t s) {
   LILY_CHECK(n * top_k <= 16384, "moe_group: ", n * top_k, " pairs (at most 16384)");
-  detail::group_kernel<<<1, detail::kGroupThreads, E * sizeof(int), s>>>(idx, w, n * top_k, top_k, E, offsets,
-                                                                             x_row, w_slot, slot_of);
-  CUDA_CHECK_LAUNCH(s);
+  launch_pdl(detail::group_kernel, dim3(1), dim3(detail::kGroupThreads), E * sizeof(int), s, idx, w, n * top_k, top_k,
+             E, offsets, x_row, w_slot, slot_of);
 }
 
 void swiglu_rows(const float* g, const float* u, const float* scale, int n, int F, float* act, cudaStream_t s) {
@@ -197,8 +217,7 @@ void swiglu_rows(const float* g, const float* u, const float* scale, int n, int 
 void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh, const float* sh_scale, int n, int H,
                  float* h, cudaStream_t s) {
   if (n <= 0) return;
-  detail::combine_kernel<<<dim3((H + 255) / 256, n), 256, 0, s>>>(y, slot_of, top_k, ysh, sh_scale, H, h);
-  CUDA_CHECK_LAUNCH(s);
+  launch_pdl(detail::combine_kernel, dim3((H + 255) / 256, n), dim3(256), 0, s, y, slot_of, top_k, ysh, sh_scale, H, h);
 }
 
 }  // namespace lily::cuda

@@ -36,7 +36,7 @@ struct GemmX {
 };
 // Where the few-token kernel wins: dense matrices of at most ~4M weights (the router, the shared expert, k / v),
 // whose launches are latency-bound; larger ones and the grouped experts stream faster through the 64- / 16-token
-// tiles, which keep more of the weights in flight (bench_prefill rows vs split; bench/RESULTS.md).
+// tiles, which keep more of the weights in flight (bench_prefill rows; bench/RESULTS.md).
 inline constexpr long long kRowsMaxWeights = 1LL << 22;
 // Device buffers behind a GemmX for up to n rows of width K (gemm_x_alloc / gemm_x_free).
 struct GemmXBuf {
@@ -56,26 +56,9 @@ void gemm_x_free(GemmXBuf& b);
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s);
 
-// Split-K for dense launches of at most 64 tokens (the batched decode step's passes): with few tokens a block's
-// walk along K is the launch's latency, so each 128-row tile's K range is cut into slices of at least 4 groups,
-// one block each, up to `blocks` blocks a launch; the last block of a tile to finish adds the slices' sums in
-// slice order and stores. The slice count depends on the matrices' shape only, so a token's result is the same
-// bits whatever the launch's other tokens (but not the bits of the unsplit launch). Null or n > 64: no split.
-struct GemmSplit {
-  float* partial = nullptr;   // [blocks][kGemmSplitFloats] the slices' sums
-  unsigned* count = nullptr;  // [blocks] per row tile: its slices done (zero between launches)
-  int blocks = 0;             // at most this many blocks (row tiles x slices) a launch
-};
-inline constexpr int kGemmSplitFloats = 32 * 256;  // one block's sums: 32 per thread
-GemmSplit gemm_split_alloc(int blocks);
-void gemm_split_free(GemmSplit& s);
-// The slices of a dense launch over matrices of `row_tiles` 128-row tiles (paired: 64-row) and width K.
-int gemm_split_slices(int row_tiles, int K, int n, const GemmSplit* split);
-
 // Dense: y[t][r] (= or +=) sum_k W_mat[r][k] x[t][k] for t < n, r < W.rows; y row stride ldy (floats).
 // W q4 / q8 / bf16, W.cols == x.K.
-void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s,
-          const GemmSplit* split = nullptr);
+void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s);
 
 // Up to kMaxGemmParts matrices of one format and width sharing x, in one launch (e.g. GDN in_proj_qkv, _z, _b,
 // _a): y[i] (= or +=) W[i] x over tokens [0, n), row stride ldy[i].
@@ -86,8 +69,7 @@ struct GemmBatch {
   float* y[kMaxGemmParts] = {};
   int ldy[kMaxGemmParts] = {};
 };
-void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s,
-                const GemmSplit* split = nullptr);
+void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s);
 
 // Grouped by matrix (the MoE experts): slots [offsets[e], offsets[e+1]) use matrix e (e < W.n_mats); slot a
 // reads x row x_row[a] (x_row null: row a) and writes y row a: y[a][r] = sum_k W_e[r][k] x[x_row[a]][k].
@@ -107,8 +89,7 @@ void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t
 // SwiGLU of two projections of one shape sharing x (gate, up: the MoE's experts), in one launch:
 // act[t][r] = scale * silu(gate x[t])[r] * (up x[t])[r], row stride ldact. Dense over tokens [0, n) (scale 1),
 // or grouped as gemm_grouped (scale[a] per slot, null: 1).
-void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float* act, int ldact, cudaStream_t s,
-                 const GemmSplit* split = nullptr);
+void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float* act, int ldact, cudaStream_t s);
 void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const int* x_row, const int* offsets,
                          const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s,
                          int max_per_mat = 0);
@@ -137,17 +118,19 @@ void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh
                  int H, float* h, cudaStream_t s);
 
 // ---- dense projections of a decode pass on the int8 tensor cores (kernels/gemm_i8.cu) ----
-// For passes of at most kI8MaxTokens one-token rows, where the split-K tiles spend their time on x and on the
-// slices' sums: x per 64-element group in 16-bit fixed point (int8 hi and lo), the weights' 4-bit codes as int8,
-// exact integer sums, scale and bias per group in fp32; each weight read once, x staged once per block.
-inline constexpr int kI8MaxTokens = 16;
+// For passes of at most kI8MaxTokens one-token rows, where the tensor-core tiles spend their time on x (two bf16
+// terms per token, re-read by every block): x per 64-element group in 16-bit fixed point (int8 hi and lo), the weights' 4-bit codes as int8,
+// exact integer sums, scale and bias per group in fp32; x staged once per block, a block per 16 tokens and 8 / ks
+// row tiles at a time (ks warps split a tile's K: matrices of few rows still fill the SMs).
+inline constexpr int kI8MaxTokens = 64;
 inline constexpr int kI8MaxK = 4096;
 size_t i8x_row_bytes(int K);
 // x [n][ldx] fp32, or RMSNorm(x) * norm_w where norm_w is set, staged row by row into out [n][i8x_row_bytes(K)].
 void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float eps, void* out, cudaStream_t s);
 // y[i] row t (= or +=) W[i] x[t] for the matrices of b (4-bit, one width K: a multiple of 512 up to kI8MaxK) over
-// n <= kI8MaxTokens tokens staged by i8x_prep.
-void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s);
+// n <= kI8MaxTokens tokens staged by i8x_prep. ks: warps a tile (1, 2, 4, 8; K / ks a multiple of 512); 0 chooses.
+// A token's bits depend on ks, never on the other tokens.
+void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s, int ks = 0);
 
 // ---- the routed experts of a decode pass, streamed (kernels/moe_rows.cu) ----
 // For passes of one-token rows (4 to 64 rows give each used expert one to three slots), where the tensor-core

@@ -23,6 +23,7 @@
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/gemm_common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/mma.cuh"
 #include "kernels/wgmma.cuh"
 
@@ -60,6 +61,7 @@ template <int BITS, bool PAIRED>
 __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   using T = GemmTile<BITS>;
   extern __shared__ __align__(16) uint8_t smem[];
+  dep_chain();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   BlockWork bw;
   if (!block_work<PAIRED>(a, bw)) return;
@@ -128,8 +130,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[m][i][j] = 0.f;
 
-  int g0, g1;
-  k_slice(a, groups, g0, g1);
+  const int g0 = 0, g1 = groups;
   for (int i = 0; i < kGemmStages - 1; ++i) {
     if (g0 + i < g1) stage(g0 + i, i);
     else mma::commit();  // (empty groups keep the count of groups in flight uniform)
@@ -223,7 +224,6 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
       }
     }
   }
-  if (!split_finish<32>(a, &acc[0][0][0])) return;
 
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -271,6 +271,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
   constexpr int kWgBTile = T::kBTile, kStages = T::kStages;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  dep_chain();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   BlockWork bw;
   if (!block_work<PAIRED>(a, bw)) return;
@@ -313,8 +314,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
 
   const int gq = lane >> 2, tq = lane & 3;
   const int tr0 = (warp >> 2) * 64 + (warp & 3) * 16 + gq;  // this thread's tile rows tr0, tr0 + 8
-  int g0, g1;
-  k_slice(a, groups, g0, g1);
+  const int g0 = 0, g1 = groups;
   for (int i = 0; i < kStages - 1; ++i) {
     if (g0 + i < g1) stage(g0 + i, i);
     else mma::commit();
@@ -372,7 +372,6 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
         }
       }
     }
-    if (!split_finish<NT / 2>(a, acc)) return;
 #pragma unroll
     for (int j = 0; j < NT / 8; ++j)
 #pragma unroll
@@ -396,6 +395,7 @@ constexpr int kTileThreads = 256;
 __global__ void __launch_bounds__(kTileThreads) tiles_kernel(const int* offsets, int n_mats, int* tiles) {
   using Scan = cub::BlockScan<int, kTileThreads>;
   __shared__ typename Scan::TempStorage tmp;
+  dep_chain();
   int base = 0;
   for (int e0 = 0; e0 < n_mats; e0 += kTileThreads) {
     const int e = e0 + static_cast<int>(threadIdx.x);
@@ -415,8 +415,7 @@ void launch_gemm(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) 
   CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BITS, PAIRED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   GemmTile<BITS>::kSmem));
   const dim3 grid(a.part[a.parts - 1].tile_end, grid_y, (max_tokens + kGemmTok - 1) / kGemmTok);
-  gemm_kernel<BITS, PAIRED><<<grid, kGemmThreads, GemmTile<BITS>::kSmem, s>>>(a);
-  CUDA_CHECK_LAUNCH(s);
+  launch_pdl(gemm_kernel<BITS, PAIRED>, grid, dim3(kGemmThreads), GemmTile<BITS>::kSmem, s, a);
 }
 
 template <bool PAIRED, typename T>
@@ -424,8 +423,7 @@ void launch_q4_wgmma_as(const GemmArgs& a, int grid_y, int max_tokens, cudaStrea
   CUDA_CHECK(cudaFuncSetAttribute(gemm_q4_wgmma_kernel<PAIRED, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   T::kSmem));
   const dim3 grid(a.part[a.parts - 1].tile_end, grid_y, (max_tokens + kGemmTok - 1) / kGemmTok);
-  gemm_q4_wgmma_kernel<PAIRED, T><<<grid, kGemmThreads, T::kSmem, s>>>(a);
-  CUDA_CHECK_LAUNCH(s);
+  launch_pdl(gemm_q4_wgmma_kernel<PAIRED, T>, grid, dim3(kGemmThreads), T::kSmem, s, a);
 }
 // tile_tokens: at most this many tokens in any tile of the launch (dense: n; grouped: the most slots one matrix
 // can get), 0: unknown.
@@ -448,7 +446,7 @@ void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, int tile_tokens,
 
 void run(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s, bool paired = false, int tile_tokens = 0) {
   if (max_tokens <= 0 || a.part[a.parts - 1].tile_end == 0) return;
-  if (!a.offsets) grid_y = a.split, tile_tokens = a.n;
+  if (!a.offsets) grid_y = 1, tile_tokens = a.n;
   if (gemm_rows_takes(f, a, tile_tokens)) return launch_gemm_rows(f, a, paired, s);
   if (paired) run_as<true>(f, a, grid_y, max_tokens, tile_tokens, s);
   else run_as<false>(f, a, grid_y, max_tokens, tile_tokens, s);
@@ -486,16 +484,9 @@ GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat
   a.xhi = x.hi;
   a.xlo = x.lo;
   a.xsum = x.gsum;
-  a.split = 1;
   a.rows_kernel = x.few;
   a.rows_any_size = x.few_all;
   return a;
-}
-
-// A dense launch of n tokens: its K slices (gemm_split_slices over its row tiles) and their buffers.
-void set_split(GemmArgs& a, int n, const GemmSplit* split) {
-  a.split = gemm_split_slices(a.part[a.parts - 1].tile_end, a.cols, n, split);
-  if (a.split > 1) a.split_partial = split->partial, a.split_count = split->count;
 }
 
 // A paired (SwiGLU) launch's arguments: gate and up of one shape, output act [ldact per row], 64-row tiles.
@@ -524,38 +515,10 @@ void check_rows(int n, const GemmX& x, const char* what) {
 
 }  // namespace detail
 
-GemmSplit gemm_split_alloc(int blocks) {
-  LILY_CHECK(blocks >= 1, "gemm_split_alloc: ", blocks, " blocks");
-  GemmSplit s;
-  s.blocks = blocks;
-  CUDA_CHECK(cudaMalloc(&s.partial, sizeof(float) * blocks * kGemmSplitFloats));
-  CUDA_CHECK(cudaMalloc(&s.count, sizeof(unsigned) * blocks));
-  CUDA_CHECK(cudaMemset(s.count, 0, sizeof(unsigned) * blocks));
-  CUDA_CHECK(cudaDeviceSynchronize());  // the zeros before any launch on a non-blocking stream
-  return s;
-}
-
-void gemm_split_free(GemmSplit& s) {
-  if (s.partial) CUDA_CHECK(cudaFree(s.partial));
-  if (s.count) CUDA_CHECK(cudaFree(s.count));
-  s = GemmSplit{};
-}
-
-int gemm_split_slices(int row_tiles, int K, int n, const GemmSplit* split) {
-  if (!split || split->blocks <= 0 || n > detail::kGemmTok || row_tiles <= 0) return 1;
-  const int groups = K / kGroupSize;
-  const int want = std::min(groups / detail::kMinSplitGroups, split->blocks / row_tiles);
-  if (want <= 1) return 1;
-  const int per = (groups + want - 1) / want;
-  return (groups + per - 1) / per;  // (every slice holds a group; row_tiles x slices <= blocks)
-}
-
-void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float* act, int ldact, cudaStream_t s,
-                 const GemmSplit* split) {
+void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float* act, int ldact, cudaStream_t s) {
   detail::check_rows(n, x, "gemm_swiglu");
   detail::GemmArgs a = detail::paired_args(gate, up, x, act, ldact);
   a.n = n;
-  detail::set_split(a, n, split);
   detail::run(gate.format, a, 1, n, s, true);
 }
 
@@ -571,22 +534,18 @@ void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const
   detail::run(gate.format, a, max_tiles, 1, s, true, max_per_mat);
 }
 
-void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s,
-          const GemmSplit* split) {
+void gemm(const QMat& W, int mat, const GemmX& x, int n, float* y, int ldy, bool accumulate, cudaStream_t s) {
   detail::check_rows(n, x, "gemm");
   detail::GemmArgs a = detail::args_for(&W, &y, &ldy, 1, mat, x);
   a.n = n;
-  detail::set_split(a, n, split);
   a.accumulate = accumulate;
   detail::run(W.format, a, 1, n, s);
 }
 
-void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s,
-                const GemmSplit* split) {
+void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cudaStream_t s) {
   detail::check_rows(n, x, "gemm_multi");
   detail::GemmArgs a = detail::args_for(b.W, b.y, b.ldy, b.n, 0, x);
   a.n = n;
-  detail::set_split(a, n, split);
   a.accumulate = accumulate;
   detail::run(b.W[0].format, a, 1, n, s);
 }
@@ -603,8 +562,7 @@ void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* of
 
 void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s) {
   LILY_CHECK(n_mats >= 1 && n_mats <= 32767, "gemm_grouped_tiles: ", n_mats, " matrices (1..32767)");
-  detail::tiles_kernel<<<1, detail::kTileThreads, 0, s>>>(offsets, n_mats, tiles);
-  CUDA_CHECK_LAUNCH(s);
+  launch_pdl(detail::tiles_kernel, dim3(1), dim3(detail::kTileThreads), 0, s, offsets, n_mats, tiles);
 }
 
 }  // namespace lily::cuda

@@ -1,6 +1,6 @@
 // What the prompt path's GEMM kernels share (kernels/gemm.cu: the mma.sync kernel and the 4-bit wgmma kernel on
 // the split two-term x; kernels/gemm_rows.cu: the few-token kernel): the launch's arguments, a block's share of
-// the work, the split-K end, the x copies' offsets and the output store. Included by those two files only.
+// the work, the x copies' offsets and the output store. Included by those two files only.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -17,8 +17,6 @@ constexpr int kGemmThreads = 256;
 constexpr int kGemmStages = 4;    // groups in flight through shared memory (3 requested while one is computed)
 constexpr int kXStride = 64 + 8;  // bf16 per staged x row: 144 bytes, so ldmatrix's 8 rows hit distinct banks
 constexpr int kGemmMaxParts = kMaxGemmParts;
-constexpr int kMinSplitGroups = 4;  // split-K: groups per slice at least (batched.h GemmSplit)
-static_assert(kGemmSplitFloats == 32 * kGemmThreads, "split-K: 32 sums per thread");
 
 struct GemmPart {        // one matrix of a launch (several share x: gemm_multi)
   const uint8_t* w;      // its stack's matrix `mat`
@@ -43,49 +41,9 @@ struct GemmArgs {
   int n;                 // dense: tokens
   bool accumulate;
   const float* scale;    // paired: per output row (slot) factor, null: 1
-  int split;             // dense: K slices (blockIdx.y), 1: none (batched.h GemmSplit)
-  float* split_partial;  // [row tiles][split][kGemmSplitFloats]
-  unsigned* split_count; // [row tiles]
   bool rows_kernel;      // GemmX::few: dense launches of <= 64 tokens take kernels/gemm_rows.cu
   bool rows_any_size;    // GemmX::few_all: large ones too
 };
-
-// The groups [g0, g1) of the block's K slice (grouped launches: all).
-__device__ __forceinline__ void k_slice(const GemmArgs& a, int groups, int& g0, int& g1) {
-  const int per = (groups + a.split - 1) / a.split;
-  g0 = a.offsets ? 0 : static_cast<int>(blockIdx.y) * per;
-  g1 = a.offsets ? groups : min(groups, g0 + per);
-}
-
-// Split-K's end of a block: its N sums per thread go to its slice's place; the last of the tile's blocks to
-// arrive (counted in split_count, which it resets) adds the tile's slices in slice order into acc and returns
-// true, the others false. Without a split: true, acc as it is.
-template <int N>
-__device__ __forceinline__ bool split_finish(const GemmArgs& a, float* acc) {
-  if (a.split <= 1) return true;
-  const int tid = threadIdx.x;
-  float* tile = a.split_partial + static_cast<size_t>(blockIdx.x) * a.split * kGemmSplitFloats;
-  float* mine = tile + static_cast<size_t>(blockIdx.y) * kGemmSplitFloats;
-#pragma unroll
-  for (int i = 0; i < N; ++i) __stcg(mine + i * kGemmThreads + tid, acc[i]);
-  __threadfence();
-  __syncthreads();
-  __shared__ int last;
-  if (tid == 0) {
-    last = atomicAdd(a.split_count + blockIdx.x, 1u) == static_cast<unsigned>(a.split - 1);
-    if (last) a.split_count[blockIdx.x] = 0;
-  }
-  __syncthreads();
-  if (!last) return false;
-  __threadfence();
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    float v = 0.f;
-    for (int sl = 0; sl < a.split; ++sl) v += __ldcg(tile + static_cast<size_t>(sl) * kGemmSplitFloats + i * kGemmThreads + tid);
-    acc[i] = v;
-  }
-  return true;
-}
 
 // The A fragment's register for k-slots (s, s + 1) of a k-step: the weights of columns c0 and c0 + 4 of a row
 // (c0 = 8 w + j, j < 4; gemm_x_col's order, in which x is stored), low half = column c0, as bf16 codes.

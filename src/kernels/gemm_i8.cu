@@ -39,6 +39,7 @@ __device__ __forceinline__ void mma_i8(int (&d)[4], uint32_t a0, uint32_t a1, ui
 // One block per token, a warp per group (lane l: elements 2 l, 2 l + 1). With norm_w: x = RMSNorm(x) * norm_w first.
 __global__ void __launch_bounds__(256) prep_kernel(const float* x, int ldx, int K, const float* norm_w, float eps,
                                                    uint8_t* out) {
+  dep_chain();
   const int tok = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31, G = K / 64;
   const float* row = x + static_cast<size_t>(tok) * ldx;
   uint8_t* dst = out + static_cast<size_t>(tok) * row_bytes(K);
@@ -79,91 +80,126 @@ struct I8Args {
   bool accumulate;
 };
 
-// NTG: groups of 8 tokens (1 or 2).
-template <int NTG>
+// NTG: groups of 8 tokens (1 or 2) of the block's 16-token slice (blockIdx.y); KS: warps that split one tile's K
+// (their partial sums meet in shared memory, added in warp order), so a block takes kWarps / KS tiles at a time.
+template <int NTG, int KS>
 __global__ void __launch_bounds__(kThreads) gemm_i8_kernel(I8Args a) {
-  extern __shared__ __align__(16) uint8_t smem[];  // [NTG * 8][smem_stride(K)]
+  extern __shared__ __align__(16) uint8_t smem[];  // [NTG * 8][smem_stride(K)], then KS > 1: float [kWarps][NTG][4][32]
+  dep_chain();
   const int K = a.K, G = K / 64, rb = row_bytes(K), stride = smem_stride(K);
+  const int tok0 = blockIdx.y * 16;
   for (int i = threadIdx.x; i < NTG * 8 * (rb / 16); i += kThreads) {  // tokens past n: zeros
     const int tok = i / (rb / 16), q = i % (rb / 16);
-    const uint4 v = tok < a.n ? reinterpret_cast<const uint4*>(a.x + static_cast<size_t>(tok) * rb)[q]
-                              : make_uint4(0u, 0u, 0u, 0u);
+    const uint4 v = tok0 + tok < a.n ? reinterpret_cast<const uint4*>(a.x + static_cast<size_t>(tok0 + tok) * rb)[q]
+                                     : make_uint4(0u, 0u, 0u, 0u);
     *reinterpret_cast<uint4*>(smem + tok * stride + q * 16) = v;
   }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int n_tiles = a.tile_end[a.parts - 1], n_ph = G / kPhase;
+  constexpr int kTpb = kWarps / KS;  // tiles a block takes at a time
+  const int ts = warp / KS, kp = warp % KS;
+  const int n_tiles = a.tile_end[a.parts - 1], gpp = G / KS, n_ph = gpp / kPhase, g0 = kp * gpp;
+  float* red = reinterpret_cast<float*>(smem + NTG * 8 * stride);
   constexpr uint32_t M = 0x0f0f0f0fu;
   struct Regs {
     uint2 w0[kPhase], w1[kPhase];  // words 2 t, 2 t + 1 of rows g and g + 8, per group of the phase
     uint4 s0, s1;                  // the phase's 4 scale | bias words of rows g and g + 8
   };
-  for (int tile = blockIdx.x * kWarps + warp; tile < n_tiles; tile += gridDim.x * kWarps) {
+  for (int base = blockIdx.x * kTpb; base < n_tiles; base += gridDim.x * kTpb) {  // (every warp: the barriers)
+    const int tile = base + ts;
+    const bool active = tile < n_tiles;
     int p = 0;
-    while (p + 1 < a.parts && tile >= a.tile_end[p]) ++p;
-    const int r0 = (tile - (p ? a.tile_end[p - 1] : 0)) * 16, rows = a.rows[p];
-    const int ra = min(r0 + g, rows - 1), rc = min(r0 + g + 8, rows - 1);  // past the end: the last row, not stored
-    const uint8_t* wa = a.w[p] + static_cast<size_t>(ra) * (K / 2) + 8 * t;
-    const uint8_t* wc = a.w[p] + static_cast<size_t>(rc) * (K / 2) + 8 * t;
-    const uint32_t* sa = a.sb[p] + static_cast<size_t>(ra) * G;
-    const uint32_t* sc = a.sb[p] + static_cast<size_t>(rc) * G;
-    auto load = [&](Regs& r, int ph) {
-#pragma unroll
-      for (int j = 0; j < kPhase; ++j) {
-        r.w0[j] = ld_stream8(wa + (ph * kPhase + j) * 32);
-        r.w1[j] = ld_stream8(wc + (ph * kPhase + j) * 32);
-      }
-      r.s0 = ld_stream(sa + ph * kPhase);
-      r.s1 = ld_stream(sc + ph * kPhase);
-    };
+    while (active && p + 1 < a.parts && tile >= a.tile_end[p]) ++p;
+    const int r0 = active ? (tile - (p ? a.tile_end[p - 1] : 0)) * 16 : 0, rows = a.rows[p];
     float acc[NTG][4];
 #pragma unroll
     for (int j = 0; j < NTG; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    auto compute = [&](const Regs& r, int ph) {
+    if (active) {
+      const int ra = min(r0 + g, rows - 1), rc = min(r0 + g + 8, rows - 1);  // past the end: the last row, not stored
+      const uint8_t* wa = a.w[p] + static_cast<size_t>(ra) * (K / 2) + 8 * t + g0 * 32;
+      const uint8_t* wc = a.w[p] + static_cast<size_t>(rc) * (K / 2) + 8 * t + g0 * 32;
+      const uint32_t* sa = a.sb[p] + static_cast<size_t>(ra) * G + g0;
+      const uint32_t* sc = a.sb[p] + static_cast<size_t>(rc) * G + g0;
+      auto load = [&](Regs& r, int ph) {
 #pragma unroll
-      for (int j = 0; j < kPhase; ++j) {
-        const int gi = ph * kPhase + j;
-        const uint32_t s0 = j == 0 ? r.s0.x : j == 1 ? r.s0.y : j == 2 ? r.s0.z : r.s0.w;
-        const uint32_t s1 = j == 0 ? r.s1.x : j == 1 ? r.s1.y : j == 2 ? r.s1.z : r.s1.w;
-        const uint32_t x0 = r.w0[j].x, y0 = r.w0[j].y, x1 = r.w1[j].x, y1 = r.w1[j].y;
+        for (int j = 0; j < kPhase; ++j) {
+          r.w0[j] = ld_stream8(wa + (ph * kPhase + j) * 32);
+          r.w1[j] = ld_stream8(wc + (ph * kPhase + j) * 32);
+        }
+        r.s0 = ld_stream(sa + ph * kPhase);
+        r.s1 = ld_stream(sc + ph * kPhase);
+      };
+      auto compute = [&](const Regs& r, int ph) {
 #pragma unroll
-        for (int tg = 0; tg < NTG; ++tg) {
-          const uint8_t* xt = smem + (tg * 8 + g) * stride + gi * 128 + t * 16;
-          const uint4 hi = *reinterpret_cast<const uint4*>(xt), lo = *reinterpret_cast<const uint4*>(xt + 64);
-          int dh[4] = {0, 0, 0, 0}, dl[4] = {0, 0, 0, 0};
-          mma_i8(dh, x0 & M, x1 & M, (x0 >> 4) & M, (x1 >> 4) & M, hi.x, hi.y);  // word 2 t
-          mma_i8(dh, y0 & M, y1 & M, (y0 >> 4) & M, (y1 >> 4) & M, hi.z, hi.w);  // word 2 t + 1
-          mma_i8(dl, x0 & M, x1 & M, (x0 >> 4) & M, (x1 >> 4) & M, lo.x, lo.y);
-          mma_i8(dl, y0 & M, y1 & M, (y0 >> 4) & M, (y1 >> 4) & M, lo.z, lo.w);
-          // d[e]: row g + 8 (e >> 1), token 8 tg + 2 t + (e & 1)
+        for (int j = 0; j < kPhase; ++j) {
+          const int gi = g0 + ph * kPhase + j;
+          const uint32_t s0 = j == 0 ? r.s0.x : j == 1 ? r.s0.y : j == 2 ? r.s0.z : r.s0.w;
+          const uint32_t s1 = j == 0 ? r.s1.x : j == 1 ? r.s1.y : j == 2 ? r.s1.z : r.s1.w;
+          const uint32_t x0 = r.w0[j].x, y0 = r.w0[j].y, x1 = r.w1[j].x, y1 = r.w1[j].y;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float* f = reinterpret_cast<const float*>(smem + (tg * 8 + 2 * t + (e & 1)) * stride + G * 128);
-            const uint32_t s = e < 2 ? s0 : s1;
-            const float sum = fmaf(256.f, static_cast<float>(dh[e]), static_cast<float>(dl[e]));
-            acc[tg][e] += fmaf(bf16_lo(s) * f[gi], sum, bf16_hi(s) * f[G + gi]);
+          for (int tg = 0; tg < NTG; ++tg) {
+            const uint8_t* xt = smem + (tg * 8 + g) * stride + gi * 128 + t * 16;
+            const uint4 hi = *reinterpret_cast<const uint4*>(xt), lo = *reinterpret_cast<const uint4*>(xt + 64);
+            int dh[4] = {0, 0, 0, 0}, dl[4] = {0, 0, 0, 0};
+            mma_i8(dh, x0 & M, x1 & M, (x0 >> 4) & M, (x1 >> 4) & M, hi.x, hi.y);  // word 2 t
+            mma_i8(dh, y0 & M, y1 & M, (y0 >> 4) & M, (y1 >> 4) & M, hi.z, hi.w);  // word 2 t + 1
+            mma_i8(dl, x0 & M, x1 & M, (x0 >> 4) & M, (x1 >> 4) & M, lo.x, lo.y);
+            mma_i8(dl, y0 & M, y1 & M, (y0 >> 4) & M, (y1 >> 4) & M, lo.z, lo.w);
+            // d[e]: row g + 8 (e >> 1), token 8 tg + 2 t + (e & 1)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float* f = reinterpret_cast<const float*>(smem + (tg * 8 + 2 * t + (e & 1)) * stride + G * 128);
+              const uint32_t s = e < 2 ? s0 : s1;
+              const float sum = fmaf(256.f, static_cast<float>(dh[e]), static_cast<float>(dl[e]));
+              acc[tg][e] += fmaf(bf16_lo(s) * f[gi], sum, bf16_hi(s) * f[G + gi]);
+            }
           }
         }
+      };
+      Regs A, B;
+      load(A, 0);
+      for (int ph = 0; ph < n_ph; ph += 2) {  // (n_ph even: K / KS a multiple of 512)
+        load(B, ph + 1);
+        compute(A, ph);
+        if (ph + 2 < n_ph) load(A, ph + 2);
+        compute(B, ph + 1);
       }
-    };
-    Regs A, B;
-    load(A, 0);
-    for (int ph = 0; ph < n_ph; ph += 2) {  // (n_ph even: K a multiple of 512)
-      load(B, ph + 1);
-      compute(A, ph);
-      if (ph + 2 < n_ph) load(A, ph + 2);
-      compute(B, ph + 1);
     }
+    if constexpr (KS > 1) {  // the parts of K meet in warp order: part 0 + part 1 + ...
+      if (active && kp > 0)
 #pragma unroll
-    for (int tg = 0; tg < NTG; ++tg)
+        for (int tg = 0; tg < NTG; ++tg)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = r0 + g + 8 * (e >> 1), tok = tg * 8 + 2 * t + (e & 1);
-        if (row >= rows || tok >= a.n) continue;
-        float* dst = a.y[p] + static_cast<size_t>(tok) * a.ldy[p] + row;
-        *dst = a.accumulate ? *dst + acc[tg][e] : acc[tg][e];
-      }
+          for (int e = 0; e < 4; ++e) red[((warp * NTG + tg) * 4 + e) * 32 + lane] = acc[tg][e];
+      __syncthreads();
+      if (active && kp == 0)
+#pragma unroll
+        for (int q = 1; q < KS; ++q)
+#pragma unroll
+          for (int tg = 0; tg < NTG; ++tg)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[tg][e] += red[(((warp + q) * NTG + tg) * 4 + e) * 32 + lane];
+      __syncthreads();  // (red is rewritten by the next tiles)
+    }
+    if (active && kp == 0)
+#pragma unroll
+      for (int tg = 0; tg < NTG; ++tg)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = r0 + g + 8 * (e >> 1), tok = tok0 + tg * 8 + 2 * t + (e & 1);
+          if (row >= rows || tok >= a.n) continue;
+          float* dst = a.y[p] + static_cast<size_t>(tok) * a.ldy[p] + row;
+          *dst = a.accumulate ? *dst + acc[tg][e] : acc[tg][e];
+        }
   }
+}
+
+template <int NTG>
+using I8Kernel = void (*)(I8Args);
+template <int NTG>
+I8Kernel<NTG> i8_kernel(int ks) {
+  return ks == 1 ? gemm_i8_kernel<NTG, 1> : ks == 2 ? gemm_i8_kernel<NTG, 2> : ks == 4 ? gemm_i8_kernel<NTG, 4>
+                                                                                         : gemm_i8_kernel<NTG, 8>;
 }
 
 }  // namespace
@@ -175,10 +211,10 @@ void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float 
   LILY_CHECK(K % 512 == 0 && K <= kI8MaxK && ldx >= K && n >= 0 && n <= kI8MaxTokens, "i8x_prep: n ", n, " K ", K,
              " ldx ", ldx, " (K a multiple of 512 up to ", kI8MaxK, ", n up to ", kI8MaxTokens, ")");
   if (n == 0) return;
-  detail::launch_kernel(detail::prep_kernel, n, 256, 0, s, x, ldx, K, norm_w, eps, static_cast<uint8_t*>(out));
+  launch_pdl(detail::prep_kernel, dim3(n), dim3(256), 0, s, x, ldx, K, norm_w, eps, static_cast<uint8_t*>(out));
 }
 
-void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s) {
+void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s, int ks) {
   LILY_CHECK(b.n >= 1 && b.n <= kMaxGemmParts && n >= 1 && n <= kI8MaxTokens, "gemm_i8: ", b.n, " matrices, ", n,
              " tokens (1..", kI8MaxTokens, ")");
   detail::I8Args a{};
@@ -193,12 +229,22 @@ void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStre
     a.tile_end[i] = tiles;
   }
   LILY_CHECK(a.K % 512 == 0 && a.K <= kI8MaxK, "gemm_i8: width ", a.K, " (a multiple of 512 up to ", kI8MaxK, ")");
-  const int ntg = (n + 7) / 8;
-  const size_t smem = static_cast<size_t>(ntg) * 8 * detail::smem_stride(a.K);
-  const int grid = std::min(sm_count(), (tiles + detail::kWarps - 1) / detail::kWarps);
-  auto* k = ntg == 1 ? detail::gemm_i8_kernel<1> : detail::gemm_i8_kernel<2>;
+  constexpr int W = detail::kWarps;
+  const int sms = sm_count();
+  const int ntg = n > 8 ? 2 : 1, slices = (n + 15) / 16;
+  if (ks <= 0)  // the fewest warps per tile that give every SM a block (over the slices), each warp >= 512 of K
+    for (ks = 1; ks < W && a.K / (2 * ks) >= 512 && (tiles * ks + W - 1) / W * slices < sms;) ks *= 2;
+  LILY_CHECK((ks == 1 || ks == 2 || ks == 4 || ks == 8) && a.K % (512 * ks) == 0, "gemm_i8: ", ks,
+             " warps a tile for width ", a.K, " (1, 2, 4 or 8, each at least 512 of K)");
+  const size_t smem = static_cast<size_t>(ntg) * 8 * detail::smem_stride(a.K) +
+                      (ks > 1 ? sizeof(float) * W * ntg * 4 * 32 : 0);
+  auto* k = ntg == 1 ? detail::i8_kernel<1>(ks) : detail::i8_kernel<2>(ks);
   CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  detail::launch_kernel(k, grid, detail::kThreads, smem, s, a);
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, detail::kThreads, smem));
+  // a slice's blocks: every tile in one round, or what fits on the GPU beside the other slices
+  const int want = (tiles * ks + W - 1) / W, fit = std::max(1, sms * std::max(per_sm, 1) / slices);
+  launch_pdl(k, dim3(std::min(want, fit), slices), dim3(detail::kThreads), smem, s, a);
 }
 
 }  // namespace lily::cuda

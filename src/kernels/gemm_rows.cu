@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "kernels/gemm_common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/mma.cuh"
 #include "kernels/qdot.cuh"
 
@@ -56,6 +57,7 @@ __global__ void __launch_bounds__(kRowsThreads, 2) gemm_rows_kernel(RowsArgs ra)
   using Piece = typename RowPiece<BITS>::T;
   const GemmArgs& a = ra.g;
   extern __shared__ __align__(16) uint8_t smem[];
+  dep_chain();
   uint16_t* xs = reinterpret_cast<uint16_t*>(smem);                                    // [2][16][XS]
   float* gs = reinterpret_cast<float*>(smem + 2 * kRowsMaxTok * XS * 2);             // [P][16]
   float* red = reinterpret_cast<float*>(smem);                                         // [8][RB][17] at the end
@@ -235,8 +237,7 @@ void launch_rows(const GemmArgs& g, int grid_y, cudaStream_t s) {
   for (int i = PAIRED ? 1 : g.parts; i < kGemmMaxParts; ++i) ra.blk_end[i] = blocks;
   auto* k = gemm_rows_kernel<BITS, MT, GW, PAIRED>;
   CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  k<<<dim3(blocks, grid_y), kRowsThreads, smem, s>>>(ra);
-  CUDA_CHECK_LAUNCH(s);
+  launch_pdl(k, dim3(blocks, grid_y), dim3(kRowsThreads), smem, s, ra);
 }
 
 template <int BITS, bool PAIRED>

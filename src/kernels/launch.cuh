@@ -1,8 +1,9 @@
 // Kernel launches with attributes: launch_ex (cudaLaunchKernelEx with programmatic dependent launch, a
 // thread-block cluster and/or a cooperative launch), used by launch_mixer (gdn.cu, norm.cu), attention.cu,
-// launch_kernel (gemv.cu, moe.cu) and launch_persistent (the one-launch MoE / GDN kernels). PDL: for the
-// persistent kernels (grid_barrier.cuh), the attention split and combine kernels and the one-wave GEMV; the
-// others launch without it (it measured slower there). Kernels launched with PDL must call dep_wait() before
+// launch_kernel (gemv.cu, moe.cu), launch_persistent (the one-launch MoE / GDN kernels) and launch_pdl (a decode
+// pass's kernels, the prompt path's GEMMs). PDL: for the persistent kernels (grid_barrier.cuh), the attention split
+// and combine kernels, the one-wave GEMV and launch_pdl's; the decode step's other kernels launch without it (it
+// measured slower there). Kernels launched with PDL must call dep_wait() before
 // reading anything an earlier kernel wrote; dep_trigger() lets the next kernel be scheduled early (it still waits
 // for this one to finish); without PDL both are no-ops.
 #pragma once
@@ -47,6 +48,19 @@ void launch_ex(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t
   cfg.numAttrs = n;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, static_cast<P>(args)...));
   CUDA_CHECK_LAUNCH(cfg.stream);
+}
+
+// The kernels of a decode pass (model/prefill_cuda.cu) and the prompt path's GEMMs: with PDL, so a launch's blocks
+// are scheduled while the previous kernel finishes. Each such kernel calls dep_chain() before it reads or writes
+// anything: every kernel of such a chain lets the next one in at entry, so a launch may start while kernels several
+// launches back still run, and only data constant for the process may be read before the wait.
+template <typename... P, typename... A>
+void launch_pdl(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
+  launch_ex(k, grid, block, smem, s, LaunchOpts{true, 1, false}, args...);
+}
+__device__ __forceinline__ void dep_chain() {
+  dep_trigger();
+  dep_wait();
 }
 
 // The mixer kernels: without PDL, with an optional cluster.

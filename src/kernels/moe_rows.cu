@@ -64,6 +64,7 @@ struct UpArgs {
 
 // Block (bx, tile): rows [16 bx, 16 bx + 16) of the tile's expert, 2 (gate, up) pairs per warp.
 __global__ void __launch_bounds__(kThreads) up_kernel(UpArgs a) {
+  dep_chain();
   constexpr int nc = kH / 1024, R = kUpPairs;
   extern __shared__ __align__(16) uint8_t smem[];
   XH* xs = reinterpret_cast<XH*>(smem);
@@ -114,6 +115,7 @@ struct DownArgs {
 // Block (bx, tile): rows [128 bx, 128 bx + 128) of the tile's expert. A half warp takes a row (lane c of it chunk c
 // of the row's 16), 8 rows per half: rows r0 + 2 p + half.
 __global__ void __launch_bounds__(kThreads, 3) down_kernel(DownArgs a) {
+  dep_chain();
   constexpr int nch = kF / 32, P = kDownPairs;
   static_assert(nch == 16, "a half warp per row");
   extern __shared__ __align__(16) uint8_t smem[];
@@ -159,6 +161,7 @@ __global__ void __launch_bounds__(kThreads, 3) down_kernel(DownArgs a) {
 
 template <int K, int NT>
 __global__ void __launch_bounds__(NT) prep_kernel(const float* x, int ldx, StreamX<K>* out) {
+  dep_chain();
   stream_stage_x<K, NT>(x + static_cast<size_t>(blockIdx.x) * ldx, out[blockIdx.x]);
 }
 
@@ -181,10 +184,10 @@ void stream_rows_prep(const float* x, int ldx, int n, int K, void* out, cudaStre
   LILY_CHECK(n >= 0 && ldx % 4 == 0 && ldx >= K, "stream_rows_prep: n ", n, " ldx ", ldx, " K ", K);
   if (n == 0) return;
   if (K == kHidden) {
-    detail::launch_kernel(detail::prep_kernel<kHidden, 256>, n, 256, 0, s, x, ldx, static_cast<detail::XH*>(out));
+    launch_pdl(detail::prep_kernel<kHidden, 256>, dim3(n), dim3(256), 0, s, x, ldx, static_cast<detail::XH*>(out));
   } else {
     LILY_CHECK(K == kMoeFfn, "stream_rows_prep: K ", K, " (2048 or 512)");
-    detail::launch_kernel(detail::prep_kernel<kMoeFfn, 128>, n, 128, 0, s, x, ldx, static_cast<detail::XF*>(out));
+    launch_pdl(detail::prep_kernel<kMoeFfn, 128>, dim3(n), dim3(128), 0, s, x, ldx, static_cast<detail::XF*>(out));
   }
 }
 
@@ -199,7 +202,7 @@ void moe_rows_swiglu(const QMat& gate, const QMat& up, const void* x, const int*
                  static_cast<const XH*>(x), x_row, offsets, tiles, scale, act, ldact};
   const int per_block = kWarps * kUpPairs;
   const dim3 grid((gate.rows + per_block - 1) / per_block, max_tiles);
-  launch_ex(up_kernel, grid, dim3(kThreads), kUpRound * sizeof(XH), s, LaunchOpts{}, a);
+  launch_pdl(up_kernel, grid, dim3(kThreads), kUpRound * sizeof(XH), s, a);
 }
 
 void moe_rows_down(const QMat& down, const void* act, const int* offsets, const int* tiles, int max_tiles, float* y,
@@ -211,7 +214,7 @@ void moe_rows_down(const QMat& down, const void* act, const int* offsets, const 
                    offsets, tiles, y, ldy};
   const int per_block = kWarps * 2 * kDownPairs;
   const dim3 grid((down.rows + per_block - 1) / per_block, max_tiles);
-  launch_ex(down_kernel, grid, dim3(kThreads), kDownRound * sizeof(XF), s, LaunchOpts{}, a);
+  launch_pdl(down_kernel, grid, dim3(kThreads), kDownRound * sizeof(XF), s, a);
 }
 
 }  // namespace lily::cuda

@@ -27,9 +27,6 @@ struct KernelOptions {
   // of them through the captured decode step of its slot (the batch-1 kernels, one after another) instead of one
   // pass of the prompt path over all of them; 0 = always the pass.
   int batch_graph_rows = 4;
-  // LILY_GEMM_SPLIT_BLOCKS=n: a pass of one-token rows only (the batched decode step) splits its dense GEMMs' K
-  // loops into slices, up to n blocks a launch (kernels/batched.h GemmSplit); 0 = 4 per SM, -1 = no split.
-  int gemm_split_blocks = 0;
   // LILY_PROMPT_ATTN_1TERM=0: the prompt path's attention takes q and the probabilities as two bf16 terms each
   // instead of one (kernels/attention_chunk.cu; one term: half the tensor-core products, within issue 28's bound).
   bool prompt_attn_one_term = true;
@@ -37,10 +34,14 @@ struct KernelOptions {
   // one-token rows) keep the 64- / 16-token tiles of kernels/gemm.cu instead of kernels/gemm_rows.cu (weights
   // straight into registers, K split between a block's warps). Same arithmetic per column, other bits.
   bool gemm_rows = true;
-  // LILY_GEMM_I8=0: a decode pass of at most kI8MaxTokens one-token rows keeps the split-K tiles for its input
-  // projections and lm_head instead of the int8 tensor-core GEMM (kernels/gemm_i8.cu: x staged once per block as
-  // 16-bit fixed point, the weights read once).
+  // LILY_GEMM_I8=0: a decode pass of one-token rows keeps the split-K tiles for its dense projections instead of
+  // the int8 tensor-core GEMM (kernels/gemm_i8.cu: x staged once per block as 16-bit fixed point, the weights read
+  // once): the input projections and lm_head for passes of at most gemm_i8_in_rows rows (LILY_GEMM_I8_IN_ROWS),
+  // the GDN out_proj and attention o_proj for at most gemm_i8_out_rows (LILY_GEMM_I8_OUT_ROWS; both at most
+  // kI8MaxTokens). Beyond 16 rows the int8 kernel's per-group arithmetic outweighs the tiles' on the large matrices.
   bool gemm_i8 = true;
+  int gemm_i8_in_rows = 16;
+  int gemm_i8_out_rows = 64;
   // LILY_MOE_ROWS=0: a decode pass of at most kMoeRowsMaxTokens one-token rows keeps the grouped tensor-core GEMMs
   // for its routed experts instead of streaming each used expert's weights once with the decode kernels'
   // arithmetic (kernels/moe_rows.cu).

@@ -203,10 +203,11 @@ class CudaEngine {
   bool family(const char* name);      // marks `name` on the recorder; false when it skips it
   void project(const GemvBatch& b, const float* norm_w, bool& normed);
   void project(std::initializer_list<PrefillOut> outs, const GemmX& x, int n);
-  // A decode pass's projections of RMSNorm(h) * norm_w (width H) on the int8 tensor cores (kernels/gemm_i8.cu), x
-  // staged once; false (nothing launched) where the pass or the matrices do not fit it: the caller takes the GEMMs.
-  bool project_i8(std::initializer_list<PrefillOut> outs, const float* h, const float* norm_w, int n,
-                  const char* family, double flops);
+  // A decode pass's projections (= or +=) of x [n][K], or of RMSNorm(x) * norm_w, on the int8 tensor cores
+  // (kernels/gemm_i8.cu), x staged once; false (nothing launched) where the pass or the matrices do not fit it:
+  // the caller takes the GEMMs.
+  bool project_i8(std::initializer_list<PrefillOut> outs, const float* x, int K, const float* norm_w, int n,
+                  bool accumulate, const char* family, double flops);
   void prefill_free();
   bool moe_rows_ok() const;  // KernelOptions::moe_rows and every layer's experts fit kernels/moe_rows.cu
   bool prefill_skips(const char* family) const;

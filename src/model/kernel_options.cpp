@@ -23,12 +23,13 @@ cuda::KernelOptions parse_kernel_options(const std::function<const char*(const c
   o.prefill_chunk = integer("LILY_PREFILL_CHUNK", o.prefill_chunk);
   o.prefill_min = integer("LILY_PREFILL_MIN", o.prefill_min);
   o.batch_graph_rows = integer("LILY_BATCH_GRAPH_ROWS", o.batch_graph_rows);
-  o.gemm_split_blocks = integer("LILY_GEMM_SPLIT_BLOCKS", o.gemm_split_blocks);
   o.prompt_attn_one_term = flag("LILY_PROMPT_ATTN_1TERM", o.prompt_attn_one_term);
   o.batch_pass_graphs = flag("LILY_BATCH_PASS_GRAPHS", o.batch_pass_graphs);
   o.gemm_rows = flag("LILY_GEMM_ROWS", o.gemm_rows);
   o.moe_rows = flag("LILY_MOE_ROWS", o.moe_rows);
   o.gemm_i8 = flag("LILY_GEMM_I8", o.gemm_i8);
+  o.gemm_i8_in_rows = integer("LILY_GEMM_I8_IN_ROWS", o.gemm_i8_in_rows);
+  o.gemm_i8_out_rows = integer("LILY_GEMM_I8_OUT_ROWS", o.gemm_i8_out_rows);
   o.device_masks = flag("LILY_DEVICE_MASKS", o.device_masks);
   o.debug_sync = flag("LILY_CUDA_SYNC", o.debug_sync);
   o.trace = flag("LILY_TRACE", o.trace);
@@ -46,10 +47,10 @@ std::string describe(const cuda::KernelOptions& o) {
   auto num = [](int v) { return v > 0 ? std::to_string(v) : std::string("auto"); };
   s << "gdn_fused=" << o.gdn_fused << " moe_fused=" << o.moe_fused << " attn_splits=" << num(o.attn_splits)
     << " prefill=" << o.prefill << " prefill_chunk=" << num(o.prefill_chunk) << " prefill_min=" << num(o.prefill_min)
-    << " batch_graph_rows=" << o.batch_graph_rows << " gemm_split_blocks="
-    << (o.gemm_split_blocks == 0 ? std::string("auto") : std::to_string(o.gemm_split_blocks))
+    << " batch_graph_rows=" << o.batch_graph_rows
     << " prompt_attn_one_term=" << o.prompt_attn_one_term << " batch_pass_graphs=" << o.batch_pass_graphs
     << " gemm_rows=" << o.gemm_rows << " moe_rows=" << o.moe_rows << " gemm_i8=" << o.gemm_i8
+    << " gemm_i8_in_rows=" << o.gemm_i8_in_rows << " gemm_i8_out_rows=" << o.gemm_i8_out_rows
     << " debug_sync=" << o.debug_sync << " trace=" << o.trace
     << " skip=" << (o.skip.empty() ? "-" : o.skip);
   return s.str();

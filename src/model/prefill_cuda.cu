@@ -54,16 +54,15 @@ struct PrefillBuffers {
   float* yd = nullptr;          // [n * top_k][H] routed experts' outputs (before: gate / up scratch if their
                                 // formats differ, 2 x [n * top_k][F])
   float* ysh = nullptr;         // [n][H] shared expert's output
-  GemmSplit split;              // split-K scratch of the dense GEMMs (KernelOptions::gemm_split_blocks)
   cudaEvent_t stop_ev[2] = {};  // prefill's stop checks: the end of the last two layer groups queued
-  const GemmSplit* dense = nullptr;  // this pass's: &split when every row is a one-token row, else null
   // a pass of at most kMoeRowsMaxTokens one-token rows streams its routed experts (kernels/moe_rows.cu) through
   // staged rows: the tokens' normed x [n] at width H, then the slots' activations [n * top_k] at width F
   static constexpr int kMoeRowsMaxTokens = 64;
   bool moe_rows = false;
   void* srows = nullptr;
-  bool i8 = false;              // a pass of at most kI8MaxTokens one-token rows: project_i8 applies
-  void* i8x = nullptr;          // [kI8MaxTokens][i8x_row_bytes(H)] its staged x
+  bool i8 = false;              // a pass of at most kI8MaxTokens one-token rows: project_i8 may apply
+  void* i8x = nullptr;          // [kI8MaxTokens][i8x_row_bytes(i8_width)] its staged x
+  int i8_width = 0;             // the widest projection input it stages (0: none)
   // Decode passes' graphs (KernelOptions::batch_pass_graphs): what a pass of one-token rows launches depends only
   // on its row count and attention splits (everything else is read from the buffers above), captured at a key's
   // second pass (a row count seen once, as requests start and end, is not worth a capture), least recently used
@@ -122,10 +121,9 @@ void CudaEngine::prefill_alloc() {
   b->act = device_alloc<float>((size_t)n * (k + 1) * F);
   b->yd = device_alloc<float>((size_t)n * k * std::max(H, 2 * F));  // (2 F: the unpaired gate / up scratch)
   b->ysh = device_alloc<float>((size_t)n * H);
-  const int split_blocks = opts_.gemm_split_blocks == 0 ? 4 * sm_count() : opts_.gemm_split_blocks;
-  if (split_blocks > 0) b->split = gemm_split_alloc(split_blocks);
-  if (opts_.gemm_i8 && H % 512 == 0 && H <= kI8MaxK)  // (project_i8's projections have width H)
-    b->i8x = device_alloc<uint8_t>(kI8MaxTokens * i8x_row_bytes(H));
+  b->i8_width = opts_.gemm_i8 ? std::max(opts_.gemm_i8_in_rows > 0 ? H : 0, opts_.gemm_i8_out_rows > 0 ? mix : 0) : 0;
+  if (b->i8_width > 0 && b->i8_width <= kI8MaxK)  // (project_i8 checks each projection's width)
+    b->i8x = device_alloc<uint8_t>(kI8MaxTokens * i8x_row_bytes(b->i8_width));
   const int nr = PrefillBuffers::kMoeRowsMaxTokens;
   if (moe_rows_ok())
     b->srows = device_alloc<uint8_t>(std::max(nr * stream_row_bytes(H), (size_t)nr * k * stream_row_bytes(c.moe_ffn)));
@@ -152,7 +150,6 @@ void CudaEngine::prefill_free() {
   for (cudaEvent_t e : b.stop_ev)
     if (e) cudaEventDestroy(e);
   gemm_x_free(b.x);
-  gemm_split_free(b.split);
   b.drop_graphs();
   delete pf_;
   pf_ = nullptr;
@@ -210,9 +207,9 @@ bool CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
   for (int q = 0; q < n_seqs; ++q) m += seqs[q].n == 1;
   b.n_dec = m;
   b.dec_splits = 0;
-  // a decode pass: its rows' results must not depend on one another's count, so split-K and the few-token GEMMs
-  // only when all rows are one-token rows (a prompt's chunk gives the same bits whatever its size; kernels/batched.h)
-  b.dense = m == n && b.split.blocks > 0 ? &b.split : nullptr;
+  // a decode pass: its rows' results must not depend on one another's count, so the few-token GEMMs, the int8
+  // GEMMs and the streamed experts only when all rows are one-token rows (a prompt's chunk gives the same bits
+  // whatever its size; kernels/batched.h)
   b.x.few = opts_.gemm_rows && m == n;
   b.moe_rows = m == n && n <= PrefillBuffers::kMoeRowsMaxTokens && b.srows;
   b.i8 = m == n && n <= kI8MaxTokens && b.i8x;
@@ -297,26 +294,28 @@ void CudaEngine::head_rows(const int* rows, int n, float* logits) {
   for (int i = 0; i < n && !in_order; ++i)
     CUDA_CHECK(cudaMemcpyAsync(gathered + (size_t)i * H, b.h + (size_t)rows[i] * H, sizeof(float) * H,
                                cudaMemcpyDeviceToDevice, stream_));
-  if (project_i8({{&w_.lm_head, logits, c.vocab}}, gathered, w_.norm, n, "lm_head", n * flops_.lm_head)) return;
+  if (project_i8({{&w_.lm_head, logits, c.vocab}}, gathered, H, w_.norm, n, false, "lm_head", n * flops_.lm_head))
+    return;
   const GemmXBuf xh = at_width(b.x, H);
   pmark("lm_head", n * flops_.lm_head);
   gemm_x_prep(gathered, H, n, w_.norm, c.eps, xh, nullptr, stream_);
   gemm(w_.lm_head, 0, xh.view(), n, logits, c.vocab, false, stream_);
 }
 
-bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float* h, const float* norm_w, int n,
-                            const char* family, double flops) {
+bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float* x, int K, const float* norm_w, int n,
+                            bool accumulate, const char* family, double flops) {
   PrefillBuffers& b = *pf_;
-  const int H = cfg_.hidden;
-  if (!b.i8 || outs.size() > static_cast<size_t>(kMaxGemmParts)) return false;  // (b.i8: n <= kI8MaxTokens)
+  const int max_rows = accumulate ? opts_.gemm_i8_out_rows : opts_.gemm_i8_in_rows;  // (out_proj, o_proj: +=)
+  if (!b.i8 || n > max_rows || K > b.i8_width || K % 512 != 0 || outs.size() > static_cast<size_t>(kMaxGemmParts))
+    return false;  // (b.i8: n <= kI8MaxTokens)
   for (const PrefillOut& o : outs)
-    if (o.W->format != QFormat::q4 || o.W->cols != H || o.W->n_mats != 1) return false;
+    if (o.W->format != QFormat::q4 || o.W->cols != K || o.W->n_mats != 1) return false;
   pmark("norm");
-  i8x_prep(h, H, n, H, norm_w, cfg_.eps, b.i8x, stream_);
+  i8x_prep(x, K, n, K, norm_w, cfg_.eps, b.i8x, stream_);
   GemmBatch gb;
   for (const PrefillOut& o : outs) gb.W[gb.n] = *o.W, gb.y[gb.n] = o.y, gb.ldy[gb.n++] = o.ldy;
   pmark(family, flops);
-  gemm_i8(gb, b.i8x, n, false, stream_);
+  gemm_i8(gb, b.i8x, n, accumulate, stream_);
   return true;
 }
 
@@ -325,12 +324,12 @@ void CudaEngine::project(std::initializer_list<PrefillOut> outs, const GemmX& x,
   GemmBatch b;
   for (const PrefillOut& o : outs) {
     if (b.n == kMaxGemmParts || (b.n > 0 && (o.W->format != b.W[0].format || o.W->cols != b.W[0].cols))) {
-      gemm_multi(b, x, n, false, stream_, pf_->dense);
+      gemm_multi(b, x, n, false, stream_);
       b.n = 0;
     }
     b.W[b.n] = *o.W, b.y[b.n] = o.y, b.ldy[b.n++] = o.ldy;
   }
-  if (b.n > 0) gemm_multi(b, x, n, false, stream_, pf_->dense);
+  if (b.n > 0) gemm_multi(b, x, n, false, stream_);
 }
 
 void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) {
@@ -344,7 +343,7 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
   float* bb = z + (size_t)n * vd;
   float* a = bb + (size_t)n * Hv;
   if (!project_i8({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}},
-                  b.h, w_.layers[layer].input_layernorm, n, "gemm_gdn_in", n * flops_.gdn_in)) {
+                  b.h, H, w_.layers[layer].input_layernorm, n, false, "gemm_gdn_in", n * flops_.gdn_in)) {
     const GemmXBuf xh = at_width(b.x, H);
     pmark("norm");
     gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
@@ -373,11 +372,12 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
         launch_gdn_chunk(qkv + t * cd, z + t * vd, a + t * Hv, bb + t * Hv, g.conv1d, g.A_log, g.dt_bias, g.norm,
                          (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.scratch, r.pos0, r.n, dims, c.eps, stream_);
     }
+  if (project_i8({{&g.out_proj, b.h, H}}, b.mix, vd, nullptr, n, true, "gemm_gdn_out", n * flops_.gdn_out)) return;
   const GemmXBuf xm = at_width(b.x, vd);
   pmark("norm");
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
   pmark("gemm_gdn_out", n * flops_.gdn_out);
-  gemm(g.out_proj, 0, xm.view(), n, b.h, H, true, stream_, b.dense);
+  gemm(g.out_proj, 0, xm.view(), n, b.h, H, true, stream_);
 }
 
 void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n) {
@@ -388,8 +388,8 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   float* qg = b.proj;
   float* k = qg + (size_t)n * qr;
   float* v = k + (size_t)n * kvd;
-  if (!project_i8({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, b.h,
-                  w_.layers[layer].input_layernorm, n, "gemm_attn_in", n * flops_.attn_in)) {
+  if (!project_i8({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, b.h, H,
+                  w_.layers[layer].input_layernorm, n, false, "gemm_attn_in", n * flops_.attn_in)) {
     const GemmXBuf xh = at_width(b.x, H);
     pmark("norm");
     gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
@@ -428,11 +428,12 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
       launch_attention_chunk(in, kv, r.pos0, r.n, c.n_heads, b.scratch, b.mix + t * od, stream_,
                              opts_.prompt_attn_one_term);
     }
+  if (project_i8({{&at.o_proj, b.h, H}}, b.mix, od, nullptr, n, true, "gemm_attn_out", n * flops_.attn_out)) return;
   const GemmXBuf xm = at_width(b.x, od);
   pmark("norm");
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
   pmark("gemm_attn_out", n * flops_.attn_out);
-  gemm(at.o_proj, 0, xm.view(), n, b.h, H, true, stream_, b.dense);
+  gemm(at.o_proj, 0, xm.view(), n, b.h, H, true, stream_);
 }
 
 void CudaEngine::prefill_moe(int layer, int n) {
@@ -459,7 +460,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   float* u = b.yd + (size_t)n * k * std::max(F, Fs);
   pmark("gemm_shared", n * flops_.shared_gate_up);
   if (m.shared_gate.format == m.shared_up.format) {
-    gemm_swiglu(m.shared_gate, m.shared_up, xh.view(), n, b.act, Fs, stream_, b.dense);
+    gemm_swiglu(m.shared_gate, m.shared_up, xh.view(), n, b.act, Fs, stream_);
   } else {
     project({{&m.shared_gate, g, Fs}, {&m.shared_up, u, Fs}}, xh.view(), n);
     swiglu_rows(g, u, nullptr, n, Fs, b.act, stream_);
@@ -482,7 +483,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   pmark("norm");
   gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
   pmark("gemm_shared", n * flops_.shared_down);
-  gemm(m.shared_down, 0, xs.view(), n, b.ysh, H, false, stream_, b.dense);
+  gemm(m.shared_down, 0, xs.view(), n, b.ysh, H, false, stream_);
   pmark("norm");
   if (b.moe_rows) {
     stream_rows_prep(act, F, n * k, F, b.srows, stream_);

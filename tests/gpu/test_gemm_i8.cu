@@ -1,8 +1,9 @@
 // GPU tests of the decode pass's dense GEMM on the int8 tensor cores (kernels/gemm_i8.cu): the staged x against a
 // CPU emulation of its fixed point (bit for bit without the norm, within the fixed point's bound with it); the
 // GEMM against a CPU reference on the staged x~ (tolerance: 2x a sequential fp32 reference's error) for K 512 /
-// 2048 / 4096, 1 to 16 tokens, rows off the 16-row tiles, several matrices in one launch, y = and +=; and a
-// token's bits the same whatever the launch's other tokens.
+// 2048 / 4096, 1 to 64 tokens (one to four 16-token slices), rows off the 16-row tiles, several matrices in one
+// launch, y = and +=, K split between 1 to 8 warps a tile; and a token's bits the same whatever the launch's other
+// tokens.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -83,9 +84,10 @@ struct Mats {
 // y[i] = or += W[i] x over n tokens for matrices of the given rows (width K), against the reference; returns the
 // outputs of matrix 0.
 std::vector<float> run_case(const std::vector<int>& rows, int K, int n, bool accumulate, uint64_t seed,
-                            const std::vector<float>* x_in = nullptr) {
+                            const std::vector<float>* x_in = nullptr, int ks = 0) {
   const std::string name = "gemm_i8 K " + std::to_string(K) + " n " + std::to_string(n) + " rows " +
-                           std::to_string(rows[0]) + (rows.size() > 1 ? "+" : "") + (accumulate ? " +=" : " =");
+                           std::to_string(rows[0]) + (rows.size() > 1 ? "+" : "") + (accumulate ? " +=" : " =") +
+                           " ks " + std::to_string(ks);
   std::mt19937_64 rng(seed);
   Mats m;
   for (int r : rows) {
@@ -107,7 +109,7 @@ std::vector<float> run_case(const std::vector<int>& rows, int K, int n, bool acc
     ys.push_back(std::make_unique<DevBuf<float>>(y0s.back()));
     b.W[i] = m.dev[i]->m, b.y[i] = ys.back()->p, b.ldy[i] = ldy;
   }
-  gemm_i8(b, xs.p, n, accumulate, nullptr);
+  gemm_i8(b, xs.p, n, accumulate, nullptr, ks);
   CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<uint8_t> bytes = xs.download();
   std::vector<std::vector<double>> xt(n);
@@ -150,27 +152,37 @@ std::vector<float> run_case(const std::vector<int>& rows, int K, int n, bool acc
 TEST(GemmI8, AgainstReference) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   uint64_t seed = 9200;
-  for (int n : {1, 5, 8, 9, 16})
+  for (int n : {1, 5, 8, 9, 16, 17, 40, 64})
     for (bool acc : {false, true}) run_case({300}, 2048, n, acc, seed++);
   run_case({37}, 4096, 16, false, seed++);
   run_case({129}, 512, 7, true, seed++);
   run_case({1}, 2048, 3, false, seed++);
   // several matrices in one launch (the GDN input projections: rows of 4 sizes, two of them tiny)
   run_case({200, 77, 32, 32}, 2048, 12, false, seed++);
+  run_case({200, 77, 32, 32}, 2048, 57, false, seed++);
+  // K split between a tile's warps (1 to 8; the out_proj shape 2048 x 4096 with +=), tiles past the last block
+  for (int ks : {1, 2, 4, 8}) {
+    run_case({1000}, 4096, 33, true, seed++, nullptr, ks);
+    run_case({45, 19}, 4096, 6, false, seed++, nullptr, ks);
+  }
+  run_case({2048}, 4096, 64, true, seed++);
 }
 
-// A token's outputs do not depend on the launch's other tokens: the first m of 16 tokens alone give the same bits.
+// A token's outputs do not depend on the launch's other tokens: the first m of 64 tokens alone give the same bits
+// (within one 16-token slice and across slices), for each split of K.
 TEST(GemmI8, TokenResultsIndependentOfLaunchSize) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(9300);
-  const int K = 2048, rows = 500;
-  const std::vector<float> x = random_x(rng, 16, K);
-  const std::vector<float> all = run_case({rows}, K, 16, false, 9301, &x);
-  for (int m : {1, 5, 8, 9}) {
-    const std::vector<float> few = run_case({rows}, K, m, false, 9301, &x);
-    size_t differ = 0;
-    for (size_t i = 0; i < few.size(); ++i) differ += std::memcmp(&few[i], &all[i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0u) << "the first " << m << " tokens alone";
+  const int K = 4096, rows = 500;
+  const std::vector<float> x = random_x(rng, 64, K);
+  for (int ks : {1, 2, 8}) {
+    const std::vector<float> all = run_case({rows}, K, 64, false, 9301, &x, ks);
+    for (int m : {1, 5, 8, 9, 16, 23}) {
+      const std::vector<float> few = run_case({rows}, K, m, false, 9301, &x, ks);
+      size_t differ = 0;
+      for (size_t i = 0; i < few.size(); ++i) differ += std::memcmp(&few[i], &all[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << "the first " << m << " tokens alone, ks " << ks;
+    }
   }
 }
 
