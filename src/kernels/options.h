@@ -26,7 +26,7 @@ struct KernelOptions {
   // LILY_BATCH_GRAPH_ROWS=n: a batched step (runtime/cuda_batch_backend) with at most n one-token rows runs each
   // of them through the captured decode step of its slot (the batch-1 kernels, one after another) instead of one
   // pass of the prompt path over all of them; 0 = always the pass.
-  int batch_graph_rows = 4;
+  int batch_graph_rows = 3;
   // LILY_PROMPT_ATTN_1TERM=0: the prompt path's attention takes q and the probabilities as two bf16 terms each
   // instead of one (kernels/attention_chunk.cu; one term: half the tensor-core products, within issue 28's bound).
   bool prompt_attn_one_term = true;
