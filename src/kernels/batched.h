@@ -119,9 +119,10 @@ void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh
 
 // ---- dense projections of a decode pass on the int8 tensor cores (kernels/gemm_i8.cu) ----
 // For passes of at most kI8MaxTokens one-token rows, where the tensor-core tiles spend their time on x (two bf16
-// terms per token, re-read by every block): x per 64-element group in 16-bit fixed point (int8 hi and lo), the weights' 4-bit codes as int8,
-// exact integer sums, scale and bias per group in fp32; x staged once per block, a block per 16 tokens and 8 / ks
-// row tiles at a time (ks warps split a tile's K: matrices of few rows still fill the SMs).
+// terms per token, re-read by every block): x per 64-element group in 16-bit fixed point (int8 hi and lo), the
+// weights' 4-bit codes as int8, exact integer sums, scale and bias per group in fp32; x staged once per block, a
+// block per 16 tokens and 8 / ks row tiles at a time (ks warps split a tile's K: matrices of few rows still fill
+// the SMs).
 inline constexpr int kI8MaxTokens = 64;
 inline constexpr int kI8MaxK = 4096;
 size_t i8x_row_bytes(int K);

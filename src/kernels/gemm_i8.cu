@@ -1,11 +1,12 @@
-// Dense 4-bit GEMMs of a decode pass (a few one-token rows) on the int8 tensor cores. The split-K tiles of
-// kernels/gemm.cu read x as two bf16 terms per token and spend their time on x and on the slices' sums when the
-// tokens are few; here x is staged once per block as 16-bit fixed point per 64-element group (int8 hi and lo, the
-// decode GEMVs' rule, kernels/gemv_stream.cuh, per group instead of per 32-element chunk), the weights' 4-bit codes
-// go into mma.m16n8k32 as int8 unchanged and the integer sums are exact; scale and bias apply per group in fp32.
-// A warp streams a 16-row tile over all of K (two phases of 4 groups in flight), the grid is at most one block per
-// SM (x staged once per block). A token's column is computed the same way whatever the other columns hold, so its
-// bits do not depend on the launch's other tokens. Tested by tests/gpu/test_gemm_i8.cu.
+// Dense 4-bit GEMMs of a decode pass (a few one-token rows) on the int8 tensor cores. The tiles of kernels/gemm.cu
+// read x as two bf16 terms per token and spend their time on x when the tokens are few; here x is staged once per
+// block as 16-bit fixed point per 64-element group (int8 hi and lo, the decode GEMVs' rule, kernels/gemv_stream.cuh,
+// per group instead of per 32-element chunk), the weights' 4-bit codes go into mma.m16n8k32 as int8 unchanged and
+// the integer sums are exact; scale and bias apply per group in fp32. A block takes one 16-token slice (grid.y);
+// KS warps stream one 16-row tile, each over K / KS (two phases of 4 groups in flight), their partial sums added in
+// warp order through shared memory; blocks per slice: the tiles in one round or what fits beside the other slices.
+// A token's column is computed the same way whatever the other columns hold, so its bits do not depend on the
+// launch's other tokens (only on KS). Tested by tests/gpu/test_gemm_i8.cu.
 //
 // The staged row of a token (i8x_prep), per group g of 64 elements: hi bytes [4 t][16], lo bytes [4 t][16], where
 // the 16 bytes of lane quad t are {even, odd elements of word 2 t, even, odd elements of word 2 t + 1} (word w: the

@@ -34,7 +34,7 @@ struct KernelOptions {
   // one-token rows) keep the 64- / 16-token tiles of kernels/gemm.cu instead of kernels/gemm_rows.cu (weights
   // straight into registers, K split between a block's warps). Same arithmetic per column, other bits.
   bool gemm_rows = true;
-  // LILY_GEMM_I8=0: a decode pass of one-token rows keeps the split-K tiles for its dense projections instead of
+  // LILY_GEMM_I8=0: a decode pass of one-token rows keeps the tensor-core tiles for its dense projections instead of
   // the int8 tensor-core GEMM (kernels/gemm_i8.cu: x staged once per block as 16-bit fixed point, the weights read
   // once): the input projections and lm_head for passes of at most gemm_i8_in_rows rows (LILY_GEMM_I8_IN_ROWS),
   // the GDN out_proj and attention o_proj for at most gemm_i8_out_rows (LILY_GEMM_I8_OUT_ROWS; both at most
