@@ -121,9 +121,10 @@ void CudaEngine::prefill_alloc() {
   b->act = device_alloc<float>((size_t)n * (k + 1) * F);
   b->yd = device_alloc<float>((size_t)n * k * std::max(H, 2 * F));  // (2 F: the unpaired gate / up scratch)
   b->ysh = device_alloc<float>((size_t)n * H);
-  b->i8_width = opts_.gemm_i8 ? std::max(opts_.gemm_i8_in_rows > 0 ? H : 0, opts_.gemm_i8_out_rows > 0 ? mix : 0) : 0;
-  if (b->i8_width > 0 && b->i8_width <= kI8MaxK)  // (project_i8 checks each projection's width)
-    b->i8x = device_alloc<uint8_t>(kI8MaxTokens * i8x_row_bytes(b->i8_width));
+  const int in_w = opts_.gemm_i8_in_rows > 0 && H <= kI8MaxK ? H : 0;  // (project_i8 checks each projection)
+  const int out_w = opts_.gemm_i8_out_rows > 0 && mix <= kI8MaxK ? mix : 0;
+  b->i8_width = opts_.gemm_i8 ? std::max(in_w, out_w) : 0;
+  if (b->i8_width > 0) b->i8x = device_alloc<uint8_t>(kI8MaxTokens * i8x_row_bytes(b->i8_width));
   const int nr = PrefillBuffers::kMoeRowsMaxTokens;
   if (moe_rows_ok())
     b->srows = device_alloc<uint8_t>(std::max(nr * stream_row_bytes(H), (size_t)nr * k * stream_row_bytes(c.moe_ffn)));
