@@ -62,6 +62,17 @@ bool i8_applies(QFormat f, int cols) {
   return kN <= kI8MaxTokens && f == QFormat::q4 && (cols == 2048 || cols == 4096);
 }
 
+// The launches b[i] (one per weight copy) on the int8 tensor cores: ks 0 (the launcher's choice), then each split of
+// K between a tile's warps.
+void int8_variants(const char* name, const std::vector<GemmBatch>& b, int cols, double flops, double bytes) {
+  const void* xs = i8x_for(cols);
+  for (int ks : {0, 1, 2, 4, 8}) {
+    if (cols % (512 * std::max(ks, 1)) != 0) continue;
+    const double us = time_graph((int)b.size(), [&](int i, cudaStream_t s) { gemm_i8(b[i], xs, kN, false, s, ks); });
+    report((std::string(name) + ", int8 ks " + (ks ? std::to_string(ks) : "auto")).c_str(), us, flops, bytes);
+  }
+}
+
 // Dense GEMM rows x cols over kN tokens (over `copies` weight copies); up to kI8MaxTokens also on the int8 cores.
 void dense(const char* name, QFormat f, int rows, int cols, const GemmXBuf& x, float* y) {
   const QMat probe = [&] { QMat m; m.format = f, m.rows = rows, m.cols = cols; return m; }();
@@ -73,17 +84,9 @@ void dense(const char* name, QFormat f, int rows, int cols, const GemmXBuf& x, f
   const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm(w[i], 0, xv.view(), kN, y, rows, false, s); });
   report(name, us, 2.0 * rows * cols * kN, (double)probe.bytes());
   if (!i8_applies(f, cols)) return;
-  const void* xs = i8x_for(cols);
-  for (int ks : {0, 1, 2, 4, 8}) {  // 0: the launcher's choice; then each split of K between a tile's warps
-    if (cols % (512 * std::max(ks, 1)) != 0) continue;
-    const double us8 = time_graph(copies, [&](int i, cudaStream_t s) {
-      GemmBatch b;
-      b.n = 1, b.W[0] = w[i], b.y[0] = y, b.ldy[0] = rows;
-      gemm_i8(b, xs, kN, false, s, ks);
-    });
-    report((std::string(name) + ", int8 ks " + (ks ? std::to_string(ks) : "auto")).c_str(), us8,
-           2.0 * rows * cols * kN, (double)probe.bytes());
-  }
+  std::vector<GemmBatch> b(copies);
+  for (int i = 0; i < copies; ++i) b[i].n = 1, b[i].W[0] = w[i], b[i].y[0] = y, b[i].ldy[0] = rows;
+  int8_variants(name, b, cols, 2.0 * rows * cols * kN, (double)probe.bytes());
 }
 
 // Several matrices sharing x in one launch (gemm_multi), as the prompt path projects.
@@ -111,13 +114,7 @@ void multi(const char* name, QFormat f, std::vector<int> rows, int cols, const G
   xv.K = cols;
   const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm_multi(b[i], xv.view(), kN, false, s); });
   report(name, us, flops, bytes);
-  if (!i8_applies(f, cols)) return;
-  const void* xs = i8x_for(cols);
-  for (int ks : {0, 1, 2, 4, 8}) {
-    if (cols % (512 * std::max(ks, 1)) != 0) continue;
-    const double us8 = time_graph(copies, [&](int i, cudaStream_t s) { gemm_i8(b[i], xs, kN, false, s, ks); });
-    report((std::string(name) + ", int8 ks " + (ks ? std::to_string(ks) : "auto")).c_str(), us8, flops, bytes);
-  }
+  if (i8_applies(f, cols)) int8_variants(name, b, cols, flops, bytes);
 }
 
 }  // namespace

@@ -673,12 +673,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_split_kernel(
 
 // blockIdx.z: sequence q of several one-token rows (AttnRows): its row's inputs, KV pages, position and its own
 // share of the scratch; its split count from its own length alone (attention_row_splits), so a row's result does
-// not depend on the other rows of the launch.
+// not depend on the other rows of the launch. Launched with PDL in a decode pass, it waits at entry: there every
+// kernel lets the next in at entry (launch.cuh launch_pdl), so it may start while kernels several launches back
+// still run, and its rows, positions and pages change between passes.
 template <int EPL>
 __global__ void __launch_bounds__(kThreads, 1) attention_split_rows_kernel(
-    const __grid_constant__ AttnIn in, KvPages kv, AttnRows rows, AttnScratch scratch, int group, bool pdl) {
+    const __grid_constant__ AttnIn in, KvPages kv, AttnRows rows, AttnScratch scratch, int group) {
   extern __shared__ __align__(16) uint16_t ring_all[];
   __shared__ SplitShared sh;
+  dep_wait();
   constexpr int D = EPL * 32;
   const int q = blockIdx.z;
   const size_t r = (size_t)rows.row[q];
@@ -689,9 +692,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_split_rows_kernel(
   at.v += r * kv.n_kv * D;
   kv.pages = rows.pages[q];
   scratch.partial += (size_t)q * kv.n_kv * scratch.max_splits * group * (D + 2);
-  if (!pdl) dep_wait();
   const int pos = rows.pos[q];
-  split_body<EPL>(at, kv, pos, min(attention_row_splits(pos + 1), (int)gridDim.x), scratch, group, pdl, ring_all, sh);
+  split_body<EPL>(at, kv, pos, min(attention_row_splits(pos + 1), (int)gridDim.x), scratch, group, false, ring_all,
+                  sh);
 }
 
 template <int EPL>
@@ -712,11 +715,8 @@ void launch_split_rows(const AttnIn& in, KvPages kv, AttnRows rows, int n_rows, 
   constexpr size_t smem = (size_t)kWarps * ring_elems<EPL * 32>() * sizeof(uint16_t);
   CUDA_CHECK(cudaFuncSetAttribute(attention_split_rows_kernel<EPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem));
-  // Launched with PDL, but waiting at entry (kernel argument pdl false): in a decode pass every kernel lets the next
-  // in at entry (launch.cuh launch_pdl), so this one may start while kernels several launches back still run, and
-  // its rows, positions and pages change between passes.
   launch_ex(attention_split_rows_kernel<EPL>, dim3(splits, kv.n_kv, n_rows), dim3(kThreads), smem, s,
-            LaunchOpts{true, 1, false}, in, kv, rows, scratch, group, false);
+            LaunchOpts{true, 1, false}, in, kv, rows, scratch, group);
 }
 
 void check_shapes(const char* what, const AttnIn& in, const KvPages& kv, int n_heads, int splits,

@@ -32,7 +32,9 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
   const int h = blockIdx.x, g = h / group, hh = h % group;
   const int dim = blockIdx.y * kCombDims + lane;
   const int tb = blockIdx.x + blockIdx.y * gridDim.x;
-  if constexpr (kRows) {  // sequence blockIdx.z of several one-token rows (AttnRows)
+  if constexpr (kRows) {  // sequence blockIdx.z of several one-token rows (AttnRows), read after the wait: in a
+                          // decode pass they change between passes (launch.cuh launch_pdl)
+    dep_wait();
     const int q = blockIdx.z, n_heads = gridDim.x;
     const size_t r = (size_t)rows.row[q];
     qg += r * n_heads * 2 * D;
