@@ -438,6 +438,7 @@ int Scheduler::step() {
       static_cast<int>(std::count_if(items.begin(), items.end(), [](const Item& it) { return it.logits; }));
   if (decoding > 0 && opt_.decode_step_tokens > 0)
     budget = std::min(budget, std::max(opt_.decode_step_tokens - decoding, kMinPromptTokens));
+  int prompt_pieces = 0;
   for (auto& sp : running_) {
     Seq& s = *sp;
     if (s.done || s.preempted || s.slot < 0) continue;
@@ -450,6 +451,15 @@ int Scheduler::step() {
         end = c;
         break;
       }
+    // A piece that stops inside the prompt ends on the backend's prompt grid, so where the step's budget falls
+    // (other sequences' decode rows) does not change the prompt's arithmetic. Less than a grid step left: the
+    // next step, unless no prompt piece went yet (a budget or prefill_chunk below the grid: progress first).
+    if (end < static_cast<int>(s.ctx.size())) {
+      const int on_grid = prompt_cut(end, be_.prompt_grid());
+      if (on_grid > s.consumed) end = on_grid;
+      else if (prompt_pieces > 0) continue;
+    }
+    ++prompt_pieces;
     items.push_back({&s, end - s.consumed, end == static_cast<int>(s.ctx.size())});
     budget -= end - s.consumed;
   }

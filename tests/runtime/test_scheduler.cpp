@@ -42,6 +42,7 @@ class HashBackend : public BatchBackend {
     max_batch = std::max(max_batch, static_cast<int>(batch.size()));
     for (const BatchEntry& e : batch) {
       State& s = slots_[e.slot];
+      if (e.tokens.size() > 1) piece_ends.push_back(static_cast<int>(s.kv.size() + e.tokens.size()));
       for (int32_t t : e.tokens) {
         s.kv.push_back(t);
         s.h = mix(s.h, static_cast<uint64_t>(t));
@@ -89,6 +90,7 @@ class HashBackend : public BatchBackend {
   int steps = 0, max_batch = 0, drawn_by_backend = 0;
   bool draws_ids = false;  // draws() says yes: step() draws the ids itself
   int grid = 1;            // prompt_grid()
+  std::vector<int> piece_ends;  // the position after each entry of more than one token
 
  private:
   struct State {
@@ -430,6 +432,34 @@ TEST(Scheduler, PromptCheckpointsKeepToTheBackendsGrid) {
     EXPECT_EQ(b.ids, solo(pb, 5, 2));
     expect_empty(sch);
   }
+}
+
+// Next to a decoding sequence a step leaves a prompt 99 tokens (decode_step_tokens 100): with a prompt grid of
+// 16 each piece still ends on the grid (96 tokens), or at the prompt's end, and the output stays the solo run's.
+TEST(Scheduler, PromptPiecesEndOnTheBackendsGrid) {
+  std::mt19937 rng(29);
+  HashBackend be(2, 4096);
+  be.grid = 16;
+  SchedulerOptions o;
+  o.prefill_chunk = 512;
+  o.max_step_tokens = 512;
+  o.decode_step_tokens = 100;
+  Scheduler sch(be, o);
+  Outcome a, b;
+  const auto pa = random_prompt(rng, 10), pb = random_prompt(rng, 1000);
+  sch.add(spec_of(pa, 40, 1, a));
+  sch.step();  // a's prompt
+  sch.add(spec_of(pb, 3, 2, b));
+  run_to_idle(sch);
+  int beside = 0;  // pieces of b's prompt cut by the budget next to a
+  for (int end : be.piece_ends) {
+    EXPECT_TRUE(end % 16 == 0 || end == 10 || end == 1000) << "a prompt piece ended at " << end;
+    beside += end % 96 == 0 && end < 1000;
+  }
+  EXPECT_GE(beside, 5) << "b's pieces next to a should have been 96 tokens";
+  EXPECT_EQ(a.ids, solo(pa, 40, 1));
+  EXPECT_EQ(b.ids, solo(pb, 3, 2));
+  expect_empty(sch);
 }
 
 TEST(Scheduler, TheNextTurnContinuesFromTheTurnTail) {
