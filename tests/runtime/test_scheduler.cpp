@@ -249,24 +249,34 @@ TEST(Scheduler, PromptPiecesDoNotStallRunningStreams) {
   expect_empty(sch);
 }
 
+// Steps of 512 tokens at most, 100 while a sequence decodes (so a prompt piece beside one decode row gets 99).
+SchedulerOptions budget_options() {
+  SchedulerOptions o;
+  o.prefill_chunk = 512;
+  o.max_step_tokens = 512;
+  o.decode_step_tokens = 100;
+  return o;
+}
+// a (seed 1, a_max ids) starts decoding, then b's prompt (seed 2, 3 ids) goes in beside it; both run to the end.
+void decode_beside_prompt(Scheduler& sch, const std::vector<int32_t>& pa, int a_max, Outcome& a,
+                          const std::vector<int32_t>& pb, Outcome& b) {
+  sch.add(spec_of(pa, a_max, 1, a));
+  sch.step();  // a's prompt
+  sch.add(spec_of(pb, 3, 2, b));
+  run_to_idle(sch);
+}
+
 // decode_step_tokens caps a step while a sequence decodes (the stream's gap), the full max_step_tokens when none
 // does; the outputs are those of solo runs.
 TEST(Scheduler, StepsWhileDecodingKeepToTheirBudget) {
   std::mt19937 rng(4);
   HashBackend be(2, 4096);
-  SchedulerOptions o;
-  o.prefill_chunk = 512;
-  o.max_step_tokens = 512;
-  o.decode_step_tokens = 100;
-  Scheduler sch(be, o);
+  Scheduler sch(be, budget_options());
   std::vector<std::pair<int, int>> steps;  // (sequences, tokens)
   sch.on_step = [&](int n, int t) { steps.push_back({n, t}); };
   Outcome a, b;
   const auto pa = random_prompt(rng, 10), pb = random_prompt(rng, 1000);
-  sch.add(spec_of(pa, 30, 1, a));
-  sch.step();  // a's prompt
-  sch.add(spec_of(pb, 3, 2, b));
-  run_to_idle(sch);
+  decode_beside_prompt(sch, pa, 30, a, pb, b);
   int capped = 0;
   for (size_t i = 1; i < steps.size(); ++i) {
     EXPECT_LE(steps[i].second, 100) << "step " << i << " while a decodes";
@@ -440,17 +450,10 @@ TEST(Scheduler, PromptPiecesEndOnTheBackendsGrid) {
   std::mt19937 rng(29);
   HashBackend be(2, 4096);
   be.grid = 16;
-  SchedulerOptions o;
-  o.prefill_chunk = 512;
-  o.max_step_tokens = 512;
-  o.decode_step_tokens = 100;
-  Scheduler sch(be, o);
+  Scheduler sch(be, budget_options());
   Outcome a, b;
   const auto pa = random_prompt(rng, 10), pb = random_prompt(rng, 1000);
-  sch.add(spec_of(pa, 40, 1, a));
-  sch.step();  // a's prompt
-  sch.add(spec_of(pb, 3, 2, b));
-  run_to_idle(sch);
+  decode_beside_prompt(sch, pa, 40, a, pb, b);
   int beside = 0;  // pieces of b's prompt cut by the budget next to a
   for (int end : be.piece_ends) {
     EXPECT_TRUE(end % 16 == 0 || end == 10 || end == 1000) << "a prompt piece ended at " << end;
