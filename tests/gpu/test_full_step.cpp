@@ -274,11 +274,15 @@ TEST(FullStep, DecodePassWithinTheBound) {
   std::vector<double> rel;
   int top1_same = 0;
   size_t differ = 0;
-  auto sync_state = [&](SeqStateDev& dst, const SeqStateDev& src, int pos) {  // the streams are idle here
+  // The copies go on the pass's stream: a device-to-device cudaMemcpy returns before it completes, and the legacy
+  // default stream it runs on is not ordered with the engines' non-blocking streams (a pass whose kernels read
+  // their state early, under programmatic dependent launch, could read it before the copy).
+  auto sync_state = [&](SeqStateDev& dst, const SeqStateDev& src, int pos) {  // the steps engine is idle here
     pass.seq_ensure_kv(dst, pos + 1);
-    CUDA_CHECK(cudaMemcpy(dst.gdn, src.gdn, steps.gdn_state_bytes(), cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(dst.gdn, src.gdn, steps.gdn_state_bytes(), cudaMemcpyDeviceToDevice, pass.stream()));
     for (int i = 0; i < src.pages; ++i)
-      CUDA_CHECK(cudaMemcpy(dst.page_blocks[i], src.page_blocks[i], steps.kv_page_bytes(), cudaMemcpyDeviceToDevice));
+      CUDA_CHECK(cudaMemcpyAsync(dst.page_blocks[i], src.page_blocks[i], steps.kv_page_bytes(),
+                                 cudaMemcpyDeviceToDevice, pass.stream()));
   };
   auto run_pass = [&](std::vector<SeqStateDev>& slots, const std::vector<int32_t>& toks, int pos, float* out) {
     const int n = static_cast<int>(slots.size());
