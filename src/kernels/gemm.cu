@@ -130,19 +130,18 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[m][i][j] = 0.f;
 
-  const int g0 = 0, g1 = groups;
   for (int i = 0; i < kGemmStages - 1; ++i) {
-    if (g0 + i < g1) stage(g0 + i, i);
+    if (i < groups) stage(i, i);
     else mma::commit();  // (empty groups keep the count of groups in flight uniform)
   }
-  for (int g = g0; g < g1; ++g) {
+  for (int g = 0; g < groups; ++g) {
     mma::wait<kGemmStages - 2>();
     __syncthreads();  // group g has landed for every thread; group g - 1's buffer is read by no one any more
     const int next = g + kGemmStages - 1;
-    if (next < g1) stage(next, (next - g0) % kGemmStages);
+    if (next < groups) stage(next, next % kGemmStages);
     else mma::commit();
     if (n_pairs == 0) continue;
-    const uint8_t* base = smem + ((g - g0) % kGemmStages) * T::kStage;
+    const uint8_t* base = smem + (g % kGemmStages) * T::kStage;
     const uint8_t* ws = base;
     const uint8_t* xs = base + T::kWBytes;
     const float* sbs = reinterpret_cast<const float*>(xs + T::kXBytes);
@@ -314,9 +313,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
 
   const int gq = lane >> 2, tq = lane & 3;
   const int tr0 = (warp >> 2) * 64 + (warp & 3) * 16 + gq;  // this thread's tile rows tr0, tr0 + 8
-  const int g0 = 0, g1 = groups;
   for (int i = 0; i < kStages - 1; ++i) {
-    if (g0 + i < g1) stage(g0 + i, i);
+    if (i < groups) stage(i, i);
     else mma::commit();
   }
   // The loop over the groups for the tile's first NT tokens (NT >= t_count: the tensor cores skip the empty
@@ -326,11 +324,11 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
     float acc[32];  // (the first NT / 2 used)
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
-    for (int g = g0; g < g1; ++g) {
+    for (int g = 0; g < groups; ++g) {
       mma::wait<kStages - 2>();
       wgmma::fence_proxy_shared();  // this thread's copies of group g, seen by the tensor cores' reads
       __syncthreads();              // everyone's; group g - 1's buffer is read by no one any more
-      const uint8_t* base = smem + ((g - g0) % kStages) * T::kStage;
+      const uint8_t* base = smem + (g % kStages) * T::kStage;
       const uint8_t* ws = base + 2 * kWgBTile;
       const float* sbs = reinterpret_cast<const float*>(ws + T::kWBytes);
       const uint32_t b_hi = static_cast<uint32_t>(__cvta_generic_to_shared(base));
@@ -356,7 +354,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
       }
       wgmma::commit();
       const int next = g + kStages - 1;  // (its copies issued while the tensor cores work)
-      if (next < g1) stage(next, (next - g0) % kStages);
+      if (next < groups) stage(next, next % kStages);
       else mma::commit();
       wgmma::wait<0>();
       const float* xsum = sbs + kGemmRows;
