@@ -154,10 +154,22 @@ void moe_rows_down(const QMat& down, const void* act, const int* offsets, const 
 // does not depend on the state, for every token at once; the recurrence over the chunk; the gated output norm;
 // the conv ring brought up to date): qkv [n][conv_dim], z [n][Hv*Dv], a, b [n][Hv], out [n][Hv*Dv]; the ring and
 // state as there, updated in place. scratch: device, gdn_chunk_scratch_bytes.
+// wy: the recurrence in the chunked form (kernels/gdn_wy.cu) where gdn_wy_supported(dims), else token by token.
 size_t gdn_chunk_scratch_bytes(int n, GdnDims dims);
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
-                      float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, cudaStream_t s);
+                      float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, bool wy, cudaStream_t s);
+
+// ---- the Gated DeltaNet recurrence in the chunked (WY) form (kernels/gdn_wy.cu) ----
+// Over the prep rows of gdn_chunk.cu (prep [n][PrepRow width]) and a [n][Hv] (the decays' inputs): the ungated
+// outputs into out [n][Hv*Dv], the state updated in place. Pieces of gdn_wy_grid() tokens at absolute multiples of
+// it; work: device, gdn_wy_work_bytes(dims), 16-byte aligned. Dk = 128 and Dv a multiple of 32 up to 128 only.
+bool gdn_wy_supported(GdnDims dims);
+size_t gdn_wy_work_bytes(GdnDims dims);
+int gdn_wy_grid();
+// parts (benchmarks): 1 the piece kernels only, 2 the chain kernels only, 3 both.
+void launch_gdn_wy(const float* prep, const float* a, const float* a_log, const float* dt_bias, float* state,
+                   float* out, void* work, int pos0, int n, GdnDims dims, cudaStream_t s, int parts = 3);
 
 // ---- attention over a chunk (kernels/attention_chunk.cu) ----
 // launch_attention_decode (kernels/mixers.h) for the n consecutive tokens at positions pos0.. : in.qg [n][n_heads

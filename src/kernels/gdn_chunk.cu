@@ -19,6 +19,7 @@
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/gdn_core.cuh"
+#include "kernels/gdn_prep.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/mma.cuh"
 
@@ -41,19 +42,6 @@ __device__ __forceinline__ void scatter_step(float (&x)[V], int lane) {
     x[j] = keep + __shfl_xor_sync(0xffffffffu, send, M);
   }
 }
-
-// Row layout of the prep's output per token (floats): q normed and scaled [Hk][Dk] | k normed [Hk][Dk] |
-// v after conv + SiLU [Hv][Dv] | k . q [Hk] | beta [Hv] | decay [Hv].
-struct PrepRow {
-  int key_dim, vd, n_k, n_v;
-  __host__ __device__ int width() const { return 2 * key_dim + vd + n_k + 2 * n_v; }
-  __host__ __device__ int q(int kh) const { return kh * (key_dim / n_k); }
-  __host__ __device__ int k(int kh) const { return key_dim + q(kh); }
-  __host__ __device__ int v(int h) const { return 2 * key_dim + h * (vd / n_v); }
-  __host__ __device__ int kq(int kh) const { return 2 * key_dim + vd + kh; }
-  __host__ __device__ int beta(int h) const { return 2 * key_dim + vd + n_k + h; }
-  __host__ __device__ int decay(int h) const { return 2 * key_dim + vd + n_k + n_v + h; }
-};
 
 // Everything of a token that does not depend on the state, for kPrepTok tokens per block, each input row read
 // once: block (x, y < Hk) runs key head y's q channels on threads [0, 128) and its k channels on [128, 256), a
@@ -320,12 +308,13 @@ __global__ void ring_update_kernel(const float* qkv, float* ring, int pos0, int 
 
 size_t gdn_chunk_scratch_bytes(int n, GdnDims dims) {
   const int key_dim = dims.n_k_heads * dims.k_dim, vd = dims.n_v_heads * dims.v_dim;
-  return sizeof(float) * (size_t)n * PrepRow{key_dim, vd, dims.n_k_heads, dims.n_v_heads}.width();
+  const size_t prep = sizeof(float) * (size_t)n * PrepRow{key_dim, vd, dims.n_k_heads, dims.n_v_heads}.width();
+  return (prep + 255) / 256 * 256 + gdn_wy_work_bytes(dims);  // (the chunked form's work area after the rows)
 }
 
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
-                      float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, cudaStream_t s) {
+                      float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, bool wy, cudaStream_t s) {
   LILY_CHECK(dims.k_dim >= 1 && dims.k_dim <= kDkMax && dims.v_dim >= 4 && dims.v_dim % 4 == 0 &&
                  dims.n_k_heads > 0 && dims.n_v_heads % dims.n_k_heads == 0 && dims.n_v_heads / dims.n_k_heads <= 32 && pos0 >= 0,
              "gdn_chunk: unsupported dims Dk=", dims.k_dim, " Dv=", dims.v_dim, " Hk=", dims.n_k_heads,
@@ -338,9 +327,14 @@ void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const fl
   gdn_prep_kernel<<<prep_grid, kPrepThreads, 0, s>>>(qkv, a, b, conv_w, a_log, dt_bias, conv_ring, prep, pos0, n,
                                                      dims);
   CUDA_CHECK_LAUNCH(s);
-  const dim3 grid((dims.v_dim + kBlockCols - 1) / kBlockCols, dims.n_v_heads);
-  gdn_chunk_kernel<<<grid, kStageWarps * 32, 0, s>>>(prep, state, out, n, dims);
-  CUDA_CHECK_LAUNCH(s);
+  if (wy && gdn_wy_supported(dims)) {
+    uint8_t* work = static_cast<uint8_t*>(scratch) + (gdn_chunk_scratch_bytes(n, dims) - gdn_wy_work_bytes(dims));
+    launch_gdn_wy(prep, a, a_log, dt_bias, state, out, work, pos0, n, dims, s);
+  } else {
+    const dim3 grid((dims.v_dim + kBlockCols - 1) / kBlockCols, dims.n_v_heads);
+    gdn_chunk_kernel<<<grid, kStageWarps * 32, 0, s>>>(prep, state, out, n, dims);
+    CUDA_CHECK_LAUNCH(s);
+  }
   const int rows = n * dims.n_v_heads;
   gated_norm_kernel<<<(rows + 7) / 8, 256, 0, s>>>(out, z, norm_w, n, dims.n_v_heads, dims.v_dim, eps);
   CUDA_CHECK_LAUNCH(s);

@@ -4,6 +4,7 @@
 // 16x16, B column-major 16x8, C 16x8).
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -48,6 +49,19 @@ __device__ __forceinline__ void bf16_16816(float (&c)[4], const uint32_t (&a)[4]
   asm(  // not volatile: registers only, so the compiler may interleave the products with the fragment loads
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as an fp16x2 register (round to nearest even, subnormals kept), the first in the low 16 bits.
+__device__ __forceinline__ uint32_t pack_f16x2(float lo_half, float hi_half) {
+  const __half2 v = __floats2half2_rn(lo_half, hi_half);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// c += a b (fp16 in, fp32 accumulators)
+__device__ __forceinline__ void f16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }

@@ -30,6 +30,10 @@ struct KernelOptions {
   // LILY_PROMPT_ATTN_1TERM=0: the prompt path's attention takes q and the probabilities as two bf16 terms each
   // instead of one (kernels/attention_chunk.cu; one term: half the tensor-core products, within issue 28's bound).
   bool prompt_attn_one_term = true;
+  // LILY_GDN_WY=1: the prompt path's Gated DeltaNet recurrence in the chunked (WY) form on the tensor cores
+  // (kernels/gdn_wy.cu: pieces of 64 tokens at absolute multiples of 64, which become the prompt grid) instead of
+  // token by token (kernels/gdn_chunk.cu).
+  bool gdn_wy = false;
   // LILY_GEMM_ROWS=0: a decode pass's dense GEMMs of at most kRowsMaxWeights weights (kernels/batched.h; at most 64
   // one-token rows) keep the 64- / 16-token tiles of kernels/gemm.cu instead of kernels/gemm_rows.cu (weights
   // straight into registers, K split between a block's warps). Same arithmetic per column, other bits.

@@ -164,6 +164,8 @@ class CudaEngine {
   static constexpr int kPrefillChunk = 2048;
   // Tokens per chunk the backend uses: kPrefillChunk, or KernelOptions::prefill_chunk (benchmarks) up to it.
   int prefill_chunk() const;
+  // Prompt pieces split at multiples of it give the whole prompt's bits (the chunked GDN's pieces; else 1).
+  int prompt_grid() const;
   // logits() = lm_head(RMSNorm(h) * norm) for h [H] on the device (e.g. prefill_h(t)); enqueued on stream().
   void lm_head(const float* h);
   // stop (may be null): asked every kStopLayers layers once the group before has run (the GPU keeps one group

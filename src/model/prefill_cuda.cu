@@ -169,6 +169,13 @@ bool CudaEngine::prefill_skips(const char* family) const {
   return !opts_.skip.empty() && ("," + opts_.skip + ",").find("," + std::string(family) + ",") != std::string::npos;
 }
 
+int CudaEngine::prompt_grid() const {
+  const Config& c = cfg_;
+  return opts_.gdn_wy && gdn_wy_supported(GdnDims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim})
+             ? gdn_wy_grid()
+             : 1;
+}
+
 int CudaEngine::prefill_chunk() const {
   return std::clamp(opts_.prefill_chunk > 0 ? opts_.prefill_chunk : kPrefillChunk, 16, kPrefillChunk);
 }
@@ -371,7 +378,8 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
                         (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.pos + q, dims, c.eps, stream_);
       else
         launch_gdn_chunk(qkv + t * cd, z + t * vd, a + t * Hv, bb + t * Hv, g.conv1d, g.A_log, g.dt_bias, g.norm,
-                         (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.scratch, r.pos0, r.n, dims, c.eps, stream_);
+                         (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.scratch, r.pos0, r.n, dims, c.eps,
+                         opts_.gdn_wy, stream_);
     }
   if (project_i8({{&g.out_proj, b.h, H}}, b.mix, vd, nullptr, n, true, "gemm_gdn_out", n * flops_.gdn_out)) return;
   const GemmXBuf xm = at_width(b.x, vd);

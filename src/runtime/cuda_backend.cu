@@ -65,6 +65,7 @@ class CudaBackend : public Backend {
   }
   int max_context() const override { return engine_.max_context(); }
   int position() const override { return pos_; }
+  int prompt_grid() const override { return engine_.prompt_grid(); }
   void reset() override {
     sampler_.drop_queued();  // steps a failed generation left queued: finished and forgotten
     engine_.reset_state();
@@ -112,10 +113,12 @@ class CudaBackend : public Backend {
   void forward_chunks(std::span<const int32_t> tokens, float* logits, bool all_logits) {
     const int n = (int)tokens.size(), V = cfg_.vocab;
     cudaStream_t s = engine_.stream();
-    const int chunk = engine_.prefill_chunk();
+    const int chunk = engine_.prefill_chunk(), grid = engine_.prompt_grid();
     const double head_flops = FamilyFlops(cfg_).lm_head;  // (profiling)
-    for (int i0 = 0; i0 < n; i0 += chunk) {
-      const int m = std::min(chunk, n - i0);
+    for (int i0 = 0; i0 < n;) {
+      int m = std::min(chunk, n - i0);
+      // a chunk inside the prompt ends on the prompt grid, so the chunks' arithmetic is the whole prompt's
+      if (i0 + m < n && m > (pos_ + m) % grid) m -= (pos_ + m) % grid;
       // (stopped: the state is partway through the prompt, and the caller resets it)
       if ((stop_ && i0 > 0 && (*stop_)()) || !engine_.prefill(tokens.data() + i0, pos_, m, stop_)) {
         stopped_ = true;
@@ -132,6 +135,7 @@ class CudaBackend : public Backend {
       else if (i0 + m == n)
         head(m - 1, logits);
       pos_ += m;
+      i0 += m;
     }
     CUDA_CHECK(cudaStreamSynchronize(s));  // staging_ is free
     staging_[0] = StepDev{tokens[n - 1], pos_ - 1, 0.f};

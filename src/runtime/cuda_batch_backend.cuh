@@ -33,6 +33,7 @@ class CudaBatchBackend : public BatchBackend {
   std::string name() const override { return "cuda"; }
   int max_seqs() const override { return static_cast<int>(slots_.size()); }
   int max_context() const override { return eng_.max_context(); }
+  int prompt_grid() const override { return eng_.prompt_grid(); }
   int position(int slot) const override { return pos_.at(check(slot)); }
   int64_t kv_capacity_tokens() const override { return kv_capacity_; }
   void reset(int slot) override;

@@ -214,6 +214,16 @@ TEST(FullStep, PromptPathWithinTheBound) {
   lily::test::expect_prompt_bound("prompt path vs decode steps, 4 layers", d.rel, d.top1_same);
 }
 
+// The same bound with the GDN recurrence in the chunked form (KernelOptions::gdn_wy, kernels/gdn_wy.cu).
+TEST(FullStep, PromptPathWithTheChunkedGdnWithinTheBound) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  KernelOptions opts = kernel_options_from_env();
+  opts.gdn_wy = true;
+  const PathDiff d = chunked_vs_steps(opts, 300);
+  lily::test::expect_prompt_bound("prompt path (chunked GDN) vs decode steps, 4 layers", d.rel, d.top1_same);
+}
+
 // CudaEngine::prefill's stop (a cancelled request): asked every kStopLayers layers once the group before has run,
 // on a 12-layer full-width model (groups end at layers 5 and 10: asked once). A pass it does not stop gives the
 // bits of a pass without a stop; one it stops returns false.

@@ -3,9 +3,11 @@
 // sizes), and decode attention over a paged cache (short, odd, split tails and a 128K-token context).
 // Tolerance: the GPU's max error against an fp64 reference must stay within 2x the error of the same
 // reference computed in fp32, plus a small absolute term; the worst elements are printed on failure.
+#include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -154,6 +156,8 @@ struct GdnRef {
   GdnDims dm;
   std::vector<T> S;                   // [Hv][Dk][Dv]
   std::vector<std::vector<float>> hist;  // raw qkv of earlier tokens, oldest first
+  // when set: each step's recurrence inputs per value head (q | k | v | beta, log decay), for wy_emulate
+  std::vector<std::vector<double>>* record = nullptr;
   std::vector<T> step(const std::vector<float>& qkv, const std::vector<float>& z, const std::vector<float>& a,
                       const std::vector<float>& b, const std::vector<float>& cw, const std::vector<float>& alog,
                       const std::vector<float>& dtb, const std::vector<float>& nw) {
@@ -177,6 +181,13 @@ struct GdnRef {
       const T x = T(a[h]) + T(dtb[h]);
       const T sp = x > T(20) ? x : std::log1p(std::exp(x));
       const T decay = std::exp(-std::exp(T(alog[h])) * sp);
+      if (record) {
+        std::vector<double> r(q.begin(), q.end());
+        r.insert(r.end(), k.begin(), k.end());
+        for (int j = 0; j < Dv; ++j) r.push_back(double(u[2 * key + h * Dv + j]));
+        r.push_back(double(beta)), r.push_back(double(-std::exp(T(alog[h])) * sp));
+        record->push_back(std::move(r));
+      }
       T* Sh = &S[(size_t)h * Dk * Dv];
       std::vector<T> o(Dv, T(0));
       for (int j = 0; j < Dv; ++j) {
@@ -267,7 +278,7 @@ void run_gdn_chunk_case(GdnDims dm, int before, int n, uint32_t seed) {
   float *dqkv = to_dev(qkv), *dz = to_dev(z), *da = to_dev(a), *db = to_dev(b), *dout = poisoned((size_t)n * VD);
   void* scratch = nullptr;
   CUDA_CHECK(cudaMalloc(&scratch, gdn_chunk_scratch_bytes(n, dm)));
-  launch_gdn_chunk(dqkv, dz, da, db, dcw, dal, ddt, dnw, ring, dS, dout, scratch, before, n, dm, 1e-6f, 0);
+  launch_gdn_chunk(dqkv, dz, da, db, dcw, dal, ddt, dnw, ring, dS, dout, scratch, before, n, dm, 1e-6f, false, 0);
   CUDA_CHECK(cudaDeviceSynchronize());
   char name[96];
   std::snprintf(name, sizeof name, "gdn chunk Dk%d Dv%d +%d x%d", dm.k_dim, Dv, before, n);
@@ -291,6 +302,203 @@ TEST(MixerKernels, GdnChunkTinyAndOddShapes) {
   run_gdn_chunk_case(GdnDims{3, 6, 47, 36}, 1, 13, 9);
   run_gdn_chunk_case(GdnDims{2, 4, 32, 32}, 2, 128, 11);  // whole staged batches
   run_gdn_chunk_case(GdnDims{3, 6, 47, 36}, 1, 150, 12);
+}
+
+// ---- the chunked (WY) form (launch_gdn_chunk with wy, kernels/gdn_wy.cu) ----
+double f16(double x) { return double(__half2float(__float2half_rn(float(x)))); }
+double f16x2(double x) {  // two fp16 terms (of the value's fp32 rounding, as the kernels hold it)
+  const double hi = f16(x);
+  return hi + f16(double(float(x)) - hi);
+}
+
+// The chunked form with the kernel's roundings (W one fp16 term; q, Kd, P, the state and Δ two fp16 terms; the
+// rest in double): the same-precision reference whose error sets the tolerance. rec: the recurrence
+// inputs of tokens pos0.. per (token, value head) (GdnRef::record); S [Hv][Dk][Dv] updated; returns the gated
+// outputs [n][Hv*Dv].
+std::vector<double> wy_emulate(GdnDims dm, std::vector<double>& S, const std::vector<std::vector<double>>& rec, int pos0,
+                               int n, const std::vector<float>& z, const std::vector<float>& nw) {
+  const int Dk = dm.k_dim, Dv = dm.v_dim, Hv = dm.n_v_heads, L = 64;
+  std::vector<double> o((size_t)n * Hv * Dv, 0.0);
+  for (int h = 0; h < Hv; ++h) {
+    double* Sh = &S[(size_t)h * Dk * Dv];
+    for (int p0 = pos0 / L * L; p0 < pos0 + n; p0 += L) {
+      std::vector<double> q((size_t)L * Dk, 0), k((size_t)L * Dk, 0), v((size_t)L * Dv, 0), beta(L, 0), lg(L, 0);
+      double acc = 0;
+      for (int r = 0; r < L; ++r) {
+        const int tok = p0 + r - pos0;
+        if (tok >= 0 && tok < n) {
+          const std::vector<double>& e = rec[(size_t)tok * Hv + h];
+          std::copy(e.begin(), e.begin() + Dk, q.begin() + (size_t)r * Dk);
+          std::copy(e.begin() + Dk, e.begin() + 2 * Dk, k.begin() + (size_t)r * Dk);
+          std::copy(e.begin() + 2 * Dk, e.begin() + 2 * Dk + Dv, v.begin() + (size_t)r * Dv);
+          beta[r] = e[2 * Dk + Dv], acc += e[2 * Dk + Dv + 1];
+        }
+        lg[r] = acc;
+      }
+      auto dot = [&](const std::vector<double>& x, int i, int j) {
+        double s = 0;
+        for (int d = 0; d < Dk; ++d) s += x[(size_t)i * Dk + d] * k[(size_t)j * Dk + d];
+        return s;
+      };
+      std::vector<double> A((size_t)L * L, 0), P((size_t)L * L, 0);
+      for (int i = 0; i < L; ++i)
+        for (int j = 0; j <= i; ++j) {
+          const double ratio = std::exp(lg[i] - lg[j]);
+          if (j < i) A[(size_t)i * L + j] = beta[i] * dot(k, i, j) * ratio;
+          P[(size_t)i * L + j] = f16x2(dot(q, i, j) * ratio);
+        }
+      std::vector<double> W((size_t)L * Dk), U((size_t)L * Dv);
+      for (int i = 0; i < L; ++i) {
+        for (int d = 0; d < Dk; ++d) {
+          double x = beta[i] * std::exp(lg[i]) * k[(size_t)i * Dk + d];
+          for (int j = 0; j < i; ++j) x -= A[(size_t)i * L + j] * W[(size_t)j * Dk + d];
+          W[(size_t)i * Dk + d] = x;
+        }
+        for (int c = 0; c < Dv; ++c) {
+          double x = beta[i] * v[(size_t)i * Dv + c];
+          for (int j = 0; j < i; ++j) x -= A[(size_t)i * L + j] * U[(size_t)j * Dv + c];
+          U[(size_t)i * Dv + c] = x;
+        }
+      }
+      std::vector<double> Se((size_t)Dk * Dv), D((size_t)L * Dv);
+      for (size_t e = 0; e < Se.size(); ++e) {
+        const double hi = f16(Sh[e]);
+        Se[e] = hi + f16(Sh[e] - hi);
+      }
+      for (int i = 0; i < L; ++i)
+        for (int c = 0; c < Dv; ++c) {
+          double d = double(float(U[(size_t)i * Dv + c]));
+          for (int dd = 0; dd < Dk; ++dd) d -= f16(W[(size_t)i * Dk + dd]) * Se[(size_t)dd * Dv + c];
+          const double hi = f16(d);
+          D[(size_t)i * Dv + c] = hi + f16(d - hi);
+        }
+      const double gl = std::exp(lg[L - 1]);
+      for (int i = 0; i < L; ++i) {
+        const int tok = p0 + i - pos0;
+        if (tok < 0 || tok >= n) continue;
+        for (int c = 0; c < Dv; ++c) {
+          double sq = 0, pd = 0;
+          for (int dd = 0; dd < Dk; ++dd) sq += f16x2(q[(size_t)i * Dk + dd]) * Se[(size_t)dd * Dv + c];
+          for (int j = 0; j <= i; ++j) pd += P[(size_t)i * L + j] * D[(size_t)j * Dv + c];
+          o[((size_t)tok * Hv + h) * Dv + c] = std::exp(lg[i]) * sq + pd;
+        }
+      }
+      for (int dd = 0; dd < Dk; ++dd)
+        for (int c = 0; c < Dv; ++c) {
+          double s = gl * Sh[(size_t)dd * Dv + c];
+          for (int i = 0; i < L; ++i)
+            s += f16x2(k[(size_t)i * Dk + dd] * std::exp(lg[L - 1] - lg[i])) * D[(size_t)i * Dv + c];
+          Sh[(size_t)dd * Dv + c] = s;
+        }
+    }
+  }
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < Hv; ++h) {
+      double* row = &o[((size_t)t * Hv + h) * Dv];
+      double ss = 0;
+      for (int c = 0; c < Dv; ++c) ss += row[c] * row[c];
+      const double r = 1 / std::sqrt(ss / Dv + 1e-6);
+      for (int c = 0; c < Dv; ++c) row[c] = row[c] * r * nw[c] * silu_t(double(z[((size_t)t * Hv + h) * Dv + c]));
+    }
+  return o;
+}
+
+// `before` tokens through the decode step, then n tokens in one chunked-form launch (or two, split at `split`
+// tokens into the launch), against the fp64 recurrence with the tolerance set by wy_emulate's error; then one
+// more decode step from the chunk's state and ring. alog_shift strengthens the decays (exp(A_log) up to e^3).
+struct WyRun {
+  std::vector<float> out, S;
+};
+WyRun run_gdn_wy_case(GdnDims dm, int before, int n, uint32_t seed, float alog_shift = 0, int split = 0) {
+  std::mt19937 g(seed);
+  const int C = dm.conv_dim(), Hv = dm.n_v_heads, Dv = dm.v_dim, VD = Hv * Dv;
+  const size_t nS = (size_t)Hv * dm.k_dim * Dv;
+  auto cw = randv((size_t)C * 4, g, -0.6f, 0.6f), alog = randv(Hv, g, -2 + alog_shift, 1 + alog_shift);
+  auto dtb = randv(Hv, g, -1, 1), nw = randv(Dv, g, 0.5f, 1.5f), S0 = randv(nS, g, -0.3f, 0.3f);
+  GdnRef<double> r64{dm, std::vector<double>(S0.begin(), S0.end()), {}};
+  float *dcw = to_dev(cw), *dal = to_dev(alog), *ddt = to_dev(dtb), *dnw = to_dev(nw), *dS = to_dev(S0);
+  float* ring = poisoned((size_t)4 * C);
+  int* dpos = to_dev(std::vector<int>{0});
+  auto step_inputs = [&] {
+    return std::array<std::vector<float>, 4>{randv(C, g, -2, 2), randv(VD, g, -2, 2), randv(Hv, g, -2, 2),
+                                             randv(Hv, g, -2, 2)};
+  };
+  auto gpu_step = [&](const std::array<std::vector<float>, 4>& in, int t) {
+    float *dqkv = to_dev(in[0]), *dz = to_dev(in[1]), *da = to_dev(in[2]), *db = to_dev(in[3]), *dout = poisoned(VD);
+    CUDA_CHECK(cudaMemcpy(dpos, &t, sizeof(int), cudaMemcpyHostToDevice));
+    launch_gdn_step(dqkv, dz, da, db, dcw, dal, ddt, dnw, ring, dS, dout, dpos, dm, 1e-6f, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    auto o = from_dev(dout, VD);
+    for (float* p : {dqkv, dz, da, db, dout}) cudaFree(p);
+    return o;
+  };
+  for (int t = 0; t < before; ++t) {
+    auto in = step_inputs();
+    gpu_step(in, t);
+    r64.step(in[0], in[1], in[2], in[3], cw, alog, dtb, nw);
+  }
+  std::vector<double> S_emu = r64.S;
+  std::vector<std::vector<double>> rec;
+  r64.record = &rec;
+  std::vector<float> qkv, z, a, b;
+  std::vector<double> o64;
+  for (int t = 0; t < n; ++t) {
+    auto in = step_inputs();
+    auto e64 = r64.step(in[0], in[1], in[2], in[3], cw, alog, dtb, nw);
+    qkv.insert(qkv.end(), in[0].begin(), in[0].end()), z.insert(z.end(), in[1].begin(), in[1].end());
+    a.insert(a.end(), in[2].begin(), in[2].end()), b.insert(b.end(), in[3].begin(), in[3].end());
+    o64.insert(o64.end(), e64.begin(), e64.end());
+  }
+  r64.record = nullptr;
+  const std::vector<double> emu = wy_emulate(dm, S_emu, rec, before, n, z, nw);
+  float *dqkv = to_dev(qkv), *dz = to_dev(z), *da = to_dev(a), *db = to_dev(b), *dout = poisoned((size_t)n * VD);
+  void* scratch = nullptr;
+  CUDA_CHECK(cudaMalloc(&scratch, gdn_chunk_scratch_bytes(n, dm)));
+  for (const auto [t0, m] : {std::pair{0, split > 0 ? split : n}, std::pair{split, split > 0 ? n - split : 0}})
+    if (m > 0)
+      launch_gdn_chunk(dqkv + (size_t)t0 * C, dz + (size_t)t0 * VD, da + (size_t)t0 * Hv, db + (size_t)t0 * Hv, dcw,
+                       dal, ddt, dnw, ring, dS, dout + (size_t)t0 * VD, scratch, before + t0, m, dm, 1e-6f, true, 0);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  WyRun run{from_dev(dout, (size_t)n * VD), from_dev(dS, nS)};
+  char name[96];
+  std::snprintf(name, sizeof name, "gdn wy Dv%d Hv%d +%d x%d", Dv, Hv, before, n);
+  expect_close(name, run.out, o64, std::vector<float>(emu.begin(), emu.end()), 1e-6);
+  std::snprintf(name, sizeof name, "gdn wy state Dv%d Hv%d", Dv, Hv);
+  expect_close(name, run.S, r64.S, std::vector<float>(S_emu.begin(), S_emu.end()), 1e-6);
+  // one decode step from the chunk's state and ring, against the fp64 step from the exact state and from the
+  // emulation's (the latter's error sets the tolerance)
+  GdnRef<double> r_emu{dm, S_emu, r64.hist};
+  auto in = step_inputs();
+  const auto next = gpu_step(in, before + n);
+  const auto n64 = r64.step(in[0], in[1], in[2], in[3], cw, alog, dtb, nw);
+  const auto nemu = r_emu.step(in[0], in[1], in[2], in[3], cw, alog, dtb, nw);
+  std::snprintf(name, sizeof name, "gdn step after wy Dv%d Hv%d", Dv, Hv);
+  expect_close(name, next, n64, std::vector<float>(nemu.begin(), nemu.end()), 1e-5);
+  for (float* p : {dqkv, dz, da, db, dout, dcw, dal, ddt, dnw, dS, ring}) cudaFree(p);
+  cudaFree(dpos);
+  cudaFree(scratch);
+  return run;
+}
+
+TEST(MixerKernels, GdnWyRealShape) {
+  const GdnDims real{16, 32, 128, 128};
+  run_gdn_wy_case(real, 0, 37, 21);    // one partial piece from position 0
+  run_gdn_wy_case(real, 5, 200, 22);   // a piece started before the launch, whole pieces, a partial last
+  run_gdn_wy_case(real, 64, 1, 23);    // a one-token launch on the grid
+  run_gdn_wy_case(real, 70, 600, 24);  // two groups of pieces
+  run_gdn_wy_case(real, 3, 150, 25, 2.5f);  // decays down to e^-60 per token: Γ underflows within a piece
+}
+TEST(MixerKernels, GdnWySmallShape) {
+  run_gdn_wy_case(GdnDims{2, 4, 128, 64}, 3, 100, 26);   // two column blocks per head
+  run_gdn_wy_case(GdnDims{1, 3, 128, 32}, 0, 130, 27);  // three value heads per key head, one column block
+}
+// Two launches split on the grid give the one launch's bits (what prefix resumes rely on).
+TEST(MixerKernels, GdnWySplitOnTheGridKeepsTheBits) {
+  const GdnDims real{16, 32, 128, 128};
+  const WyRun whole = run_gdn_wy_case(real, 10, 300, 28);
+  const WyRun split = run_gdn_wy_case(real, 10, 300, 28, 0.f, 118);  // the second launch from position 128
+  EXPECT_EQ(whole.out, split.out);
+  EXPECT_EQ(whole.S, split.S);
 }
 
 // Several sequences' steps in one launch (launch_gdn_step_rows) at scattered rows of a larger buffer, each at its
