@@ -214,14 +214,19 @@ TEST(FullStep, PromptPathWithinTheBound) {
   lily::test::expect_prompt_bound("prompt path vs decode steps, 4 layers", d.rel, d.top1_same);
 }
 
-// The same bound with the GDN recurrence in the chunked form (KernelOptions::gdn_wy, kernels/gdn_wy.cu).
-TEST(FullStep, PromptPathWithTheChunkedGdnWithinTheBound) {
+// The same bound with the GDN recurrence token by token (KernelOptions::gdn_wy off: kernels/gdn_chunk.cu) and in
+// the chunked form (on: kernels/gdn_wy.cu), whatever the environment says.
+TEST(FullStep, PromptPathWithEitherGdnFormWithinTheBound) {
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
-  KernelOptions opts = kernel_options_from_env();
-  opts.gdn_wy = true;
-  const PathDiff d = chunked_vs_steps(opts, 300);
-  lily::test::expect_prompt_bound("prompt path (chunked GDN) vs decode steps, 4 layers", d.rel, d.top1_same);
+  for (const bool wy : {false, true}) {
+    KernelOptions opts = kernel_options_from_env();
+    opts.gdn_wy = wy;
+    const PathDiff d = chunked_vs_steps(opts, 300);
+    lily::test::expect_prompt_bound(wy ? "prompt path (chunked GDN) vs decode steps, 4 layers"
+                                       : "prompt path (sequential GDN) vs decode steps, 4 layers",
+                                    d.rel, d.top1_same);
+  }
 }
 
 // CudaEngine::prefill's stop (a cancelled request): asked every kStopLayers layers once the group before has run,
