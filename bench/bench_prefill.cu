@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
     float* ring = make_vec((size_t)4 * C);
     float* S = make_vec((size_t)32 * 128 * 128, 0.1f);
     float* out = static_cast<float*>(dalloc((size_t)kN * VD * sizeof(float)));
-    void* scratch = dalloc(gdn_chunk_scratch_bytes(kN, d));
+    void* scratch = dalloc(gdn_chunk_scratch_bytes(kN, d, true));
     for (const bool wy : {false, true}) {
       const double us = time_graph(4, [&](int, cudaStream_t s) {
         launch_gdn_chunk(qkv, z, a, b, cw, al, dt, nw, ring, S, out, scratch, 4096, kN, d, 1e-6f, wy, s);
@@ -267,7 +267,7 @@ int main(int argc, char** argv) {
     }
     // the chunked form's two kernels apart (on the prep rows the chunk launches left in the scratch)
     for (const int parts : {1, 2}) {
-      const size_t work_at = gdn_chunk_scratch_bytes(kN, d) - gdn_wy_work_bytes(d);
+      const size_t work_at = gdn_chunk_scratch_bytes(kN, d, true) - gdn_wy_work_bytes(d);
       const double us = time_graph(4, [&](int, cudaStream_t s) {
         launch_gdn_wy(static_cast<const float*>(scratch), a, al, dt, S, out, static_cast<uint8_t*>(scratch) + work_at,
                       4096, kN, d, s, parts);

@@ -153,9 +153,9 @@ void moe_rows_down(const QMat& down, const void* act, const int* offsets, const 
 // launch_gdn_step (kernels/mixers.h) for the n consecutive tokens at positions pos0.. in four launches (what
 // does not depend on the state, for every token at once; the recurrence over the chunk; the gated output norm;
 // the conv ring brought up to date): qkv [n][conv_dim], z [n][Hv*Dv], a, b [n][Hv], out [n][Hv*Dv]; the ring and
-// state as there, updated in place. scratch: device, gdn_chunk_scratch_bytes.
+// state as there, updated in place. scratch: device, gdn_chunk_scratch_bytes (with the same wy).
 // wy: the recurrence in the chunked form (kernels/gdn_wy.cu) where gdn_wy_supported(dims), else token by token.
-size_t gdn_chunk_scratch_bytes(int n, GdnDims dims);
+size_t gdn_chunk_scratch_bytes(int n, GdnDims dims, bool wy);
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
                       const float* a_log, const float* dt_bias, const float* norm_w, float* conv_ring, float* state,
                       float* out, void* scratch, int pos0, int n, GdnDims dims, float eps, bool wy, cudaStream_t s);

@@ -304,12 +304,16 @@ __global__ void ring_update_kernel(const float* qkv, float* ring, int pos0, int 
   ring[(size_t)((pos0 + t) & 3) * conv_dim + c] = qkv[(size_t)t * conv_dim + c];
 }
 
-}  // namespace
-
-size_t gdn_chunk_scratch_bytes(int n, GdnDims dims) {
+// the prep rows' bytes, rounded up to 256 (the chunked form's work area follows them)
+size_t prep_bytes(int n, GdnDims dims) {
   const int key_dim = dims.n_k_heads * dims.k_dim, vd = dims.n_v_heads * dims.v_dim;
   const size_t prep = sizeof(float) * (size_t)n * PrepRow{key_dim, vd, dims.n_k_heads, dims.n_v_heads}.width();
-  return (prep + 255) / 256 * 256 + gdn_wy_work_bytes(dims);  // (the chunked form's work area after the rows)
+  return (prep + 255) / 256 * 256;
+}
+}  // namespace
+
+size_t gdn_chunk_scratch_bytes(int n, GdnDims dims, bool wy) {
+  return prep_bytes(n, dims) + (wy ? gdn_wy_work_bytes(dims) : 0);
 }
 
 void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const float* b, const float* conv_w,
@@ -328,7 +332,7 @@ void launch_gdn_chunk(const float* qkv, const float* z, const float* a, const fl
                                                      dims);
   CUDA_CHECK_LAUNCH(s);
   if (wy && gdn_wy_supported(dims)) {
-    uint8_t* work = static_cast<uint8_t*>(scratch) + (gdn_chunk_scratch_bytes(n, dims) - gdn_wy_work_bytes(dims));
+    uint8_t* work = static_cast<uint8_t*>(scratch) + prep_bytes(n, dims);
     launch_gdn_wy(prep, a, a_log, dt_bias, state, out, work, pos0, n, dims, s);
   } else {
     const dim3 grid((dims.v_dim + kBlockCols - 1) / kBlockCols, dims.n_v_heads);

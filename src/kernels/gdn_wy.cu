@@ -9,8 +9,8 @@
 //   S_L = Γ_L S_0 + Kd^T Δ               Kd_s = k_s Γ_L / Γ_s
 // Two kernels per group of kGroup pieces:
 //   gdn_wy_piece_kernel  a block per (piece, value head), fp32 on the CUDA cores: K K^T and Q K^T, the forward
-//                        substitution for [W | U] (a thread per column), into the group's work area (W, Q, Kd, P
-//                        in fp16; U^T, Γ in fp32).
+//                        substitution for [W | U] (a thread per column), into the group's work area (W in fp16;
+//                        Q, Kd, P as two fp16 terms; U^T, Γ in fp32).
 //   gdn_wy_chain_kernel  a block per (value head, 32 value columns), two warps of 16 columns, through the group's
 //                        pieces in order: the state slice S^T [16 cols][Dk] stays in each warp's mma accumulators
 //                        for the whole launch and is reused as the A operand of the next products; the next
@@ -33,7 +33,7 @@ namespace {
 
 constexpr int kPiece = 64;  // tokens per piece
 constexpr int kDk = 128;    // the only key width this path takes (launcher checks)
-constexpr int kGroup = 8;   // pieces per work area (~23 MB for the real model: stays in L2 for the chain)
+constexpr int kGroup = 8;   // pieces per work area (~34 MB for the real model: mostly in L2 for the chain)
 
 // One (piece, value head)'s work area: byte offsets (hi and lo: the two fp16 terms). U^T is [Dv][kPiece], Dv <= 128.
 constexpr int kMat = kPiece * kDk * 2;                    // bytes of a half [kPiece][kDk]
@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(kPieceThreads) gdn_wy_piece_kernel(
     } else {
       float* U = reinterpret_cast<float*>(wk + kOffU) + (size_t)(col - kDk) * kPiece;
 #pragma unroll
-      for (int r = 0; r < kPiece; r += 4) *reinterpret_cast<float4*>(U + r) = make_float4(x[r], x[r + 1], x[r + 2], x[r + 3]);
+      for (int r = 0; r < kPiece; r += 4)
+        *reinterpret_cast<float4*>(U + r) = make_float4(x[r], x[r + 1], x[r + 2], x[r + 3]);
     }
   }
   // q and Kd = k Γ_L / Γ_t as two fp16 terms; Γ_t and Γ_L

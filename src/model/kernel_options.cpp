@@ -48,8 +48,8 @@ std::string describe(const cuda::KernelOptions& o) {
   auto num = [](int v) { return v > 0 ? std::to_string(v) : std::string("auto"); };
   s << "gdn_fused=" << o.gdn_fused << " moe_fused=" << o.moe_fused << " attn_splits=" << num(o.attn_splits)
     << " prefill=" << o.prefill << " prefill_chunk=" << num(o.prefill_chunk) << " prefill_min=" << num(o.prefill_min)
-    << " batch_graph_rows=" << o.batch_graph_rows
-    << " gdn_wy=" << o.gdn_wy << " prompt_attn_one_term=" << o.prompt_attn_one_term << " batch_pass_graphs=" << o.batch_pass_graphs
+    << " batch_graph_rows=" << o.batch_graph_rows << " gdn_wy=" << o.gdn_wy
+    << " prompt_attn_one_term=" << o.prompt_attn_one_term << " batch_pass_graphs=" << o.batch_pass_graphs
     << " gemm_rows=" << o.gemm_rows << " moe_rows=" << o.moe_rows << " gemm_i8=" << o.gemm_i8
     << " gemm_i8_in_rows=" << o.gemm_i8_in_rows << " gemm_i8_out_rows=" << o.gemm_i8_out_rows
     << " debug_sync=" << o.debug_sync << " trace=" << o.trace

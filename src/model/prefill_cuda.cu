@@ -39,7 +39,7 @@ struct PrefillBuffers {
   GemmXBuf x;                   // GEMM inputs: [n][<= max(H, mixer width)] or [n * top_k][F]
   float* proj = nullptr;        // [n][max(gdn proj, attn proj)] projections, one matrix after the other
   float* mix = nullptr;         // [n][max(Hv*Dv, Hq*d)] mixer outputs
-  void* scratch = nullptr;      // max(attention_chunk_scratch_bytes(n, Hq, d), gdn_chunk_scratch_bytes(n, dims))
+  void* scratch = nullptr;      // max(attention_chunk_scratch_bytes(n, Hq, d), gdn_chunk_scratch_bytes(n, dims, wy))
   float* logits = nullptr;      // [n][E + 1] router | shared gate
   int* idx = nullptr;           // [n][top_k]
   float* w = nullptr;           // [n][top_k]
@@ -108,7 +108,7 @@ void CudaEngine::prefill_alloc() {
   b->mix = device_alloc<float>((size_t)n * mix);
   const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
   b->scratch = device_alloc<uint8_t>(
-      std::max(attention_chunk_scratch_bytes(n, c.n_heads, d), gdn_chunk_scratch_bytes(n, dims)));
+      std::max(attention_chunk_scratch_bytes(n, c.n_heads, d), gdn_chunk_scratch_bytes(n, dims, opts_.gdn_wy)));
   b->logits = device_alloc<float>((size_t)n * (c.n_experts + 1));
   b->idx = device_alloc<int>((size_t)n * k);
   b->w = device_alloc<float>((size_t)n * k);

@@ -277,7 +277,7 @@ void run_gdn_chunk_case(GdnDims dm, int before, int n, uint32_t seed) {
   }
   float *dqkv = to_dev(qkv), *dz = to_dev(z), *da = to_dev(a), *db = to_dev(b), *dout = poisoned((size_t)n * VD);
   void* scratch = nullptr;
-  CUDA_CHECK(cudaMalloc(&scratch, gdn_chunk_scratch_bytes(n, dm)));
+  CUDA_CHECK(cudaMalloc(&scratch, gdn_chunk_scratch_bytes(n, dm, false)));
   launch_gdn_chunk(dqkv, dz, da, db, dcw, dal, ddt, dnw, ring, dS, dout, scratch, before, n, dm, 1e-6f, false, 0);
   CUDA_CHECK(cudaDeviceSynchronize());
   char name[96];
@@ -315,8 +315,8 @@ double f16x2(double x) {  // two fp16 terms (of the value's fp32 rounding, as th
 // rest in double): the same-precision reference whose error sets the tolerance. rec: the recurrence
 // inputs of tokens pos0.. per (token, value head) (GdnRef::record); S [Hv][Dk][Dv] updated; returns the gated
 // outputs [n][Hv*Dv].
-std::vector<double> wy_emulate(GdnDims dm, std::vector<double>& S, const std::vector<std::vector<double>>& rec, int pos0,
-                               int n, const std::vector<float>& z, const std::vector<float>& nw) {
+std::vector<double> wy_emulate(GdnDims dm, std::vector<double>& S, const std::vector<std::vector<double>>& rec,
+                               int pos0, int n, const std::vector<float>& z, const std::vector<float>& nw) {
   const int Dk = dm.k_dim, Dv = dm.v_dim, Hv = dm.n_v_heads, L = 64;
   std::vector<double> o((size_t)n * Hv * Dv, 0.0);
   for (int h = 0; h < Hv; ++h) {
@@ -453,7 +453,7 @@ WyRun run_gdn_wy_case(GdnDims dm, int before, int n, uint32_t seed, float alog_s
   const std::vector<double> emu = wy_emulate(dm, S_emu, rec, before, n, z, nw);
   float *dqkv = to_dev(qkv), *dz = to_dev(z), *da = to_dev(a), *db = to_dev(b), *dout = poisoned((size_t)n * VD);
   void* scratch = nullptr;
-  CUDA_CHECK(cudaMalloc(&scratch, gdn_chunk_scratch_bytes(n, dm)));
+  CUDA_CHECK(cudaMalloc(&scratch, gdn_chunk_scratch_bytes(n, dm, true)));
   for (const auto [t0, m] : {std::pair{0, split > 0 ? split : n}, std::pair{split, split > 0 ? n - split : 0}})
     if (m > 0)
       launch_gdn_chunk(dqkv + (size_t)t0 * C, dz + (size_t)t0 * VD, da + (size_t)t0 * Hv, db + (size_t)t0 * Hv, dcw,
