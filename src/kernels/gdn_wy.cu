@@ -242,6 +242,18 @@ __device__ __forceinline__ void split_a(const float (&c0)[4], const float (&c1)[
   lo[2] = mma::pack_f16x2(r[4], r[5]), lo[3] = mma::pack_f16x2(r[6], r[7]);
 }
 
+// c0, c1 (n-tiles 2 j, 2 j + 1) += (a_hi + a_lo) (b_hi + b_lo) less the lo x lo product; b's registers 0-1 are
+// n-tile 2 j's, 2-3 n-tile 2 j + 1's (one ldmatrix.x4)
+__device__ __forceinline__ void mma3_pair(float (&c0)[4], float (&c1)[4], const uint32_t (&ah)[4],
+                                          const uint32_t (&al)[4], const uint32_t (&bh)[4], const uint32_t (&bl)[4]) {
+  mma::f16_16816(c0, ah, bh[0], bh[1]);
+  mma::f16_16816(c0, al, bh[0], bh[1]);
+  mma::f16_16816(c0, ah, bl[0], bl[1]);
+  mma::f16_16816(c1, ah, bh[2], bh[3]);
+  mma::f16_16816(c1, al, bh[2], bh[3]);
+  mma::f16_16816(c1, ah, bl[2], bl[3]);
+}
+
 __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const uint8_t* __restrict__ work,
                                                                         float* __restrict__ state,
                                                                         float* __restrict__ out, int pos0, int n,
@@ -320,12 +332,7 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
         mma::f16_16816(dl[2 * np], al, bw[0], bw[1]);
         mma::f16_16816(dl[2 * np + 1], ah, bw[2], bw[3]);
         mma::f16_16816(dl[2 * np + 1], al, bw[2], bw[3]);
-        mma::f16_16816(o[2 * np], ah, bq[0], bq[1]);
-        mma::f16_16816(o[2 * np], al, bq[0], bq[1]);
-        mma::f16_16816(o[2 * np], ah, bql[0], bql[1]);
-        mma::f16_16816(o[2 * np + 1], ah, bq[2], bq[3]);
-        mma::f16_16816(o[2 * np + 1], al, bq[2], bq[3]);
-        mma::f16_16816(o[2 * np + 1], ah, bql[2], bql[3]);
+        mma3_pair(o[2 * np], o[2 * np + 1], ah, al, bq, bql);
       }
     }
     // Δ^T = U^T - S^T W^T; o^T scaled by Γ_t per token; S^T scaled by Γ_L
@@ -354,12 +361,7 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
         const int off = (16 * np + bn_row) * kPs + 16 * kk + bn_col;
         mma::ldsm_x4(bp, Ps + off);
         mma::ldsm_x4(bpl, Ps + kPiece * kPs + off);
-        mma::f16_16816(o[2 * np], vh, bp[0], bp[1]);
-        mma::f16_16816(o[2 * np], vl, bp[0], bp[1]);
-        mma::f16_16816(o[2 * np], vh, bpl[0], bpl[1]);
-        mma::f16_16816(o[2 * np + 1], vh, bp[2], bp[3]);
-        mma::f16_16816(o[2 * np + 1], vl, bp[2], bp[3]);
-        mma::f16_16816(o[2 * np + 1], vh, bpl[2], bpl[3]);
+        mma3_pair(o[2 * np], o[2 * np + 1], vh, vl, bp, bpl);
       }
 #pragma unroll
       for (int np = 0; np < kDk / 16; ++np) {
@@ -367,12 +369,7 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
         const int off = (16 * kk + bt_row) * kHs + 16 * np + bt_col;
         mma::ldsm_x4_trans(bk, Kds + off);
         mma::ldsm_x4_trans(bkl, Kds + kSMat / 2 + off);
-        mma::f16_16816(st[2 * np], vh, bk[0], bk[1]);
-        mma::f16_16816(st[2 * np], vl, bk[0], bk[1]);
-        mma::f16_16816(st[2 * np], vh, bkl[0], bkl[1]);
-        mma::f16_16816(st[2 * np + 1], vh, bk[2], bk[3]);
-        mma::f16_16816(st[2 * np + 1], vl, bk[2], bk[3]);
-        mma::f16_16816(st[2 * np + 1], vh, bkl[2], bkl[3]);
+        mma3_pair(st[2 * np], st[2 * np + 1], vh, vl, bk, bkl);
       }
     }
     // the piece's outputs (rows of the launch only)
