@@ -15,6 +15,7 @@
 #include "model/event_profiler.cuh"
 #include "model/synth.h"
 #include "runtime/device_sampler.cuh"
+#include "runtime/prefix_cache.h"
 #include "runtime/resources.h"
 #include "runtime/snapshot_pool.cuh"
 #include "runtime/cuda_backend.h"
@@ -118,7 +119,7 @@ class CudaBackend : public Backend {
     for (int i0 = 0; i0 < n;) {
       int m = std::min(chunk, n - i0);
       // a chunk inside the prompt ends on the prompt grid, so the chunks' arithmetic is the whole prompt's
-      if (i0 + m < n && m > (pos_ + m) % grid) m -= (pos_ + m) % grid;
+      if (const int cut = prompt_cut(pos_ + m, grid); i0 + m < n && cut > pos_) m = cut - pos_;
       // (stopped: the state is partway through the prompt, and the caller resets it)
       if ((stop_ && i0 > 0 && (*stop_)()) || !engine_.prefill(tokens.data() + i0, pos_, m, stop_)) {
         stopped_ = true;
