@@ -11,10 +11,11 @@
 //   gdn_wy_piece_kernel  a block per (piece, value head), fp32 on the CUDA cores: K K^T and Q K^T, the forward
 //                        substitution for [W | U] (a thread per column), into the group's work area (W in fp16;
 //                        Q, Kd, P as two fp16 terms; U^T, Γ in fp32).
-//   gdn_wy_chain_kernel  a block per (value head, 32 value columns), two warps of 16 columns, through the group's
-//                        pieces in order: the state slice S^T [16 cols][Dk] stays in each warp's mma accumulators
-//                        for the whole launch and is reused as the A operand of the next products; the next
-//                        piece's operands come into shared memory (cp.async) while the warps work on this one.
+//   gdn_wy_chain_kernel  a block per (value head, 32 value columns), four warps (16 columns x half the key rows
+//                        each), through the group's pieces in order: the state slice S^T [16 cols][Dk / 2] stays in
+//                        each warp's mma accumulators for the whole launch and is reused as the A operand of the
+//                        next products; the next piece's operands come into shared memory (cp.async) while the
+//                        warps work on this one.
 // Precision (issue 28's bound for the prompt path: median 2e-3, top-1 99 % of fp64): every operand as two fp16
 // terms (hi + lo: ~22 bits; hi x hi, lo x hi and hi x lo products) except W, one term (its rounding moves the
 // outputs ~50x less than P's or Q's would: bench/RESULTS.md); sums in fp32.
@@ -49,16 +50,16 @@ constexpr size_t work_bytes(int Dv) { return (size_t)kOffU + (size_t)Dv * kPiece
 constexpr int kPieceThreads = 256;
 constexpr int kRs = kDk + 4;      // K / Q / V row stride in shared memory (floats)
 constexpr int kAs = kPiece + 4;   // A row stride (floats; float4 reads)
-constexpr size_t kPieceSmem = sizeof(float) * (3 * kPiece * kRs + kPiece * kAs + 3 * kPiece) + sizeof(double) * kPiece;
+constexpr size_t kPieceSmem = sizeof(float) * (2 * kPiece * kRs + kPiece * kAs + 3 * kPiece) + sizeof(double) * kPiece;
+static_assert(2 * kPieceSmem <= 227 * 1024, "two blocks per SM");
 
-__global__ void __launch_bounds__(kPieceThreads) gdn_wy_piece_kernel(
+__global__ void __launch_bounds__(kPieceThreads, 2) gdn_wy_piece_kernel(
     const float* __restrict__ prep, const float* __restrict__ a_in, const float* __restrict__ a_log,
     const float* __restrict__ dt_bias, uint8_t* __restrict__ work, int pos0, int n, int piece0, GdnDims dims) {
   extern __shared__ __align__(16) float sm[];
   float* Ks = sm;                    // [kPiece][kRs]
   float* Qs = Ks + kPiece * kRs;     // [kPiece][kRs]
-  float* Vs = Qs + kPiece * kRs;     // [kPiece][kRs] (Dv <= 128 columns)
-  float* As = Vs + kPiece * kRs;     // [kPiece][kAs]
+  float* As = Qs + kPiece * kRs;     // [kPiece][kAs] (v is read by the substitution straight from the rows)
   double* lg = reinterpret_cast<double*>(As + kPiece * kAs);  // [kPiece] log Γ_t (in double: Γ_t / Γ_s below
                                                               // from a difference of sums)
   float* bt = reinterpret_cast<float*>(lg + kPiece);  // [kPiece] β_t (0 past the launch's tokens)
@@ -71,23 +72,20 @@ __global__ void __launch_bounds__(kPieceThreads) gdn_wy_piece_kernel(
   const int t0 = (piece0 + pp) * kPiece - pos0;  // the launch's token at the piece's row 0 (< 0: before the launch)
   uint8_t* wk = work + ((size_t)pp * Hv + h) * work_bytes(Dv);
 
-  // k, q and v rows by asynchronous copies, all in flight at once (16 bytes where the rows allow: the real model);
+  // k and q rows by asynchronous copies, all in flight at once (16 bytes where the rows allow: the real model);
   // rows past the launch's tokens: k = q = v = 0, β = 0, decay 1 (they change nothing)
-  if (L.width() % 4 == 0 && L.v(h) % 4 == 0) {
+  if (L.width() % 4 == 0) {
     for (int e = tid; e < kPiece * (kDk / 4); e += kPieceThreads) {
       const int r = e / (kDk / 4), d = 4 * (e % (kDk / 4)), t = t0 + r;
       float* dk = Ks + r * kRs + d;
       float* dq = Qs + r * kRs + d;
-      float* dv = Vs + r * kRs + d;
       if (t >= 0 && t < n) {
         const float* row = prep + (size_t)t * L.width();
         mma::cp16(dk, row + L.k(kh) + d);
         mma::cp16(dq, row + L.q(kh) + d);
-        if (d < Dv) mma::cp16(dv, row + L.v(h) + d);
       } else {
         const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
         *reinterpret_cast<float4*>(dk) = z, *reinterpret_cast<float4*>(dq) = z;
-        if (d < Dv) *reinterpret_cast<float4*>(dv) = z;
       }
     }
   } else {
@@ -97,10 +95,8 @@ __global__ void __launch_bounds__(kPieceThreads) gdn_wy_piece_kernel(
         const float* row = prep + (size_t)t * L.width();
         mma::cp4(Ks + r * kRs + d, row + L.k(kh) + d);
         mma::cp4(Qs + r * kRs + d, row + L.q(kh) + d);
-        if (d < Dv) mma::cp4(Vs + r * kRs + d, row + L.v(h) + d);
       } else {
         Ks[r * kRs + d] = 0.f, Qs[r * kRs + d] = 0.f;
-        if (d < Dv) Vs[r * kRs + d] = 0.f;
       }
     }
   }
@@ -164,17 +160,21 @@ __global__ void __launch_bounds__(kPieceThreads) gdn_wy_piece_kernel(
   }
   __syncthreads();
 
-  // [W | U] = (I + A)^-1 [diag(β Γ) K | diag(β) V]: a thread per column, the column in registers
+  // [W | U] = (I + A)^-1 [diag(β Γ) K | diag(β) V]: a thread per column, the column in registers (x[r] holds the
+  // source value until step r solves it; v's columns come straight from the rows, coalesced across the threads)
   const int col = tid;
   if (col < kDk + Dv) {
     const bool is_w = col < kDk;
-    const float* src = is_w ? Ks + col : Vs + (col - kDk);
     float x[kPiece];
 #pragma unroll
-    for (int r = 0; r < kPiece; ++r) x[r] = 0.f;
+    for (int r = 0; r < kPiece; ++r) {
+      const int t = t0 + r;
+      x[r] = is_w ? Ks[r * kRs + col]
+                  : (t >= 0 && t < n ? prep[(size_t)t * L.width() + L.v(h) + (col - kDk)] : 0.f);
+    }
 #pragma unroll
     for (int r = 0; r < kPiece; ++r) {
-      float acc[4] = {bt[r] * (is_w ? eg[r] : 1.f) * src[r * kRs], 0.f, 0.f, 0.f};  // (4 chains: latency)
+      float acc[4] = {bt[r] * (is_w ? eg[r] : 1.f) * x[r], 0.f, 0.f, 0.f};  // (4 chains: latency)
 #pragma unroll
       for (int j = 0; j < r; j += 4) {
         const float4 a = *reinterpret_cast<const float4*>(As + r * kAs + j);
@@ -215,8 +215,13 @@ __global__ void __launch_bounds__(kPieceThreads) gdn_wy_piece_kernel(
 }
 
 // ---- chain kernel ----
-constexpr int kChainWarps = 2;
-constexpr int kChainCols = 16 * kChainWarps;  // value columns per block
+// Four warps: warp w takes value columns 16 (w / 2) .. of the block's 32 and key rows 64 (w % 2) .. of the state,
+// so each SM sub-partition has a warp. The products over the key rows (S^T W^T, S^T Q^T) are summed across the
+// pair of warps through shared memory (a + b = b + a: both warps hold the same bits); the pair shares P's causal
+// token tiles and each updates its own half of the state.
+constexpr int kChainWarps = 4;
+constexpr int kChainCols = 32;                // value columns per block
+constexpr int kHalf = kDk / 2;                // key rows per warp
 constexpr int kHs = kDk + 8;                  // W / Q / Kd row stride in shared memory (halves: conflict-free ldmatrix)
 constexpr int kPs = kPiece + 8;               // P row stride (halves)
 constexpr int kUs = kPiece + 4;               // U^T row stride (floats)
@@ -228,6 +233,8 @@ constexpr int kSU = kSP + 2 * kPiece * kPs * 2, kSGam = kSU + kChainCols * kUs *
 constexpr size_t kChainSmem = 2 * (size_t)kStage;
 static_assert(kChainSmem <= 232448, "two stages within the 227 KB of shared memory a block may have");
 static_assert(kStage % 16 == 0 && kSU % 16 == 0 && kSGam % 16 == 0, "16-byte cp.async destinations");
+// the warps' partial Δ^T and o^T [2][kPiece / 8][4] per lane, exchanged over the stage's W and Q (read by then)
+static_assert(kChainWarps * 2 * (kPiece / 8) * 4 * 32 * 4 <= 3 * kSMat, "partials fit over W and Q");
 
 // the two fp16 terms of a pair of accumulator fragments (n-tiles 2 j, 2 j + 1) as an A fragment (k-step j)
 __device__ __forceinline__ void split_a(const float (&c0)[4], const float (&c1)[4], uint32_t (&hi)[4],
@@ -261,7 +268,8 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
   extern __shared__ __align__(16) uint8_t smc[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
   const int Hv = dims.n_v_heads, Dv = dims.v_dim, vd = Hv * Dv;
-  const int h = blockIdx.y, bcol0 = blockIdx.x * kChainCols, wc = 16 * warp;  // block's, warp's first column
+  const int h = blockIdx.y, bcol0 = blockIdx.x * kChainCols, wc = 16 * (warp / 2);  // block's, warp's first column
+  const int dh = warp % 2, d0 = kHalf * dh;  // the warp's key rows d0 .. d0 + 63
   const size_t wbytes = work_bytes(Dv);
 
   auto stage = [&](int p) {
@@ -284,13 +292,14 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
     mma::commit();
   };
 
-  // S^T [c][d] for the warp's 16 columns in accumulator layout: st[n] = rows c = g, g + 8, columns d = 8 n + 2 t, + 1
-  float st[kDk / 8][4];
+  // S^T [c][d] for the warp's 16 columns and 64 key rows in accumulator layout: st[n] = rows c = g, g + 8,
+  // columns d = d0 + 8 n + 2 t, + 1
+  float st[kHalf / 8][4];
   float* S = state + (size_t)h * kDk * Dv;
   const int c_lo = bcol0 + wc + g, c_hi = c_lo + 8;
 #pragma unroll
-  for (int nt = 0; nt < kDk / 8; ++nt) {
-    const int d = 8 * nt + 2 * t;
+  for (int nt = 0; nt < kHalf / 8; ++nt) {
+    const int d = d0 + 8 * nt + 2 * t;
     st[nt][0] = S[(size_t)d * Dv + c_lo], st[nt][1] = S[(size_t)(d + 1) * Dv + c_lo];
     st[nt][2] = S[(size_t)d * Dv + c_hi], st[nt][3] = S[(size_t)(d + 1) * Dv + c_hi];
   }
@@ -301,9 +310,9 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
   stage(0);
   for (int p = 0; p < pieces; ++p) {
     mma::wait<0>();
-    __syncthreads();  // piece p has landed; both warps are done with piece p - 1's buffer
+    __syncthreads();  // piece p has landed; every warp is done with piece p - 1's buffer
     if (p + 1 < pieces) stage(p + 1);
-    const uint8_t* B = smc + (p & 1) * kStage;
+    uint8_t* B = smc + (p & 1) * kStage;
     const __half* Ws = reinterpret_cast<const __half*>(B + kSW);
     const __half* Qs = reinterpret_cast<const __half*>(B + kSQ);  // hi, then lo at + kSMat / 2 halves
     const __half* Kds = reinterpret_cast<const __half*>(B + kSKd);
@@ -311,20 +320,21 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
     const float* Us = reinterpret_cast<const float*>(B + kSU);
     const float* gam = reinterpret_cast<const float*>(B + kSGam);
 
-    // Δ^T accumulates S^T W^T (then U^T - it), o^T accumulates S^T Q^T: [16 cols][64 tokens] each
+    // Δ^T accumulates S^T W^T (then U^T - it), o^T accumulates S^T Q^T: [16 cols][64 tokens] each, over the
+    // warp's key rows, then the pair's two halves added
     float dl[kPiece / 8][4], o[kPiece / 8][4];
 #pragma unroll
     for (int nt = 0; nt < kPiece / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dl[nt][e] = 0.f, o[nt][e] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < kDk / 16; ++kk) {
+    for (int kk = 0; kk < kHalf / 16; ++kk) {
       uint32_t ah[4], al[4];
       split_a(st[2 * kk], st[2 * kk + 1], ah, al);
 #pragma unroll
       for (int np = 0; np < kPiece / 16; ++np) {
         uint32_t bw[4], bq[4], bql[4];
-        const int off = (16 * np + bn_row) * kHs + 16 * kk + bn_col;
+        const int off = (16 * np + bn_row) * kHs + d0 + 16 * kk + bn_col;
         mma::ldsm_x4(bw, Ws + off);
         mma::ldsm_x4(bq, Qs + off);
         mma::ldsm_x4(bql, Qs + kSMat / 2 + off);
@@ -335,6 +345,18 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
         mma3_pair(o[2 * np], o[2 * np + 1], ah, al, bq, bql);
       }
     }
+    __syncthreads();  // every warp has read W and Q: their space takes the partials
+    float* X = reinterpret_cast<float*>(B + kSW);
+    auto part = [&](int w, int arr, int nt, int e) -> float& { return X[((w * 2 + arr) * 32 + nt * 4 + e) * 32 + lane]; };
+#pragma unroll
+    for (int nt = 0; nt < kPiece / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part(warp, 0, nt, e) = dl[nt][e], part(warp, 1, nt, e) = o[nt][e];
+    __syncthreads();
+#pragma unroll
+    for (int nt = 0; nt < kPiece / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dl[nt][e] += part(warp ^ 1, 0, nt, e), o[nt][e] += part(warp ^ 1, 1, nt, e);
     // Δ^T = U^T - S^T W^T; o^T scaled by Γ_t per token; S^T scaled by Γ_L
 #pragma unroll
     for (int nt = 0; nt < kPiece / 8; ++nt) {
@@ -347,16 +369,18 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
     }
     const float gam_l = gam[kPiece];
 #pragma unroll
-    for (int nt = 0; nt < kDk / 8; ++nt)
+    for (int nt = 0; nt < kHalf / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) st[nt][e] *= gam_l;
-    // o^T += Δ^T P^T (P causal: token tiles from 2 kk on), S^T += Δ^T Kd
+    // o^T += Δ^T P^T (P causal: token tiles from kk on; token tiles 0 and 3 in the first warp of the pair, 1 and 2
+    // in the second: 5 k-steps each), S^T += Δ^T Kd over the warp's key rows
 #pragma unroll
     for (int kk = 0; kk < kPiece / 16; ++kk) {
       uint32_t vh[4], vl[4];
       split_a(dl[2 * kk], dl[2 * kk + 1], vh, vl);
 #pragma unroll
       for (int np = kk; np < kPiece / 16; ++np) {
+        if ((np == 0 || np == 3) != (dh == 0)) continue;
         uint32_t bp[4], bpl[4];
         const int off = (16 * np + bn_row) * kPs + 16 * kk + bn_col;
         mma::ldsm_x4(bp, Ps + off);
@@ -364,18 +388,20 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
         mma3_pair(o[2 * np], o[2 * np + 1], vh, vl, bp, bpl);
       }
 #pragma unroll
-      for (int np = 0; np < kDk / 16; ++np) {
+      for (int np = 0; np < kHalf / 16; ++np) {
         uint32_t bk[4], bkl[4];
-        const int off = (16 * kk + bt_row) * kHs + 16 * np + bt_col;
+        const int off = (16 * kk + bt_row) * kHs + d0 + 16 * np + bt_col;
         mma::ldsm_x4_trans(bk, Kds + off);
         mma::ldsm_x4_trans(bkl, Kds + kSMat / 2 + off);
         mma3_pair(st[2 * np], st[2 * np + 1], vh, vl, bk, bkl);
       }
     }
-    // the piece's outputs (rows of the launch only)
+    // the piece's outputs: the warp's token tiles, rows of the launch only
     const int tp = (piece0 + p) * kPiece - pos0;
 #pragma unroll
-    for (int nt = 0; nt < kPiece / 8; ++nt)
+    for (int nt = 0; nt < kPiece / 8; ++nt) {
+      const int np = nt / 2;
+      if ((np == 0 || np == 3) != (dh == 0)) continue;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int tok = tp + 8 * nt + 2 * t + e;
@@ -383,10 +409,11 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
         float* row = out + (size_t)tok * vd + (size_t)h * Dv;
         row[c_lo] = o[nt][e], row[c_hi] = o[nt][2 + e];
       }
+    }
   }
 #pragma unroll
-  for (int nt = 0; nt < kDk / 8; ++nt) {
-    const int d = 8 * nt + 2 * t;
+  for (int nt = 0; nt < kHalf / 8; ++nt) {
+    const int d = d0 + 8 * nt + 2 * t;
     S[(size_t)d * Dv + c_lo] = st[nt][0], S[(size_t)(d + 1) * Dv + c_lo] = st[nt][1];
     S[(size_t)d * Dv + c_hi] = st[nt][2], S[(size_t)(d + 1) * Dv + c_hi] = st[nt][3];
   }
