@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
     for (int i = 0; i < 8; ++i) m = fmaxf(m, part[i]);
     int e = 0;
     frexpf(m, &e);  // m = f 2^e, f in [0.5, 1): m 2^(15 - e) in [2^14, 2^15)
-    const int sh = m > 0.f && m <= 3.0e38f ? min(max(15 - e, -126), 126) : 0;
+    const int sh = m > 0.f && isfinite(m) ? min(max(15 - e, -126), 126) : 0;
     xs = ldexpf(1.f, sh);
     if (threadIdx.x == 0) xinv[t] = ldexpf(1.f, -sh);
   }

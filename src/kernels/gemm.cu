@@ -268,8 +268,9 @@ using WgTileWide = WgTile<kGemmTok, kGemmStages>;
 using WgTileSmall = WgTile<16, 10>;
 using WgTileWide16 = WgTile<kGemmTok, 6, 1>;
 using WgTileSmall16 = WgTile<16, 12, 1>;
-static_assert(2 * WgTileSmall::kSmem <= 227 * 1024 && 2 * WgTileWide16::kSmem <= 227 * 1024 &&
-                  2 * WgTileSmall16::kSmem <= 227 * 1024,
+// two blocks per SM: 228 KB of shared memory, of which the system reserves 1 KB per block
+static_assert(2 * (WgTileWide::kSmem + 1024) <= 228 * 1024 && 2 * (WgTileSmall::kSmem + 1024) <= 228 * 1024 &&
+                  2 * (WgTileWide16::kSmem + 1024) <= 228 * 1024 && 2 * (WgTileSmall16::kSmem + 1024) <= 228 * 1024,
               "two blocks per SM");
 static_assert(kGemmThreads == 2 * 128 && kGemmRows == 2 * 64, "two warpgroups of 64 rows");
 static_assert(kGemmTok * 8 == 2 * kGemmThreads, "two 16-byte x chunks (of each term) per thread (x_offsets)");
