@@ -121,7 +121,7 @@ void multi(const char* name, QFormat f, std::vector<int> rows, int cols, const G
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) kN = std::clamp(std::atoi(argv[1]), 1, 2048);  // (moe_group: 2048 tokens x 8 at most)
+  if (argc > 1) kN = std::clamp(std::atoi(argv[1]), 1, 4096);  // (moe_group: 4096 tokens x 8 at most)
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
     std::printf("no CUDA device\n");

@@ -42,6 +42,7 @@ struct BenchArgs {
   std::string device = "cpu";           // --concurrency / --prompts with --model: cpu or cuda
   std::string prompts;                  // comma-separated prompt lengths: the prompt benchmark
   int prompt_runs = 3;
+  int prompt_piece = 0;  // --prompt-piece: tokens per prefill call (0: the server's EngineOptions::prefill_chunk)
 };
 
 // A comma-separated list of counts (suffix k = 1024): contexts, client counts.
@@ -163,7 +164,7 @@ int run_prompts(const BenchArgs& a) {
   o.prompts = parse_counts(a.prompts);
   o.runs = a.prompt_runs;
   const server::EngineOptions server_defaults;
-  o.piece = server_defaults.prefill_chunk;
+  o.piece = a.prompt_piece > 0 ? a.prompt_piece : server_defaults.prefill_chunk;
   o.checkpoint_interval = server_defaults.checkpoint_interval;
   if (o.prompts.empty()) {
     std::fprintf(stderr, "lily bench --prompts: expected a list such as 1k,8k,32k\n");
@@ -334,6 +335,8 @@ const CommandRegistrar reg{Command{
                      "runs a fresh prompt, and time and TFLOP/s per kernel family (--synthetic full or --model DIR)");
       sub.add_option("--prompt-runs", a->prompt_runs, "--prompts: timed runs per length (one from 32K tokens)")
           ->capture_default_str();
+      sub.add_option("--prompt-piece", a->prompt_piece,
+                     "--prompts: tokens per prefill call instead of the server's piece size (an A/B of piece sizes)");
       sub.add_option("--device", a->device, "--concurrency / --prompts with --model: cpu or cuda")
           ->capture_default_str();
       sub.add_option("--gen-tokens", a->gen_tokens, "--concurrency: ids generated per sequence")->capture_default_str();

@@ -234,7 +234,7 @@ void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* 
 
 void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* offsets, int* x_row, float* w_slot,
                int* slot_of, cudaStream_t s) {
-  LILY_CHECK(n * top_k <= 16384, "moe_group: ", n * top_k, " pairs (at most 16384)");
+  LILY_CHECK(n * top_k <= kMoeGroupMaxPairs, "moe_group: ", n * top_k, " pairs (at most ", kMoeGroupMaxPairs, ")");
   launch_pdl(detail::group_kernel, dim3(1), dim3(detail::kGroupThreads), E * sizeof(int), s, idx, w, n * top_k, top_k,
              E, offsets, x_row, w_slot, slot_of);
 }

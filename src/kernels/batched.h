@@ -120,9 +120,10 @@ void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const
 // (Computed as the decode path does: chosen by logit, weights from the chosen logits alone.)
 void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
                      cudaStream_t s);
+inline constexpr int kMoeGroupMaxPairs = 32768;  // (a prompt chunk of 4,096 tokens x 8 experts)
 // Groups the n * top_k (token, choice) pairs by expert (in no fixed order within an expert): offsets [E + 1],
 // x_row[a] = token of slot a, w_slot[a] = its routing weight, slot_of [n][top_k] = the slot of each pair. One
-// block; n * top_k <= 16384.
+// block; n * top_k <= kMoeGroupMaxPairs.
 void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* offsets, int* x_row, float* w_slot,
                int* slot_of, cudaStream_t s);
 // act[a][f] = scale[a] * silu(g[a][f]) * u[a][f] for a < n (scale null: 1); g, u, act [n][F].

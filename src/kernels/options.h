@@ -19,7 +19,7 @@ struct KernelOptions {
   int attn_splits = 0;
   // LILY_PREFILL=0: prompts token by token through the decode step instead of the chunked prompt path.
   bool prefill = true;
-  // LILY_PREFILL_CHUNK=n: tokens per chunk of the prompt path (16..2048); 0 = 2048.
+  // LILY_PREFILL_CHUNK=n: tokens per chunk of the prompt path (16..4096); 0 = 4096 (CudaEngine::kPrefillChunk).
   int prefill_chunk = 0;
   // LILY_PREFILL_MIN=n: prompts of at least n tokens take the chunked path; 0 = the backend's default (16).
   int prefill_min = 0;

@@ -161,7 +161,7 @@ class CudaEngine {
   // through every layer together (GEMMs over the chunk, the mixers over it in a few launches); the residual stream of
   // token t is then at prefill_h(t) (device, [H], valid until the next prefill), for the final norm + lm_head.
   // Enqueued on stream(); returns once the tokens are staged (the call before it has finished).
-  static constexpr int kPrefillChunk = 2048;
+  static constexpr int kPrefillChunk = 4096;
   // Tokens per chunk the backend uses: kPrefillChunk, or KernelOptions::prefill_chunk (benchmarks) up to it.
   int prefill_chunk() const;
   // Prompt pieces split at multiples of it give the whole prompt's bits (the chunked GDN's pieces; else 1).
@@ -173,7 +173,7 @@ class CudaEngine {
   // (the caller resets it). A cancelled request then stops within about two groups, a quarter of a chunk's time.
   static constexpr int kStopLayers = 5;
   bool prefill(const int32_t* tokens, int pos0, int n, const std::function<bool()>* stop = nullptr);
-  void prefill_alloc();  // the prompt path's buffers (~0.5 GB for the real model; prefill allocates them if needed)
+  void prefill_alloc();  // the prompt path's buffers (~0.8 GB for the real model; prefill allocates them if needed)
   bool prefill_supported() const;  // the prompt path's kernels take this model's shapes
   const float* prefill_h(int t) const;
   // The prompt path over several sequences at once (the batched step): rows_tokens [n_rows] (host), each

@@ -178,7 +178,7 @@ bool CudaEngine::prefill_supported() const {
   const bool heads = c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0 && c.n_heads / c.n_kv_heads <= 8;
   const bool head_dim = c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256;
   return heads && head_dim && page_tokens_ % 32 == 0 && c.lin_k_dim <= 128 && c.top_k >= 1 && c.top_k <= 8 &&
-         kPrefillChunk * c.top_k <= 16384;  // (moe_group's pairs per chunk)
+         kPrefillChunk * c.top_k <= kMoeGroupMaxPairs;
 }
 
 // The prompt path's mixer cores left out (KernelOptions::skip, benchmarks: their marginal cost).
