@@ -3,10 +3,9 @@
 // the GEMM's input split, the GDN chunk and the attention chunk (at context 0 and 4K); up to 64 tokens, also the
 // routed experts streamed as a decode pass takes them (kernels/moe_rows.cu) and lm_head; up to 64 tokens, the dense
 // GEMMs also on the int8 tensor cores (kernels/gemm_i8.cu).
-// Usage: bench_prefill [tokens per chunk, default 2048] [rows] [attn1] [x16]: attn1, the attention chunk with q and p
-// in one bf16 term (KernelOptions::prompt_attn_one_term); rows, launches of <= 16 tokens a tile through
-// kernels/gemm_rows.cu (KernelOptions::gemm_rows); x16, the 4-bit GEMMs on x's one-term fp16 form
-// (KernelOptions::prompt_x16; the x prep line then writes both forms). Each case is captured into a CUDA graph several times
+// Usage: bench_prefill [tokens per chunk, default 2048] [rows] [attn1]: attn1, the attention chunk with q and p in
+// one bf16 term (KernelOptions::prompt_attn_one_term); rows, launches of <= 16 tokens a tile through
+// kernels/gemm_rows.cu (KernelOptions::gemm_rows). Each case is captured into a CUDA graph several times
 // over distinct weight copies (>= ~256 MB, beyond the L2) and replayed; the median time per launch is reported
 // with the useful FLOPs (2 x weights x tokens; the GEMM's split input doubles the tensor-core work), TFLOP/s and
 // the weights' GB/s.
@@ -127,14 +126,11 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device\n");
     return 0;
   }
-  bool attn1 = false, few = false, x16 = false;
+  bool attn1 = false, few = false;
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "attn1") {
       attn1 = true;
       std::printf("attention with q and p in one bf16 term\n");
-    } else if (std::string(argv[i]) == "x16") {
-      x16 = true;
-      std::printf("4-bit GEMMs on x in one fp16 term\n");
     } else if (std::string(argv[i]) == "rows") {
       few = true;
       std::printf("launches of <= 16 tokens a tile through kernels/gemm_rows.cu\n");
@@ -142,9 +138,8 @@ int main(int argc, char** argv) {
   }
   const int H = 2048, E = 256, k = 8, F = 512;
   std::printf("prompt-path kernels, one chunk of n = %d tokens (real shapes; weights beyond the L2)\n", kN);
-  GemmXBuf x = gemm_x_alloc(kN * k, 4096, x16);
+  GemmXBuf x = gemm_x_alloc(kN * k, 4096);
   x.few = few;
-  x.one_term = x16;
   float* src = make_vec((size_t)kN * k * 4096);
   kSrc = src;
   float* y = static_cast<float*>(dalloc(std::max((size_t)kN * k * 8192, (size_t)kN * 248320) * sizeof(float)));

@@ -23,52 +23,29 @@ __device__ __forceinline__ uint16_t bf16_bits(float f) {
   return *reinterpret_cast<const uint16_t*>(&b);
 }
 
-// One block (256 threads) per row: the RMSNorm's scale (and for the one-term form the row's largest |value|,
-// which sets its power-of-two scale), then per 64-element group (a warp each): the value, its two-term split and /
-// or its scaled fp16 rounding, the group's sum. A form whose pointer is null is not written.
+// One block (256 threads) per row: the RMSNorm's scale, then per 64-element group (a warp each): the value,
+// its hi / lo split and the group's sum.
 __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, const float* norm_w, float eps, int K,
-                                                     uint16_t* hi, uint16_t* lo, float* gsum, uint16_t* h16,
-                                                     float* gsum16, float* xinv, float* x_out) {
-  __shared__ float part[8];
+                                                     uint16_t* hi, uint16_t* lo, float* gsum, float* x_out) {
   dep_chain();
   const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float* row = x + static_cast<size_t>(t) * ldx;
   const float rs = norm_w ? block_rms_scale256(row, K, eps) : 1.f;
-  float xs = 1.f;
-  if (h16) {
-    float m = 0.f;
-    for (int c = threadIdx.x; c < K; c += 256) m = fmaxf(m, fabsf(norm_w ? row[c] * rs * norm_w[c] : row[c]));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) part[warp] = m;
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < 8; ++i) m = fmaxf(m, part[i]);
-    int e = 0;
-    frexpf(m, &e);  // m = f 2^e, f in [0.5, 1): m 2^(15 - e) in [2^14, 2^15)
-    const int sh = m > 0.f && isfinite(m) ? min(max(15 - e, -126), 126) : 0;
-    xs = ldexpf(1.f, sh);
-    if (threadIdx.x == 0) xinv[t] = ldexpf(1.f, -sh);
-  }
-  const size_t o = static_cast<size_t>(t) * K;
   for (int g = warp; g < K / 64; g += 8) {
     float s = 0.f;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int pos = g * 64 + j * 32 + lane, c = g * 64 + gemm_x_col(j * 32 + lane);
       const float v = norm_w ? row[c] * rs * norm_w[c] : row[c];
-      if (hi) {
-        const uint16_t h = bf16_bits(v);
-        hi[o + pos] = h;
-        lo[o + pos] = bf16_bits(v - bf16_lo(h));
-      }
-      if (h16) h16[o + pos] = __half_as_ushort(__float2half_rn(v * xs));
+      const uint16_t h = bf16_bits(v);
+      const size_t o = static_cast<size_t>(t) * K;
+      hi[o + pos] = h;
+      lo[o + pos] = bf16_bits(v - bf16_lo(h));
       if (x_out) x_out[o + c] = v;
       s += v;
     }
     s = warp_sum(s);
-    if (lane == 0 && gsum) gsum[static_cast<size_t>(t) * (K / 64) + g] = s;
-    if (lane == 0 && gsum16) gsum16[static_cast<size_t>(t) * (K / 64) + g] = s * xs;
+    if (lane == 0) gsum[static_cast<size_t>(t) * (K / 64) + g] = s;
   }
 }
 
@@ -189,7 +166,7 @@ __global__ void combine_kernel(const float* y, const int* slot_of, int top_k, co
 
 }  // namespace detail
 
-GemmXBuf gemm_x_alloc(int n, int K, bool one_term) {
+GemmXBuf gemm_x_alloc(int n, int K) {
   LILY_CHECK(K % 64 == 0 && K > 0 && n > 0, "gemm_x_alloc: ", n, " rows of width ", K,
              " (a positive multiple of 64)");
   GemmXBuf b;
@@ -197,30 +174,20 @@ GemmXBuf gemm_x_alloc(int n, int K, bool one_term) {
   CUDA_CHECK(cudaMalloc(&b.hi, sizeof(uint16_t) * n * K));
   CUDA_CHECK(cudaMalloc(&b.lo, sizeof(uint16_t) * n * K));
   CUDA_CHECK(cudaMalloc(&b.gsum, sizeof(float) * n * (K / 64)));
-  if (one_term) {
-    CUDA_CHECK(cudaMalloc(&b.h16, sizeof(uint16_t) * n * K));
-    CUDA_CHECK(cudaMalloc(&b.gsum16, sizeof(float) * n * (K / 64)));
-    CUDA_CHECK(cudaMalloc(&b.xinv, sizeof(float) * n));
-  }
   return b;
 }
 
 void gemm_x_free(GemmXBuf& b) {
-  for (void* p : {(void*)b.hi, (void*)b.lo, (void*)b.gsum, (void*)b.h16, (void*)b.gsum16, (void*)b.xinv})
+  for (void* p : {(void*)b.hi, (void*)b.lo, (void*)b.gsum})
     if (p) cudaFree(p);
   b = GemmXBuf{};
 }
 
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s) {
-  LILY_CHECK(out.two_term || out.one_term, "gemm_x_prep: no form of x asked for");
-  LILY_CHECK(!out.one_term || (out.h16 && out.gsum16 && out.xinv),
-             "gemm_x_prep: the one-term form asked of a buffer allocated without it (gemm_x_alloc one_term)");
   if (n <= 0) return;
-  const bool two = out.two_term, one = out.one_term;
-  launch_pdl(detail::x_prep_kernel, dim3(n), dim3(256), 0, s, x, ldx, norm_w, eps, out.K, two ? out.hi : nullptr,
-             two ? out.lo : nullptr, two ? out.gsum : nullptr, one ? out.h16 : nullptr, one ? out.gsum16 : nullptr,
-             one ? out.xinv : nullptr, x_out);
+  launch_pdl(detail::x_prep_kernel, dim3(n), dim3(256), 0, s, x, ldx, norm_w, eps, out.K, out.hi, out.lo, out.gsum,
+             x_out);
 }
 
 void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,

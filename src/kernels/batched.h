@@ -24,21 +24,13 @@ __host__ __device__ constexpr int gemm_x_col(int p) {
 }
 // x's rows times K stay below 2^31 (32-bit element offsets; checked for dense launches, where the rows are the
 // tokens; a grouped launch's x_row values must keep to it).
-// The one-term form (KernelOptions::prompt_x16; taken by the 4-bit wgmma kernel only, the others need the two
-// terms): each row scaled by a power of two xs that puts its largest |x| in [2^14, 2^15), rounded once to fp16
-// (|x xs - h16| <= 2^-11 |x xs| in fp16's normal range), in the same order as hi and lo; gsum16 = xs gsum, and
-// xinv = 1 / xs, which the kernel's outputs are multiplied by (exact). Half the bytes per token and half the
-// tensor-core products of the two terms, ~11 bits of x instead of ~16 (within issue 28's bound: bench/RESULTS.md).
 struct GemmX {
-  const uint16_t* hi = nullptr;      // [n][K] bf16 bits (null: the two-term form was not prepared)
-  const uint16_t* lo = nullptr;      // [n][K]
-  const float* gsum = nullptr;       // [n][K / 64]
-  const uint16_t* h16 = nullptr;     // [n][K] fp16 bits of x xs (null: the one-term form was not prepared)
-  const float* gsum16 = nullptr;     // [n][K / 64]
-  const float* xinv = nullptr;       // [n]
-  int K = 0;                         // multiple of 64
+  const uint16_t* hi = nullptr;  // [n][K] bf16 bits
+  const uint16_t* lo = nullptr;  // [n][K]
+  const float* gsum = nullptr;   // [n][K / 64]
+  int K = 0;                     // multiple of 64
   // Dense launches of <= 64 tokens and at most kRowsMaxWeights weights take kernels/gemm_rows.cu
-  // (KernelOptions::gemm_rows; two-term x only); few_all: every dense launch it can take, large ones too (its tests).
+  // (KernelOptions::gemm_rows); few_all: every dense launch it can take, large ones too (its tests).
   bool few = false;
   bool few_all = false;
 };
@@ -46,33 +38,21 @@ struct GemmX {
 // whose launches are latency-bound; larger ones and the grouped experts stream faster through the 64- / 16-token
 // tiles, which keep more of the weights in flight (bench_prefill rows; bench/RESULTS.md).
 inline constexpr long long kRowsMaxWeights = 1LL << 22;
-// Device buffers behind a GemmX for up to n rows of width K (gemm_x_alloc / gemm_x_free); two_term / one_term:
-// the forms gemm_x_prep writes and view() shows (one_term needs the buffers of gemm_x_alloc(n, K, true)).
+// Device buffers behind a GemmX for up to n rows of width K (gemm_x_alloc / gemm_x_free).
 struct GemmXBuf {
   uint16_t* hi = nullptr;
   uint16_t* lo = nullptr;
   float* gsum = nullptr;
-  uint16_t* h16 = nullptr;
-  float* gsum16 = nullptr;
-  float* xinv = nullptr;
   int K = 0;
   bool few = false;
   bool few_all = false;
-  bool two_term = true;
-  bool one_term = false;
-  GemmX view() const {
-    GemmX x{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, K, few, few_all};
-    if (two_term) x.hi = hi, x.lo = lo, x.gsum = gsum;
-    if (one_term) x.h16 = h16, x.gsum16 = gsum16, x.xinv = xinv;
-    return x;
-  }
+  GemmX view() const { return GemmX{hi, lo, gsum, K, few, few_all}; }
 };
-GemmXBuf gemm_x_alloc(int n, int K, bool one_term = false);
+GemmXBuf gemm_x_alloc(int n, int K);
 void gemm_x_free(GemmXBuf& b);
 
-// out row t = the forms (out.two_term, out.one_term) of x[t] (norm_w null), or of RMSNorm(x[t]) * norm_w
-// (docs/model.md §2.1; norm_w the effective multiplier 1 + w), for t < n; x [n][ldx] fp32. With x_out, the (normed)
-// fp32 row is also stored there [n][K].
+// out row t = split of x[t] (norm_w null), or of RMSNorm(x[t]) * norm_w (docs/model.md §2.1; norm_w the effective
+// multiplier 1 + w), for t < n; x [n][ldx] fp32. With x_out, the (normed) fp32 row is also stored there [n][K].
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s);
 

@@ -11,9 +11,7 @@
 // Dense launches take tokens [0, n); grouped launches (MoE experts) take matrix e for the slots of
 // [offsets[e], offsets[e+1]) and gather their input rows. The 4-bit weights (every matrix of the 4-bit checkpoint
 // but the 8-bit router) take gemm_q4_wgmma_kernel instead: the same tile and arithmetic on Hopper's warpgroup
-// MMA (kernels/wgmma.cuh), ~1.8x the throughput; given x's one-term fp16 form (GemmX::h16) it takes that: one
-// product per k-step instead of two and half the bytes of x per tile. Tested by tests/gpu/test_batched.cu and
-// tests/gpu/test_gemm_x16.cu.
+// MMA (kernels/wgmma.cuh), ~1.8x the throughput. Tested by tests/gpu/test_batched.cu.
 #include <cuda_bf16.h>
 
 #include <cub/block/block_scan.cuh>
@@ -96,7 +94,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
   const float* gsrc = nullptr;
   if constexpr (BITS != 16) {
     if (tid < kGemmRows) sbsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups;
-    else if (tid < kGemmRows + kGemmTok) gsrc = gsum_row(a, bw, tid, a.xsum);
+    else if (tid < kGemmRows + kGemmTok) gsrc = gsum_row(a, bw, tid);
   }
   auto stage = [&](int g, int buf) {
     uint8_t* base = smem + buf * T::kStage;
@@ -252,33 +250,26 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
 // TOK: the tokens a stage holds, 64 or 16; the 16-token shape (launches whose tiles hold at most 16 tokens: a
 // batched decode step's passes) stages 9 KB a group instead of 22, so it keeps STAGES = 10 groups in flight and a
 // block's walk along K waits less on memory. Same arithmetic per column: the same bits.
-// TERMS: x's two bf16 terms (hi, lo: two products per k-step) or its one-term fp16 form (GemmX::h16: one product,
-// half the bytes; A the codes as fp16), whose 13 KB stages leave room for 6 groups in flight.
-template <int TOK, int STAGES, int TERMS = 2>
+template <int TOK, int STAGES>
 struct WgTile {
   static constexpr int kTok = TOK;
   static constexpr int kStages = STAGES;
-  static constexpr int kTerms = TERMS;
-  static constexpr int kBTile = TOK * 128;        // one swizzled 16-bit B tile (a term): TOK tokens x 64 k
+  static constexpr int kBTile = TOK * 128;        // one swizzled bf16 B tile (hi or lo): TOK tokens x 64 k
   static constexpr int kWBytes = kGemmRows * 32;  // one group of the block's q4 rows
-  static constexpr int kStage = (TERMS * kBTile + kWBytes + kGemmRows * 4 + TOK * 4 + 1023) & ~1023;
+  static constexpr int kStage = (2 * kBTile + kWBytes + kGemmRows * 4 + TOK * 4 + 1023) & ~1023;
   static constexpr int kSmem = STAGES * kStage + 1024;  // + the slack to align the base to 1 KB
 };
 using WgTileWide = WgTile<kGemmTok, kGemmStages>;
 using WgTileSmall = WgTile<16, 10>;
-using WgTileWide16 = WgTile<kGemmTok, 6, 1>;
-using WgTileSmall16 = WgTile<16, 12, 1>;
 // two blocks per SM: 228 KB of shared memory, of which the system reserves 1 KB per block
-static_assert(2 * (WgTileWide::kSmem + 1024) <= 228 * 1024 && 2 * (WgTileSmall::kSmem + 1024) <= 228 * 1024 &&
-                  2 * (WgTileWide16::kSmem + 1024) <= 228 * 1024 && 2 * (WgTileSmall16::kSmem + 1024) <= 228 * 1024,
+static_assert(2 * (WgTileWide::kSmem + 1024) <= 228 * 1024 && 2 * (WgTileSmall::kSmem + 1024) <= 228 * 1024,
               "two blocks per SM");
 static_assert(kGemmThreads == 2 * 128 && kGemmRows == 2 * 64, "two warpgroups of 64 rows");
-static_assert(kGemmTok * 8 == 2 * kGemmThreads, "two 16-byte x chunks (of each term) per thread (x_offsets)");
+static_assert(kGemmTok * 8 == 2 * kGemmThreads, "two 16-byte x chunks (of hi, of lo) per thread (x_offsets)");
 
 template <bool PAIRED, typename T>
 __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs a) {
   constexpr int kWgBTile = T::kBTile, kStages = T::kStages;
-  constexpr bool kF16 = T::kTerms == 1;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
   dep_chain();
@@ -305,22 +296,18 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
   const uint32_t* sbsrc = nullptr;
   const float* gsrc = nullptr;
   if (tid < kGemmRows) sbsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups;
-  else if (tid < kGemmRows + T::kTok) gsrc = gsum_row(a, bw, tid, kF16 ? a.xsum16 : a.xsum);
+  else if (tid < kGemmRows + T::kTok) gsrc = gsum_row(a, bw, tid);
   auto stage = [&](int g, int buf) {
     uint8_t* base = smem + buf * T::kStage;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       if (xoff[i] < 0) continue;  // (16-token stages: x_offsets gives tokens past 16 none, t_count <= 16)
       const int off = wgmma::b_chunk_offset((tid + i * kGemmThreads) >> 3, tid & 7);
-      if constexpr (kF16) {
-        mma::cp16(base + off, a.x16 + xoff[i] + g * 64);
-      } else {
-        mma::cp16(base + off, a.xhi + xoff[i] + g * 64);
-        mma::cp16(base + kWgBTile + off, a.xlo + xoff[i] + g * 64);
-      }
+      mma::cp16(base + off, a.xhi + xoff[i] + g * 64);
+      mma::cp16(base + kWgBTile + off, a.xlo + xoff[i] + g * 64);
     }
-    mma::cp16(base + T::kTerms * kWgBTile + tid * 16, wsrc + static_cast<size_t>(g) * 32);
-    float* sbs = reinterpret_cast<float*>(base + T::kTerms * kWgBTile + T::kWBytes);
+    mma::cp16(base + 2 * kWgBTile + tid * 16, wsrc + static_cast<size_t>(g) * 32);
+    float* sbs = reinterpret_cast<float*>(base + 2 * kWgBTile + T::kWBytes);
     if (sbsrc) mma::cp4(sbs + tid, sbsrc + g);
     else if (gsrc) mma::cp4(sbs + tid, gsrc + g);
     mma::commit();
@@ -344,7 +331,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
       wgmma::fence_proxy_shared();  // this thread's copies of group g, seen by the tensor cores' reads
       __syncthreads();              // everyone's; group g - 1's buffer is read by no one any more
       const uint8_t* base = smem + (g % kStages) * T::kStage;
-      const uint8_t* ws = base + T::kTerms * kWgBTile;
+      const uint8_t* ws = base + 2 * kWgBTile;
       const float* sbs = reinterpret_cast<const float*>(ws + T::kWBytes);
       const uint32_t b_hi = static_cast<uint32_t>(__cvta_generic_to_shared(base));
       uint2 aw[2];  // the row's words 2 tq and 2 tq + 1, rows tr0 and tr0 + 8
@@ -358,15 +345,14 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {
             const int jj = 2 * ks + h;
-            const uint32_t word = (jj >> 2) ? aw[rr].y : aw[rr].x;
-            af[ks][2 * h + rr] = kF16 ? q4_pair_f16(word, jj & 3) : q4_pair(word, jj & 3);
+            af[ks][2 * h + rr] = q4_pair((jj >> 2) ? aw[rr].y : aw[rr].x, jj & 3);
           }
       float cg[32];
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        wgmma::m64k16<NT, kF16>(cg, af[ks], wgmma::b_desc(b_hi, 32 * ks), ks > 0);
-        if constexpr (!kF16) wgmma::m64k16<NT>(cg, af[ks], wgmma::b_desc(b_hi + kWgBTile, 32 * ks), true);
+        wgmma::m64k16<NT>(cg, af[ks], wgmma::b_desc(b_hi, 32 * ks), ks > 0);
+        wgmma::m64k16<NT>(cg, af[ks], wgmma::b_desc(b_hi + kWgBTile, 32 * ks), true);
       }
       wgmma::commit();
       const int next = g + kStages - 1;  // (its copies issued while the tensor cores work)
@@ -441,13 +427,9 @@ void launch_q4_wgmma_as(const GemmArgs& a, int grid_y, int max_tokens, cudaStrea
 }
 // tile_tokens: at most this many tokens in any tile of the launch (dense: n; grouped: the most slots one matrix
 // can get), 0: unknown.
-// a.x16 set: the one-term form.
 template <bool PAIRED>
 void launch_q4_wgmma(const GemmArgs& a, int grid_y, int max_tokens, int tile_tokens, cudaStream_t s) {
-  const bool small = tile_tokens >= 1 && tile_tokens <= WgTileSmall::kTok;
-  if (a.x16 && small) launch_q4_wgmma_as<PAIRED, WgTileSmall16>(a, grid_y, max_tokens, s);
-  else if (a.x16) launch_q4_wgmma_as<PAIRED, WgTileWide16>(a, grid_y, max_tokens, s);
-  else if (small) launch_q4_wgmma_as<PAIRED, WgTileSmall>(a, grid_y, max_tokens, s);
+  if (tile_tokens >= 1 && tile_tokens <= WgTileSmall::kTok) launch_q4_wgmma_as<PAIRED, WgTileSmall>(a, grid_y, max_tokens, s);
   else launch_q4_wgmma_as<PAIRED, WgTileWide>(a, grid_y, max_tokens, s);
 }
 
@@ -465,9 +447,7 @@ void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, int tile_tokens,
 void run(QFormat f, GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s, bool paired = false, int tile_tokens = 0) {
   if (max_tokens <= 0 || a.part[a.parts - 1].tile_end == 0) return;
   if (!a.offsets) grid_y = 1, tile_tokens = a.n;
-  LILY_CHECK(a.x16 || a.xhi, "gemm: x was prepared in no form this launch takes (4-bit matrices take either, 8-bit "
-             "and bf16 ones the two-term form: GemmXBuf::two_term)");
-  if (!a.x16 && gemm_rows_takes(f, a, tile_tokens)) return launch_gemm_rows(f, a, paired, s);
+  if (gemm_rows_takes(f, a, tile_tokens)) return launch_gemm_rows(f, a, paired, s);
   if (paired) run_as<true>(f, a, grid_y, max_tokens, tile_tokens, s);
   else run_as<false>(f, a, grid_y, max_tokens, tile_tokens, s);
 }
@@ -504,7 +484,6 @@ GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat
   a.xhi = x.hi;
   a.xlo = x.lo;
   a.xsum = x.gsum;
-  if (W[0].format == QFormat::q4 && x.h16) a.x16 = x.h16, a.xsum16 = x.gsum16, a.xinv = x.xinv;
   a.rows_kernel = x.few;
   a.rows_any_size = x.few_all;
   return a;

@@ -3,7 +3,6 @@
 // the work, the x copies' offsets and the output store. Included by those two files only.
 #pragma once
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -33,12 +32,9 @@ struct GemmArgs {
   int parts;
   size_t mat_w_bytes, mat_groups;  // grouped: the stride between the stack's matrices
   int cols;
-  const uint16_t* xhi;   // the two-term form (null: not prepared)
+  const uint16_t* xhi;
   const uint16_t* xlo;
   const float* xsum;
-  const uint16_t* x16;   // the one-term form (GemmX::h16), set for 4-bit launches where prepared: then taken
-  const float* xsum16;
-  const float* xinv;     // [x rows] the outputs' factor (x16's scale undone); null: 1
   const int* x_row;      // grouped: input row of each slot (null: the slot itself)
   const int* offsets;    // grouped: [n_mats + 1] slot ranges; null: dense over [0, n)
   const int* tiles;      // grouped: the work list (gemm_grouped_tiles), tile blockIdx.y
@@ -57,13 +53,6 @@ __device__ __forceinline__ uint32_t q4_pair(uint32_t word, int j) {
   const uint32_t v = ((word >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
   __nv_bfloat162 r = *reinterpret_cast<const __nv_bfloat162*>(&v);
   r = __hsub2(r, __floats2bfloat162_rn(128.f, 128.f));
-  return *reinterpret_cast<uint32_t*>(&r);
-}
-// The same for fp16 operands (the one-term form): 0x6400 | q is the fp16 of 1024 + q.
-__device__ __forceinline__ uint32_t q4_pair_f16(uint32_t word, int j) {
-  const uint32_t v = ((word >> (4 * j)) & 0x000F000Fu) | 0x64006400u;
-  __half2 r = *reinterpret_cast<const __half2*>(&v);
-  r = __hsub2(r, __floats2half2_rn(1024.f, 1024.f));
   return *reinterpret_cast<uint32_t*>(&r);
 }
 // The block's share of a launch: its matrix part and first row (blockIdx.x), the stack's matrix and the slots of
@@ -108,11 +97,11 @@ __device__ __forceinline__ void x_offsets(const GemmArgs& a, const BlockWork& bw
     }
   }
 }
-// The group sums (of xsum: a.xsum or a.xsum16) thread tid (kGemmRows <= tid < kGemmRows + kGemmTok) copies: token
-// tid - kGemmRows's (past the tile's last token: that token's).
-__device__ __forceinline__ const float* gsum_row(const GemmArgs& a, const BlockWork& bw, int tid, const float* xsum) {
+// The group sums thread tid (kGemmRows <= tid < kGemmRows + kGemmTok) copies: token tid - kGemmRows's (past the
+// tile's last token: that token's).
+__device__ __forceinline__ const float* gsum_row(const GemmArgs& a, const BlockWork& bw, int tid) {
   const int slot = bw.slot0 + bw.t_base + min(tid - kGemmRows, bw.t_count - 1);
-  return xsum + static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * (a.cols / 64);
+  return a.xsum + static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * (a.cols / 64);
 }
 // The tile's output for token t, row r of the part: scale * silu(v) * up (PAIRED: v the gate, up the up
 // projection) or v (y = or +=); nothing past the tile's tokens or the part's rows.
@@ -121,10 +110,6 @@ __device__ __forceinline__ void store_out(const GemmArgs& a, const GemmPart& par
                                           float v, float up) {
   if (t >= bw.t_count || r >= part.rows) return;
   const int slot = bw.slot0 + bw.t_base + t;
-  if (a.xinv) {  // (a power of two: exact)
-    const float f = a.xinv[a.x_row ? a.x_row[slot] : slot];
-    v *= f, up *= f;
-  }
   float* dst = part.y + static_cast<size_t>(slot) * part.ldy + r;
   if constexpr (PAIRED) *dst = swiglu_value(a.scale ? a.scale[slot] : 1.f, v, up);
   else *dst = a.accumulate ? *dst + v : v;

@@ -30,14 +30,10 @@ struct KernelOptions {
   // LILY_PROMPT_ATTN_1TERM=0: the prompt path's attention takes q and the probabilities as two bf16 terms each
   // instead of one (kernels/attention_chunk.cu; one term: half the tensor-core products, within issue 28's bound).
   bool prompt_attn_one_term = true;
-  // LILY_PROMPT_X16=1: a pass with prompt rows gives its 4-bit GEMMs x in one fp16 term (scaled per row by a power
-  // of two; GemmX::h16) instead of two bf16 terms: half the tensor-core products and half the bytes of x per tile.
-  // The 8-bit and bf16 matrices (the router) and the lm_head keep two terms; decode passes are unchanged.
-  bool prompt_x16 = false;
-  // LILY_GDN_WY=1: the prompt path's Gated DeltaNet recurrence in the chunked (WY) form on the tensor cores
-  // (kernels/gdn_wy.cu: pieces of 64 tokens at absolute multiples of 64, which become the prompt grid) instead of
-  // token by token (kernels/gdn_chunk.cu).
-  bool gdn_wy = false;
+  // LILY_GDN_WY=0: the prompt path's Gated DeltaNet recurrence token by token (kernels/gdn_chunk.cu) instead of in
+  // the chunked (WY) form on the tensor cores (kernels/gdn_wy.cu: pieces of 64 tokens at absolute multiples of 64,
+  // which become the prompt grid; models of other GDN shapes take the token-by-token kernel anyway).
+  bool gdn_wy = true;
   // LILY_GEMM_ROWS=0: a decode pass's dense GEMMs of at most kRowsMaxWeights weights (kernels/batched.h; at most 64
   // one-token rows) keep the 64- / 16-token tiles of kernels/gemm.cu instead of kernels/gemm_rows.cu (weights
   // straight into registers, K split between a block's warps). Same arithmetic per column, other bits.

@@ -1,5 +1,5 @@
 // Hopper warpgroup tensor-core primitives (sm_90a) for the prompt path's 4-bit GEMM (kernels/gemm.cu):
-// wgmma.mma_async m64nNk16 (N = 64 / 32 / 16) with A (bf16 or fp16) in registers and B (the same) in shared memory, the shared-memory matrix
+// wgmma.mma_async m64nNk16 (N = 64 / 32 / 16) with A (bf16) in registers and B (bf16) in shared memory, the shared-memory matrix
 // descriptor of a K-major B tile with the 128-byte swizzle, and the fences around the asynchronous operations.
 // Layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
 //  - A, 64 x 16 per instruction, in registers: warp w of the warpgroup holds rows 16 w .. 16 w + 15 in the
@@ -33,67 +33,46 @@ __device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.ali
 // Shared memory written by ordinary stores or cp.async, made visible to the asynchronous proxy (wgmma's reads).
 __device__ __forceinline__ void fence_proxy_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-// d (+)= A B: A four bf16x2 (F16: fp16x2) registers, B (of the same type) by descriptor; accumulate false
-// overwrites d. The operand lists are spelled once (macros below), the instruction's types twice.
-#define LILY_WG_D8 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-#define LILY_WG_D16 LILY_WG_D8, "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-                    "+f"(d[14]), "+f"(d[15])
-#define LILY_WG_D32 LILY_WG_D16, "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), \
-                    "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),    \
-                    "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define LILY_WG_IN "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate))
-#define LILY_WG_N64(T)                                                                                          \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                   \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." T " "                                             \
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                        \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "              \
-               "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                                   \
-               : LILY_WG_D32                                                                                    \
-               : LILY_WG_IN)
-#define LILY_WG_N32(T)                                                                                          \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                   \
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32." T " "                                             \
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "                       \
-               "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"                                                   \
-               : LILY_WG_D16                                                                                    \
-               : LILY_WG_IN)
-#define LILY_WG_N16(T)                                                                                          \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                                   \
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32." T " "                                             \
-               "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"                   \
-               : LILY_WG_D8                                                                                     \
-               : LILY_WG_IN)
-
-template <bool F16 = false>
+// d (+)= A B: A four bf16x2 registers, B by descriptor; accumulate false overwrites d.
 __device__ __forceinline__ void m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-  if constexpr (F16) LILY_WG_N64("f16.f16");
-  else LILY_WG_N64("bf16.bf16");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
 }
-// The same for 32 / 16 columns of B (d[4 j + e], j < 4 / 2).
-template <bool F16 = false>
-__device__ __forceinline__ void m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-  if constexpr (F16) LILY_WG_N32("f16.f16");
-  else LILY_WG_N32("bf16.bf16");
-}
-template <bool F16 = false>
-__device__ __forceinline__ void m64n16k16(float (&d)[8], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-  if constexpr (F16) LILY_WG_N16("f16.f16");
-  else LILY_WG_N16("bf16.bf16");
-}
-#undef LILY_WG_N16
-#undef LILY_WG_N32
-#undef LILY_WG_N64
-#undef LILY_WG_IN
-#undef LILY_WG_D32
-#undef LILY_WG_D16
-#undef LILY_WG_D8
 
+// The same for 32 / 16 columns of B (d[4 j + e], j < 4 / 2).
+__device__ __forceinline__ void m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+__device__ __forceinline__ void m64n16k16(float (&d)[8], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+}
 // d (+)= A B over NT columns: d's first NT / 2 registers.
-template <int NT, bool F16 = false>
+template <int NT>
 __device__ __forceinline__ void m64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-  if constexpr (NT == 64) m64n64k16<F16>(d, a, b, accumulate);
-  else if constexpr (NT == 32) m64n32k16<F16>(reinterpret_cast<float(&)[16]>(d), a, b, accumulate);
-  else m64n16k16<F16>(reinterpret_cast<float(&)[8]>(d), a, b, accumulate);
+  if constexpr (NT == 64) m64n64k16(d, a, b, accumulate);
+  else if constexpr (NT == 32) m64n32k16(reinterpret_cast<float(&)[16]>(d), a, b, accumulate);
+  else m64n16k16(reinterpret_cast<float(&)[8]>(d), a, b, accumulate);
 }
 
 }  // namespace lily::cuda::wgmma

@@ -60,8 +60,6 @@ struct PrefillBuffers {
   static constexpr int kMoeRowsMaxTokens = 64;
   bool moe_rows = false;
   void* srows = nullptr;
-  bool x16 = false;             // this pass gives its 4-bit GEMMs x's one-term form (KernelOptions::prompt_x16,
-                                // a pass with prompt rows)
   bool i8 = false;              // a pass of at most kI8MaxTokens one-token rows: project_i8 may apply
   void* i8x = nullptr;          // [kI8MaxTokens][i8x_row_bytes(i8_width)] its staged x
   int i8_width = 0;             // the widest projection input it stages (0: none)
@@ -84,21 +82,6 @@ struct PrefillBuffers {
   }
 };
 
-namespace {
-// b.x at width K in the forms the GEMMs that read it take: the one-term form for the 4-bit matrices of a pass that
-// uses it, the two-term form for the others (kernels/batched.h).
-GemmXBuf x_for(const PrefillBuffers& b, int K, std::initializer_list<const QMat*> users) {
-  GemmXBuf x = at_width(b.x, K);
-  x.one_term = x.two_term = false;
-  for (const QMat* m : users) {
-    const bool one = b.x16 && m->format == QFormat::q4;
-    x.one_term = x.one_term || one;
-    x.two_term = x.two_term || !one;
-  }
-  return x;
-}
-}  // namespace
-
 void CudaEngine::prefill_alloc() {
   if (pf_) return;
   const Config& c = cfg_;
@@ -120,7 +103,7 @@ void CudaEngine::prefill_alloc() {
   // rows of width <= max(H, mix) for the chunk's tokens, or of width F for their n * k expert slots: one
   // allocation of x_elems values (and x_elems / 64 group sums), viewed at each width (at_width)
   const size_t x_elems = std::max((size_t)n * std::max(H, mix), (size_t)n * k * F);
-  b->x = gemm_x_alloc((int)(x_elems / 64), 64, opts_.prompt_x16);
+  b->x = gemm_x_alloc((int)(x_elems / 64), 64);
   b->proj = device_alloc<float>((size_t)n * std::max(gdn_proj, attn_proj));
   b->mix = device_alloc<float>((size_t)n * mix);
   const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
@@ -236,7 +219,6 @@ bool CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
   // GEMMs and the streamed experts only when all rows are one-token rows (a prompt's chunk gives the same bits
   // whatever its size; kernels/batched.h)
   b.x.few = opts_.gemm_rows && m == n;
-  b.x16 = opts_.prompt_x16 && m < n;
   b.moe_rows = m == n && n <= PrefillBuffers::kMoeRowsMaxTokens && b.srows;
   b.i8 = m == n && n <= kI8MaxTokens && b.i8x;
   if (m > 0) {
@@ -370,7 +352,7 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
   float* a = bb + (size_t)n * Hv;
   if (!project_i8({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}},
                   b.h, H, w_.layers[layer].input_layernorm, n, false, "gemm_gdn_in", n * flops_.gdn_in)) {
-    const GemmXBuf xh = x_for(b, H, {&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a});
+    const GemmXBuf xh = at_width(b.x, H);
     pmark("norm");
     gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
     pmark("gemm_gdn_in", n * flops_.gdn_in);
@@ -400,7 +382,7 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
                          opts_.gdn_wy, stream_);
     }
   if (project_i8({{&g.out_proj, b.h, H}}, b.mix, vd, nullptr, n, true, "gemm_gdn_out", n * flops_.gdn_out)) return;
-  const GemmXBuf xm = x_for(b, vd, {&g.out_proj});
+  const GemmXBuf xm = at_width(b.x, vd);
   pmark("norm");
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
   pmark("gemm_gdn_out", n * flops_.gdn_out);
@@ -417,7 +399,7 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   float* v = k + (size_t)n * kvd;
   if (!project_i8({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, b.h, H,
                   w_.layers[layer].input_layernorm, n, false, "gemm_attn_in", n * flops_.attn_in)) {
-    const GemmXBuf xh = x_for(b, H, {&at.q_proj, &at.k_proj, &at.v_proj});
+    const GemmXBuf xh = at_width(b.x, H);
     pmark("norm");
     gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
     pmark("gemm_attn_in", n * flops_.attn_in);
@@ -456,7 +438,7 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
                              opts_.prompt_attn_one_term);
     }
   if (project_i8({{&at.o_proj, b.h, H}}, b.mix, od, nullptr, n, true, "gemm_attn_out", n * flops_.attn_out)) return;
-  const GemmXBuf xm = x_for(b, od, {&at.o_proj});
+  const GemmXBuf xm = at_width(b.x, od);
   pmark("norm");
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
   pmark("gemm_attn_out", n * flops_.attn_out);
@@ -468,8 +450,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   const Config& c = cfg_;
   const MoeWeightsDev& m = w_.layers[layer].moe;
   const int H = c.hidden, E = c.n_experts, k = c.top_k, F = c.moe_ffn, Fs = c.shared_ffn;
-  const GemmXBuf xh = x_for(b, H, {&m.gate, &m.shared_expert_gate, &m.shared_gate, &m.shared_up, &m.experts_gate,
-                                   &m.experts_up});
+  const GemmXBuf xh = at_width(b.x, H);
   pmark("norm");
   // the streamed experts read the normed rows staged (b.ysh holds them in fp32 until the shared expert's down)
   gemm_x_prep(b.h, H, n, w_.layers[layer].post_attention_layernorm, c.eps, xh, b.moe_rows ? b.ysh : nullptr, stream_);
@@ -507,7 +488,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
     gemm_grouped(m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_, n);
     swiglu_rows(g, u, b.w_slot, n * k, F, act, stream_);
   }
-  const GemmXBuf xs = x_for(b, Fs, {&m.shared_down});  // the shared expert's activations, then the routed ones after them
+  const GemmXBuf xs = at_width(b.x, Fs);  // the shared expert's activations, then the routed ones after them
   pmark("norm");
   gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
   pmark("gemm_shared", n * flops_.shared_down);
@@ -518,7 +499,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
     pmark("gemm_experts_down", n * k * flops_.expert_down);
     moe_rows_down(m.experts_down, b.srows, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
   } else {
-    const GemmXBuf xr = x_for(b, F, {&m.experts_down});
+    const GemmXBuf xr = at_width(b.x, F);
     gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
     pmark("gemm_experts_down", n * k * flops_.expert_down);
     gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, n);

@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -215,22 +214,19 @@ TEST(FullStep, PromptPathWithinTheBound) {
   lily::test::expect_prompt_bound("prompt path vs decode steps, 4 layers", d.rel, d.top1_same);
 }
 
-// The same bound for each form of the prompt path's options that are off by default, whatever the environment
-// says: the GDN recurrence token by token (KernelOptions::gdn_wy off: kernels/gdn_chunk.cu) or in the chunked
-// form (on: kernels/gdn_wy.cu), the 4-bit GEMMs on x's two bf16 terms or its one fp16 term (prompt_x16).
-TEST(FullStep, PromptPathWithEachFormWithinTheBound) {
+// The same bound with the GDN recurrence token by token (KernelOptions::gdn_wy off: kernels/gdn_chunk.cu) and in
+// the chunked form (on: kernels/gdn_wy.cu), whatever the environment says.
+TEST(FullStep, PromptPathWithEitherGdnFormWithinTheBound) {
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
-  for (const bool x16 : {false, true})
-    for (const bool wy : {false, true}) {
-      KernelOptions opts = kernel_options_from_env();
-      opts.gdn_wy = wy;
-      opts.prompt_x16 = x16;
-      const std::string what = std::string("prompt path (") + (wy ? "chunked" : "sequential") + " GDN, x in " +
-                               (x16 ? "one fp16 term" : "two bf16 terms") + ") vs decode steps, 4 layers";
-      const PathDiff d = chunked_vs_steps(opts, 300);
-      lily::test::expect_prompt_bound(what.c_str(), d.rel, d.top1_same);
-    }
+  for (const bool wy : {false, true}) {
+    KernelOptions opts = kernel_options_from_env();
+    opts.gdn_wy = wy;
+    const PathDiff d = chunked_vs_steps(opts, 300);
+    lily::test::expect_prompt_bound(wy ? "prompt path (chunked GDN) vs decode steps, 4 layers"
+                                       : "prompt path (sequential GDN) vs decode steps, 4 layers",
+                                    d.rel, d.top1_same);
+  }
 }
 
 // CudaEngine::prefill's stop (a cancelled request): asked every kStopLayers layers once the group before has run,
