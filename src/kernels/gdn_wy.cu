@@ -347,7 +347,9 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
     }
     __syncthreads();  // every warp has read W and Q: their space takes the partials
     float* X = reinterpret_cast<float*>(B + kSW);
-    auto part = [&](int w, int arr, int nt, int e) -> float& { return X[((w * 2 + arr) * 32 + nt * 4 + e) * 32 + lane]; };
+    auto part = [&](int w, int arr, int nt, int e) -> float& {  // lane-contiguous: no bank conflicts
+      return X[((w * 2 + arr) * 32 + nt * 4 + e) * 32 + lane];
+    };
 #pragma unroll
     for (int nt = 0; nt < kPiece / 8; ++nt)
 #pragma unroll
