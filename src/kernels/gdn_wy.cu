@@ -48,7 +48,7 @@ constexpr size_t work_bytes(int Dv) { return (size_t)kOffU + (size_t)Dv * kPiece
 
 // ---- piece kernel ----
 constexpr int kPieceThreads = 256;
-constexpr int kRs = kDk + 4;      // K / Q / V row stride in shared memory (floats)
+constexpr int kRs = kDk + 4;      // K / Q row stride in shared memory (floats)
 constexpr int kAs = kPiece + 4;   // A row stride (floats; float4 reads)
 constexpr size_t kPieceSmem = sizeof(float) * (2 * kPiece * kRs + kPiece * kAs + 3 * kPiece) + sizeof(double) * kPiece;
 static_assert(2 * kPieceSmem <= 227 * 1024, "two blocks per SM");

@@ -22,7 +22,8 @@ struct CudaOptions {
   // -1: what is free once the weights, the engine and the full context's KV cache are counted, less 2 GiB.
   long long snapshot_device_bytes = -1;
   // Prompts of 16 tokens or more through the chunked prompt path (model/prefill_cuda.cu: GEMMs over up to
-  // CudaEngine::kPrefillChunk tokens at a time); false, or kernels.prefill false: token by token through the decode step.
+  // CudaEngine::kPrefillChunk tokens at a time); false, or kernels.prefill false: token by token through the
+  // decode step.
   bool chunked_prompts = true;
   // The kernels' options (kernels/options.h, docs/kernel-options.md); by default those of the environment.
   cuda::KernelOptions kernels = kernel_options_from_env();

@@ -277,7 +277,7 @@ void save_restore_case(int T, int at) {
 }
 
 TEST(CudaBackend, PromptSaveRestore) {
-  // chunked pieces resumed on the prompt grid (64 with LILY_GDN_WY=1), and off it where the grid is 1
+  // chunked pieces resumed on the prompt grid (64 where the chunked GDN applies), and off it where the grid is 1
   save_restore_case(150, 64);
   if (make_cuda_backend(golden_model("mlx"), small_opts())->prompt_grid() == 1) save_restore_case(90, 40);
   save_restore_case(15, 6);  // decode-step pieces
