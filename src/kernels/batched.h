@@ -150,6 +150,26 @@ void moe_rows_swiglu(const QMat& gate, const QMat& up, const void* x, const int*
 void moe_rows_down(const QMat& down, const void* act, const int* offsets, const int* tiles, int max_tiles, float* y,
                    int ldy, cudaStream_t s);
 
+// ---- the MoE block of a decode pass of a few one-token rows in one launch (kernels/moe_fused_rows.cu) ----
+// For every row r < n: h[r] += MoE(RMSNorm(h[r]) * norm_w), each row's bits those of moe_block's one-launch kernel
+// run on that row alone (so a row's bits differ between passes of up to KernelOptions::moe_fused_rows rows and
+// larger ones, which take the streamed experts). The real shapes (q8 router with router_slices built, q4 experts,
+// H 2048, F 512, top-8) on a GPU of >= 128 SMs.
+inline constexpr int kMoeFusedMaxRows = 8;
+struct MoeRowsScratch {
+  float* act = nullptr;                      // [kMoeFusedMaxRows][(top_k + 1) * F]
+  void* act_q = nullptr;                     // [kMoeFusedMaxRows] staged act
+  unsigned long long* router_acc = nullptr;  // [kMoeFusedMaxRows][copies][E + 1], zero between launches
+  unsigned* barrier = nullptr;               // [kGridBarrierWords], zeroed once
+  int n_router = 0;                          // E + 1
+};
+bool moe_fused_rows_supported(const MoeWeightsDev& m, int top_k);
+MoeRowsScratch moe_fused_rows_alloc(int n_experts);
+void moe_fused_rows_free(MoeRowsScratch& s);
+// h [n][H], 1 <= n <= kMoeFusedMaxRows.
+void moe_fused_rows(const MoeWeightsDev& m, float* h, int n, const float* norm_w, float eps, const MoeRowsScratch& s,
+                    cudaStream_t stream);
+
 // ---- Gated DeltaNet over a chunk (kernels/gdn_chunk.cu) ----
 // launch_gdn_step (kernels/mixers.h) for the n consecutive tokens at positions pos0.. in four launches (what
 // does not depend on the state, for every token at once; the recurrence over the chunk; the gated output norm;

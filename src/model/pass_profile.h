@@ -3,7 +3,8 @@
 // to the family of the first. Families (both backends): embed, norm (RMSNorm and the GEMM inputs' preparation),
 // gemm_gdn_in, gdn_core, gemm_gdn_out, gemm_attn_in, attn_core, gemm_attn_out, gemm_router, routing,
 // gemm_shared, gemm_experts_gate_up, gemm_experts_down, combine, lm_head, and "host": from the end of a pass to
-// the next mark (the device idle while the host stages the next piece; the loop's own work on the CPU).
+// the next mark (the device idle while the host stages the next piece; the loop's own work on the CPU); on the
+// CUDA backend a decode pass of a few rows has moe_fused instead of the MoE block's families (one launch).
 #pragma once
 #include <chrono>
 #include <string>

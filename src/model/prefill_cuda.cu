@@ -60,6 +60,10 @@ struct PrefillBuffers {
   static constexpr int kMoeRowsMaxTokens = 64;
   bool moe_rows = false;
   void* srows = nullptr;
+  // a pass of at most KernelOptions::moe_fused_rows one-token rows runs each MoE block as one launch
+  // (kernels/moe_fused_rows.cu)
+  bool moe_fused = false;
+  MoeRowsScratch mfr;           // its scratch (allocated where every layer's MoE block is supported)
   bool i8 = false;              // a pass of at most kI8MaxTokens one-token rows: project_i8 may apply
   void* i8x = nullptr;          // [kI8MaxTokens][i8x_row_bytes(i8_width)] its staged x
   int i8_width = 0;             // the widest projection input it stages (0: none)
@@ -126,6 +130,9 @@ void CudaEngine::prefill_alloc() {
   b->i8_width = opts_.gemm_i8 ? std::max(in_w, out_w) : 0;
   if (b->i8_width > 0) b->i8x = device_alloc<uint8_t>(kI8MaxTokens * i8x_row_bytes(b->i8_width));
   const int nr = PrefillBuffers::kMoeRowsMaxTokens;
+  bool fused_rows = opts_.moe_fused_rows > 0;
+  for (const LayerDev& l : w_.layers) fused_rows = fused_rows && moe_fused_rows_supported(l.moe, c.top_k);
+  if (fused_rows) b->mfr = moe_fused_rows_alloc(c.n_experts);
   if (moe_rows_ok())
     b->srows = device_alloc<uint8_t>(std::max(nr * stream_row_bytes(H), (size_t)nr * k * stream_row_bytes(c.moe_ffn)));
   pf_ = b;
@@ -151,6 +158,7 @@ void CudaEngine::prefill_free() {
   for (cudaEvent_t e : b.stop_ev)
     if (e) cudaEventDestroy(e);
   gemm_x_free(b.x);
+  if (b.mfr.act) moe_fused_rows_free(b.mfr);
   b.drop_graphs();
   delete pf_;
   pf_ = nullptr;
@@ -217,10 +225,13 @@ bool CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
   b.dec_splits = 0;
   // a decode pass: its rows' results must not depend on one another's count, so the few-token GEMMs, the int8
   // GEMMs and the streamed experts only when all rows are one-token rows (a prompt's chunk gives the same bits
-  // whatever its size; kernels/batched.h)
+  // whatever its size; kernels/batched.h). The one exception: a pass of at most moe_fused_rows rows takes the MoE
+  // block in one launch with the decode step's arithmetic, other bits than a larger pass's (both within issue
+  // 28's bound of the decode step: FullStep.DecodePassWithinTheBound).
   b.x.few = opts_.gemm_rows && m == n;
   b.moe_rows = m == n && n <= PrefillBuffers::kMoeRowsMaxTokens && b.srows;
   b.i8 = m == n && n <= kI8MaxTokens && b.i8x;
+  b.moe_fused = m == n && n <= std::min(opts_.moe_fused_rows, kMoeFusedMaxRows) && b.mfr.act;
   if (m > 0) {
     for (int q = 0, j = 0; q < n_seqs; ++q)
       if (seqs[q].n == 1) {
@@ -450,6 +461,12 @@ void CudaEngine::prefill_moe(int layer, int n) {
   const Config& c = cfg_;
   const MoeWeightsDev& m = w_.layers[layer].moe;
   const int H = c.hidden, E = c.n_experts, k = c.top_k, F = c.moe_ffn, Fs = c.shared_ffn;
+  if (b.moe_fused) {  // the whole block, one launch (a decode pass of a few rows)
+    pmark("moe_fused", n * (flops_.router + flops_.shared_gate_up + flops_.shared_down +
+                            k * (flops_.expert_gate_up + flops_.expert_down)));
+    moe_fused_rows(m, b.h, n, w_.layers[layer].post_attention_layernorm, c.eps, b.mfr, stream_);
+    return;
+  }
   const GemmXBuf xh = at_width(b.x, H);
   pmark("norm");
   // the streamed experts read the normed rows staged (b.ysh holds them in fp32 until the shared expert's down)

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "model/cuda_engine.h"
 #include "model/synth.h"
@@ -264,9 +265,11 @@ TEST(FullStep, PrefillStopsBetweenLayerGroups) {
 
 // A batched decode step's pass (CudaEngine::prefill_rows over one-token rows of several sequences, then head_rows:
 // the streamed experts of kernels/moe_rows.cu, the int8 GEMMs of kernels/gemm_i8.cu, the few-token kernel) against
-// each sequence's decode step from the same state, on a 4-layer full-width model, 10 sequences over 24 positions:
-// within issue 28's bound (prompt_bound.h, which holds for batched steps too); and a row's bits the same in a pass
-// of 3 rows as in the pass of 10 (another kernel shape for 8 tokens or fewer). Before each step the decode
+// each sequence's decode step from the same state, on a 4-layer full-width model, 10 sequences over 24 positions,
+// and passes of 3 rows (the MoE block in one launch, kernels/moe_fused_rows.cu, up to KernelOptions::moe_fused_rows
+// rows): within issue 28's bound (prompt_bound.h, which holds for batched steps too); and a row's bits the same in
+// passes of 3, 5 and 10 rows wherever they take the same MoE kernels (another kernel shape for 8 tokens or fewer
+// elsewhere). Before each step the decode
 // engine's states (GDN rings and states, KV pages) are copied into the pass's slots, so a position measures one
 // step's arithmetic: left to run on their own, the two paths' trajectories drift apart after a near-tied expert
 // choice goes the other way (bench/RESULTS.md, 2026-12-05: top-1 234 to 237 of 240 free-running, with or without
@@ -276,19 +279,23 @@ TEST(FullStep, DecodePassWithinTheBound) {
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
   TwinModel m = twin_model(4, 91);
   const Config& cfg = m.cfg;
-  const int B = 10, few = 3, T = 24, V = cfg.vocab;
+  const int B = 10, few = 3, mid = 5, T = 24, V = cfg.vocab;
   CudaEngine pass(cfg, std::move(m.a), T + 8, 0, true, kernel_options_from_env());
   CudaEngine steps(cfg, std::move(m.b), T + 8, 0, true, kernel_options_from_env());
-  std::vector<SeqStateDev> all, part, alone;
+  std::vector<SeqStateDev> all, part, half, alone;
   for (int q = 0; q < B; ++q) all.push_back(pass.seq_alloc()), alone.push_back(steps.seq_alloc());
   for (int q = 0; q < few; ++q) part.push_back(pass.seq_alloc());
+  for (int q = 0; q < mid; ++q) half.push_back(pass.seq_alloc());
+  const int fused_max = std::min(pass.options().moe_fused_rows, kMoeFusedMaxRows);
+  auto fused = [&](int rows) { return rows <= fused_max; };
   std::vector<cudaGraphExec_t> graphs;
   for (const SeqStateDev& st : alone) graphs.push_back(steps.capture_for(st));
   float* logits = device_alloc<float>(static_cast<size_t>(B) * V);
-  std::vector<float> got(static_cast<size_t>(B) * V), got_few(static_cast<size_t>(few) * V), want(V);
-  std::vector<double> rel;
-  int top1_same = 0;
-  size_t differ = 0;
+  std::vector<float> got(static_cast<size_t>(B) * V), got_few(static_cast<size_t>(few) * V),
+      got_mid(static_cast<size_t>(mid) * V), want(V);
+  std::vector<double> rel, rel_few;
+  int top1_same = 0, top1_few = 0;
+  size_t differ_mid = 0, differ_all = 0;
   // The copies go on the pass's stream: a device-to-device cudaMemcpy returns before it completes, and the legacy
   // default stream it runs on is not ordered with the engines' non-blocking streams (a pass whose kernels read
   // their state early, under programmatic dependent launch, could read it before the copy).
@@ -320,10 +327,13 @@ TEST(FullStep, DecodePassWithinTheBound) {
       steps.seq_ensure_kv(alone[q], t + 1);
       sync_state(all[q], alone[q], t);
       if (q < few) sync_state(part[q], alone[q], t);
+      if (q < mid) sync_state(half[q], alone[q], t);
     }
     run_pass(all, toks, t, got.data());
     run_pass(part, std::vector<int32_t>(toks.begin(), toks.begin() + few), t, got_few.data());
-    differ += std::memcmp(got.data(), got_few.data(), sizeof(float) * few * V) != 0;
+    run_pass(half, std::vector<int32_t>(toks.begin(), toks.begin() + mid), t, got_mid.data());
+    differ_mid += std::memcmp(got_mid.data(), got_few.data(), sizeof(float) * few * V) != 0;
+    differ_all += std::memcmp(got.data(), got_few.data(), sizeof(float) * few * V) != 0;
     for (int q = 0; q < B; ++q) {
       const StepDev st{toks[q], t, 0.f};
       CUDA_CHECK(cudaMemcpyAsync(steps.step(), &st, sizeof st, cudaMemcpyHostToDevice, steps.stream()));
@@ -334,14 +344,27 @@ TEST(FullStep, DecodePassWithinTheBound) {
       const auto row = got.begin() + static_cast<size_t>(q) * V;
       rel.push_back(logit_diff(std::vector<float>(row, row + V), want).rel);
       top1_same += std::max_element(row, row + V) - row == std::max_element(want.begin(), want.end()) - want.begin();
+      if (q < few) {
+        const auto fr = got_few.begin() + static_cast<size_t>(q) * V;
+        rel_few.push_back(logit_diff(std::vector<float>(fr, fr + V), want).rel);
+        top1_few += std::max_element(fr, fr + V) - fr == std::max_element(want.begin(), want.end()) - want.begin();
+      }
     }
   }
   lily::test::expect_prompt_bound("decode passes of 10 rows vs decode steps from the same states, 4 layers", rel,
                                   top1_same);
-  EXPECT_EQ(differ, 0u) << "positions where a row's logits differed between the passes of 3 and of 10 rows";
+  lily::test::expect_prompt_bound("decode passes of 3 rows vs decode steps from the same states, 4 layers", rel_few,
+                                  top1_few);
+  std::printf("MoE block in one launch up to %d rows: passes of 3 and 5 rows %s, of 3 and 10 %s\n", fused_max,
+              differ_mid ? "differ" : "bit for bit", differ_all ? "differ" : "bit for bit");
+  if (fused(few) == fused(mid))
+    EXPECT_EQ(differ_mid, 0u) << "positions where a row's logits differed between the passes of 3 and of 5 rows";
+  if (fused(few) == fused(B))
+    EXPECT_EQ(differ_all, 0u) << "positions where a row's logits differed between the passes of 3 and of 10 rows";
   for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
   for (SeqStateDev& st : all) pass.seq_free(st);
   for (SeqStateDev& st : part) pass.seq_free(st);
+  for (SeqStateDev& st : half) pass.seq_free(st);
   for (SeqStateDev& st : alone) steps.seq_free(st);
   cudaFree(logits);
 }

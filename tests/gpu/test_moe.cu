@@ -4,10 +4,12 @@
 // generic shape; seeded random weights with negative scales.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 #include <numeric>
 
 #include "kernel_test_util.h"
+#include "kernels/batched.h"
 
 namespace lily::cuda::test {
 namespace {
@@ -355,6 +357,57 @@ void residual_projection_case(QFormat fo) {
 TEST(Moe, ResidualProjectionFirst) {
   residual_projection_case(QFormat::q4);
   residual_projection_case(QFormat::bf16);
+}
+
+// moe_fused_rows (a decode pass's MoE block over n rows, one launch) against moe_block on each row alone: every
+// row's h bit for bit (the same arithmetic per row, whatever the others; the router sums are integers). Rows 0 and 2
+// are the same h (the same experts: their weights read by two rows), and the pass runs twice (the barrier and the
+// router sums left ready for the next launch).
+TEST(Moe, FusedRowsMatchTheOneRowKernel) {
+  const Shape s{256, 2048, 512, 8, QFormat::q8, QFormat::q4};
+  std::mt19937_64 rng(51);
+  HostMoe m = random_moe(rng, s);
+  DevMoe d(m);
+  if (!moe_fused_rows_supported(d.w, s.k)) GTEST_SKIP() << "moe_fused_rows: fewer than 128 SMs";
+  const std::vector<float> wn = random_vec(rng, s.H, 0.5f, 1.5f);
+  DevBuf<float> dwn(wn), dx(s.H);
+  MoeScratch sc = moe_scratch_alloc(s.E, s.k, s.F);
+  MoeRowsScratch rs = moe_fused_rows_alloc(s.E);
+  ASSERT_TRUE(moe_block_is_fused(d.w, sc));
+  for (int n : {1, 3, kMoeFusedMaxRows}) {
+    std::vector<float> h0 = random_vec(rng, static_cast<size_t>(n) * s.H, -3.f, 3.f);
+    if (n >= 3) std::copy(h0.begin(), h0.begin() + s.H, h0.begin() + 2 * s.H);
+    std::vector<float> alone(h0.size());
+    DevBuf<float> d1(s.H);
+    for (int r = 0; r < n; ++r) {
+      d1.upload(std::vector<float>(h0.begin() + static_cast<size_t>(r) * s.H, h0.begin() + static_cast<size_t>(r + 1) * s.H));
+      moe_block(d.w, d1.p, dwn.p, 1e-6f, dx.p, sc, nullptr);
+      CUDA_CHECK(cudaMemcpy(alone.data() + static_cast<size_t>(r) * s.H, d1.p, sizeof(float) * s.H,
+                            cudaMemcpyDeviceToHost));
+    }
+    DevBuf<float> dh(h0);
+    for (int rep = 0; rep < 2; ++rep) {
+      dh.upload(h0);
+      moe_fused_rows(d.w, dh.p, n, dwn.p, 1e-6f, rs, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> got = dh.download();
+      for (int r = 0; r < n; ++r) {
+        size_t differ = 0;
+        double worst = 0, scale = 0;
+        for (int i = 0; i < s.H; ++i) {
+          const size_t k = static_cast<size_t>(r) * s.H + i;
+          differ += std::memcmp(&got[k], &alone[k], sizeof(float)) != 0;
+          worst = std::max(worst, std::fabs(static_cast<double>(got[k]) - alone[k]));
+          scale = std::max(scale, std::fabs(static_cast<double>(alone[k] - h0[k])));
+        }
+        EXPECT_EQ(differ, 0u) << n << " rows, run " << rep << ", row " << r << ": " << differ
+                              << " elements differ, worst " << worst << " (MoE output scale " << scale << ")";
+      }
+    }
+    std::printf("moe_fused_rows, %d rows: every row bit for bit as alone\n", n);
+  }
+  moe_fused_rows_free(rs);
+  moe_scratch_free(sc);
 }
 
 TEST(Moe, RealWidthsQ8RouterQ4Experts) { run_block({64, 2048, 512, 8, QFormat::q8, QFormat::q4}, 11, 0); }
