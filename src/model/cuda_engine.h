@@ -170,8 +170,8 @@ class CudaEngine {
   void lm_head(const float* h);
   // stop (may be null): asked every kStopLayers layers once the group before has run (the GPU keeps one group
   // queued meanwhile); when it returns true the pass is abandoned: false, and the sequence's state is undefined
-  // (the caller resets it). A cancelled request then stops within about two groups, a quarter of a chunk's time.
-  static constexpr int kStopLayers = 5;
+  // (the caller resets it). A cancelled request then stops within about two groups, a tenth of a chunk's time.
+  static constexpr int kStopLayers = 2;
   bool prefill(const int32_t* tokens, int pos0, int n, const std::function<bool()>* stop = nullptr);
   void prefill_alloc();  // the prompt path's buffers (~0.8 GB for the real model; prefill allocates them if needed)
   bool prefill_supported() const;  // the prompt path's kernels take this model's shapes

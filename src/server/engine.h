@@ -70,9 +70,10 @@ struct EngineOptions {
   bool prefix_cache = true;
   size_t cache_bytes = size_t{8} << 30; // prefix-cache pool cap
   int checkpoint_interval = 8192;       // extra snapshot every K prompt tokens
-  int prefill_chunk = 2048;             // prompt tokens per Backend::prefill call: cancellation and the deadline
-                                        // are checked between pieces; a piece of the CUDA prompt path's chunk
-                                        // size reads the weights once per 2,048 tokens
+  int prefill_chunk = 4096;             // prompt tokens per Backend::prefill call: cancellation and the deadline
+                                        // are checked between pieces (and every few layers inside one on CUDA);
+                                        // a piece of the CUDA prompt path's chunk size reads the weights once per
+                                        // 4,096 tokens
   int decode_step_tokens = 512;         // batched: a step's tokens while some request decodes (its inter-token
                                         // gap while prompts are processed: ~40 ms on the H200); 0: prefill_chunk
 };
