@@ -26,7 +26,7 @@ struct KernelOptions {
   // LILY_BATCH_GRAPH_ROWS=n: a batched step (runtime/cuda_batch_backend) with at most n one-token rows runs each
   // of them through the captured decode step of its slot (the batch-1 kernels, one after another) instead of one
   // pass of the prompt path over all of them; 0 = always the pass.
-  int batch_graph_rows = 3;
+  int batch_graph_rows = 2;
   // LILY_PROMPT_ATTN_1TERM=0: the prompt path's attention takes q and the probabilities as two bf16 terms each
   // instead of one (kernels/attention_chunk.cu; one term: half the tensor-core products, within issue 28's bound).
   bool prompt_attn_one_term = true;
@@ -53,7 +53,7 @@ struct KernelOptions {
   // LILY_MOE_FUSED_ROWS=n: a decode pass of at most n one-token rows (up to kMoeFusedMaxRows) runs each MoE block as
   // one persistent launch with the decode step's per-row arithmetic (kernels/moe_fused_rows.cu) instead of 13
   // launches; 0 = never.
-  int moe_fused_rows = 8;
+  int moe_fused_rows = 6;
   // LILY_BATCH_PASS_GRAPHS=0: a pass of one-token rows only launches its kernels one by one instead of replaying
   // the graph captured for its row count and attention splits (model/prefill_cuda.cu).
   bool batch_pass_graphs = true;
