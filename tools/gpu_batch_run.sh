@@ -13,7 +13,7 @@ export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
 SRC_DIR=$(cat "$BIN/source_dir")
 [ -e "$SRC_DIR" ] || { mkdir -p "$(dirname "$SRC_DIR")" && ln -s "$(pwd)" "$SRC_DIR"; }
 mkdir -p "$(cat "$BIN/binary_dir")"
-for t in ${LILY_TESTS:-test_batched test_cuda_batch test_sampling}; do
+for t in ${LILY_TESTS:-test_batched test_cuda_batch test_sampling test_moe}; do
   timeout 240 "$BIN/$t" > "$L/$t.log" 2>&1
   echo "$t rc=$? $(grep -cE '^\[       OK' "$L/$t.log") ok"
   grep -E "^\[  FAILED" "$L/$t.log" | head -5

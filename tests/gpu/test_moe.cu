@@ -1,7 +1,8 @@
 // GPU tests of the MoE block (kernels/moe.cu) against CPU references: router + softmax + top-k (ties to the
 // lower expert id) + renormalisation + shared-expert sigmoid gate; experts gate/up SwiGLU; down projections with
-// the fused residual add; the whole block. Real widths (H 2048, F 512, k 8: the fast paths) and a small
-// generic shape; seeded random weights with negative scales.
+// the fused residual add; the whole block; a decode pass's block over several rows in one launch
+// (kernels/moe_fused_rows.cu) against the one-row kernel. Real widths (H 2048, F 512, k 8: the fast paths) and a
+// small generic shape; seeded random weights with negative scales.
 #include <gtest/gtest.h>
 
 #include <cstring>
