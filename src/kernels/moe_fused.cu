@@ -28,6 +28,7 @@
 #include "kernels/gemv_impl.cuh"
 #include "kernels/gemv_stream.cuh"
 #include "kernels/grid_barrier.cuh"
+#include "kernels/moe_fused_common.cuh"
 #include "kernels/router_partial.cuh"
 
 namespace lily::cuda {
@@ -37,8 +38,6 @@ namespace {
 constexpr int kH = kHidden, kF = kMoeFfn, kK = kTopK;
 constexpr int kWarps = 16, kThreads = kWarps * 32;
 constexpr int kMinBlocks = 128;                   // the routed pairs and phase C need 2048 warp tasks
-constexpr int kDownChunks = (kK + 1) * kF / 32;   // 144 chunks of 32 elements in one output row of the 9 downs
-constexpr int kDownPerLane = (kDownChunks + 31) / 32;  // 5
 constexpr int kRoutedChunks = kK * kF / 32;       // 128: phase A block b computes routed act chunk b
 static_assert(2 * kWarps == 32 && kRoutedChunks <= kMinBlocks, "a block's 16 warps compute one chunk of act");
 static_assert(kRouterRows == kWarps && kRouterBlocks <= kMinBlocks, "phase 0: a block's 16 rows, one router partial");
@@ -64,29 +63,6 @@ struct FusedArgs {
 constexpr int kP = 4096;  // phase 0's input width (attention heads x head_dim)
 
 __device__ __forceinline__ void stamp(const FusedArgs& a, int i) { trace_stamp(a.trace, i); }
-
-// Phase C weights of output row i: flat chunk t = j * 16 + c (matrix j < 9, 16-byte chunk c of the 256-byte
-// row); lane l holds t = l + 32 * u.
-struct DownRow {
-  uint4 w[kDownPerLane];
-  uint32_t sb[kDownPerLane];
-};
-
-__device__ __forceinline__ void load_down_row(const FusedArgs& a, const int* idx, int i, DownRow& d) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int u = 0; u < kDownPerLane; ++u) {
-    const int t = lane + 32 * u;
-    if (t >= kDownChunks) break;
-    const int j = t / 16, c = t % 16;
-    const bool sh = j == kK;
-    const size_t e = sh ? 0 : static_cast<size_t>(idx[j]);
-    const uint8_t* w = (sh ? a.sdw : a.dw + e * a.d_mat_w_bytes) + static_cast<size_t>(i) * (kF / 2);
-    const uint32_t* sb = (sh ? a.sdsb : a.dsb + e * a.d_mat_groups) + static_cast<size_t>(i) * (kF / kGroupSize);
-    d.w[u] = ld_stream(w + c * 16);
-    d.sb[u] = ld_stream_u32(sb + c / 2);
-  }
-}
 
 __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   __shared__ __align__(16) StreamX<kH> xs;           // x for the q4 stream dots
@@ -190,16 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
     }
     route_topk_select_from(a.pairs, topk, l, l_sh);  // the experts (topk.idx); ends with __syncthreads
     p.idx = topk.idx;
-    if (pair_task) {
-      const uint8_t* w[4];
-      const uint32_t* sb[4];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const PairRow pr = resolve_pair<true>(p, 2 * gb + r, kH / 2, G2);
-        w[2 * r] = pr.gw, sb[2 * r] = pr.gsb, w[2 * r + 1] = pr.uw, sb[2 * r + 1] = pr.usb;
-      }
-      stream_load_rows<kH, 4>(w, sb, wv, sv);
-    }
+    if (pair_task) load_pair_rows(p, gb, wv, sv);
   });
   stamp(a, 1);
   p = route_topk_finish(a.pairs, topk);  // the routing weights while the rows stream

@@ -22,6 +22,7 @@
 #include "kernels/gemv_impl.cuh"
 #include "kernels/gemv_stream.cuh"
 #include "kernels/grid_barrier.cuh"
+#include "kernels/moe_fused_common.cuh"
 #include "kernels/mma.cuh"
 #include "kernels/router_partial.cuh"
 
@@ -32,8 +33,6 @@ namespace {
 constexpr int kH = kHidden, kF = kMoeFfn, kK = kTopK, kR = kMoeFusedMaxRows;
 constexpr int kWarps = 16, kThreads = kWarps * 32;
 constexpr int kMinBlocks = 128;                        // the routed chunks and phase C need 2048 warp tasks
-constexpr int kDownChunks = (kK + 1) * kF / 32;        // 144 chunks of 32 elements in one output row of the 9 downs
-constexpr int kDownPerLane = (kDownChunks + 31) / 32;  // 5
 constexpr int kRoutedChunks = kK * kF / 32;            // 128: block b computes routed act chunk b of each row
 constexpr int kActFloats = (kK + 1) * kF;              // a row of act: 8 routed rows (scaled), the shared one
 using ActX = StreamX<(kK + 1) * kF>;
@@ -66,27 +65,6 @@ struct Smem {
   float hw[kR][kRouterRows];
   float red[kR][kWarps];
 };
-
-struct DownRow {  // as moe_fused.cu: flat chunk t = j * 16 + c (matrix j < 9, chunk c of the row), lane l: l + 32 u
-  uint4 w[kDownPerLane];
-  uint32_t sb[kDownPerLane];
-};
-
-__device__ __forceinline__ void load_down_row(const RowsArgs& a, const int* idx, int i, DownRow& d) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int u = 0; u < kDownPerLane; ++u) {
-    const int t = lane + 32 * u;
-    if (t >= kDownChunks) break;
-    const int j = t / 16, c = t % 16;
-    const bool sh = j == kK;
-    const size_t e = sh ? 0 : static_cast<size_t>(idx[j]);
-    const uint8_t* w = (sh ? a.sdw : a.dw + e * a.d_mat_w_bytes) + static_cast<size_t>(i) * (kF / 2);
-    const uint32_t* sb = (sh ? a.sdsb : a.dsb + e * a.d_mat_groups) + static_cast<size_t>(i) * (kF / kGroupSize);
-    d.w[u] = ld_stream(w + c * 16);
-    d.sb[u] = ld_stream_u32(sb + c / 2);
-  }
-}
 
 struct PairBuf {  // the gate, up rows of a warp's two pairs (moe_fused.cu phase A)
   uint4 wv[4][2];
@@ -282,14 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
   auto issue = [&](int r, PairBuf& b) {
     PairArgs p = a.pairs;
     p.idx = sm.topk[r].idx;
-    const uint8_t* w[4];
-    const uint32_t* sb[4];
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const PairRow pr = resolve_pair<true>(p, 2 * gb + q, kH / 2, G2);
-      w[2 * q] = pr.gw, sb[2 * q] = pr.gsb, w[2 * q + 1] = pr.uw, sb[2 * q + 1] = pr.usb;
-    }
-    stream_load_rows<kH, 4>(w, sb, b.wv, b.sv);
+    load_pair_rows(p, gb, b.wv, b.sv);
   };
   auto compute = [&](int r, const PairBuf& b) {
     float acc[4];
