@@ -6,15 +6,16 @@
 // which at a few rows cost more in launch gaps than in weight bytes. One block per SM, 16 warps; phases separated
 // by grid barriers:
 //   R  blocks 0..127 add their 16 rows of h to every row's router sums (router_partial.cuh, as the one-row path's
-//      router_sums_kernel); meanwhile every block normalises and stages all n rows of x (one reduction barrier
-//      for all of them); the shared expert's gate/up rows are requested
+//      router_sums_kernel); every block normalises and stages all n rows of x (one reduction barrier for all of
+//      them); warp g < F computes the shared expert's gate/up row g for every row (its weights read once), which
+//      needs no routing, while other blocks finish their sums
 //   A  every block turns the sums into logits and selects each row's experts (the one-row selection, n rows
-//      between the same two barriers); warp g < F computes shared gate/up row g for every row (its weights read
-//      once); per row r, the 16 warps of block b < 128 compute routed act chunk b of row r, two rows' weights in
-//      flight at a time; each chunk staged in the down phase's 16-bit input format; the first down rows requested
-//   C  every block stages every row's act (routed chunks and the shared row times its gate); warp g computes
-//      output row g of row r's 9 down projections, r = 0.. with the next row's weights in flight, h[r][g] += it.
-//      Block 0 zeroes the router sums.
+//      between the same four barriers); per row r, the 16 warps of block b < 128 compute routed act chunk b of
+//      row r, two rows' weights in flight at a time; each chunk staged in the down phase's 16-bit input format;
+//      the first two rows' down weights requested
+//   C  every block copies every row's staged act (one round trip) and stages the shared rows times their gates;
+//      warp g computes output row g of row r's 9 down projections, r = 0.. with the next row's weights in
+//      flight, h[r][g] += it. Block 0 zeroes the router sums.
 // The routed experts' rows are read per row that chose them (a repeat within a pass is an L2 hit when close in
 // time): below ~8 rows few experts repeat. Tested by tests/gpu/test_moe.cu against moe_block row by row.
 #include "kernels/batched.h"
