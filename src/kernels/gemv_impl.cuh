@@ -375,15 +375,15 @@ __device__ __forceinline__ void route_topk_select(const PairArgs& a, TopkSm& t) 
   route_topk_select_from(a, t, l, l_sh);
 }
 
-__device__ __forceinline__ void route_topk_select_from(const PairArgs& a, TopkSm& t, float l, float l_sh) {
-  constexpr int NW = kMaxExperts / 32;
+// The selection's steps, each for one row's TopkSm (moe_fused_rows.cu runs them for several rows between the same
+// barriers). 1: thread e's logit l ranked within its warp; each warp's 8 best become candidates (no barrier).
+__device__ __forceinline__ void topk_candidates(TopkSm& t, float l) {
   const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
   const bool mine = e < kMaxExperts;
   if (e < kMaxTopK) {  // defined even if NaN logits leave ranks unfilled
     t.idx[e] = 0;
     t.w[e] = 0.f;
   }
-  // rank within the warp
   int r = 0;
 #pragma unroll
   for (int d = 1; d < 32; ++d) {
@@ -395,39 +395,57 @@ __device__ __forceinline__ void route_topk_select_from(const PairArgs& a, TopkSm
     t.cand_l[warp * kMaxTopK + r] = l;
     t.cand_e[warp * kMaxTopK + r] = e;
   }
-  __syncthreads();
-  if (e < NW * kMaxTopK) {
-    const float lc = t.cand_l[e];
-    const int ec = t.cand_e[e];
-    int rank = 0;
+}
+// 2 (after a barrier): thread e < 64 ranks candidate e among all; the top k land in t.idx, their logits in t.w.
+__device__ __forceinline__ void topk_rank(const PairArgs& a, TopkSm& t) {
+  constexpr int NW = kMaxExperts / 32;
+  const int e = threadIdx.x;
+  if (e >= NW * kMaxTopK) return;
+  const float lc = t.cand_l[e];
+  const int ec = t.cand_e[e];
+  int rank = 0;
 #pragma unroll
-    for (int c = 0; c < NW * kMaxTopK; c += 4) {  // unrolled: the shared-memory reads stay in flight together
-      const float4 q = *reinterpret_cast<const float4*>(t.cand_l + c);
-      const int4 qi = *reinterpret_cast<const int4*>(t.cand_e + c);
-      rank += (ranks_before(q.x, qi.x, lc, ec) ? 1 : 0) + (ranks_before(q.y, qi.y, lc, ec) ? 1 : 0) +
-              (ranks_before(q.z, qi.z, lc, ec) ? 1 : 0) + (ranks_before(q.w, qi.w, lc, ec) ? 1 : 0);
-    }
-    if (rank < a.k) {
-      t.idx[rank] = ec < a.E ? ec : 0;  // NaN logits select nothing: never index past the expert stack
-      t.w[rank] = lc;
-    }
+  for (int c = 0; c < NW * kMaxTopK; c += 4) {  // unrolled: the shared-memory reads stay in flight together
+    const float4 q = *reinterpret_cast<const float4*>(t.cand_l + c);
+    const int4 qi = *reinterpret_cast<const int4*>(t.cand_e + c);
+    rank += (ranks_before(q.x, qi.x, lc, ec) ? 1 : 0) + (ranks_before(q.y, qi.y, lc, ec) ? 1 : 0) +
+            (ranks_before(q.z, qi.z, lc, ec) ? 1 : 0) + (ranks_before(q.w, qi.w, lc, ec) ? 1 : 0);
   }
-  if (e == 0) t.sh_logit = l_sh;
+  if (rank < a.k) {
+    t.idx[rank] = ec < a.E ? ec : 0;  // NaN logits select nothing: never index past the expert stack
+    t.w[rank] = lc;
+  }
+}
+// 3 (after a barrier): thread e < k's routing weight; every selecting thread sums the k weights in rank order (same
+// result); t.w[0] is the max.
+__device__ __forceinline__ float topk_weight(const PairArgs& a, const TopkSm& t) {
+  const int e = threadIdx.x;
+  if (e >= a.k) return 0.f;
+  const float l0 = t.w[0];
+  float total = 0.f;
+  for (int j = 0; j < a.k; ++j) total += expf(t.w[j] - l0);
+  return expf(t.w[e] - l0) / total;
+}
+// 4 (after a barrier): the weights in place, the shared expert's gate from its logit.
+__device__ __forceinline__ void topk_set_weight(const PairArgs& a, TopkSm& t, float wj) {
+  const int e = threadIdx.x;
+  if (e < a.k) t.w[e] = wj;
+  if (e == 0) t.sh = 1.f / (1.f + expf(-t.sh_logit));
+}
+
+__device__ __forceinline__ void route_topk_select_from(const PairArgs& a, TopkSm& t, float l, float l_sh) {
+  topk_candidates(t, l);
+  __syncthreads();
+  topk_rank(a, t);
+  if (threadIdx.x == 0) t.sh_logit = l_sh;
   __syncthreads();
 }
 
 __device__ __forceinline__ PairArgs route_topk_finish(const PairArgs& a, TopkSm& t) {
   const int e = threadIdx.x;
-  float wj = 0.f;
-  if (e < a.k) {  // every selecting thread sums the k weights in rank order (same result); t.w[0] is the max
-    const float l0 = t.w[0];
-    float total = 0.f;
-    for (int j = 0; j < a.k; ++j) total += expf(t.w[j] - l0);
-    wj = expf(t.w[e] - l0) / total;
-  }
+  const float wj = topk_weight(a, t);
   __syncthreads();
-  if (e < a.k) t.w[e] = wj;
-  if (e == 0) t.sh = 1.f / (1.f + expf(-t.sh_logit));
+  topk_set_weight(a, t, wj);
   __syncthreads();
   if (blockIdx.x == 0 && e < a.k) {
     a.idx_out[e] = t.idx[e];

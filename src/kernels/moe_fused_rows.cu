@@ -73,78 +73,28 @@ struct PairBuf {  // the gate, up rows of a warp's two pairs (moe_fused.cu phase
 };
 
 // The experts of every row from their logits (thread e < E holds l[r] for expert e, thread 0 also l_sh[r]): the
-// arithmetic of route_topk_select_from + route_topk_finish (gemv_impl.cuh) for each row, with n rows between the
-// same four barriers.
+// steps of route_topk_select_from + route_topk_finish (gemv_impl.cuh) for each row, n rows between the same four
+// barriers.
 __device__ __forceinline__ void select_rows(const PairArgs& a, TopkSm* topk, const float (&l)[kR],
                                             const float (&l_sh)[kR], int n) {
-  constexpr int NW = kMaxExperts / 32;
-  const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
-  const bool mine = e < kMaxExperts;
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    if (r >= n) break;
-    TopkSm& t = topk[r];
-    if (e < kMaxTopK) {
-      t.idx[e] = 0;
-      t.w[e] = 0.f;
-    }
-    int rk = 0;
-#pragma unroll
-    for (int d = 1; d < 32; ++d) {
-      const int l2 = (lane + d) & 31;
-      const float q = __shfl_sync(0xffffffffu, l[r], l2);
-      rk += ranks_before(q, (e & ~31) + l2, l[r], e) ? 1 : 0;
-    }
-    if (mine && rk < kMaxTopK) {
-      t.cand_l[warp * kMaxTopK + rk] = l[r];
-      t.cand_e[warp * kMaxTopK + rk] = e;
-    }
-  }
+  for (int r = 0; r < kR; ++r)
+    if (r < n) topk_candidates(topk[r], l[r]);
   __syncthreads();
-  if (e < NW * kMaxTopK) {
 #pragma unroll 1
-    for (int r = 0; r < n; ++r) {
-      TopkSm& t = topk[r];
-      const float lc = t.cand_l[e];
-      const int ec = t.cand_e[e];
-      int rank = 0;
-#pragma unroll
-      for (int c = 0; c < NW * kMaxTopK; c += 4) {
-        const float4 q = *reinterpret_cast<const float4*>(t.cand_l + c);
-        const int4 qi = *reinterpret_cast<const int4*>(t.cand_e + c);
-        rank += (ranks_before(q.x, qi.x, lc, ec) ? 1 : 0) + (ranks_before(q.y, qi.y, lc, ec) ? 1 : 0) +
-                (ranks_before(q.z, qi.z, lc, ec) ? 1 : 0) + (ranks_before(q.w, qi.w, lc, ec) ? 1 : 0);
-      }
-      if (rank < a.k) {
-        t.idx[rank] = ec < a.E ? ec : 0;
-        t.w[rank] = lc;
-      }
-    }
-  }
-  if (e == 0)
+  for (int r = 0; r < n; ++r) topk_rank(a, topk[r]);
+  if (threadIdx.x == 0)
 #pragma unroll
     for (int r = 0; r < kR; ++r)
       if (r < n) topk[r].sh_logit = l_sh[r];
   __syncthreads();
   float wj[kR];
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    wj[r] = 0.f;
-    if (r < n && e < a.k) {
-      const TopkSm& t = topk[r];
-      const float l0 = t.w[0];
-      float total = 0.f;
-      for (int j = 0; j < a.k; ++j) total += expf(t.w[j] - l0);
-      wj[r] = expf(t.w[e] - l0) / total;
-    }
-  }
+  for (int r = 0; r < kR; ++r) wj[r] = r < n ? topk_weight(a, topk[r]) : 0.f;
   __syncthreads();
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    if (r >= n) break;
-    if (e < a.k) topk[r].w[e] = wj[r];
-    if (e == 0) topk[r].sh = 1.f / (1.f + expf(-topk[r].sh_logit));
-  }
+  for (int r = 0; r < kR; ++r)
+    if (r < n) topk_set_weight(a, topk[r], wj[r]);
   __syncthreads();
 }
 
@@ -281,8 +231,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
   if (pair_task) {
     issue(0, b0);
     if (n > 1) issue(1, b1);
-  }
-  if (pair_task)
 #pragma unroll 1
     for (int r = 0; r < n; r += 2) {
       compute(r, b0);
@@ -292,6 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
         if (r + 3 < n) issue(r + 3, b1);
       }
     }
+  }
   DownRow d0, d1;  // phase C's first two rows' weights, in flight through the barrier
   if (down_task) {
     load_down_row(a, sm.topk[0].idx, g, d0);

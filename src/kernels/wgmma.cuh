@@ -1,6 +1,7 @@
 // Hopper warpgroup tensor-core primitives (sm_90a) for the prompt path's 4-bit GEMM (kernels/gemm.cu):
-// wgmma.mma_async m64nNk16 (N = 64 / 32 / 16) with A (bf16) in registers and B (bf16) in shared memory, the shared-memory matrix
-// descriptor of a K-major B tile with the 128-byte swizzle, and the fences around the asynchronous operations.
+// wgmma.mma_async m64nNk16 (N = 64 / 32 / 16) with A (bf16) in registers and B (bf16) in shared memory, the
+// shared-memory matrix descriptor of a K-major B tile with the 128-byte swizzle, and the fences around the
+// asynchronous operations.
 // Layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
 //  - A, 64 x 16 per instruction, in registers: warp w of the warpgroup holds rows 16 w .. 16 w + 15 in the
 //    m16n8k16 A fragment order (reg 0: row g, k 2t, 2t+1; reg 1: row g + 8; reg 2: row g, k 2t + 8, +9; reg 3:
