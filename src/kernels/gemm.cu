@@ -40,15 +40,20 @@ struct GemmTile {
   static constexpr int kSmem = kGemmStages * kStage;
 };
 
-// The A fragment's register for columns c0 and c0 + 4 of a staged q8 or bf16 row (low half = column c0), as bf16.
-template <int BITS>
-__device__ __forceinline__ uint32_t a_pair(const uint8_t* row, int c0) {
-  if constexpr (BITS == 8) {
-    return mma::pack_bf16x2(static_cast<float>(row[c0]), static_cast<float>(row[c0 + 4]));
-  } else {
-    const uint32_t lo = reinterpret_cast<const uint16_t*>(row)[c0], hi = reinterpret_cast<const uint16_t*>(row)[c0 + 4];
-    return lo | (hi << 16);
-  }
+// The A fragment's register for columns c0 and c0 + 4 of a staged bf16 row (low half = column c0).
+__device__ __forceinline__ uint32_t a_pair16(const uint8_t* row, int c0) {
+  const uint32_t lo = reinterpret_cast<const uint16_t*>(row)[c0], hi = reinterpret_cast<const uint16_t*>(row)[c0 + 4];
+  return lo | (hi << 16);
+}
+// The same for q8 codes: byte j of wa (low half) and of wb, as bf16 built from their nibbles, 16 (128 + qh - 128)
+// + (128 + ql - 128), every step exact in bf16 (codes up to 255), without the integer-to-float conversions.
+__device__ __forceinline__ uint32_t q8_pair(uint32_t wa, uint32_t wb, int j) {
+  const uint32_t t = __byte_perm(wa, wb, j | ((4 + j) << 8));  // bytes 0 and 2: the two codes
+  uint32_t lo = (t & 0x000F000Fu) | 0x43004300u, hi = ((t >> 4) & 0x000F000Fu) | 0x43004300u;
+  const __nv_bfloat162 k128 = __float2bfloat162_rn(128.f), k16 = __float2bfloat162_rn(16.f);
+  __nv_bfloat162 r = __hfma2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&hi), k128), k16,
+                             __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&lo), k128));
+  return *reinterpret_cast<uint32_t*>(&r);
 }
 
 // Each warp computes 32 rows x 32 tokens of the block's 128 x 64 tile: warp w takes tile rows 32 (w % 4) .. and
@@ -161,6 +166,13 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
     for (int ks = 0; ks < 4; ++ks) {
       // k-slots (2 tq + 8 h + e) of this k-step hold columns 8 (2 tq + (2 ks + h) / 4) + (2 ks + h) % 4 + 4 e
       uint32_t af[2][4];
+      if constexpr (BITS == 8) {  // q8: the row's bytes 16 tq + 8 (ks / 2) .. + 7 (the same columns), rows r0 + 8 i
+        if (ks % 2 == 0) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            aw[i] = *reinterpret_cast<const uint2*>(ws + (r0 + 8 * i) * T::kWStride + 16 * tq + 8 * (ks / 2));
+        }
+      }
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
@@ -170,8 +182,10 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(GemmArgs a) {
             const int i = 2 * m + rr, jj = 2 * ks + h;
             if constexpr (BITS == 4) {
               af[m][2 * h + rr] = q4_pair((jj >> 2) ? aw[i].y : aw[i].x, jj & 3);
+            } else if constexpr (BITS == 8) {  // bytes jj % 4 of the two words (jj / 4 = ks / 2)
+              af[m][2 * h + rr] = q8_pair(aw[i].x, aw[i].y, jj & 3);
             } else {
-              af[m][2 * h + rr] = a_pair<BITS>(ws + (r0 + 8 * i) * T::kWStride, 8 * (2 * tq + (jj >> 2)) + (jj & 3));
+              af[m][2 * h + rr] = a_pair16(ws + (r0 + 8 * i) * T::kWStride, 8 * (2 * tq + (jj >> 2)) + (jj & 3));
             }
           }
       uint32_t b[2][2][4];  // [pair][hi, lo]
@@ -289,27 +303,40 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
   const size_t row_bytes = static_cast<size_t>(a.cols) / 2;
 
   // Per group and thread: one 16-byte piece of the weights (row tid / 2), two of hi and of lo (token
-  // (tid + 256 i) / 8, chunk tid % 8), one scale|bias word or one group sum.
+  // (tid + 256 i) / 8, chunk tid % 8), one scale|bias word or one group sum. Destinations are shared addresses,
+  // fixed within a stage.
   const uint8_t* wsrc = (tile_part(tid >> 1) ? w1 : w) + tile_row(tid >> 1) * row_bytes + (tid & 1) * 16;
   int xoff[2];
   x_offsets(a, bw, tid, xoff);
-  const uint32_t* sbsrc = nullptr;
-  const float* gsrc = nullptr;
-  if (tid < kGemmRows) sbsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups;
-  else if (tid < kGemmRows + T::kTok) gsrc = gsum_row(a, bw, tid);
+  // x: null where none (16-token stages: x_offsets gives tokens past 16 none, t_count <= 16); the scale|bias
+  // word (tid < 128) or the group sum (128 <= tid < 128 + TOK) as one 4-byte source.
+  const uint16_t* xsrc[2][2];  // [chunk i][hi, lo]
+  uint32_t xdst[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    xsrc[i][0] = xoff[i] < 0 ? nullptr : a.xhi + xoff[i];
+    xsrc[i][1] = xoff[i] < 0 ? nullptr : a.xlo + xoff[i];
+    xdst[i] = wgmma::b_chunk_offset((tid + i * kGemmThreads) >> 3, tid & 7);
+  }
+  const uint32_t* wordsrc = nullptr;
+  if (tid < kGemmRows) wordsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups;
+  else if (tid < kGemmRows + T::kTok) wordsrc = reinterpret_cast<const uint32_t*>(gsum_row(a, bw, tid));
+  // Token t's group sum sits at 128 + 16 (t / 16) + 4 ((t / 2) % 4) + 2 ((t / 8) % 2) + t % 2, so that a
+  // thread's four sums of columns 16 J + 2 tq (+ 1) and 16 J + 8 + 2 tq (+ 1) are one 16-byte read.
+  const int tt = tid - kGemmRows;
+  const int word_slot =
+      tid < kGemmRows ? tid : kGemmRows + (tt & ~15) + ((tt >> 1) & 3) * 4 + ((tt >> 3) & 1) * 2 + (tt & 1);
+  const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   auto stage = [&](int g, int buf) {
-    uint8_t* base = smem + buf * T::kStage;
+    const uint32_t base = smem_s + buf * T::kStage;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      if (xoff[i] < 0) continue;  // (16-token stages: x_offsets gives tokens past 16 none, t_count <= 16)
-      const int off = wgmma::b_chunk_offset((tid + i * kGemmThreads) >> 3, tid & 7);
-      mma::cp16(base + off, a.xhi + xoff[i] + g * 64);
-      mma::cp16(base + kWgBTile + off, a.xlo + xoff[i] + g * 64);
+      if (!xsrc[i][0]) continue;
+      mma::cp16s(base + xdst[i], xsrc[i][0] + g * 64);
+      mma::cp16s(base + kWgBTile + xdst[i], xsrc[i][1] + g * 64);
     }
-    mma::cp16(base + 2 * kWgBTile + tid * 16, wsrc + static_cast<size_t>(g) * 32);
-    float* sbs = reinterpret_cast<float*>(base + 2 * kWgBTile + T::kWBytes);
-    if (sbsrc) mma::cp4(sbs + tid, sbsrc + g);
-    else if (gsrc) mma::cp4(sbs + tid, gsrc + g);
+    mma::cp16s(base + 2 * kWgBTile + tid * 16, wsrc + static_cast<size_t>(g) * 32);
+    if (wordsrc) mma::cp4s(base + 2 * kWgBTile + T::kWBytes + word_slot * 4, wordsrc + g);
     mma::commit();
   };
 
@@ -319,6 +346,9 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
     if (i < groups) stage(i, i);
     else mma::commit();
   }
+  const uint32_t desc0 = wgmma::b_desc_lo(smem_s);  // stage 0's hi tile
+  const uint32_t c128 = 0x43004300u;                // (q4_pair_or's constants, in registers)
+  const __nv_bfloat162 b128 = __floats2bfloat162_rn(128.f, 128.f);
   // The loop over the groups for the tile's first NT tokens (NT >= t_count: the tensor cores skip the empty
   // columns of an expert's last tile). A column's arithmetic is the same at every NT.
   auto run = [&](auto nt) {
@@ -326,14 +356,15 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
     float acc[32];  // (the first NT / 2 used)
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
+    int buf = 0;  // g % kStages
     for (int g = 0; g < groups; ++g) {
       mma::wait<kStages - 2>();
       wgmma::fence_proxy_shared();  // this thread's copies of group g, seen by the tensor cores' reads
       __syncthreads();              // everyone's; group g - 1's buffer is read by no one any more
-      const uint8_t* base = smem + (g % kStages) * T::kStage;
+      const uint8_t* base = smem + buf * T::kStage;
       const uint8_t* ws = base + 2 * kWgBTile;
       const float* sbs = reinterpret_cast<const float*>(ws + T::kWBytes);
-      const uint32_t b_hi = static_cast<uint32_t>(__cvta_generic_to_shared(base));
+      const uint32_t dlo = desc0 + buf * (T::kStage >> 4);
       uint2 aw[2];  // the row's words 2 tq and 2 tq + 1, rows tr0 and tr0 + 8
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) aw[rr] = *reinterpret_cast<const uint2*>(ws + (tr0 + 8 * rr) * 32 + 8 * tq);
@@ -345,28 +376,37 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {
             const int jj = 2 * ks + h;
-            af[ks][2 * h + rr] = q4_pair((jj >> 2) ? aw[rr].y : aw[rr].x, jj & 3);
+            af[ks][2 * h + rr] = q4_pair_or((jj >> 2) ? aw[rr].y : aw[rr].x, jj & 3, c128, b128);
           }
       float cg[32];
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        wgmma::m64k16<NT>(cg, af[ks], wgmma::b_desc(b_hi, 32 * ks), ks > 0);
-        wgmma::m64k16<NT>(cg, af[ks], wgmma::b_desc(b_hi + kWgBTile, 32 * ks), true);
+        wgmma::m64k16<NT>(cg, af[ks], wgmma::b_desc_from(dlo + 2 * ks), ks > 0);
+        wgmma::m64k16<NT>(cg, af[ks], wgmma::b_desc_from(dlo + (kWgBTile >> 4) + 2 * ks), true);
       }
       wgmma::commit();
+      // the epilogue's scale|bias words, read while the tensor cores work
+      const uint32_t sw0 = __float_as_uint(sbs[tr0]), sw1 = __float_as_uint(sbs[tr0 + 8]);
       const int next = g + kStages - 1;  // (its copies issued while the tensor cores work)
-      if (next < groups) stage(next, next % kStages);
+      if (next < groups) stage(next, buf == 0 ? kStages - 1 : buf - 1);
       else mma::commit();
+      buf = buf + 1 == kStages ? 0 : buf + 1;
       wgmma::wait<0>();
-      const float* xsum = sbs + kGemmRows;
+      float2 xs4[NT / 16][2];  // the group sums of columns 8 j + 2 tq, + 1 (j = 2 J + h: xs4[J][h])
+#pragma unroll
+      for (int J = 0; J < NT / 16; ++J) {
+        const float4 v = *reinterpret_cast<const float4*>(sbs + kGemmRows + 16 * J + 4 * tq);
+        xs4[J][0] = make_float2(v.x, v.y);
+        xs4[J][1] = make_float2(v.z, v.w);
+      }
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        const uint32_t s = __float_as_uint(sbs[tr0 + 8 * rr]);
-        const float sc = __uint_as_float(s << 16), bi = __uint_as_float(s & 0xFFFF0000u);
+        const uint32_t sw = rr ? sw1 : sw0;
+        const float sc = __uint_as_float(sw << 16), bi = __uint_as_float(sw & 0xFFFF0000u);
 #pragma unroll
         for (int j = 0; j < NT / 8; ++j) {
-          const float2 xv = *reinterpret_cast<const float2*>(xsum + 8 * j + 2 * tq);
+          const float2 xv = xs4[j / 2][j % 2];
           acc[4 * j + 2 * rr] = fmaf(bi, xv.x, fmaf(sc, cg[4 * j + 2 * rr], acc[4 * j + 2 * rr]));
           acc[4 * j + 2 * rr + 1] = fmaf(bi, xv.y, fmaf(sc, cg[4 * j + 2 * rr + 1], acc[4 * j + 2 * rr + 1]));
         }

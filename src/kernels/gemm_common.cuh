@@ -55,6 +55,14 @@ __device__ __forceinline__ uint32_t q4_pair(uint32_t word, int j) {
   r = __hsub2(r, __floats2bfloat162_rn(128.f, 128.f));
   return *reinterpret_cast<uint32_t*>(&r);
 }
+// q4_pair with its constants in registers, computed once by the caller: c128 = 0x43004300 (so that the mask and
+// the or are one LOP3) and b128 = bf16x2 (128, 128).
+__device__ __forceinline__ uint32_t q4_pair_or(uint32_t word, int j, uint32_t c128, __nv_bfloat162 b128) {
+  uint32_t v;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(word >> (4 * j)), "n"(0x000F000F), "r"(c128));  // (a & b) | c
+  __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&v), b128);
+  return *reinterpret_cast<uint32_t*>(&r);
+}
 // The block's share of a launch: its matrix part and first row (blockIdx.x), the stack's matrix and the slots of
 // its 64-token tile (grouped: blockIdx.y's entry of the work list; dense: tokens from 64 blockIdx.z); false when
 // the tile holds no token.

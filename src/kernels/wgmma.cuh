@@ -18,13 +18,14 @@ namespace lily::cuda::wgmma {
 // Byte offset in a swizzled B tile of the 16-byte chunk c (< 8) of row n.
 __host__ __device__ constexpr int b_chunk_offset(int n, int c) { return n * 128 + ((c ^ (n & 7)) << 4); }
 
-// Descriptor of the K-major, 128-byte-swizzled tile at shared address `addr` (1 KB aligned), advanced by
-// k_bytes (a multiple of 32: k-step s of a group is 32 s) along K: start address >> 4, leading byte offset 1
-// (unused with this swizzle), stride byte offset 1024 >> 4 (between 8-row atoms), swizzle mode 1 (128 B).
-__device__ __forceinline__ uint64_t b_desc(uint32_t addr, int k_bytes) {
-  const uint64_t start = ((addr + k_bytes) >> 4) & 0x3FFF;
-  return start | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
-}
+// Descriptor of the K-major, 128-byte-swizzled tile at shared address `addr` (1 KB aligned), in two words: the
+// high one is every tile's (stride byte offset 1024 >> 4 between 8-row atoms, swizzle mode 1: 128 B), the low one
+// the start address >> 4 with leading byte offset 1 (unused with this swizzle). Shared addresses stay below
+// 256 KB, so k-step s of a group (32 s bytes along K) is the low word + 2 s, and a tile `bytes` further (a
+// multiple of 16) the low word + bytes >> 4.
+constexpr uint32_t kBDescHi = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t b_desc_lo(uint32_t addr) { return (addr >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t b_desc_from(uint32_t lo) { return (uint64_t{kBDescHi} << 32) | lo; }
 
 // Before the first wgmma of a batch: orders the registers (A, D) written by ordinary instructions.
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
