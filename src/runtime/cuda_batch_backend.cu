@@ -39,12 +39,18 @@ CudaBatchBackend::CudaBatchBackend(CudaEngine& engine, int max_seqs, int graph_r
     CUDA_CHECK(cudaMallocHost(&in_host_, sizeof(DrawIn) * static_cast<size_t>(max_seqs)));
   }
   CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
-  // The KV budget: free memory less 2 GiB for the allocator and snapshots, less a page per slot (pages are
-  // allocated per slot in whole pages of page_tokens).
+  // The KV budget: free memory less 2 GiB for the allocator and host-side needs, less the prefix-cache snapshots'
+  // device budget (an eighth of the rest, at most 4 GiB: ~64 snapshots of the real model's 64 MB state), less a
+  // page per slot (pages are allocated per slot in whole pages of page_tokens).
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   const size_t margin = size_t{2} << 30, per_token = std::max<size_t>(1, eng_.kv_page_bytes() / eng_.page_tokens());
-  const int64_t tokens = free_b > margin ? static_cast<int64_t>((free_b - margin) / per_token) : 0;
+  const size_t avail = free_b > margin ? free_b - margin : 0;
+  const size_t snap_budget = std::min<size_t>(size_t{4} << 30, avail / 8);
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  pool_ = std::make_shared<SnapshotPool>(eng_.gdn_state_bytes(), snap_budget, device);
+  const int64_t tokens = static_cast<int64_t>((avail - snap_budget) / per_token);
   kv_capacity_ = std::max<int64_t>(tokens - static_cast<int64_t>(max_seqs) * eng_.page_tokens(), eng_.page_tokens());
 }
 
@@ -321,7 +327,14 @@ StateSnapshot CudaBatchBackend::save_state(int slot) const {
   const SeqStateDev& st = slots_[check(slot)];
   StateSnapshot s;
   s.position = pos_[slot];
-  s.bytes.resize(eng_.gdn_state_bytes());
+  const size_t n = eng_.gdn_state_bytes();
+  if (void* p = pool_->get()) {  // ordered before the slot's next step on the stream: no synchronisation
+    CUDA_CHECK(cudaMemcpyAsync(p, st.gdn, n, cudaMemcpyDeviceToDevice, eng_.stream()));
+    s.device = std::shared_ptr<void>(p, [pool = pool_](void* q) { pool->put(q); });
+    s.device_bytes = n;
+    return s;
+  }
+  s.bytes.resize(n);  // (the device budget spent: a host copy, which waits for the stream)
   CUDA_CHECK(cudaMemcpyAsync(s.bytes.data(), st.gdn, s.bytes.size(), cudaMemcpyDeviceToHost, eng_.stream()));
   CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
   return s;
@@ -329,13 +342,16 @@ StateSnapshot CudaBatchBackend::save_state(int slot) const {
 
 void CudaBatchBackend::restore_state(int slot, const StateSnapshot& s) {
   SeqStateDev& st = slots_[check(slot)];
-  LILY_CHECK(s.bytes.size() == eng_.gdn_state_bytes(), "CUDA batch backend: a snapshot of ", s.bytes.size(),
-             " bytes (", s.device ? "a device snapshot of the one-sequence backend" : "another layout",
-             "), expected ", eng_.gdn_state_bytes());
+  LILY_CHECK(s.size() == eng_.gdn_state_bytes(), "CUDA batch backend: a snapshot of ", s.size(),
+             " bytes (another layout), expected ", eng_.gdn_state_bytes());
   LILY_CHECK(s.position >= 0 && s.position <= pos_[slot], "CUDA batch backend: snapshot position ", s.position,
              " is beyond slot ", slot, "'s ", pos_[slot], " tokens");
-  CUDA_CHECK(cudaMemcpyAsync(st.gdn, s.bytes.data(), s.bytes.size(), cudaMemcpyHostToDevice, eng_.stream()));
-  CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
+  if (s.device) {  // on the stream, before the slot's next step (the block is reused only by a later copy)
+    CUDA_CHECK(cudaMemcpyAsync(st.gdn, s.device.get(), s.device_bytes, cudaMemcpyDeviceToDevice, eng_.stream()));
+  } else {
+    CUDA_CHECK(cudaMemcpyAsync(st.gdn, s.bytes.data(), s.bytes.size(), cudaMemcpyHostToDevice, eng_.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
+  }
   eng_.seq_shrink_kv(st, s.position);
   pos_[slot] = s.position;
   if (!counts_key_.empty()) counts_key_[slot] = 0;

@@ -19,6 +19,7 @@
 #include "model/cuda_engine.h"
 #include "model/event_profiler.cuh"
 #include "runtime/batch_backend.h"
+#include "runtime/snapshot_pool.cuh"
 
 namespace lily::cuda {
 
@@ -77,7 +78,9 @@ class CudaBatchBackend : public BatchBackend {
   std::vector<int> pos_;                // [max_seqs] tokens consumed
   float* logits_ = nullptr;             // device [max_seqs][vocab]
   float* staged_ = nullptr;             // pinned host [max_seqs][vocab]: one copy for the pass's logits
-  int64_t kv_capacity_ = 0;             // KV tokens the free device memory held at construction (less a margin)
+  int64_t kv_capacity_ = 0;             // KV tokens the free device memory held at construction (less a margin
+                                        // and the snapshots' budget)
+  std::shared_ptr<SnapshotPool> pool_;  // device memory of save_state (beyond its budget: host snapshots)
   int graph_rows_ = 0;                  // steps with at most this many one-token rows use the decode graphs
   std::vector<cudaGraphExec_t> graphs_; // [max_seqs] each slot's decode step (captured on first use)
   StepDev* step_host_ = nullptr;        // pinned [max_seqs]: the token and position each graph launch reads

@@ -162,6 +162,7 @@ TEST(CudaBatch, CopyPrefixAndRestoreContinueAlike) {
   be->reset(1);
   be->step(std::vector<BatchEntry>{{0, std::span<const int32_t>(t.data(), 40), nullptr}});
   const StateSnapshot snap = be->save_state(0);
+  EXPECT_TRUE(snap.device) << "a snapshot in the backend's device pool (no host copy, no synchronisation)";
   be->step(std::vector<BatchEntry>{{0, std::span<const int32_t>(t.data() + 40, 3), nullptr}});  // moves on
   be->copy_prefix(1, 0, 40);
   be->restore_state(1, snap);
