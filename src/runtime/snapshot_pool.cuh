@@ -1,5 +1,6 @@
 // The device pool behind prefix-cache snapshots of the recurrent state (one StateSnapshot = one block of a state
-// slot's bytes). CUDA only: included by runtime/cuda_backend.cu.
+// slot's bytes). CUDA only: the one-sequence backend (runtime/cuda_backend.cu) and the batch backend
+// (runtime/cuda_batch_backend.cuh) each keep one.
 #pragma once
 #include <cuda_runtime_api.h>
 
