@@ -166,6 +166,14 @@ int main(int argc, char** argv) {
   multi("gemm_multi q4 GDN in_proj qkv|z|b|a", QFormat::q4, {8192, 4096, 32, 32}, H, x, y);
   multi("gemm_multi q4 attention q|k|v", QFormat::q4, {8192, 512, 512}, H, x, y);
   multi("gemm_multi q8 router|shared expert gate", QFormat::q8, {256, 1}, H, x, y);
+  {  // the prompt path's shared expert gate alone (kernels/gemm_one_row.cu; its bytes are x's, not the row's)
+    std::vector<QMat> w;
+    for (int i = 0; i < 8; ++i) w.push_back(make_mat(QFormat::q8, 1, H));
+    GemmXBuf xv = x;
+    xv.K = H;
+    const double us = time_graph(8, [&](int i, cudaStream_t s) { gemm_one_row(w[i], xv.view(), kN, y, 1, s); });
+    report("gemm_one_row q8 shared expert gate 1 x 2048", us, 2.0 * H * kN, (double)kN * H * 4);
+  }
   multi("gemm_multi q4 shared expert gate|up", QFormat::q4, {512, 512}, H, x, y);
   {
     const QMat g = make_mat(QFormat::q4, 512, H), u = make_mat(QFormat::q4, 512, H);

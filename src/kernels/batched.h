@@ -118,6 +118,13 @@ void swiglu_rows(const float* g, const float* u, const float* scale, int n, int 
 void moe_combine(const float* y, const int* slot_of, int top_k, const float* ysh, const float* sh_scale, int n,
                  int H, float* h, cudaStream_t s);
 
+// ---- one weight row over many tokens (kernels/gemm_one_row.cu) ----
+// y[t * ldy] = W x[t] for t < n, W a single q4 / q8 row (rows 1, one matrix, width <= 4096) on the split input
+// (scale * q against x~ = hi + lo, bias against the group sums), fp32 per group: the prompt path's shared expert
+// gate, which as a third row tile of the router's launch doubled its time. A token's bits do not depend on n.
+bool gemm_one_row_supported(const QMat& W);
+void gemm_one_row(const QMat& W, const GemmX& x, int n, float* y, int ldy, cudaStream_t s);
+
 // ---- dense projections of a decode pass on the int8 tensor cores (kernels/gemm_i8.cu) ----
 // For passes of at most kI8MaxTokens one-token rows, where the tensor-core tiles spend their time on x (two bf16
 // terms per token, re-read by every block): x per 64-element group in 16-bit fixed point (int8 hi and lo), the

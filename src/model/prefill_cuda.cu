@@ -473,7 +473,12 @@ void CudaEngine::prefill_moe(int layer, int n) {
   gemm_x_prep(b.h, H, n, w_.layers[layer].post_attention_layernorm, c.eps, xh, b.moe_rows ? b.ysh : nullptr, stream_);
   if (b.moe_rows) stream_rows_prep(b.ysh, H, n, H, b.srows, stream_);
   pmark("gemm_router", n * flops_.router);
-  project({{&m.gate, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
+  if (!b.x.few && gemm_one_row_supported(m.shared_expert_gate)) {  // (a decode pass of one-token rows: one launch)
+    project({{&m.gate, b.logits, E + 1}}, xh.view(), n);
+    gemm_one_row(m.shared_expert_gate, xh.view(), n, b.logits + E, E + 1, stream_);
+  } else {
+    project({{&m.gate, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
+  }
   pmark("routing");
   moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
   moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);

@@ -3,6 +3,7 @@
 //   gemm            dense q4 / q8 / bf16, rows and tokens off the 128 x 64 tile, K 64..2048, y = and +=, a
 //                   row stride above the rows (padding left alone), one matrix of a stack; a token's outputs the
 //                   same bits whatever the launch's token count (the q4 kernel's tile shapes);
+//   gemm_one_row    one q8 / q4 row over many tokens;
 //   gemm_x_prep     the hi + lo split, the group sums, the fused RMSNorm;
 //   gemm_grouped    a stack of experts with empty and > 64-slot ones, gathered (repeated) input rows or none;
 //   gemm_swiglu, gemm_grouped_swiglu  bit for bit the two GEMMs and swiglu_rows; an expert's slots the same
@@ -112,6 +113,47 @@ TEST(Gemm, TokenResultsIndependentOfLaunchSize) {
     gemm_x_prep(dx.p, K, n_all, nullptr, 0.f, xb.b, nullptr, nullptr);
     expect_first_tokens_alone_same(d.m, xb.b, n_all, rows, {1, 5, 16, 17, 33, 64, 70}, fmt_name(f));
   }
+}
+
+// gemm_one_row: a single q8 / q4 row over n tokens (the shared expert gate) against the reference on x~, written
+// at a row stride (the other columns left alone), and a token's bits the same whatever the launch's n.
+TEST(GemmOneRow, OneRowAgainstTheReference) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(3700);
+  for (QFormat f : {QFormat::q8, QFormat::q4})
+    for (int K : {512, 2048, 4096}) {
+      const std::string name = std::string("gemm_one_row ") + fmt_name(f) + " K " + std::to_string(K);
+      const HostMat h = random_mat(rng, f, 1, 1, K);
+      DevMat d(h);
+      ASSERT_TRUE(gemm_one_row_supported(d.m)) << name;
+      const int n = 300, ldy = 3;
+      const std::vector<float> x = random_x(rng, n, K);
+      const std::vector<float> y0 = random_vec(rng, static_cast<size_t>(n) * ldy, -2.f, 2.f);
+      DevBuf<float> dx(x), dy(y0), dy37(y0);
+      XBuf xb(n, K);
+      gemm_x_prep(dx.p, K, n, nullptr, 0.f, xb.b, nullptr, nullptr);
+      gemm_one_row(d.m, xb.b.view(), n, dy.p, ldy, nullptr);
+      gemm_one_row(d.m, xb.b.view(), 37, dy37.p, ldy, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      size_t bad_split = 0;
+      const std::vector<double> xt = split_of(xb.b, n, x, K, bad_split);
+      const std::vector<float> y = dy.download(), y37 = dy37.download();
+      std::vector<double> r64(n);
+      std::vector<float> r32(n), got(n);
+      RowW w;
+      row_w(h, 0, 0, w);
+      size_t touched = 0, differ = 0;
+      for (int t = 0; t < n; ++t) {
+        gemm_dot(w, &xt[static_cast<size_t>(t) * K], &x[static_cast<size_t>(t) * K], K, r64[t], r32[t]);
+        got[t] = y[static_cast<size_t>(t) * ldy];
+        for (int c = 1; c < ldy; ++c) touched += std::memcmp(&y[t * ldy + c], &y0[t * ldy + c], sizeof(float)) != 0;
+        if (t < 37) differ += std::memcmp(&y37[t * ldy], &y[t * ldy], sizeof(float)) != 0;
+        else differ += std::memcmp(&y37[t * ldy], &y0[t * ldy], sizeof(float)) != 0;  // (past n: untouched)
+      }
+      EXPECT_TRUE(close_enough(got, r64, r32, name));
+      EXPECT_EQ(touched, 0u) << name << ": columns past the row were written";
+      EXPECT_EQ(differ, 0u) << name << ": the first 37 tokens alone differ from the same tokens among 300";
+    }
 }
 
 // gemm_multi: matrices of several sizes (off the 128-row tile, one of a single row) sharing x in one launch, each
