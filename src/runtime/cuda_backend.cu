@@ -204,9 +204,9 @@ class CudaBackend : public Backend {
     snap.position = pos_;
     const size_t n = engine_.gdn_state_bytes();
     if (void* p = pool_->get()) {  // ordered before the next step on the stream: no synchronisation
-      CUDA_CHECK(cudaMemcpyAsync(p, engine_.gdn_state(), n, cudaMemcpyDeviceToDevice, engine_.stream()));
-      snap.device = std::shared_ptr<void>(p, [pool = pool_](void* q) { pool->put(q); });
+      snap.device = std::shared_ptr<void>(p, [pool = pool_](void* q) { pool->put(q); });  // (back on a throw)
       snap.device_bytes = n;
+      CUDA_CHECK(cudaMemcpyAsync(p, engine_.gdn_state(), n, cudaMemcpyDeviceToDevice, engine_.stream()));
       return snap;
     }
     snap.bytes.resize(n);

@@ -329,9 +329,9 @@ StateSnapshot CudaBatchBackend::save_state(int slot) const {
   s.position = pos_[slot];
   const size_t n = eng_.gdn_state_bytes();
   if (void* p = pool_->get()) {  // ordered before the slot's next step on the stream: no synchronisation
-    CUDA_CHECK(cudaMemcpyAsync(p, st.gdn, n, cudaMemcpyDeviceToDevice, eng_.stream()));
-    s.device = std::shared_ptr<void>(p, [pool = pool_](void* q) { pool->put(q); });
+    s.device = std::shared_ptr<void>(p, [pool = pool_](void* q) { pool->put(q); });  // (back to the pool on a throw)
     s.device_bytes = n;
+    CUDA_CHECK(cudaMemcpyAsync(p, st.gdn, n, cudaMemcpyDeviceToDevice, eng_.stream()));
     return s;
   }
   s.bytes.resize(n);  // (the device budget spent: a host copy, which waits for the stream)

@@ -137,6 +137,7 @@ TEST(GemmOneRow, OneRowAgainstTheReference) {
       CUDA_CHECK(cudaDeviceSynchronize());
       size_t bad_split = 0;
       const std::vector<double> xt = split_of(xb.b, n, x, K, bad_split);
+      EXPECT_EQ(bad_split, 0u) << name << ": |x - hi - lo| > 2^-16 |x|";
       const std::vector<float> y = dy.download(), y37 = dy37.download();
       std::vector<double> r64(n);
       std::vector<float> r32(n), got(n);
