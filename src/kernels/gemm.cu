@@ -45,14 +45,14 @@ __device__ __forceinline__ uint32_t a_pair16(const uint8_t* row, int c0) {
   const uint32_t lo = reinterpret_cast<const uint16_t*>(row)[c0], hi = reinterpret_cast<const uint16_t*>(row)[c0 + 4];
   return lo | (hi << 16);
 }
-// The same for q8 codes: byte j of wa (low half) and of wb, as bf16 built from their nibbles, 16 (128 + qh - 128)
-// + (128 + ql - 128), every step exact in bf16 (codes up to 255), without the integer-to-float conversions.
+// The same for q8 codes: byte j of wa (low half) and of wb, as bf16 built from their nibbles (q4_pair of the two
+// bytes' low and high nibbles), 16 qh + ql, every step exact in bf16 (codes up to 255), without the
+// integer-to-float conversions.
 __device__ __forceinline__ uint32_t q8_pair(uint32_t wa, uint32_t wb, int j) {
   const uint32_t t = __byte_perm(wa, wb, j | ((4 + j) << 8));  // bytes 0 and 2: the two codes
-  uint32_t lo = (t & 0x000F000Fu) | 0x43004300u, hi = ((t >> 4) & 0x000F000Fu) | 0x43004300u;
-  const __nv_bfloat162 k128 = __float2bfloat162_rn(128.f), k16 = __float2bfloat162_rn(16.f);
-  __nv_bfloat162 r = __hfma2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&hi), k128), k16,
-                             __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&lo), k128));
+  const uint32_t ql = q4_pair(t, 0), qh = q4_pair(t, 1);
+  __nv_bfloat162 r = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&qh), __float2bfloat162_rn(16.f),
+                             *reinterpret_cast<const __nv_bfloat162*>(&ql));
   return *reinterpret_cast<uint32_t*>(&r);
 }
 

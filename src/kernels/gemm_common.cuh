@@ -56,7 +56,8 @@ __device__ __forceinline__ uint32_t q4_pair(uint32_t word, int j) {
   return *reinterpret_cast<uint32_t*>(&r);
 }
 // q4_pair with its constants in registers, computed once by the caller: c128 = 0x43004300 (so that the mask and
-// the or are one LOP3) and b128 = bf16x2 (128, 128).
+// the or are one LOP3; the inline PTX keeps the compiler from folding it back into two immediates, which
+// q4_pair's callers, short of registers, are better off with) and b128 = bf16x2 (128, 128).
 __device__ __forceinline__ uint32_t q4_pair_or(uint32_t word, int j, uint32_t c128, __nv_bfloat162 b128) {
   uint32_t v;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(word >> (4 * j)), "n"(0x000F000F), "r"(c128));  // (a & b) | c

@@ -9,6 +9,7 @@
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/launch.cuh"
+#include "kernels/qdot.cuh"
 
 namespace lily::cuda {
 namespace detail {
@@ -16,8 +17,6 @@ namespace {
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kMaxK = 4096, kMaxG = kMaxK / 64;
-
-__device__ __forceinline__ float bf16_bits_to_float(uint32_t b) { return __uint_as_float(b << 16); }
 
 template <int BITS>
 __global__ void __launch_bounds__(kThreads) one_row_kernel(const uint8_t* w, const uint32_t* sb, int K,
@@ -52,14 +51,14 @@ __global__ void __launch_bounds__(kThreads) one_row_kernel(const uint8_t* w, con
         const uint32_t hw[4] = {hv.x, hv.y, hv.z, hv.w}, lw[4] = {lv.x, lv.y, lv.z, lv.w};
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          const uint32_t hb = (hw[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu, lb = (lw[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu;
-          s = fmaf(wq[(c8 * 8 + e) * G + g], bf16_bits_to_float(hb) + bf16_bits_to_float(lb), s);
+          const uint32_t hv2 = hw[e >> 1], lv2 = lw[e >> 1];
+          const float xv = (e & 1) ? bf16_hi(hv2) + bf16_hi(lv2) : bf16_lo(hv2) + bf16_lo(lv2);
+          s = fmaf(wq[(c8 * 8 + e) * G + g], xv, s);
         }
       }
       total += fmaf(sc[g], s, bi[g] * gsum[static_cast<size_t>(t) * G + g]);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    total = group_sum<32>(total);
     if (lane == 0) y[static_cast<size_t>(t) * ldy] = total;
   }
 }
