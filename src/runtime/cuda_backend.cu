@@ -200,20 +200,7 @@ class CudaBackend : public Backend {
   }
 
   StateSnapshot save_state() const override {
-    StateSnapshot snap;
-    snap.position = pos_;
-    const size_t n = engine_.gdn_state_bytes();
-    if (void* p = pool_->get()) {  // ordered before the next step on the stream: no synchronisation
-      snap.device = std::shared_ptr<void>(p, [pool = pool_](void* q) { pool->put(q); });  // (back on a throw)
-      snap.device_bytes = n;
-      CUDA_CHECK(cudaMemcpyAsync(p, engine_.gdn_state(), n, cudaMemcpyDeviceToDevice, engine_.stream()));
-      return snap;
-    }
-    snap.bytes.resize(n);
-    CUDA_CHECK(cudaMemcpyAsync(snap.bytes.data(), engine_.gdn_state(), snap.bytes.size(), cudaMemcpyDeviceToHost,
-                               engine_.stream()));
-    CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
-    return snap;
+    return take_snapshot(pool_, engine_.gdn_state(), engine_.gdn_state_bytes(), pos_, engine_.stream());
   }
 
   void restore_state(const StateSnapshot& snap) override {
@@ -221,14 +208,7 @@ class CudaBackend : public Backend {
     LILY_CHECK(snap.size() == engine_.gdn_state_bytes() && snap.position >= 0 && snap.position <= pos_,
                "CUDA backend: state snapshot of ", snap.size(), " bytes at position ", snap.position,
                " does not match this sequence (", engine_.gdn_state_bytes(), " bytes, position ", pos_, ")");
-    if (snap.device) {  // on the stream, before the next step (the block is reused only by a later copy)
-      CUDA_CHECK(cudaMemcpyAsync(engine_.gdn_state(), snap.device.get(), snap.device_bytes, cudaMemcpyDeviceToDevice,
-                                 engine_.stream()));
-    } else {
-      CUDA_CHECK(cudaMemcpyAsync(engine_.gdn_state(), snap.bytes.data(), snap.bytes.size(), cudaMemcpyHostToDevice,
-                                 engine_.stream()));
-      CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
-    }
+    put_snapshot(snap, engine_.gdn_state(), engine_.stream());
     pos_ = snap.position;  // KV entries [0, position) are kept
     kv_.truncate(kv_pool_, pos_);
   }

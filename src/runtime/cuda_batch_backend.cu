@@ -324,20 +324,7 @@ void CudaBatchBackend::finish_out(std::span<const BatchEntry> batch) {
 }
 
 StateSnapshot CudaBatchBackend::save_state(int slot) const {
-  const SeqStateDev& st = slots_[check(slot)];
-  StateSnapshot s;
-  s.position = pos_[slot];
-  const size_t n = eng_.gdn_state_bytes();
-  if (void* p = pool_->get()) {  // ordered before the slot's next step on the stream: no synchronisation
-    s.device = std::shared_ptr<void>(p, [pool = pool_](void* q) { pool->put(q); });  // (back to the pool on a throw)
-    s.device_bytes = n;
-    CUDA_CHECK(cudaMemcpyAsync(p, st.gdn, n, cudaMemcpyDeviceToDevice, eng_.stream()));
-    return s;
-  }
-  s.bytes.resize(n);  // (the device budget spent: a host copy, which waits for the stream)
-  CUDA_CHECK(cudaMemcpyAsync(s.bytes.data(), st.gdn, s.bytes.size(), cudaMemcpyDeviceToHost, eng_.stream()));
-  CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
-  return s;
+  return take_snapshot(pool_, slots_[check(slot)].gdn, eng_.gdn_state_bytes(), pos_[slot], eng_.stream());
 }
 
 void CudaBatchBackend::restore_state(int slot, const StateSnapshot& s) {
@@ -346,12 +333,7 @@ void CudaBatchBackend::restore_state(int slot, const StateSnapshot& s) {
              " bytes (another layout), expected ", eng_.gdn_state_bytes());
   LILY_CHECK(s.position >= 0 && s.position <= pos_[slot], "CUDA batch backend: snapshot position ", s.position,
              " is beyond slot ", slot, "'s ", pos_[slot], " tokens");
-  if (s.device) {  // on the stream, before the slot's next step (the block is reused only by a later copy)
-    CUDA_CHECK(cudaMemcpyAsync(st.gdn, s.device.get(), s.device_bytes, cudaMemcpyDeviceToDevice, eng_.stream()));
-  } else {
-    CUDA_CHECK(cudaMemcpyAsync(st.gdn, s.bytes.data(), s.bytes.size(), cudaMemcpyHostToDevice, eng_.stream()));
-    CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
-  }
+  put_snapshot(s, st.gdn, eng_.stream());
   eng_.seq_shrink_kv(st, s.position);
   pos_[slot] = s.position;
   if (!counts_key_.empty()) counts_key_[slot] = 0;

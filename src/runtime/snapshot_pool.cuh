@@ -5,10 +5,12 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 #include "kernels/common.cuh"
+#include "runtime/backend.h"
 
 namespace lily::cuda {
 
@@ -54,5 +56,34 @@ class SnapshotPool {
   int device_;
   std::vector<void*> free_;
 };
+
+// The n bytes of device state at `state` as a snapshot at `position`: in a block of the pool, by a copy on the
+// stream ordered before the state's next change (no synchronisation), or, the budget spent, in host memory (the
+// copy waited for).
+inline StateSnapshot take_snapshot(const std::shared_ptr<SnapshotPool>& pool, const void* state, size_t n,
+                                   int position, cudaStream_t s) {
+  StateSnapshot snap;
+  snap.position = position;
+  if (void* p = pool->get()) {
+    snap.device = std::shared_ptr<void>(p, [pool](void* q) { pool->put(q); });  // (back to the pool on a throw)
+    snap.device_bytes = n;
+    CUDA_CHECK(cudaMemcpyAsync(p, state, n, cudaMemcpyDeviceToDevice, s));
+    return snap;
+  }
+  snap.bytes.resize(n);
+  CUDA_CHECK(cudaMemcpyAsync(snap.bytes.data(), state, n, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  return snap;
+}
+// The snapshot's bytes back into `state` (snap.size() of them) on the stream, before the state's next use; a host
+// snapshot's copy is waited for. A block is reused only by a later copy on the same stream.
+inline void put_snapshot(const StateSnapshot& snap, void* state, cudaStream_t s) {
+  if (snap.device) {
+    CUDA_CHECK(cudaMemcpyAsync(state, snap.device.get(), snap.device_bytes, cudaMemcpyDeviceToDevice, s));
+  } else {
+    CUDA_CHECK(cudaMemcpyAsync(state, snap.bytes.data(), snap.bytes.size(), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+}
 
 }  // namespace lily::cuda
