@@ -416,19 +416,17 @@ __device__ __forceinline__ void topk_rank(const PairArgs& a, TopkSm& t) {
     t.w[rank] = lc;
   }
 }
-// 3 (after a barrier): thread e < k's routing weight; every selecting thread sums the k weights in rank order (same
-// result); t.w[0] is the max.
-__device__ __forceinline__ float topk_weight(const PairArgs& a, const TopkSm& t) {
-  const int e = threadIdx.x;
+// 3 (after a barrier): the routing weight of rank e < k (route_topk: thread e's); every caller sums the k weights
+// in rank order (same result); t.w[0] is the max.
+__device__ __forceinline__ float topk_weight(const PairArgs& a, const TopkSm& t, int e) {
   if (e >= a.k) return 0.f;
   const float l0 = t.w[0];
   float total = 0.f;
   for (int j = 0; j < a.k; ++j) total += expf(t.w[j] - l0);
   return expf(t.w[e] - l0) / total;
 }
-// 4 (after a barrier): the weights in place, the shared expert's gate from its logit.
-__device__ __forceinline__ void topk_set_weight(const PairArgs& a, TopkSm& t, float wj) {
-  const int e = threadIdx.x;
+// 4 (after a barrier): weight e in place; e == 0 also the shared expert's gate from its logit.
+__device__ __forceinline__ void topk_set_weight(const PairArgs& a, TopkSm& t, float wj, int e) {
   if (e < a.k) t.w[e] = wj;
   if (e == 0) t.sh = 1.f / (1.f + expf(-t.sh_logit));
 }
@@ -443,9 +441,9 @@ __device__ __forceinline__ void route_topk_select_from(const PairArgs& a, TopkSm
 
 __device__ __forceinline__ PairArgs route_topk_finish(const PairArgs& a, TopkSm& t) {
   const int e = threadIdx.x;
-  const float wj = topk_weight(a, t);
+  const float wj = topk_weight(a, t, e);
   __syncthreads();
-  topk_set_weight(a, t, wj);
+  topk_set_weight(a, t, wj, e);
   __syncthreads();
   if (blockIdx.x == 0 && e < a.k) {
     a.idx_out[e] = t.idx[e];

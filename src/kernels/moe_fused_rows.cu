@@ -58,10 +58,17 @@ struct RowsArgs {
 };
 
 // Dynamic shared memory: per row x staged for the gate/up dots, its act staged for the down dots, its selection.
+// Per-row work is a loop over rows with the row's values here, not an unrolled loop over register arrays: the
+// kernel's code runs once per launch, and unrolled copies of it were waits on instruction fetches.
 struct Smem {
   StreamX<kH> xs[kR];
-  ActX xd[kR];
+  union {
+    float4 hs[kR][kH / 4];  // phase R: every row's h (the norms)
+    ActX xd[kR];            // phase C
+  };
   TopkSm topk[kR];
+  float logit[kR][kMaxExperts];  // phase A: row r's router logit of expert e < E
+  float rinv[kR];                // row r's 1 / rms
   float act_chunk[kR][32];
   float hw[kR][kRouterRows];
   float red[kR][kWarps];
@@ -72,29 +79,22 @@ struct PairBuf {  // the gate, up rows of a warp's two pairs (moe_fused.cu phase
   uint32_t sv[4][2];
 };
 
-// The experts of every row from their logits (thread e < E holds l[r] for expert e, thread 0 also l_sh[r]): the
-// steps of route_topk_select_from + route_topk_finish (gemv_impl.cuh) for each row, n rows between the same four
-// barriers.
-__device__ __forceinline__ void select_rows(const PairArgs& a, TopkSm* topk, const float (&l)[kR],
-                                            const float (&l_sh)[kR], int n) {
-#pragma unroll
-  for (int r = 0; r < kR; ++r)
-    if (r < n) topk_candidates(topk[r], l[r]);
+// The experts of every row from their logits (sm.logit, and each row's shared-expert-gate logit in its
+// topk.sh_logit): the steps of route_topk_select_from + route_topk_finish (gemv_impl.cuh) for each row, n rows
+// between the same four barriers; the weights by thread (r, j) = (tid / 32, tid % 32) for row r's rank j.
+__device__ __forceinline__ void select_rows(const PairArgs& a, Smem& sm, int n) {
+  const int e = threadIdx.x;
+#pragma unroll 1
+  for (int r = 0; r < n; ++r) topk_candidates(sm.topk[r], e < a.E ? sm.logit[r][e] : -INFINITY);
   __syncthreads();
 #pragma unroll 1
-  for (int r = 0; r < n; ++r) topk_rank(a, topk[r]);
-  if (threadIdx.x == 0)
-#pragma unroll
-    for (int r = 0; r < kR; ++r)
-      if (r < n) topk[r].sh_logit = l_sh[r];
+  for (int r = 0; r < n; ++r) topk_rank(a, sm.topk[r]);
   __syncthreads();
-  float wj[kR];
-#pragma unroll
-  for (int r = 0; r < kR; ++r) wj[r] = r < n ? topk_weight(a, topk[r]) : 0.f;
+  static_assert(kR * 32 <= kThreads, "a thread per row and rank");
+  const int r = e / 32, j = e % 32;
+  const float wj = r < n ? topk_weight(a, sm.topk[r], j) : 0.f;
   __syncthreads();
-#pragma unroll
-  for (int r = 0; r < kR; ++r)
-    if (r < n) topk_set_weight(a, topk[r], wj[r]);
+  if (r < n) topk_set_weight(a, sm.topk[r], wj, j);
   __syncthreads();
 }
 
@@ -159,21 +159,18 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (lane == 0) sm.red[r][warp] = ss;
+      sm.hs[r][tid] = v;
     }
   __syncthreads();
-  float rinv[kR];
+#pragma unroll 1
+  for (int r = 0; r < n; ++r) {
+    float total = 0.f;
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    rinv[r] = 0.f;
-    if (r < n) {
-      float total = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) total += sm.red[r][w];
-      rinv[r] = rsqrtf(total / kH + a.eps);
-      const float4 v = hr[r], w = nw.w[0];
-      const float rs = rinv[r];
-      stream_put_x4(sm.xs[r], tid, make_float4(v.x * rs * w.x, v.y * rs * w.y, v.z * rs * w.z, v.w * rs * w.w));
-    }
+    for (int w = 0; w < kWarps; ++w) total += sm.red[r][w];
+    const float rs = rsqrtf(total / kH + a.eps);
+    if (tid == 0) sm.rinv[r] = rs;
+    const float4 v = sm.hs[r][tid], w = nw.w[0];
+    stream_put_x4(sm.xs[r], tid, make_float4(v.x * rs * w.x, v.y * rs * w.y, v.z * rs * w.z, v.w * rs * w.w));
   }
   __syncthreads();  // xs staged
   if (shared_task)  // the shared expert's rows for every row while the other blocks finish their router sums
@@ -187,25 +184,21 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
   grid_sync(gs);
 
   // ---- phase A: logits and selections, the shared and routed gate/up ----
-  {
-    float l[kR], l_sh[kR];
 #pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      l[r] = -INFINITY, l_sh[r] = 0.f;
-      if (r < n) {
-        const unsigned long long* acc = a.rs.acc + static_cast<size_t>(r) * kRouterCopies * a.rs.n;
-        unsigned long long sum_e = 0ull, sum_sh = 0ull;
+  for (int r = 0; r < kR; ++r)
+    if (r < n) {
+      const unsigned long long* acc = a.rs.acc + static_cast<size_t>(r) * kRouterCopies * a.rs.n;
+      unsigned long long sum_e = 0ull, sum_sh = 0ull;
 #pragma unroll
-        for (int c = 0; c < kRouterCopies; ++c) {
-          if (e < E) sum_e += __ldcg(acc + c * (E + 1) + e);
-          if (e == 0) sum_sh += __ldcg(acc + c * (E + 1) + E);
-        }
-        if (e < E) l[r] = router_logit(sum_e, rinv[r]);
-        if (e == 0) l_sh[r] = router_logit(sum_sh, rinv[r]);
+      for (int c = 0; c < kRouterCopies; ++c) {
+        if (e < E) sum_e += __ldcg(acc + c * (E + 1) + e);
+        if (e == 0) sum_sh += __ldcg(acc + c * (E + 1) + E);
       }
+      if (e < E) sm.logit[r][e] = router_logit(sum_e, sm.rinv[r]);
+      if (e == 0) sm.topk[r].sh_logit = router_logit(sum_sh, sm.rinv[r]);
     }
-    select_rows(a.pairs, sm.topk, l, l_sh, n);
-  }
+  __syncthreads();
+  select_rows(a.pairs, sm, n);
   const int gb = blockIdx.x * kWarps + warp;  // 2 (gate, up) pairs per warp: act chunk blockIdx.x of each row
   const bool pair_task = gb < kK * kF / 2;
   auto issue = [&](int r, PairBuf& b) {
@@ -228,19 +221,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
     }
   };
   PairBuf b0, b1;
-  if (pair_task) {
-    issue(0, b0);
-    if (n > 1) issue(1, b1);
+  if (pair_task)  // rows r, r + 1 computed while r + 2, r + 3 are requested (each call written once)
 #pragma unroll 1
-    for (int r = 0; r < n; r += 2) {
-      compute(r, b0);
+    for (int r = -2; r < n; r += 2) {
+      if (r >= 0) compute(r, b0);
       if (r + 2 < n) issue(r + 2, b0);
-      if (r + 1 < n) {
-        compute(r + 1, b1);
-        if (r + 3 < n) issue(r + 3, b1);
-      }
+      if (r >= 0 && r + 1 < n) compute(r + 1, b1);
+      if (r + 3 < n) issue(r + 3, b1);
     }
-  }
   DownRow d0, d1;  // phase C's first two rows' weights, in flight through the barrier
   if (down_task) {
     load_down_row(a, sm.topk[0].idx, g, d0);
@@ -270,18 +258,25 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
       else if (tid < kRoutedChunks / 2) mma::cp16(&xd.xsum[4 * tid - kRoutedChunks], &st.xsum[4 * tid - kRoutedChunks]);
     }
     mma::commit();
-    if (warp < kF / 128) {  // the shared rows, times their gates, staged by warps 0..3
-      float4 shv[kR];
+    {  // the shared rows, times their gates: thread (i, r0) = (tid % 128, tid / 128) stages float4 i of rows r0,
+       // r0 + 4 (warp-uniform rows)
+      constexpr int kX4 = kF / 4, kPass = kThreads / kX4, kPer = kR / kPass;
+      static_assert(kThreads % kX4 == 0 && kX4 % 32 == 0 && kR % kPass == 0, "rows per pass");
+      const int i = tid % kX4, r0 = tid / kX4;
+      float4 shv[kPer];
 #pragma unroll
-      for (int r = 0; r < kR; ++r)
-        if (r < n) shv[r] = __ldcg(reinterpret_cast<const float4*>(a.act + static_cast<size_t>(r) * kActFloats + kK * kF) + tid);
+      for (int p = 0; p < kPer; ++p)
+        if (r0 + kPass * p < n)
+          shv[p] = __ldcg(reinterpret_cast<const float4*>(a.act + static_cast<size_t>(r0 + kPass * p) * kActFloats + kK * kF) + i);
 #pragma unroll
-      for (int r = 0; r < kR; ++r)
+      for (int p = 0; p < kPer; ++p) {
+        const int r = r0 + kPass * p;
         if (r < n) {
           const float sh = sm.topk[r].sh;
-          const float4 v = shv[r];
-          stream_put_x4(sm.xd[r], kRoutedChunks * 8 + tid, make_float4(v.x * sh, v.y * sh, v.z * sh, v.w * sh));
+          const float4 v = shv[p];
+          stream_put_x4(sm.xd[r], kRoutedChunks * 8 + i, make_float4(v.x * sh, v.y * sh, v.z * sh, v.w * sh));
         }
+      }
     }
     mma::wait<0>();
   }
@@ -302,10 +297,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
   for (int r = 0; r < n; r += 2) {
     down(r, d0);
     if (r + 2 < n) load_down_row(a, sm.topk[r + 2].idx, g, d0);
-    if (r + 1 < n) {
-      down(r + 1, d1);
-      if (r + 3 < n) load_down_row(a, sm.topk[r + 3].idx, g, d1);
-    }
+    if (r + 1 < n) down(r + 1, d1);
+    if (r + 3 < n) load_down_row(a, sm.topk[r + 3].idx, g, d1);
   }
 }
 
