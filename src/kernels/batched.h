@@ -134,7 +134,8 @@ void gemm_one_row(const QMat& W, const GemmX& x, int n, float* y, int ldy, cudaS
 inline constexpr int kI8MaxTokens = 64;
 inline constexpr int kI8MaxK = 4096;
 size_t i8x_row_bytes(int K);
-// x [n][ldx] fp32, or RMSNorm(x) * norm_w where norm_w is set, staged row by row into out [n][i8x_row_bytes(K)].
+// x [n][ldx] fp32 (ldx a multiple of 4), or RMSNorm(x) * norm_w where norm_w is set, staged row by row into out
+// [n][i8x_row_bytes(K)].
 void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float eps, void* out, cudaStream_t s);
 // y[i] row t (= or +=) W[i] x[t] for the matrices of b (4-bit, one width K: a multiple of 512 up to kI8MaxK) over
 // n <= kI8MaxTokens tokens staged by i8x_prep. ks: warps a tile (1, 2, 4, 8; K / ks a multiple of 512); 0 chooses.

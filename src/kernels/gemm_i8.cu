@@ -37,35 +37,82 @@ __device__ __forceinline__ void mma_i8(int (&d)[4], uint32_t a0, uint32_t a1, ui
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// One block per token, a warp per group (lane l: elements 2 l, 2 l + 1). With norm_w: x = RMSNorm(x) * norm_w first.
+// One block per token; thread i holds word i (and i + 256 where K = 4096: elements 8 i .. 8 i + 7), a group being
+// 8 consecutive lanes: the row read once (x and norm_w requested together), with norm_w the block's sum of squares
+// from those registers, then each group's max and sum over its 8 lanes and its bytes stored as two 8-byte words
+// (one round trip to the L2: the launch is on a decode pass's critical path twice a layer).
+constexpr int kPrepWords = kI8MaxK / 8 / 256;  // words a thread holds at most
 __global__ void __launch_bounds__(256) prep_kernel(const float* x, int ldx, int K, const float* norm_w, float eps,
                                                    uint8_t* out) {
+  __shared__ float part[8];
   dep_chain();
-  const int tok = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31, G = K / 64;
+  const int tok = blockIdx.x, lane = threadIdx.x & 31, G = K / 64, sub = lane & 7;
   const float* row = x + static_cast<size_t>(tok) * ldx;
   uint8_t* dst = out + static_cast<size_t>(tok) * row_bytes(K);
-  const float rs = norm_w ? block_rms_scale256(row, K, eps) : 1.f;
-  float* sx = reinterpret_cast<float*>(dst + G * 128);
-  for (int g = warp; g < G; g += 8) {
-    const int e = g * 64 + 2 * lane;
-    float v0 = row[e], v1 = row[e + 1];
-    if (norm_w) v0 = v0 * rs * norm_w[e], v1 = v1 * rs * norm_w[e + 1];
-    float m = fmaxf(fabsf(v0), fabsf(v1)), s = v0 + v1;
+  float v[kPrepWords][8], w[kPrepWords][8];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
+  for (int j = 0; j < kPrepWords; ++j) {
+    const int e = 8 * (threadIdx.x + 256 * j);
+    if (e >= K) continue;  // (warp-uniform: K a multiple of 512)
+    const float4 p0 = *reinterpret_cast<const float4*>(row + e), p1 = *reinterpret_cast<const float4*>(row + e + 4);
+    v[j][0] = p0.x, v[j][1] = p0.y, v[j][2] = p0.z, v[j][3] = p0.w, v[j][4] = p1.x, v[j][5] = p1.y, v[j][6] = p1.z,
+    v[j][7] = p1.w;
+    if (norm_w) {
+      const float4 q0 = *reinterpret_cast<const float4*>(norm_w + e), q1 = *reinterpret_cast<const float4*>(norm_w + e + 4);
+      w[j][0] = q0.x, w[j][1] = q0.y, w[j][2] = q0.z, w[j][3] = q0.w, w[j][4] = q1.x, w[j][5] = q1.y, w[j][6] = q1.z,
+      w[j][7] = q1.w;
+    }
+  }
+  float rs = 1.f;
+  if (norm_w) {  // the block's sum of squares: per thread in element order, the warps' sums in warp order
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < kPrepWords; ++j)
+      if (8 * (threadIdx.x + 256 * j) < K)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ss = fmaf(v[j][k], v[j][k], ss);
+    ss = group_sum<32>(ss);
+    if (lane == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float tot = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) tot += part[i];
+    rs = rsqrtf(tot / K + eps);
+  }
+#pragma unroll
+  for (int j = 0; j < kPrepWords; ++j) {
+    const int wi = threadIdx.x + 256 * j, g = wi / 8;
+    if (8 * wi >= K) continue;
+    float* u = v[j];
+    if (norm_w)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) u[k] = u[k] * rs * w[j][k];
+    float m = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(u[k]));
+    float s = ((u[0] + u[1]) + (u[2] + u[3])) + ((u[4] + u[5]) + (u[6] + u[7]));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) {
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
       s += __shfl_xor_sync(0xffffffffu, s, o);
     }
     const float inv = m > 0.f ? 127.f / m : 0.f;
-    int h0, l0, h1, l1;
-    x16_split(v0, inv, h0, l0);
-    x16_split(v1, inv, h1, l1);
-    // elements 2 lane (even) and 2 lane + 1 (odd) of word w = lane / 4, byte i = lane % 4 of its even / odd part
-    const int w = lane >> 2, i = lane & 3;
-    const int at = g * 128 + (w >> 1) * 16 + (w & 1) * 8 + i;
-    dst[at] = static_cast<uint8_t>(h0), dst[at + 4] = static_cast<uint8_t>(h1);
-    dst[at + 64] = static_cast<uint8_t>(l0), dst[at + 68] = static_cast<uint8_t>(l1);
-    if (lane == 0) sx[g] = m / 32512.f, sx[G + g] = s;
+    uint32_t he = 0, ho = 0, le = 0, lo = 0;  // hi / lo bytes of the even and odd elements: elements 2 k, 2 k + 1 at byte k
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      int h0, l0, h1, l1;
+      x16_split(u[2 * k], inv, h0, l0);
+      x16_split(u[2 * k + 1], inv, h1, l1);
+      he |= (h0 & 0xffu) << (8 * k), ho |= (h1 & 0xffu) << (8 * k);
+      le |= (l0 & 0xffu) << (8 * k), lo |= (l1 & 0xffu) << (8 * k);
+    }
+    const int at = g * 128 + (sub >> 1) * 16 + (sub & 1) * 8;  // word sub of group g (the layout above)
+    *reinterpret_cast<uint2*>(dst + at) = make_uint2(he, ho);
+    *reinterpret_cast<uint2*>(dst + at + 64) = make_uint2(le, lo);
+    if (sub == 0) {
+      float* sx = reinterpret_cast<float*>(dst + G * 128);
+      sx[g] = m / 32512.f, sx[G + g] = s;
+    }
   }
 }
 
@@ -209,8 +256,9 @@ I8Kernel<NTG> i8_kernel(int ks) {
 size_t i8x_row_bytes(int K) { return static_cast<size_t>(detail::row_bytes(K)); }
 
 void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float eps, void* out, cudaStream_t s) {
-  LILY_CHECK(K % 512 == 0 && K <= kI8MaxK && ldx >= K && n >= 0 && n <= kI8MaxTokens, "i8x_prep: n ", n, " K ", K,
-             " ldx ", ldx, " (K a multiple of 512 up to ", kI8MaxK, ", n up to ", kI8MaxTokens, ")");
+  LILY_CHECK(K % 512 == 0 && K <= kI8MaxK && ldx >= K && ldx % 4 == 0 && n >= 0 && n <= kI8MaxTokens, "i8x_prep: n ",
+             n, " K ", K, " ldx ", ldx, " (K a multiple of 512 up to ", kI8MaxK, ", ldx a multiple of 4, n up to ",
+             kI8MaxTokens, ")");
   if (n == 0) return;
   launch_pdl(detail::prep_kernel, dim3(n), dim3(256), 0, s, x, ldx, K, norm_w, eps, static_cast<uint8_t*>(out));
 }
