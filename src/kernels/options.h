@@ -53,7 +53,7 @@ struct KernelOptions {
   // LILY_MOE_FUSED_ROWS=n: a decode pass of at most n one-token rows (up to kMoeFusedMaxRows) runs each MoE block as
   // one persistent launch with the decode step's per-row arithmetic (kernels/moe_fused_rows.cu) instead of 13
   // launches; 0 = never.
-  int moe_fused_rows = 6;
+  int moe_fused_rows = 8;
   // LILY_BATCH_PASS_GRAPHS=0: a pass of one-token rows only launches its kernels one by one instead of replaying
   // the graph captured for its row count and attention splits (model/prefill_cuda.cu).
   bool batch_pass_graphs = true;
