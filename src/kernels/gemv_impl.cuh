@@ -376,9 +376,10 @@ __device__ __forceinline__ void route_topk_select(const PairArgs& a, TopkSm& t) 
 }
 
 // The selection's steps, each for one row's TopkSm (moe_fused_rows.cu runs them for several rows between the same
-// barriers). 1: thread e's logit l ranked within its warp; each warp's 8 best become candidates (no barrier).
-__device__ __forceinline__ void topk_candidates(TopkSm& t, float l) {
-  const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
+// barriers; e: the thread's index in the row's threads, threadIdx.x where one row has the block). 1: expert e's
+// logit l ranked within its warp; each warp's 8 best become candidates (no barrier).
+__device__ __forceinline__ void topk_candidates(TopkSm& t, float l, int e) {
+  const int lane = e & 31, warp = e >> 5;
   const bool mine = e < kMaxExperts;
   if (e < kMaxTopK) {  // defined even if NaN logits leave ranks unfilled
     t.idx[e] = 0;
@@ -397,9 +398,8 @@ __device__ __forceinline__ void topk_candidates(TopkSm& t, float l) {
   }
 }
 // 2 (after a barrier): thread e < 64 ranks candidate e among all; the top k land in t.idx, their logits in t.w.
-__device__ __forceinline__ void topk_rank(const PairArgs& a, TopkSm& t) {
+__device__ __forceinline__ void topk_rank(const PairArgs& a, TopkSm& t, int e) {
   constexpr int NW = kMaxExperts / 32;
-  const int e = threadIdx.x;
   if (e >= NW * kMaxTopK) return;
   const float lc = t.cand_l[e];
   const int ec = t.cand_e[e];
@@ -432,9 +432,9 @@ __device__ __forceinline__ void topk_set_weight(const PairArgs& a, TopkSm& t, fl
 }
 
 __device__ __forceinline__ void route_topk_select_from(const PairArgs& a, TopkSm& t, float l, float l_sh) {
-  topk_candidates(t, l);
+  topk_candidates(t, l, threadIdx.x);
   __syncthreads();
-  topk_rank(a, t);
+  topk_rank(a, t, threadIdx.x);
   if (threadIdx.x == 0) t.sh_logit = l_sh;
   __syncthreads();
 }

@@ -81,17 +81,19 @@ struct PairBuf {  // the gate, up rows of a warp's two pairs (moe_fused.cu phase
 
 // The experts of every row from their logits (sm.logit, and each row's shared-expert-gate logit in its
 // topk.sh_logit): the steps of route_topk_select_from + route_topk_finish (gemv_impl.cuh) for each row, n rows
-// between the same four barriers; the weights by thread (r, j) = (tid / 32, tid % 32) for row r's rank j.
+// between the same four barriers: the candidates of two rows at a time (one on each half of the block), the ranks
+// of every row's 64 candidates at once, the weights by thread (r, j) = (tid / 32, tid % 32) for row r's rank j.
 __device__ __forceinline__ void select_rows(const PairArgs& a, Smem& sm, int n) {
-  const int e = threadIdx.x;
+  constexpr int kHalf = kThreads / 2, kCand = kMaxExperts / 32 * kMaxTopK;
+  static_assert(kHalf == kMaxExperts && kR * kCand <= kThreads && kR * 32 <= kThreads, "threads per row");
+  const int tid = threadIdx.x, e = tid % kHalf, half = tid / kHalf;
 #pragma unroll 1
-  for (int r = 0; r < n; ++r) topk_candidates(sm.topk[r], e < a.E ? sm.logit[r][e] : -INFINITY);
+  for (int r = half; r < (n + 1) / 2 * 2; r += 2)  // (r < n is warp-uniform: the halves are whole warps)
+    if (r < n) topk_candidates(sm.topk[r], e < a.E ? sm.logit[r][e] : -INFINITY, e);
   __syncthreads();
-#pragma unroll 1
-  for (int r = 0; r < n; ++r) topk_rank(a, sm.topk[r]);
+  if (tid / kCand < n) topk_rank(a, sm.topk[tid / kCand], tid % kCand);
   __syncthreads();
-  static_assert(kR * 32 <= kThreads, "a thread per row and rank");
-  const int r = e / 32, j = e % 32;
+  const int r = tid / 32, j = tid % 32;
   const float wj = r < n ? topk_weight(a, sm.topk[r], j) : 0.f;
   __syncthreads();
   if (r < n) topk_set_weight(a, sm.topk[r], wj, j);
