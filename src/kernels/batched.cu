@@ -23,29 +23,85 @@ __device__ __forceinline__ uint16_t bf16_bits(float f) {
   return *reinterpret_cast<const uint16_t*>(&b);
 }
 
-// One block (256 threads) per row: the RMSNorm's scale, then per 64-element group (a warp each): the value,
-// its hi / lo split and the group's sum.
+// One block (256 threads) per row; thread i holds words i, i + 256, .. of the row (word w: elements 8 w .. 8 w + 7,
+// a group being 8 consecutive lanes): x (and norm_w) read once, with norm_w the block's sum of squares from those
+// registers (per thread in element order, the warps' sums in warp order), then each word's hi / lo halves stored
+// at their gemm_x_col positions (elements i and i + 4 of a word are neighbours: one 32-bit store per pair) and each
+// group's sum over its 8 lanes. Every thread runs the same number of words (the shuffles), storing only valid ones.
+constexpr int kXPrepWords = 2;  // K <= 4096
+constexpr bool x_prep_positions_follow_gemm_x_col() {
+  for (int W = 0; W < 8; ++W)
+    for (int i = 0; i < 4; ++i) {
+      const int j = 4 * (W & 1) + i, p = 16 * (j >> 1) + 8 * (j & 1) + 2 * (W >> 1);
+      if (gemm_x_col(p) != 8 * W + i || gemm_x_col(p + 1) != 8 * W + i + 4) return false;
+    }
+  return true;
+}
+static_assert(x_prep_positions_follow_gemm_x_col(), "x_prep_kernel stores word W's element i at position p");
 __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, const float* norm_w, float eps, int K,
                                                      uint16_t* hi, uint16_t* lo, float* gsum, float* x_out) {
+  __shared__ float part[8];
   dep_chain();
-  const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x, lane = threadIdx.x & 31;
   const float* row = x + static_cast<size_t>(t) * ldx;
-  const float rs = norm_w ? block_rms_scale256(row, K, eps) : 1.f;
-  for (int g = warp; g < K / 64; g += 8) {
-    float s = 0.f;
+  const size_t o = static_cast<size_t>(t) * K;
+  float v[kXPrepWords][8], w[kXPrepWords][8];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int pos = g * 64 + j * 32 + lane, c = g * 64 + gemm_x_col(j * 32 + lane);
-      const float v = norm_w ? row[c] * rs * norm_w[c] : row[c];
-      const uint16_t h = bf16_bits(v);
-      const size_t o = static_cast<size_t>(t) * K;
-      hi[o + pos] = h;
-      lo[o + pos] = bf16_bits(v - bf16_lo(h));
-      if (x_out) x_out[o + c] = v;
-      s += v;
+  for (int q = 0; q < kXPrepWords; ++q) {
+    const int c = 8 * (threadIdx.x + 256 * q);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[q][k] = 0.f, w[q][k] = 1.f;
+    if (c >= K) continue;
+    const float4 p0 = *reinterpret_cast<const float4*>(row + c), p1 = *reinterpret_cast<const float4*>(row + c + 4);
+    v[q][0] = p0.x, v[q][1] = p0.y, v[q][2] = p0.z, v[q][3] = p0.w, v[q][4] = p1.x, v[q][5] = p1.y, v[q][6] = p1.z,
+    v[q][7] = p1.w;
+    if (norm_w) {
+      const float4 q0 = *reinterpret_cast<const float4*>(norm_w + c), q1 = *reinterpret_cast<const float4*>(norm_w + c + 4);
+      w[q][0] = q0.x, w[q][1] = q0.y, w[q][2] = q0.z, w[q][3] = q0.w, w[q][4] = q1.x, w[q][5] = q1.y, w[q][6] = q1.z,
+      w[q][7] = q1.w;
     }
-    s = warp_sum(s);
-    if (lane == 0) gsum[static_cast<size_t>(t) * (K / 64) + g] = s;
+  }
+  float rs = 1.f;
+  if (norm_w) {
+    float ss = 0.f;
+#pragma unroll
+    for (int q = 0; q < kXPrepWords; ++q)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) ss = fmaf(v[q][k], v[q][k], ss);
+    ss = warp_sum(ss);
+    if (lane == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float tot = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) tot += part[i];
+    rs = rsqrtf(tot / K + eps);
+  }
+#pragma unroll
+  for (int q = 0; q < kXPrepWords; ++q) {
+    const int wi = threadIdx.x + 256 * q, c = 8 * wi, g = wi / 8, W = wi % 8;
+    if (8 * 256 * q >= K) break;  // (block-uniform)
+    const bool valid = c < K;
+    float u[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) u[k] = norm_w ? v[q][k] * rs * w[q][k] : v[q][k];
+    float s = ((u[0] + u[1]) + (u[2] + u[3])) + ((u[4] + u[5]) + (u[6] + u[7]));
+#pragma unroll
+    for (int m = 1; m < 8; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    if (!valid) continue;
+    if (x_out) {
+      *reinterpret_cast<float4*>(x_out + o + c) = make_float4(u[0], u[1], u[2], u[3]);
+      *reinterpret_cast<float4*>(x_out + o + c + 4) = make_float4(u[4], u[5], u[6], u[7]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // elements i, i + 4 at positions p, p + 1 (gemm_x_col(p) = 8 W + i)
+      const int j = 4 * (W & 1) + i, p = 16 * (j >> 1) + 8 * (j & 1) + 2 * (W >> 1);
+      const uint16_t h0 = bf16_bits(u[i]), h1 = bf16_bits(u[i + 4]);
+      const uint16_t l0 = bf16_bits(u[i] - bf16_lo(h0)), l1 = bf16_bits(u[i + 4] - bf16_lo(h1));
+      const size_t at = o + static_cast<size_t>(g) * 64 + p;
+      *reinterpret_cast<uint32_t*>(hi + at) = h0 | static_cast<uint32_t>(h1) << 16;
+      *reinterpret_cast<uint32_t*>(lo + at) = l0 | static_cast<uint32_t>(l1) << 16;
+    }
+    if (W == 0) gsum[static_cast<size_t>(t) * (K / 64) + g] = s;
   }
 }
 
@@ -185,6 +241,8 @@ void gemm_x_free(GemmXBuf& b) {
 
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s) {
+  LILY_CHECK(out.K <= 8 * 256 * detail::kXPrepWords && ldx >= out.K && ldx % 4 == 0, "gemm_x_prep: width ", out.K,
+             " (at most ", 8 * 256 * detail::kXPrepWords, "), row stride ", ldx, " (at least the width, a multiple of 4)");
   if (n <= 0) return;
   launch_pdl(detail::x_prep_kernel, dim3(n), dim3(256), 0, s, x, ldx, norm_w, eps, out.K, out.hi, out.lo, out.gsum,
              x_out);

@@ -203,11 +203,11 @@ TEST(GemmXPrep, SplitGroupSumsAndRmsNorm) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   const float eps = 1e-6f;
   uint64_t seed = 3000;
-  for (int K : {2048, 192, 64})
+  for (int K : {4096, 2048, 512, 192, 64})
     for (bool norm : {false, true}) {
       const std::string name = std::string("gemm_x_prep K ") + std::to_string(K) + (norm ? " rmsnorm" : " plain");
       std::mt19937_64 rng(seed++);
-      const int n = 5, ldx = K + 3;
+      const int n = 5, ldx = K + 4;
       const std::vector<float> x = random_x(rng, n, ldx), w = random_vec(rng, K, 0.5f, 1.5f);
       DevBuf<float> dx(x), dw(w), dout(static_cast<size_t>(n) * K);
       dout.poison();
