@@ -28,7 +28,7 @@ __device__ __forceinline__ uint16_t bf16_bits(float f) {
 // registers (per thread in element order, the warps' sums in warp order), then each word's hi / lo halves stored
 // at their gemm_x_col positions (elements i and i + 4 of a word are neighbours: one 32-bit store per pair) and each
 // group's sum over its 8 lanes. Every thread runs the same number of words (the shuffles), storing only valid ones.
-constexpr int kXPrepWords = 2;  // K <= 4096
+constexpr int kXPrepWords = kXPrepMaxK / 2048;
 constexpr bool x_prep_positions_follow_gemm_x_col() {
   for (int W = 0; W < 8; ++W)
     for (int i = 0; i < 4; ++i) {
@@ -56,7 +56,8 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
     v[q][0] = p0.x, v[q][1] = p0.y, v[q][2] = p0.z, v[q][3] = p0.w, v[q][4] = p1.x, v[q][5] = p1.y, v[q][6] = p1.z,
     v[q][7] = p1.w;
     if (norm_w) {
-      const float4 q0 = *reinterpret_cast<const float4*>(norm_w + c), q1 = *reinterpret_cast<const float4*>(norm_w + c + 4);
+      const float4 q0 = *reinterpret_cast<const float4*>(norm_w + c);
+      const float4 q1 = *reinterpret_cast<const float4*>(norm_w + c + 4);
       w[q][0] = q0.x, w[q][1] = q0.y, w[q][2] = q0.z, w[q][3] = q0.w, w[q][4] = q1.x, w[q][5] = q1.y, w[q][6] = q1.z,
       w[q][7] = q1.w;
     }
@@ -241,8 +242,8 @@ void gemm_x_free(GemmXBuf& b) {
 
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s) {
-  LILY_CHECK(out.K <= 8 * 256 * detail::kXPrepWords && ldx >= out.K && ldx % 4 == 0, "gemm_x_prep: width ", out.K,
-             " (at most ", 8 * 256 * detail::kXPrepWords, "), row stride ", ldx, " (at least the width, a multiple of 4)");
+  LILY_CHECK(out.K <= kXPrepMaxK && ldx >= out.K && ldx % 4 == 0, "gemm_x_prep: width ", out.K, " (at most ",
+             kXPrepMaxK, "), row stride ", ldx, " (at least the width, a multiple of 4)");
   if (n <= 0) return;
   launch_pdl(detail::x_prep_kernel, dim3(n), dim3(256), 0, s, x, ldx, norm_w, eps, out.K, out.hi, out.lo, out.gsum,
              x_out);

@@ -52,7 +52,9 @@ GemmXBuf gemm_x_alloc(int n, int K);
 void gemm_x_free(GemmXBuf& b);
 
 // out row t = split of x[t] (norm_w null), or of RMSNorm(x[t]) * norm_w (docs/model.md §2.1; norm_w the effective
-// multiplier 1 + w), for t < n; x [n][ldx] fp32. With x_out, the (normed) fp32 row is also stored there [n][K].
+// multiplier 1 + w), for t < n; x [n][ldx] fp32 (K <= kXPrepMaxK; ldx a multiple of 4; x, norm_w and x_out 16-byte
+// aligned). With x_out, the (normed) fp32 row is also stored there [n][K].
+inline constexpr int kXPrepMaxK = 4096;
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s);
 

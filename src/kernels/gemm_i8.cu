@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(256) prep_kernel(const float* x, int ldx, int 
     v[j][0] = p0.x, v[j][1] = p0.y, v[j][2] = p0.z, v[j][3] = p0.w, v[j][4] = p1.x, v[j][5] = p1.y, v[j][6] = p1.z,
     v[j][7] = p1.w;
     if (norm_w) {
-      const float4 q0 = *reinterpret_cast<const float4*>(norm_w + e), q1 = *reinterpret_cast<const float4*>(norm_w + e + 4);
+      const float4 q0 = *reinterpret_cast<const float4*>(norm_w + e);
+      const float4 q1 = *reinterpret_cast<const float4*>(norm_w + e + 4);
       w[j][0] = q0.x, w[j][1] = q0.y, w[j][2] = q0.z, w[j][3] = q0.w, w[j][4] = q1.x, w[j][5] = q1.y, w[j][6] = q1.z,
       w[j][7] = q1.w;
     }
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(256) prep_kernel(const float* x, int ldx, int 
       s += __shfl_xor_sync(0xffffffffu, s, o);
     }
     const float inv = m > 0.f ? 127.f / m : 0.f;
-    uint32_t he = 0, ho = 0, le = 0, lo = 0;  // hi / lo bytes of the even and odd elements: elements 2 k, 2 k + 1 at byte k
+    uint32_t he = 0, ho = 0, le = 0, lo = 0;  // hi / lo bytes of the even / odd elements: 2 k, 2 k + 1 at byte k
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       int h0, l0, h1, l1;

@@ -58,8 +58,9 @@ struct RowsArgs {
 };
 
 // Dynamic shared memory: per row x staged for the gate/up dots, its act staged for the down dots, its selection.
-// Per-row work is a loop over rows with the row's values here, not an unrolled loop over register arrays: the
-// kernel's code runs once per launch, and unrolled copies of it were waits on instruction fetches.
+// The larger per-row steps loop over rows with the rows' values here, not unrolled over register arrays (only the
+// loads stay unrolled, in flight together): the kernel's code runs once per launch, and unrolled copies of it were
+// waits on instruction fetches.
 struct Smem {
   StreamX<kH> xs[kR];
   union {
@@ -269,7 +270,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
 #pragma unroll
       for (int p = 0; p < kPer; ++p)
         if (r0 + kPass * p < n)
-          shv[p] = __ldcg(reinterpret_cast<const float4*>(a.act + static_cast<size_t>(r0 + kPass * p) * kActFloats + kK * kF) + i);
+          shv[p] = __ldcg(reinterpret_cast<const float4*>(a.act + static_cast<size_t>(r0 + kPass * p) * kActFloats +
+                                                          kK * kF) + i);
 #pragma unroll
       for (int p = 0; p < kPer; ++p) {
         const int r = r0 + kPass * p;

@@ -168,8 +168,11 @@ bool CudaEngine::prefill_supported() const {
   const Config& c = cfg_;
   const bool heads = c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0 && c.n_heads / c.n_kv_heads <= 8;
   const bool head_dim = c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256;
-  return heads && head_dim && page_tokens_ % 32 == 0 && c.lin_k_dim <= 128 && c.top_k >= 1 && c.top_k <= 8 &&
-         kPrefillChunk * c.top_k <= kMoeGroupMaxPairs;
+  // the GEMM inputs gemm_x_prep splits
+  const bool widths =
+      std::max({c.hidden, c.value_dim(), c.n_heads * c.head_dim, c.moe_ffn, c.shared_ffn}) <= kXPrepMaxK;
+  return heads && head_dim && widths && page_tokens_ % 32 == 0 && c.lin_k_dim <= 128 && c.top_k >= 1 &&
+         c.top_k <= 8 && kPrefillChunk * c.top_k <= kMoeGroupMaxPairs;
 }
 
 // The prompt path's mixer cores left out (KernelOptions::skip, benchmarks: their marginal cost).

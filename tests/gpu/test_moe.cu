@@ -375,7 +375,7 @@ TEST(Moe, FusedRowsMatchTheOneRowKernel) {
   MoeScratch sc = moe_scratch_alloc(s.E, s.k, s.F);
   MoeRowsScratch rs = moe_fused_rows_alloc(s.E);
   ASSERT_TRUE(moe_block_is_fused(d.w, sc));
-  for (int n : {1, 3, kMoeFusedMaxRows}) {
+  for (int n : {1, 2, 3, 5, kMoeFusedMaxRows}) {
     std::vector<float> h0 = random_vec(rng, static_cast<size_t>(n) * s.H, -3.f, 3.f);
     if (n >= 3) std::copy(h0.begin(), h0.begin() + s.H, h0.begin() + 2 * s.H);
     std::vector<float> alone(h0.size());
