@@ -12,22 +12,15 @@
 namespace lily::cuda {
 namespace detail {
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 __device__ __forceinline__ uint16_t bf16_bits(float f) {
   const __nv_bfloat16 b = __float2bfloat16_rn(f);
   return *reinterpret_cast<const uint16_t*>(&b);
 }
 
-// One block (256 threads) per row; thread i holds words i, i + 256, .. of the row (word w: elements 8 w .. 8 w + 7,
-// a group being 8 consecutive lanes): x (and norm_w) read once, with norm_w the block's sum of squares from those
-// registers (per thread in element order, the warps' sums in warp order), then each word's hi / lo halves stored
-// at their gemm_x_col positions (elements i and i + 4 of a word are neighbours: one 32-bit store per pair) and each
-// group's sum over its 8 lanes. Every thread runs the same number of words (the shuffles), storing only valid ones.
+// One block (256 threads) per row: the row's words read once (load_row_words: thread i holds words i, i + 256, a
+// group being 8 consecutive lanes; normed where norm_w is given), then each word's hi / lo halves stored at their
+// gemm_x_col positions (elements i and i + 4 of a word are neighbours: one 32-bit store per pair) and each group's
+// sum over its 8 lanes. Every thread runs the same number of words (the shuffles), storing only valid ones.
 constexpr int kXPrepWords = kXPrepMaxK / 2048;
 constexpr bool x_prep_positions_follow_gemm_x_col() {
   for (int W = 0; W < 8; ++W)
@@ -40,51 +33,17 @@ constexpr bool x_prep_positions_follow_gemm_x_col() {
 static_assert(x_prep_positions_follow_gemm_x_col(), "x_prep_kernel stores word W's element i at position p");
 __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, const float* norm_w, float eps, int K,
                                                      uint16_t* hi, uint16_t* lo, float* gsum, float* x_out) {
-  __shared__ float part[8];
   dep_chain();
-  const int t = blockIdx.x, lane = threadIdx.x & 31;
-  const float* row = x + static_cast<size_t>(t) * ldx;
+  const int t = blockIdx.x;
   const size_t o = static_cast<size_t>(t) * K;
-  float v[kXPrepWords][8], w[kXPrepWords][8];
-#pragma unroll
-  for (int q = 0; q < kXPrepWords; ++q) {
-    const int c = 8 * (threadIdx.x + 256 * q);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[q][k] = 0.f, w[q][k] = 1.f;
-    if (c >= K) continue;
-    const float4 p0 = *reinterpret_cast<const float4*>(row + c), p1 = *reinterpret_cast<const float4*>(row + c + 4);
-    v[q][0] = p0.x, v[q][1] = p0.y, v[q][2] = p0.z, v[q][3] = p0.w, v[q][4] = p1.x, v[q][5] = p1.y, v[q][6] = p1.z,
-    v[q][7] = p1.w;
-    if (norm_w) {
-      const float4 q0 = *reinterpret_cast<const float4*>(norm_w + c);
-      const float4 q1 = *reinterpret_cast<const float4*>(norm_w + c + 4);
-      w[q][0] = q0.x, w[q][1] = q0.y, w[q][2] = q0.z, w[q][3] = q0.w, w[q][4] = q1.x, w[q][5] = q1.y, w[q][6] = q1.z,
-      w[q][7] = q1.w;
-    }
-  }
-  float rs = 1.f;
-  if (norm_w) {
-    float ss = 0.f;
-#pragma unroll
-    for (int q = 0; q < kXPrepWords; ++q)
-#pragma unroll
-      for (int k = 0; k < 8; ++k) ss = fmaf(v[q][k], v[q][k], ss);
-    ss = warp_sum(ss);
-    if (lane == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    float tot = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) tot += part[i];
-    rs = rsqrtf(tot / K + eps);
-  }
+  float v[kXPrepWords][8];
+  load_row_words(x + static_cast<size_t>(t) * ldx, norm_w, eps, K, v);
 #pragma unroll
   for (int q = 0; q < kXPrepWords; ++q) {
     const int wi = threadIdx.x + 256 * q, c = 8 * wi, g = wi / 8, W = wi % 8;
     if (8 * 256 * q >= K) break;  // (block-uniform)
     const bool valid = c < K;
-    float u[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) u[k] = norm_w ? v[q][k] * rs * w[q][k] : v[q][k];
+    const float* u = v[q];
     float s = ((u[0] + u[1]) + (u[2] + u[3])) + ((u[4] + u[5]) + (u[6] + u[7]));
 #pragma unroll
     for (int m = 1; m < 8; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);

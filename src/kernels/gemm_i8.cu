@@ -37,57 +37,23 @@ __device__ __forceinline__ void mma_i8(int (&d)[4], uint32_t a0, uint32_t a1, ui
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// One block per token; thread i holds word i (and i + 256 where K = 4096: elements 8 i .. 8 i + 7), a group being
-// 8 consecutive lanes: the row read once (x and norm_w requested together), with norm_w the block's sum of squares
-// from those registers, then each group's max and sum over its 8 lanes and its bytes stored as two 8-byte words
-// (one round trip to the L2: the launch is on a decode pass's critical path twice a layer).
+// One block per token: the row's words read once (load_row_words: thread i holds words i, i + 256, a group being 8
+// consecutive lanes; normed where norm_w is given), then each group's max and sum over its 8 lanes and a word's
+// bytes stored as two 8-byte words (one round trip to the L2: the launch is on a decode pass's critical path twice
+// a layer).
 constexpr int kPrepWords = kI8MaxK / 8 / 256;  // words a thread holds at most
 __global__ void __launch_bounds__(256) prep_kernel(const float* x, int ldx, int K, const float* norm_w, float eps,
                                                    uint8_t* out) {
-  __shared__ float part[8];
   dep_chain();
   const int tok = blockIdx.x, lane = threadIdx.x & 31, G = K / 64, sub = lane & 7;
-  const float* row = x + static_cast<size_t>(tok) * ldx;
   uint8_t* dst = out + static_cast<size_t>(tok) * row_bytes(K);
-  float v[kPrepWords][8], w[kPrepWords][8];
-#pragma unroll
-  for (int j = 0; j < kPrepWords; ++j) {
-    const int e = 8 * (threadIdx.x + 256 * j);
-    if (e >= K) continue;  // (warp-uniform: K a multiple of 512)
-    const float4 p0 = *reinterpret_cast<const float4*>(row + e), p1 = *reinterpret_cast<const float4*>(row + e + 4);
-    v[j][0] = p0.x, v[j][1] = p0.y, v[j][2] = p0.z, v[j][3] = p0.w, v[j][4] = p1.x, v[j][5] = p1.y, v[j][6] = p1.z,
-    v[j][7] = p1.w;
-    if (norm_w) {
-      const float4 q0 = *reinterpret_cast<const float4*>(norm_w + e);
-      const float4 q1 = *reinterpret_cast<const float4*>(norm_w + e + 4);
-      w[j][0] = q0.x, w[j][1] = q0.y, w[j][2] = q0.z, w[j][3] = q0.w, w[j][4] = q1.x, w[j][5] = q1.y, w[j][6] = q1.z,
-      w[j][7] = q1.w;
-    }
-  }
-  float rs = 1.f;
-  if (norm_w) {  // the block's sum of squares: per thread in element order, the warps' sums in warp order
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < kPrepWords; ++j)
-      if (8 * (threadIdx.x + 256 * j) < K)
-#pragma unroll
-        for (int k = 0; k < 8; ++k) ss = fmaf(v[j][k], v[j][k], ss);
-    ss = group_sum<32>(ss);
-    if (lane == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    float tot = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) tot += part[i];
-    rs = rsqrtf(tot / K + eps);
-  }
+  float v[kPrepWords][8];
+  load_row_words(x + static_cast<size_t>(tok) * ldx, norm_w, eps, K, v);
 #pragma unroll
   for (int j = 0; j < kPrepWords; ++j) {
     const int wi = threadIdx.x + 256 * j, g = wi / 8;
-    if (8 * wi >= K) continue;
-    float* u = v[j];
-    if (norm_w)
-#pragma unroll
-      for (int k = 0; k < 8; ++k) u[k] = u[k] * rs * w[j][k];
+    if (8 * wi >= K) continue;  // (warp-uniform: K a multiple of 512)
+    const float* u = v[j];
     float m = 0.f;
 #pragma unroll
     for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(u[k]));

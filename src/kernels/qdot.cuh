@@ -149,19 +149,49 @@ __device__ __forceinline__ float group_sum(float v) {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
-// The RMSNorm's scale rsqrt(mean(x²) + eps) of a row of K fp32 values, by a block of 256 threads (each thread's
-// strided sum of squares, the warps' butterfly, the 8 warps' sums in order); every thread gets it.
-__device__ __forceinline__ float block_rms_scale256(const float* row, int K, float eps) {
+// A block of 256 threads' share of one row of K <= 2048 NW fp32 values for the per-row GEMM input preps
+// (kernels/batched.cu, gemm_i8.cu): thread i's words i, i + 256, .. (word w: elements 8 w .. 8 w + 7; zeros past
+// K) into u, x and norm_w requested together (16-byte aligned, ldx a multiple of 4); with norm_w, u = x *
+// rsqrt(mean(x²) + eps) * norm_w, the sum of squares per thread in element order, the warps' butterflies, the 8
+// warps' sums in order (a barrier inside: every thread calls).
+template <int NW>
+__device__ __forceinline__ void load_row_words(const float* row, const float* norm_w, float eps, int K,
+                                               float (&u)[NW][8]) {
   __shared__ float part[8];
+  float w[NW][8];
+#pragma unroll
+  for (int q = 0; q < NW; ++q) {
+    const int c = 8 * (threadIdx.x + 256 * q);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) u[q][k] = 0.f, w[q][k] = 1.f;
+    if (c >= K) continue;
+    const float4 p0 = *reinterpret_cast<const float4*>(row + c), p1 = *reinterpret_cast<const float4*>(row + c + 4);
+    u[q][0] = p0.x, u[q][1] = p0.y, u[q][2] = p0.z, u[q][3] = p0.w, u[q][4] = p1.x, u[q][5] = p1.y, u[q][6] = p1.z,
+    u[q][7] = p1.w;
+    if (norm_w) {
+      const float4 q0 = *reinterpret_cast<const float4*>(norm_w + c);
+      const float4 q1 = *reinterpret_cast<const float4*>(norm_w + c + 4);
+      w[q][0] = q0.x, w[q][1] = q0.y, w[q][2] = q0.z, w[q][3] = q0.w, w[q][4] = q1.x, w[q][5] = q1.y, w[q][6] = q1.z,
+      w[q][7] = q1.w;
+    }
+  }
+  if (!norm_w) return;
   float ss = 0.f;
-  for (int c = threadIdx.x; c < K; c += 256) ss = fmaf(row[c], row[c], ss);
+#pragma unroll
+  for (int q = 0; q < NW; ++q)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) ss = fmaf(u[q][k], u[q][k], ss);
   ss = group_sum<32>(ss);
   if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
   __syncthreads();
   float tot = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) tot += part[i];
-  return rsqrtf(tot / K + eps);
+  const float rs = rsqrtf(tot / K + eps);
+#pragma unroll
+  for (int q = 0; q < NW; ++q)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) u[q][k] = u[q][k] * rs * w[q][k];
 }
 
 // Lane mapping of a compile-time K: a row is split into CH chunks; LPR lanes share a row, each taking NC
