@@ -59,8 +59,8 @@ struct RowsArgs {
 
 // Dynamic shared memory: per row x staged for the gate/up dots, its act staged for the down dots, its selection.
 // The larger per-row steps loop over rows with the rows' values here, not unrolled over register arrays (only the
-// loads stay unrolled, in flight together): the kernel's code runs once per launch, and unrolled copies of it were
-// waits on instruction fetches.
+// loads stay unrolled, in flight together): the kernel's code runs once per launch, and each unrolled copy of it
+// is an instruction fetch the warps wait for.
 struct Smem {
   StreamX<kH> xs[kR];
   union {
