@@ -139,9 +139,22 @@ __device__ __forceinline__ void load_state(const StepArgs& a, int h, int col0, i
   }
 }
 
+// This thread's 4 rows x 4 columns of the state of head h back to memory (after step()).
+__device__ __forceinline__ void store_state(const StepArgs& a, int h, int col0, int tid,
+                                            const float4 (&s)[kRowsPerThread]) {
+  const int Dk = a.dims.k_dim, Dv = a.dims.v_dim;
+  const int c4 = tid % 8, rg = tid / 8, col = col0 + c4 * 4;
+  float* S = a.state + (size_t)h * Dk * Dv;
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const int i = rg + 32 * r;
+    if (col < Dv && i < Dk) *reinterpret_cast<float4*>(S + (size_t)i * Dv + col) = s[r];
+  }
+}
+
 // The step for head h, columns [col0, col0 + 32) at position pos, with the state already in s and the conv
-// inputs requested (prefetch_inputs, same pos): updates ring and state, returns the 4 output columns of this
-// thread's quad (every thread of the quad holds them).
+// inputs requested (prefetch_inputs, same pos): updates the ring and the state in s (store_state writes it
+// back), returns the 4 output columns of this thread's quad (every thread of the quad holds them).
 // writes_qk: this tile writes the key head's q/k channels into the ring (one tile per key head does).
 template <typename Sync>
 __device__ __forceinline__ float4 step(const StepArgs& a, int h, int col0, int pos, bool writes_qk, int tid,
@@ -154,7 +167,6 @@ __device__ __forceinline__ float4 step(const StepArgs& a, int h, int col0, int p
   const size_t slot = (size_t)(pos & 3) * conv_dim;
   const int c4 = tid % 8, rg = tid / 8, col = col0 + c4 * 4;
   const bool col_ok = col < Dv;
-  float* S = a.state + (size_t)h * Dk * Dv;
   // the gate inputs now, with the conv inputs: after the first barrier they would cost an L2 round trip more
   const float b_raw = __ldcg(a.b_in + h), a_raw = __ldcg(a.a_in + h);
 
@@ -225,7 +237,6 @@ __device__ __forceinline__ float4 step(const StepArgs& a, int h, int col0, int p
       const float kn = sh.kn[i];
       s[r] = make_float4(fmaf(kn, dlt.x, s[r].x), fmaf(kn, dlt.y, s[r].y), fmaf(kn, dlt.z, s[r].z),
                          fmaf(kn, dlt.w, s[r].w));
-      *reinterpret_cast<float4*>(S + (size_t)i * Dv + col) = s[r];
     }
   }
   const float kq = cs[8];

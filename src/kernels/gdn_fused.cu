@@ -126,6 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fused_kernel(Args a) {
     const int i = head * kD + col0 + 4 * (tid & 7);
     const float4 z = tid < 32 ? __ldcg(reinterpret_cast<const float4*>(a.z + i)) : float4{};
     const float4 o = gdn::step(a.step, head, col0, pos, writes_qk, tid, s, gsh, sync);
+    gdn::store_state(a.step, head, col0, tid, s);
     if (tid < 32) {
       // the tile's Σ o²: each quad's 4 squares, then over the 8 quads (lanes c4 = lane % 8 hold quad c4)
       float t = fmaf(o.x, o.x, fmaf(o.y, o.y, fmaf(o.z, o.z, o.w * o.w)));
