@@ -5,6 +5,8 @@
 // the integer sums are exact; scale and bias apply per group in fp32. A block takes one 16-token slice (grid.y);
 // KS warps stream one 16-row tile, each over K / KS (two phases of 4 groups in flight), their partial sums added in
 // warp order through shared memory; blocks per slice: the tiles in one round or what fits beside the other slices.
+// A warp requests its first tile's first two phases of weights before the PDL wait (they are constant), so they
+// come in while the previous kernel finishes and x is staged; two blocks an SM (128 registers).
 // A token's column is computed the same way whatever the other columns hold, so its bits do not depend on the
 // launch's other tokens (only on KS). Tested by tests/gpu/test_gemm_i8.cu.
 //
@@ -98,18 +100,10 @@ struct I8Args {
 // NTG: groups of 8 tokens (1 or 2) of the block's 16-token slice (blockIdx.y); KS: warps that split one tile's K
 // (their partial sums meet in shared memory, added in warp order), so a block takes kWarps / KS tiles at a time.
 template <int NTG, int KS>
-__global__ void __launch_bounds__(kThreads) gemm_i8_kernel(I8Args a) {
+__global__ void __launch_bounds__(kThreads, 2) gemm_i8_kernel(I8Args a) {
   extern __shared__ __align__(16) uint8_t smem[];  // [NTG * 8][smem_stride(K)], then KS > 1: float [kWarps][NTG][4][32]
-  dep_chain();
   const int K = a.K, G = K / 64, rb = row_bytes(K), stride = smem_stride(K);
   const int tok0 = blockIdx.y * 16;
-  for (int i = threadIdx.x; i < NTG * 8 * (rb / 16); i += kThreads) {  // tokens past n: zeros
-    const int tok = i / (rb / 16), q = i % (rb / 16);
-    const uint4 v = tok0 + tok < a.n ? reinterpret_cast<const uint4*>(a.x + static_cast<size_t>(tok0 + tok) * rb)[q]
-                                     : make_uint4(0u, 0u, 0u, 0u);
-    *reinterpret_cast<uint4*>(smem + tok * stride + q * 16) = v;
-  }
-  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   constexpr int kTpb = kWarps / KS;  // tiles a block takes at a time
   const int ts = warp / KS, kp = warp % KS;
@@ -120,30 +114,67 @@ __global__ void __launch_bounds__(kThreads) gemm_i8_kernel(I8Args a) {
     uint2 w0[kPhase], w1[kPhase];  // words 2 t, 2 t + 1 of rows g and g + 8, per group of the phase
     uint4 s0, s1;                  // the phase's 4 scale | bias words of rows g and g + 8
   };
-  for (int base = blockIdx.x * kTpb; base < n_tiles; base += gridDim.x * kTpb) {  // (every warp: the barriers)
+  struct Tile {  // this warp's tile of the round at `base`: its part, first row, and rows g, g + 8's weights
+    bool active;
+    int p, r0, rows;
+    const uint8_t *wa, *wc;
+    const uint32_t *sa, *sc;
+  };
+  auto tile_at = [&](int base) {
+    Tile u{};
     const int tile = base + ts;
-    const bool active = tile < n_tiles;
+    u.active = tile < n_tiles;
     int p = 0;
-    while (active && p + 1 < a.parts && tile >= a.tile_end[p]) ++p;
-    const int r0 = active ? (tile - (p ? a.tile_end[p - 1] : 0)) * 16 : 0, rows = a.rows[p];
+    while (u.active && p + 1 < a.parts && tile >= a.tile_end[p]) ++p;
+    u.p = p;
+    u.r0 = u.active ? (tile - (p ? a.tile_end[p - 1] : 0)) * 16 : 0;
+    u.rows = a.rows[p];
+    const int ra = min(u.r0 + g, u.rows - 1), rc = min(u.r0 + g + 8, u.rows - 1);  // past the end: the last row
+    u.wa = a.w[p] + static_cast<size_t>(ra) * (K / 2) + 8 * t + g0 * 32;
+    u.wc = a.w[p] + static_cast<size_t>(rc) * (K / 2) + 8 * t + g0 * 32;
+    u.sa = a.sb[p] + static_cast<size_t>(ra) * G + g0;
+    u.sc = a.sb[p] + static_cast<size_t>(rc) * G + g0;
+    return u;
+  };
+  auto load = [&](const Tile& u, Regs& r, int ph) {
+#pragma unroll
+    for (int j = 0; j < kPhase; ++j) {
+      r.w0[j] = ld_stream8(u.wa + (ph * kPhase + j) * 32);
+      r.w1[j] = ld_stream8(u.wc + (ph * kPhase + j) * 32);
+    }
+    r.s0 = ld_stream(u.sa + ph * kPhase);
+    r.s1 = ld_stream(u.sc + ph * kPhase);
+  };
+  // the first round's first two phases of weights (constant) before the wait: they come in while the previous
+  // kernel finishes and x is staged
+  const int first = blockIdx.x * kTpb;
+  Tile u = tile_at(first);
+  Regs A, B;
+  if (u.active) {
+    load(u, A, 0);
+    load(u, B, 1);  // (n_ph even: K / KS a multiple of 512)
+  }
+  dep_chain();
+  for (int i = threadIdx.x; i < NTG * 8 * (rb / 16); i += kThreads) {  // tokens past n: zeros
+    const int tok = i / (rb / 16), q = i % (rb / 16);
+    const uint4 v = tok0 + tok < a.n ? reinterpret_cast<const uint4*>(a.x + static_cast<size_t>(tok0 + tok) * rb)[q]
+                                     : make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(smem + tok * stride + q * 16) = v;
+  }
+  __syncthreads();
+  for (int base = first; base < n_tiles; base += gridDim.x * kTpb) {  // (every warp: the barriers)
+    if (base != first) {
+      u = tile_at(base);
+      if (u.active) {
+        load(u, A, 0);
+        load(u, B, 1);
+      }
+    }
+    const int p = u.p, r0 = u.r0, rows = u.rows;
     float acc[NTG][4];
 #pragma unroll
     for (int j = 0; j < NTG; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    if (active) {
-      const int ra = min(r0 + g, rows - 1), rc = min(r0 + g + 8, rows - 1);  // past the end: the last row, not stored
-      const uint8_t* wa = a.w[p] + static_cast<size_t>(ra) * (K / 2) + 8 * t + g0 * 32;
-      const uint8_t* wc = a.w[p] + static_cast<size_t>(rc) * (K / 2) + 8 * t + g0 * 32;
-      const uint32_t* sa = a.sb[p] + static_cast<size_t>(ra) * G + g0;
-      const uint32_t* sc = a.sb[p] + static_cast<size_t>(rc) * G + g0;
-      auto load = [&](Regs& r, int ph) {
-#pragma unroll
-        for (int j = 0; j < kPhase; ++j) {
-          r.w0[j] = ld_stream8(wa + (ph * kPhase + j) * 32);
-          r.w1[j] = ld_stream8(wc + (ph * kPhase + j) * 32);
-        }
-        r.s0 = ld_stream(sa + ph * kPhase);
-        r.s1 = ld_stream(sc + ph * kPhase);
-      };
+    if (u.active) {
       auto compute = [&](const Regs& r, int ph) {
 #pragma unroll
         for (int j = 0; j < kPhase; ++j) {
@@ -171,23 +202,21 @@ __global__ void __launch_bounds__(kThreads) gemm_i8_kernel(I8Args a) {
           }
         }
       };
-      Regs A, B;
-      load(A, 0);
-      for (int ph = 0; ph < n_ph; ph += 2) {  // (n_ph even: K / KS a multiple of 512)
-        load(B, ph + 1);
+      for (int ph = 0; ph < n_ph; ph += 2) {  // phases ph, ph + 1 in A, B; each reloaded once computed
         compute(A, ph);
-        if (ph + 2 < n_ph) load(A, ph + 2);
+        if (ph + 2 < n_ph) load(u, A, ph + 2);
         compute(B, ph + 1);
+        if (ph + 3 < n_ph) load(u, B, ph + 3);
       }
     }
     if constexpr (KS > 1) {  // the parts of K meet in warp order: part 0 + part 1 + ...
-      if (active && kp > 0)
+      if (u.active && kp > 0)
 #pragma unroll
         for (int tg = 0; tg < NTG; ++tg)
 #pragma unroll
           for (int e = 0; e < 4; ++e) red[((warp * NTG + tg) * 4 + e) * 32 + lane] = acc[tg][e];
       __syncthreads();
-      if (active && kp == 0)
+      if (u.active && kp == 0)
 #pragma unroll
         for (int q = 1; q < KS; ++q)
 #pragma unroll
@@ -196,7 +225,7 @@ __global__ void __launch_bounds__(kThreads) gemm_i8_kernel(I8Args a) {
             for (int e = 0; e < 4; ++e) acc[tg][e] += red[(((warp + q) * NTG + tg) * 4 + e) * 32 + lane];
       __syncthreads();  // (red is rewritten by the next tiles)
     }
-    if (active && kp == 0)
+    if (u.active && kp == 0)
 #pragma unroll
       for (int tg = 0; tg < NTG; ++tg)
 #pragma unroll
