@@ -110,7 +110,20 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
   constexpr int G2 = kH / kGroupSize;
   const int E = a.pairs.E;
   dep_trigger();
-  const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.norm_w);  // constant: before the wait
+  // constant: before the wait, in flight while the previous kernel finishes: the norm weight, this block's router
+  // slice (blocks 0..127), this warp's shared expert gate/up rows (the same for every row)
+  const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.norm_w);
+  const bool sums_block = blockIdx.x < kRouterBlocks;
+  const RouterSlice rsl = sums_block ? router_slice_load(a.rs, blockIdx.x) : RouterSlice{};
+  const bool shared_task = g < kF;
+  uint4 swv[2][2];
+  uint32_t ssv[2][2];
+  if (shared_task) {
+    const uint8_t* const w[2] = {a.pairs.sgw + static_cast<size_t>(g) * (kH / 2),
+                                 a.pairs.suw + static_cast<size_t>(g) * (kH / 2)};
+    const uint32_t* const sb[2] = {a.pairs.sgsb + static_cast<size_t>(g) * G2, a.pairs.susb + static_cast<size_t>(g) * G2};
+    stream_load_rows<kH, 2>(w, sb, swv, ssv);
+  }
   dep_wait();
 
   // h of every row (final at entry: only phase C writes it), this warp's phase C residual (lane r: row r)
@@ -128,9 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
   GridSync gs = grid_sync_begin(a.barrier);
 
   // ---- phase R: the router sums of every row (blocks 0..127), the norms and staged x (every block) ----
-  const bool sums_block = blockIdx.x < kRouterBlocks;
   if (sums_block) {
-    const RouterSlice rsl = router_slice_load(a.rs, blockIdx.x);
     if (tid < kRouterRows * n) {
       const int r = tid / kRouterRows, i = blockIdx.x * kRouterRows + tid % kRouterRows;
       sm.hw[r][tid % kRouterRows] = __ldcg(a.h + static_cast<size_t>(r) * kH + i) * __ldg(a.rs.norm_w + i);
@@ -141,16 +152,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
       rr.acc += static_cast<size_t>(r) * kRouterCopies * a.rs.n;
       router_partial_add(rr, rsl, sm.hw[r]);
     }
-  }
-  // the shared expert's gate/up rows: the same for every row, requested once
-  const bool shared_task = g < kF;
-  uint4 swv[2][2];
-  uint32_t ssv[2][2];
-  if (shared_task) {
-    const uint8_t* const w[2] = {a.pairs.sgw + static_cast<size_t>(g) * (kH / 2),
-                                 a.pairs.suw + static_cast<size_t>(g) * (kH / 2)};
-    const uint32_t* const sb[2] = {a.pairs.sgsb + static_cast<size_t>(g) * G2, a.pairs.susb + static_cast<size_t>(g) * G2};
-    stream_load_rows<kH, 2>(w, sb, swv, ssv);
   }
   // the norms (stream_stage_loaded_norm's arithmetic, one reduction barrier for all rows)
   static_assert(kH / 4 == kThreads, "one float4 of h per thread and row");
