@@ -6,7 +6,8 @@
 // KS warps stream one 16-row tile, each over K / KS (two phases of 4 groups in flight), their partial sums added in
 // warp order through shared memory; blocks per slice: the tiles in one round or what fits beside the other slices.
 // A warp requests its first tile's first two phases of weights before the PDL wait (they are constant), so they
-// come in while the previous kernel finishes and x is staged; two blocks an SM (128 registers).
+// come in while the previous kernel finishes and x is staged. At most 128 registers: two blocks an SM where the
+// staged x leaves room for two (not 16 tokens at K 4096).
 // A token's column is computed the same way whatever the other columns hold, so its bits do not depend on the
 // launch's other tokens (only on KS). Tested by tests/gpu/test_gemm_i8.cu.
 //
