@@ -43,10 +43,8 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
     const int wi = threadIdx.x + 256 * q, c = 8 * wi, g = wi / 8, W = wi % 8;
     if (8 * 256 * q >= K) break;  // (block-uniform)
     const bool valid = c < K;
-    const float* u = v[q];
-    float s = ((u[0] + u[1]) + (u[2] + u[3])) + ((u[4] + u[5]) + (u[6] + u[7]));
-#pragma unroll
-    for (int m = 1; m < 8; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    const float(&u)[8] = v[q];
+    const float s = group_word_sum(u);
     if (!valid) continue;
     if (x_out) {
       *reinterpret_cast<float4*>(x_out + o + c) = make_float4(u[0], u[1], u[2], u[3]);

@@ -194,6 +194,15 @@ __device__ __forceinline__ void load_row_words(const float* row, const float* no
     for (int k = 0; k < 8; ++k) u[q][k] = u[q][k] * rs * w[q][k];
 }
 
+// The sum of a group of 64 elements held as 8 words by 8 consecutive lanes (the preps of kernels/batched.cu and
+// gemm_i8.cu): a word's elements as a tree, then a butterfly over the 8 lanes (every lane gets the same sum).
+__device__ __forceinline__ float group_word_sum(const float (&u)[8]) {
+  float s = ((u[0] + u[1]) + (u[2] + u[3])) + ((u[4] + u[5]) + (u[6] + u[7]));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
 // Lane mapping of a compile-time K: a row is split into CH chunks; LPR lanes share a row, each taking NC
 // chunks (lane li gets chunks li, li + LPR, ...); a warp holds SUB = 32 / LPR rows at once.
 template <QFormat F, int K>

@@ -570,8 +570,10 @@ void run_group(int n, int top_k, int E, uint64_t seed) {
 TEST(MoeRows, GroupPairsByExpert) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   run_group(300, 8, 256, 6000);
-  run_group(2048, 8, 256, 6002);  // a full chunk's 16,384 pairs
+  run_group(2048, 8, 256, 6002);
+  run_group(4096, 8, 256, 6003);  // kMoeGroupMaxPairs: a 4,096-token chunk's 32,768 pairs
   run_group(37, 3, 10, 6001);
+  run_group(500, 5, 1000, 6004);  // (1,000 experts)
 }
 
 // act = scale[a] * silu(g) * u, rows 37 x F 513 (a tail past the 256-thread block), with and without scale.
