@@ -21,7 +21,9 @@
 #include "kernels/common.cuh"
 #include "kernels/mixers.h"
 #include "kernels/qmat.h"
+#include "kernels/batched.h"
 #include "kernels/sampling.h"
+#include "kernels/trace.h"
 
 using namespace lily::cuda;
 using bench::dalloc;
@@ -72,6 +74,73 @@ double copy_bandwidth() {
 }
 
 int copies_for(double bytes) { return std::max(2, static_cast<int>(std::ceil(640e6 / bytes))); }
+
+using Report = std::function<void(const std::string&, double, double)>;
+
+// The MoE block of a decode pass of n one-token rows in one launch (moe_fused_rows, after moe_router_sums_rows:
+// in a pass the out projection adds the sums), 8 full-size layers (E = 256, 3.6 GB) in turn, random h: the
+// bytes are the expected distinct experts of n rows of uniform top-8 routing.
+// Then one traced launch a layer: per phase (kernels/moe_fused_rows.cu's stamps), the median block's time after
+// the first block returned from griddepcontrol.wait, averaged over the layers.
+void moe_rows_case(const Report& report) {
+  const QFormat q4 = QFormat::q4, q8 = QFormat::q8;
+  const int L = 8;
+  std::vector<MoeWeightsDev> rm(L);
+  for (int l = 0; l < L; ++l) {
+    MoeWeightsDev& m = rm[l];
+    m.gate = make_mat(q8, kExperts, kHidden);
+    m.shared_expert_gate = make_mat(q8, 1, kHidden);
+    m.experts_gate = make_mat(q4, kMoeFfn, kHidden, kExperts);
+    m.experts_up = make_mat(q4, kMoeFfn, kHidden, kExperts);
+    m.experts_down = make_mat(q4, kHidden, kMoeFfn, kExperts);
+    m.shared_gate = make_mat(q4, kMoeFfn, kHidden);
+    m.shared_up = make_mat(q4, kMoeFfn, kHidden);
+    m.shared_down = make_mat(q4, kHidden, kMoeFfn);
+    moe_build_router_slices(m, nullptr);
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  if (moe_fused_rows_supported(rm[0], kTopK)) {
+    MoeRowsScratch rs = moe_fused_rows_alloc(kExperts);
+    float* hr = make_vec(static_cast<size_t>(kMoeFusedMaxRows) * kHidden, 3.f);
+    float* nw = make_vec(kHidden);
+    const double per_expert = 3.0 * (rm[0].experts_gate.mat_w_bytes() + 4.0 * rm[0].experts_gate.mat_groups());
+    auto* tr = static_cast<unsigned long long*>(dalloc(sizeof(unsigned long long) * L * kTraceBlocks * kTraceStamps));
+    const char* names[] = {"x", "shared", "select", "gate|up", "barrier", "staged", "end"};
+    constexpr int kStamps = 7;
+    for (int n = 1; n <= kMoeFusedMaxRows; n = n < 2 ? 2 : n + 2) {
+      const double distinct = kExperts * (1.0 - std::pow(1.0 - static_cast<double>(kTopK) / kExperts, n));
+      const double us = time_graph(L * 4, [&](int i, cudaStream_t s) {
+        moe_router_sums_rows(moe_fused_rows_sums(rm[i % L], nw, rs), hr, n, s);
+        moe_fused_rows(rm[i % L], hr, n, nw, 1e-6f, rs, s);
+      });
+      report("router sums + moe_fused_rows " + std::to_string(n) + " rows", us, (distinct + 1) * per_expert);
+      CUDA_CHECK(cudaMemset(tr, 0, sizeof(unsigned long long) * L * kTraceBlocks * kTraceStamps));
+      for (int l = 0; l < L; ++l) {
+        moe_router_sums_rows(moe_fused_rows_sums(rm[l], nw, rs), hr, n, nullptr);
+        moe_fused_rows(rm[l], hr, n, nw, 1e-6f, rs, nullptr, tr + static_cast<size_t>(l) * kTraceBlocks * kTraceStamps);
+      }
+      CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<unsigned long long> t(static_cast<size_t>(L) * kTraceBlocks * kTraceStamps);
+      CUDA_CHECK(cudaMemcpy(t.data(), tr, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
+      const int nb = sm_count();
+      double ph[kStamps + 1] = {};
+      for (int l = 1; l < L; ++l) {  // the first layer's launch: cold start, left out
+        const unsigned long long* b = t.data() + static_cast<size_t>(l) * kTraceBlocks * kTraceStamps;
+        unsigned long long w0 = ~0ull;
+        for (int i = 0; i < nb; ++i) w0 = std::min(w0, b[i * kTraceStamps + 15]);
+        for (int p = 1; p <= kStamps; ++p) {
+          std::vector<double> v;
+          for (int i = 0; i < nb; ++i) v.push_back(static_cast<double>(b[i * kTraceStamps + p]) - static_cast<double>(w0));
+          ph[p] += median(v) / 1e3 / (L - 1);
+        }
+      }
+      std::printf("  phases (median block, us after the first wait):");
+      for (int p = 1; p <= kStamps; ++p) std::printf(" %s %.1f", names[p - 1], ph[p]);
+      std::printf("\n");
+    }
+    moe_fused_rows_free(rs);
+  }
+}
 
 }  // namespace
 
@@ -137,6 +206,14 @@ int main(int argc, char** argv) {
   // LILY_BENCH_GEMV_ONLY=1: only the plain / batched GEMVs and lm_head (quick comparisons of GEMV variants).
   const char* only = std::getenv("LILY_BENCH_GEMV_ONLY");
   const bool gemv_only = only && only[0] == '1';
+  // LILY_BENCH_MOE_ROWS=1: also the decode pass's MoE launch at 1..8 rows (3.6 GB of weights more); =only: just it.
+  const char* mr = std::getenv("LILY_BENCH_MOE_ROWS");
+  const bool rows_case = mr && mr[0] == '1';
+  if (mr && std::string(mr) == "only") {
+    moe_rows_case(report);
+    bench::free_all();
+    return 0;
+  }
   // MoE: per layer copy a full-size set of E experts would be 453 MB; use 64 experts per copy (the selection is
   // random and distinct per copy, so the bytes streamed per call are those of 8 experts + the shared one).
   const int E = 64, n_layers = 16;
@@ -186,6 +263,7 @@ int main(int argc, char** argv) {
     });
     report("moe block (route E=64 + gate/up + down)", us, 9 * (expert_gu + expert_d) + moe[0].gate.bytes());
   }
+  if (rows_case) moe_rows_case(report);
   // lm_head
   float* logits = nullptr;  // [kVocab], lm_head's output: the sampler's input below
   {

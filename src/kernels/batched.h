@@ -142,7 +142,12 @@ void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float 
 // y[i] row t (= or +=) W[i] x[t] for the matrices of b (4-bit, one width K: a multiple of 512 up to kI8MaxK) over
 // n <= kI8MaxTokens tokens staged by i8x_prep. ks: warps a tile (1, 2, 4, 8; K / ks a multiple of 512); 0 chooses.
 // A token's bits depend on ks, never on the other tokens.
-void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s, int ks = 0);
+// router (acc set): also adds the next MoE block's router sums of every written row (kernels/router_partial.cuh),
+// token t's at router->acc + t * kRouterCopies * (E + 1), as moe_router_sums_rows would; needs gemm_i8_router_ok
+// (the MoE block's input, h += W x, W [kHidden][kI8MaxK]) and n <= kMoeFusedMaxRows, and takes ks = 8.
+void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s, int ks = 0,
+             const RouterSums* router = nullptr);
+bool gemm_i8_router_ok(const GemmBatch& b, const RouterSums& r);
 
 // ---- the routed experts of a decode pass, streamed (kernels/moe_rows.cu) ----
 // For passes of one-token rows (4 to 64 rows give each used expert one to three slots), where the tensor-core
@@ -176,9 +181,13 @@ struct MoeRowsScratch {
 bool moe_fused_rows_supported(const MoeWeightsDev& m, int top_k);
 MoeRowsScratch moe_fused_rows_alloc(int n_experts);
 void moe_fused_rows_free(MoeRowsScratch& s);
-// h [n][H], 1 <= n <= kMoeFusedMaxRows.
+// The router sums every row needs at entry (moe_fused_rows reads them, then zeroes them for the next layer).
+RouterSums moe_fused_rows_sums(const MoeWeightsDev& m, const float* norm_w, const MoeRowsScratch& s);
+// h [n][H], 1 <= n <= kMoeFusedMaxRows, its rows' router sums added (moe_fused_rows_sums: by the launch that
+// wrote h, gemm_i8 with router, or moe_router_sums_rows). trace: phase stamps (kernels/trace.h; bench_kernels)
+// or null.
 void moe_fused_rows(const MoeWeightsDev& m, float* h, int n, const float* norm_w, float eps, const MoeRowsScratch& s,
-                    cudaStream_t stream);
+                    cudaStream_t stream, unsigned long long* trace = nullptr);
 
 // ---- Gated DeltaNet over a chunk (kernels/gdn_chunk.cu) ----
 // launch_gdn_step (kernels/mixers.h) for the n consecutive tokens at positions pos0.. in four launches (what

@@ -21,6 +21,8 @@
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/gemv_stream.cuh"
+#include "kernels/mma.cuh"
+#include "kernels/router_partial.cuh"
 
 namespace lily::cuda {
 namespace detail {
@@ -56,16 +58,13 @@ __global__ void __launch_bounds__(256) prep_kernel(const float* x, int ldx, int 
   for (int j = 0; j < kPrepWords; ++j) {
     const int wi = threadIdx.x + 256 * j, g = wi / 8;
     if (8 * wi >= K) continue;  // (warp-uniform: K a multiple of 512)
-    const float* u = v[j];
+    const float(&u)[8] = v[j];
     float m = 0.f;
 #pragma unroll
     for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(u[k]));
-    float s = ((u[0] + u[1]) + (u[2] + u[3])) + ((u[4] + u[5]) + (u[6] + u[7]));
 #pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      s += __shfl_xor_sync(0xffffffffu, s, o);
-    }
+    for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float s = group_word_sum(u);
     const float inv = m > 0.f ? 127.f / m : 0.f;
     uint32_t he = 0, ho = 0, le = 0, lo = 0;  // hi / lo bytes of the even / odd elements: 2 k, 2 k + 1 at byte k
 #pragma unroll
@@ -96,13 +95,40 @@ struct I8Args {
   int parts, K, n;
   const uint8_t* x;             // staged rows [n][row_bytes(K)]
   bool accumulate;
+  RouterPartialDev rs;          // rs.acc set (KS 8, one matrix of kHidden rows): the next MoE block's router sums of
+                                // the written rows, token t's at rs.acc + t * kRouterCopies * rs.n
 };
+
+// The router sums of a tile's written rows (gemm_i8 with router): hw [nt][16] = the rows' h, times the norm weight
+// here, then thread e's router rows e, e + kThreads, .. add their partial for each token. Out of line: the
+// GEMM's registers are not held for it.
+__device__ __noinline__ void router_epilogue(RouterPartialDev rs, int n, const uint4* rq, float (*hw)[kRouterRows],
+                                            int tok0) {
+  const auto* rsb = reinterpret_cast<const uint32_t*>(rq + kRouterMaxN);
+  const auto* rnw = reinterpret_cast<const float*>(rsb + kRouterMaxN);
+  const int nt = min(8, n - tok0);
+  if (threadIdx.x < nt * kRouterRows) {  // h * the norm weight, as the one-row path's inputs
+    const int tk = threadIdx.x / kRouterRows, i = threadIdx.x % kRouterRows;
+    hw[tk][i] *= rnw[i];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < rs.n; e += kThreads) {
+    const RouterSlice sl{rq[e], rsb[e]};
+    for (int tk = 0; tk < nt; ++tk) {
+      RouterPartialDev r = rs;
+      r.acc += static_cast<size_t>(tok0 + tk) * kRouterCopies * rs.n;
+      router_partial_add(r, sl, hw[tk], e);
+    }
+  }
+}
 
 // NTG: groups of 8 tokens (1 or 2) of the block's 16-token slice (blockIdx.y); KS: warps that split one tile's K
 // (their partial sums meet in shared memory, added in warp order), so a block takes kWarps / KS tiles at a time.
 template <int NTG, int KS>
 __global__ void __launch_bounds__(kThreads, 2) gemm_i8_kernel(I8Args a) {
-  extern __shared__ __align__(16) uint8_t smem[];  // [NTG * 8][smem_stride(K)], then KS > 1: float [kWarps][NTG][4][32]
+  // [NTG * 8][smem_stride(K)], then KS > 1: float [kWarps][NTG][4][32], then router sums: uint4 [kRouterMaxN],
+  // uint32_t [kRouterMaxN], float [kRouterRows]
+  extern __shared__ __align__(16) uint8_t smem[];
   const int K = a.K, G = K / 64, rb = row_bytes(K), stride = smem_stride(K);
   const int tok0 = blockIdx.y * 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -110,6 +136,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_i8_kernel(I8Args a) {
   const int ts = warp / KS, kp = warp % KS;
   const int n_tiles = a.tile_end[a.parts - 1], gpp = G / KS, n_ph = gpp / kPhase, g0 = kp * gpp;
   float* red = reinterpret_cast<float*>(smem + NTG * 8 * stride);
+  __shared__ float hw[KS == 8 && NTG == 1 ? 8 : 1][kRouterRows];  // router sums: token, row (h, then h * norm w)
   constexpr uint32_t M = 0x0f0f0f0fu;
   struct Regs {
     uint2 w0[kPhase], w1[kPhase];  // words 2 t, 2 t + 1 of rows g and g + 8, per group of the phase
@@ -146,15 +173,41 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_i8_kernel(I8Args a) {
     r.s0 = ld_stream(u.sa + ph * kPhase);
     r.s1 = ld_stream(u.sc + ph * kPhase);
   };
-  // the first round's first two phases of weights (constant) before the wait: they come in while the previous
-  // kernel finishes and x is staged
-  const int first = blockIdx.x * kTpb;
-  Tile u = tile_at(first);
   Regs A, B;
-  if (u.active) {
-    load(u, A, 0);
-    load(u, B, 1);  // (n_ph even: K / KS a multiple of 512)
-  }
+  auto start = [&](int base) {  // a round's tile and its first two phases of weights (n_ph even: K / KS a multiple of 512)
+    const Tile v = tile_at(base);
+    if (v.active) {
+      load(v, A, 0);
+      load(v, B, 1);
+    }
+    return v;
+  };
+  // the first round's weights (constant) before the wait: they come in while the previous kernel finishes and x
+  // is staged
+  const int first = blockIdx.x * kTpb;
+  Tile u = start(first);
+  // the router sums (KS 8: a block's tile is one router row-block): the tile's router slices (E + 1 rows) and
+  // norm weights into shared memory by cp.async (no registers held through the products); constant, requested
+  // before the wait as well
+  const bool sums = KS == 8 && NTG == 1 && a.rs.acc != nullptr;
+  auto router_area = [&] {  // (recomputed where used: no registers held through the products)
+    return reinterpret_cast<uint4*>(smem + NTG * 8 * smem_stride(a.K) +
+                                    (KS > 1 ? sizeof(float) * kWarps * NTG * 4 * 32 : 0));
+  };
+  auto slices = [&](const Tile& v) {
+    if (!sums || !v.active) return;
+    uint4* rq = router_area();
+    auto* rsb = reinterpret_cast<uint32_t*>(rq + kRouterMaxN);
+    auto* rnw = reinterpret_cast<float*>(rsb + kRouterMaxN);
+    const int b = v.r0 / kRouterRows;
+    for (int e = threadIdx.x; e < a.rs.n; e += kThreads) {
+      mma::cp16(&rq[e], a.rs.q + (static_cast<size_t>(b) * a.rs.n + e) * 16);
+      mma::cp4(&rsb[e], a.rs.sb + static_cast<size_t>(b / (kGroupSize / kRouterRows)) * a.rs.n + e);
+    }
+    if (threadIdx.x < kRouterRows) mma::cp4(&rnw[threadIdx.x], a.rs.norm_w + v.r0 + threadIdx.x);
+    mma::commit();
+  };
+  slices(u);
   dep_chain();
   for (int i = threadIdx.x; i < NTG * 8 * (rb / 16); i += kThreads) {  // tokens past n: zeros
     const int tok = i / (rb / 16), q = i % (rb / 16);
@@ -165,11 +218,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_i8_kernel(I8Args a) {
   __syncthreads();
   for (int base = first; base < n_tiles; base += gridDim.x * kTpb) {  // (every warp: the barriers)
     if (base != first) {
-      u = tile_at(base);
-      if (u.active) {
-        load(u, A, 0);
-        load(u, B, 1);
-      }
+      u = start(base);
+      slices(u);
     }
     const int p = u.p, r0 = u.r0, rows = u.rows;
     float acc[NTG][4];
@@ -234,8 +284,16 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_i8_kernel(I8Args a) {
           const int row = r0 + g + 8 * (e >> 1), tok = tok0 + tg * 8 + 2 * t + (e & 1);
           if (row >= rows || tok >= a.n) continue;
           float* dst = a.y[p] + static_cast<size_t>(tok) * a.ldy[p] + row;
-          *dst = a.accumulate ? *dst + acc[tg][e] : acc[tg][e];
+          const float v = a.accumulate ? *dst + acc[tg][e] : acc[tg][e];
+          *dst = v;
+          if (sums) hw[tok - tok0][g + 8 * (e >> 1)] = v;
         }
+    if (sums) {  // (KS 8: every warp of the block on one tile; the condition is block-uniform)
+      mma::wait<0>();
+      __syncthreads();
+      if (u.active) router_epilogue(a.rs, a.n, router_area(), hw, tok0);
+      __syncthreads();  // (hw and the slices are rewritten by the next round)
+    }
   }
 }
 
@@ -252,6 +310,12 @@ I8Kernel<NTG> i8_kernel(int ks) {
 
 size_t i8x_row_bytes(int K) { return static_cast<size_t>(detail::row_bytes(K)); }
 
+bool gemm_i8_router_ok(const GemmBatch& b, const RouterSums& r) {
+  return b.n == 1 && b.W[0].rows == kHidden && b.W[0].cols == kI8MaxK && r.slices.w != nullptr &&
+         r.slices.cols == kHidden && r.slices.rows >= 1 && r.slices.rows <= detail::kRouterMaxN && r.norm_w != nullptr &&
+         r.acc != nullptr;
+}
+
 void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float eps, void* out, cudaStream_t s) {
   LILY_CHECK(K % 512 == 0 && K <= kI8MaxK && ldx >= K && ldx % 4 == 0 && n >= 0 && n <= kI8MaxTokens, "i8x_prep: n ",
              n, " K ", K, " ldx ", ldx, " (K a multiple of 512 up to ", kI8MaxK, ", ldx a multiple of 4, n up to ",
@@ -260,7 +324,8 @@ void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float 
   launch_pdl(detail::prep_kernel, dim3(n), dim3(256), 0, s, x, ldx, K, norm_w, eps, static_cast<uint8_t*>(out));
 }
 
-void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s, int ks) {
+void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s, int ks,
+             const RouterSums* router) {
   LILY_CHECK(b.n >= 1 && b.n <= kMaxGemmParts && n >= 1 && n <= kI8MaxTokens, "gemm_i8: ", b.n, " matrices, ", n,
              " tokens (1..", kI8MaxTokens, ")");
   detail::I8Args a{};
@@ -276,6 +341,14 @@ void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStre
   }
   LILY_CHECK(a.K % 512 == 0 && a.K <= kI8MaxK, "gemm_i8: width ", a.K, " (a multiple of 512 up to ", kI8MaxK, ")");
   constexpr int W = detail::kWarps;
+  if (router) {  // a block's tile must be one router row-block: 8 warps a tile, one matrix of H rows
+    LILY_CHECK(gemm_i8_router_ok(b, *router) && n <= kMoeFusedMaxRows && (ks == 0 || ks == 8), "gemm_i8: router sums "
+               "need one 4-bit matrix of ", kHidden, " rows and width ", kI8MaxK, ", router slices of ", kHidden,
+               " columns and an accumulator, at most ", kMoeFusedMaxRows, " tokens and 8 warps a tile (", n,
+               " tokens, ks ", ks, ")");
+    a.rs = detail::router_partial_dev(*router);
+    ks = 8;
+  }
   const int sms = sm_count();
   const int ntg = n > 8 ? 2 : 1, slices = (n + 15) / 16;
   if (ks <= 0)  // the fewest warps per tile that give every SM a block (over the slices), each warp >= 512 of K
@@ -283,7 +356,8 @@ void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStre
   LILY_CHECK((ks == 1 || ks == 2 || ks == 4 || ks == 8) && a.K % (512 * ks) == 0, "gemm_i8: ", ks,
              " warps a tile for width ", a.K, " (1, 2, 4 or 8, each at least 512 of K)");
   const size_t smem = static_cast<size_t>(ntg) * 8 * detail::smem_stride(a.K) +
-                      (ks > 1 ? sizeof(float) * W * ntg * 4 * 32 : 0);
+                      (ks > 1 ? sizeof(float) * W * ntg * 4 * 32 : 0) +
+                      (a.rs.acc ? (16 + 4) * detail::kRouterMaxN + 4 * detail::kRouterRows : 0);
   auto* k = ntg == 1 ? detail::i8_kernel<1>(ks) : detail::i8_kernel<2>(ks);
   CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   int per_sm = 0;

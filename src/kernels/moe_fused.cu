@@ -24,6 +24,7 @@
 // act per block). Tested by tests/gpu/test_moe.cu against the CPU reference.
 #include <cfloat>
 
+#include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/gemv_impl.cuh"
 #include "kernels/gemv_stream.cuh"
@@ -241,15 +242,17 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedArgs a) {
   stamp(a, 6);
 }
 
-// The router sums when no fused launch before the MoE block added them: block b < kRouterBlocks adds rows
-// 16 b .. 16 b + 15 of h.
+// The router sums when no fused launch before the MoE block added them: block (b, t), b < kRouterBlocks, adds
+// elements 16 b .. 16 b + 15 of h row t to row t's sums (rows kRouterCopies * n apart).
 constexpr int kSumsThreads = (kRouterMaxN + 31) / 32 * 32;
 __global__ void router_sums_kernel(RouterPartialDev r, const float* h) {
   __shared__ float hw[kRouterRows];
   const RouterSlice s = router_slice_load(r, blockIdx.x);
+  const size_t t = blockIdx.y;
+  r.acc += t * kRouterCopies * r.n;
   if (threadIdx.x < kRouterRows) {
     const int i = blockIdx.x * kRouterRows + threadIdx.x;
-    hw[threadIdx.x] = h[i] * r.norm_w[i];
+    hw[threadIdx.x] = h[t * kH + i] * r.norm_w[i];
   }
   __syncthreads();
   router_partial_add(r, s, hw);
@@ -331,6 +334,14 @@ void moe_router_sums_add(const RouterSums& r, const float* h, cudaStream_t strea
   using namespace detail;
   LILY_CHECK(r.acc && r.slices.w && r.slices.cols == kH, "moe_router_sums_add: no router slices or accumulator");
   router_sums_kernel<<<kRouterBlocks, kSumsThreads, 0, stream>>>(router_partial_dev(r), h);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void moe_router_sums_rows(const RouterSums& r, const float* h, int n, cudaStream_t stream) {
+  using namespace detail;
+  LILY_CHECK(r.acc && r.slices.w && r.slices.cols == kH && n >= 1 && n <= kMoeFusedMaxRows, "moe_router_sums_rows: "
+             "no router slices or accumulator, or ", n, " rows (1..", kMoeFusedMaxRows, ")");
+  router_sums_kernel<<<dim3(kRouterBlocks, n), kSumsThreads, 0, stream>>>(router_partial_dev(r), h);
   CUDA_CHECK_LAUNCH(stream);
 }
 

@@ -3,16 +3,15 @@
 // with each row's arithmetic that of the decode step's one-row kernel (kernels/moe_fused.cu), so a row's result
 // is bit for bit what moe_block gives it alone, whatever the other rows. Replaces a pass's 13 launches per MoE
 // block (norm and input preps, router, selection, grouping, work list, shared and routed gate/up, down, combine),
-// which at a few rows cost more in launch gaps than in weight bytes. One block per SM, 16 warps; phases separated
-// by grid barriers:
-//   R  blocks 0..127 add their 16 rows of h to every row's router sums (router_partial.cuh, as the one-row path's
-//      router_sums_kernel); every block normalises and stages all n rows of x (one reduction barrier for all of
-//      them); warp g < F computes the shared expert's gate/up row g for every row (its weights read once), which
-//      needs no routing, while other blocks finish their sums
-//   A  every block turns the sums into logits and selects each row's experts (the one-row selection, n rows
-//      between the same four barriers); per row r, the 16 warps of block b < 128 compute routed act chunk b of
-//      row r, two rows' weights in flight at a time; each chunk staged in the down phase's 16-bit input format;
-//      the first two rows' down weights requested
+// which at a few rows cost more in launch gaps than in weight bytes. The router sums of every row are added by the
+// launch before (the int8 out_proj / o_proj's epilogue, gemm_i8, or moe_router_sums_rows), as the one-row path's
+// are (kernels/router_partial.cuh). One block per SM, 16 warps; two phases separated by a grid barrier:
+//   A  every block normalises and stages all n rows of x (one reduction barrier for all of them) and requests
+//      the sums; warp g < F computes the shared expert's gate/up row g for every row (its weights, requested
+//      before the PDL wait, read once) while they come in; every block turns the sums into logits and selects
+//      each row's experts (the one-row selection, n rows between the same four barriers); per row r, the 16 warps
+//      of block b < 128 compute routed act chunk b of row r, two rows' weights in flight at a time; each chunk
+//      staged in the down phase's 16-bit input format; the first two rows' down weights requested
 //   C  every block copies every row's staged act (one round trip) and stages the shared rows times their gates;
 //      warp g computes output row g of row r's 9 down projections, r = 0.. with the next row's weights in
 //      flight, h[r][g] += it. Block 0 zeroes the router sums.
@@ -37,14 +36,14 @@ constexpr int kMinBlocks = 128;                        // the routed chunks and 
 constexpr int kRoutedChunks = kK * kF / 32;            // 128: block b computes routed act chunk b of each row
 constexpr int kActFloats = (kK + 1) * kF;              // a row of act: 8 routed rows (scaled), the shared one
 using ActX = StreamX<(kK + 1) * kF>;
-static_assert(kRouterRows == kWarps && kRouterBlocks <= kMinBlocks && kRoutedChunks <= kMinBlocks, "block shapes");
-static_assert(kRouterMaxN <= kThreads && kRouterRows * kR <= kThreads, "one router sum / one h row element a thread");
+static_assert(kRoutedChunks <= kMinBlocks, "block shapes");
+static_assert(kRouterMaxN <= kThreads, "one router sum a thread");
 static_assert(kR <= 32, "phase C: lane r holds row r's h[g]");
 static_assert(sizeof(ActX::xq) % 16 == 0 && sizeof(ActX::sx) % 16 == 0, "phase C copies sx and xsum in 16 bytes");
 
 struct RowsArgs {
   PairArgs pairs;     // routed + shared gate/up (q4); idx / wts set per row from the selection
-  RouterPartialDev rs;  // acc: row r's sums at acc + r * kRouterCopies * rs.n
+  RouterPartialDev rs;  // acc: row r's router sums (complete at entry) at acc + r * kRouterCopies * rs.n
   const uint8_t* dw; const uint32_t* dsb;    // routed down stack [E][H][F] q4
   const uint8_t* sdw; const uint32_t* sdsb;  // shared down [H][F] q4
   size_t d_mat_w_bytes, d_mat_groups;
@@ -55,6 +54,7 @@ struct RowsArgs {
   float eps;
   int n;
   unsigned* barrier;  // [kGridBarrierWords]
+  unsigned long long* trace;  // phase stamps (kernels/trace.h) or null
 };
 
 // Dynamic shared memory: per row x staged for the gate/up dots, its act staged for the down dots, its selection.
@@ -71,7 +71,6 @@ struct Smem {
   float logit[kR][kMaxExperts];  // phase A: row r's router logit of expert e < E
   float rinv[kR];                // row r's 1 / rms
   float act_chunk[kR][32];
-  float hw[kR][kRouterRows];
   float red[kR][kWarps];
 };
 
@@ -109,12 +108,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
   const int n = a.n;
   constexpr int G2 = kH / kGroupSize;
   const int E = a.pairs.E;
+  trace_stamp(a.trace, 0);
   dep_trigger();
-  // constant: before the wait, in flight while the previous kernel finishes: the norm weight, this block's router
-  // slice (blocks 0..127), this warp's shared expert gate/up rows (the same for every row)
+  // constant: before the wait, in flight while the previous kernel finishes: the norm weight and this warp's
+  // shared expert gate/up rows (the same for every row)
   const NormW<kH, kThreads> nw = stream_load_norm_w<kH, kThreads>(a.norm_w);
-  const bool sums_block = blockIdx.x < kRouterBlocks;
-  const RouterSlice rsl = sums_block ? router_slice_load(a.rs, blockIdx.x) : RouterSlice{};
   const bool shared_task = g < kF;
   uint4 swv[2][2];
   uint32_t ssv[2][2];
@@ -125,6 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
     stream_load_rows<kH, 2>(w, sb, swv, ssv);
   }
   dep_wait();
+  trace_stamp(a.trace, 15);
 
   // h of every row (final at entry: only phase C writes it), this warp's phase C residual (lane r: row r)
   float4 hr[kR];
@@ -140,19 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
   const float hg = down_task && lane < n ? __ldcg(a.h + static_cast<size_t>(lane) * kH + g) : 0.f;
   GridSync gs = grid_sync_begin(a.barrier);
 
-  // ---- phase R: the router sums of every row (blocks 0..127), the norms and staged x (every block) ----
-  if (sums_block) {
-    if (tid < kRouterRows * n) {
-      const int r = tid / kRouterRows, i = blockIdx.x * kRouterRows + tid % kRouterRows;
-      sm.hw[r][tid % kRouterRows] = __ldcg(a.h + static_cast<size_t>(r) * kH + i) * __ldg(a.rs.norm_w + i);
-    }
-    __syncthreads();
-    for (int r = 0; r < n; ++r) {
-      RouterPartialDev rr = a.rs;
-      rr.acc += static_cast<size_t>(r) * kRouterCopies * a.rs.n;
-      router_partial_add(rr, rsl, sm.hw[r]);
-    }
-  }
+  // ---- phase A: the norms and staged x, the selections, the shared and routed gate/up ----
   // the norms (stream_stage_loaded_norm's arithmetic, one reduction barrier for all rows)
   static_assert(kH / 4 == kThreads, "one float4 of h per thread and row");
 #pragma unroll
@@ -177,7 +164,16 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
     stream_put_x4(sm.xs[r], tid, make_float4(v.x * rs * w.x, v.y * rs * w.y, v.z * rs * w.z, v.w * rs * w.w));
   }
   __syncthreads();  // xs staged
-  if (shared_task)  // the shared expert's rows for every row while the other blocks finish their router sums
+  trace_stamp(a.trace, 1);
+  // every row's router sums (added by the launch before: the int8 out_proj / o_proj, or moe_router_sums_rows),
+  // thread e <= E's of router row e (E: the shared expert gate), requested before the shared expert's products
+  unsigned long long part[kR][kRouterCopies];
+#pragma unroll
+  for (int r = 0; r < kR; ++r)
+#pragma unroll
+    for (int c = 0; c < kRouterCopies; ++c)
+      part[r][c] = r < n && e <= E ? __ldcg(a.rs.acc + (static_cast<size_t>(r) * kRouterCopies + c) * a.rs.n + e) : 0ull;
+  if (shared_task)  // the shared expert's rows for every row (its weights read once) while the sums come in
 #pragma unroll 1
     for (int r = 0; r < n; ++r) {
       float acc[2];
@@ -185,24 +181,19 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
       const float gsum = group_sum<32>(acc[0]), usum = group_sum<32>(acc[1]);
       if (lane == 0) a.act[static_cast<size_t>(r) * kActFloats + kK * kF + g] = silu(gsum) * usum;  // unscaled
     }
-  grid_sync(gs);
-
-  // ---- phase A: logits and selections, the shared and routed gate/up ----
+  trace_stamp(a.trace, 2);
 #pragma unroll
   for (int r = 0; r < kR; ++r)
     if (r < n) {
-      const unsigned long long* acc = a.rs.acc + static_cast<size_t>(r) * kRouterCopies * a.rs.n;
-      unsigned long long sum_e = 0ull, sum_sh = 0ull;
+      unsigned long long sum = 0ull;
 #pragma unroll
-      for (int c = 0; c < kRouterCopies; ++c) {
-        if (e < E) sum_e += __ldcg(acc + c * (E + 1) + e);
-        if (e == 0) sum_sh += __ldcg(acc + c * (E + 1) + E);
-      }
-      if (e < E) sm.logit[r][e] = router_logit(sum_e, sm.rinv[r]);
-      if (e == 0) sm.topk[r].sh_logit = router_logit(sum_sh, sm.rinv[r]);
+      for (int c = 0; c < kRouterCopies; ++c) sum += part[r][c];
+      if (e < E) sm.logit[r][e] = router_logit(sum, sm.rinv[r]);
+      if (e == E) sm.topk[r].sh_logit = router_logit(sum, sm.rinv[r]);
     }
   __syncthreads();
   select_rows(a.pairs, sm, n);
+  trace_stamp(a.trace, 3);
   const int gb = blockIdx.x * kWarps + warp;  // 2 (gate, up) pairs per warp: act chunk blockIdx.x of each row
   const bool pair_task = gb < kK * kF / 2;
   auto issue = [&](int r, PairBuf& b) {
@@ -233,6 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
       if (r >= 0 && r + 1 < n) compute(r + 1, b1);
       if (r + 3 < n) issue(r + 3, b1);
     }
+  trace_stamp(a.trace, 4);
   DownRow d0, d1;  // phase C's first two rows' weights, in flight through the barrier
   if (down_task) {
     load_down_row(a, sm.topk[0].idx, g, d0);
@@ -243,6 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
     stream_put_x4(a.act_q[warp], blockIdx.x * 8 + (lane & 7), reinterpret_cast<const float4*>(sm.act_chunk[warp])[lane & 7],
                   lane < 8);
   grid_sync(gs);
+  trace_stamp(a.trace, 5);
 
   // ---- phase C: every row's act staged, the down projections, residual adds ----
   if (blockIdx.x == 0 && e <= E)  // every block read them before the barrier
@@ -286,6 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
     mma::wait<0>();
   }
   __syncthreads();
+  trace_stamp(a.trace, 6);
   if (!down_task) return;
   auto down = [&](int r, const DownRow& d) {
     float acc = 0.f;
@@ -305,6 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_rows_kernel(RowsArgs a)
     if (r + 1 < n) down(r + 1, d1);
     if (r + 3 < n) load_down_row(a, sm.topk[r + 3].idx, g, d1);
   }
+  trace_stamp(a.trace, 7);
 }
 
 }  // namespace
@@ -342,8 +337,12 @@ void moe_fused_rows_free(MoeRowsScratch& s) {
   s = MoeRowsScratch{};
 }
 
+RouterSums moe_fused_rows_sums(const MoeWeightsDev& m, const float* norm_w, const MoeRowsScratch& s) {
+  return RouterSums{m.router_slices, norm_w, s.router_acc};
+}
+
 void moe_fused_rows(const MoeWeightsDev& m, float* h, int n, const float* norm_w, float eps, const MoeRowsScratch& s,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, unsigned long long* trace) {
   using namespace detail;
   LILY_CHECK(n >= 1 && n <= kR && moe_fused_rows_supported(m, kK) && s.n_router == m.gate.rows + 1,
              "moe_fused_rows: ", n, " rows (1..", kR, "), or shapes / scratch the kernel does not take");
@@ -356,7 +355,7 @@ void moe_fused_rows(const MoeWeightsDev& m, float* h, int n, const float* norm_w
   a.pairs.mat_groups = m.experts_gate.mat_groups();
   a.pairs.E = m.gate.rows;
   a.pairs.k = kK, a.pairs.F = kF, a.pairs.cols = kH;
-  a.rs = router_partial_dev(RouterSums{m.router_slices, norm_w, s.router_acc});
+  a.rs = router_partial_dev(moe_fused_rows_sums(m, norm_w, s));
   a.dw = m.experts_down.w, a.dsb = m.experts_down.sb, a.sdw = m.shared_down.w, a.sdsb = m.shared_down.sb;
   a.d_mat_w_bytes = m.experts_down.mat_w_bytes();
   a.d_mat_groups = m.experts_down.mat_groups();
@@ -367,6 +366,7 @@ void moe_fused_rows(const MoeWeightsDev& m, float* h, int n, const float* norm_w
   a.eps = eps;
   a.n = n;
   a.barrier = s.barrier;
+  a.trace = trace;
   // set on every call (cheap, not a stream operation): no static state
   CUDA_CHECK(cudaFuncSetAttribute(moe_fused_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(sizeof(Smem))));

@@ -148,6 +148,9 @@ RouterSums moe_router_sums(const MoeWeightsDev& m, const float* norm_w, const Mo
 // Adds the sums from h [H] in one small launch (what the fused launches do from the rows they write); moe_block
 // runs it when no launch before it added them.
 void moe_router_sums_add(const RouterSums& r, const float* h, cudaStream_t stream);
+// The same for n <= kMoeFusedMaxRows rows h [n][H] (a decode pass's MoE launch, kernels/moe_fused_rows.cu): row
+// t's sums at r.acc + t * kRouterCopies * (E + 1).
+void moe_router_sums_rows(const RouterSums& r, const float* h, int n, cudaStream_t stream);
 MoeScratch moe_scratch_alloc(int n_experts, int top_k, int ffn);
 void moe_scratch_free(MoeScratch& s);
 

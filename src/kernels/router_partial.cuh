@@ -40,9 +40,9 @@ struct RouterSlice {
 RouterPartialDev router_partial_dev(const RouterSums& s);
 
 // Thread e < n of the block summing row-block b: its 20 bytes of the router (constant: request them early).
-__device__ __forceinline__ RouterSlice router_slice_load(const RouterPartialDev& r, int b) {
+// (e: the router row; a block of fewer than n threads takes the last rows in a second call.)
+__device__ __forceinline__ RouterSlice router_slice_load(const RouterPartialDev& r, int b, int e = threadIdx.x) {
   RouterSlice s{};
-  const int e = threadIdx.x;
   if (e < r.n) {
     s.q = ld_stream(r.q + (static_cast<size_t>(b) * r.n + e) * 16);
     s.sb = ld_stream_u32(r.sb + static_cast<size_t>(b / (kGroupSize / kRouterRows)) * r.n + e);
@@ -52,8 +52,8 @@ __device__ __forceinline__ RouterSlice router_slice_load(const RouterPartialDev&
 
 // hw[i] = h_i * w_i for the block's rows 16 b + i (shared memory, visible to every thread): thread e < n adds
 // sum_i W[e][16 b + i] * hw[i] to acc[e] (a reduction in the L2: fire and forget).
-__device__ __forceinline__ void router_partial_add(const RouterPartialDev& r, const RouterSlice& s, const float* hw) {
-  const int e = threadIdx.x;
+__device__ __forceinline__ void router_partial_add(const RouterPartialDev& r, const RouterSlice& s, const float* hw,
+                                                   int e = threadIdx.x) {
   if (e >= r.n) return;
   const uint32_t w[4] = {s.q.x, s.q.y, s.q.z, s.q.w};
   float raw = 0.f, sum = 0.f;

@@ -64,6 +64,7 @@ struct PrefillBuffers {
   // (kernels/moe_fused_rows.cu)
   bool moe_fused = false;
   MoeRowsScratch mfr;           // its scratch (allocated where every layer's MoE block is supported)
+  bool sums_added = false;      // the layer's out projection added that launch's router sums (gemm_i8)
   bool i8 = false;              // a pass of at most kI8MaxTokens one-token rows: project_i8 may apply
   void* i8x = nullptr;          // [kI8MaxTokens][i8x_row_bytes(i8_width)] its staged x
   int i8_width = 0;             // the widest projection input it stages (0: none)
@@ -325,7 +326,7 @@ void CudaEngine::head_rows(const int* rows, int n, float* logits) {
 }
 
 bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float* x, int K, const float* norm_w, int n,
-                            bool accumulate, const char* family, double flops) {
+                            bool accumulate, const char* family, double flops, const RouterSums* router) {
   PrefillBuffers& b = *pf_;
   const int max_rows = accumulate ? opts_.gemm_i8_out_rows : opts_.gemm_i8_in_rows;  // (out_proj, o_proj: +=)
   if (!b.i8 || n > max_rows || K > b.i8_width || K % 512 != 0 || outs.size() > static_cast<size_t>(kMaxGemmParts))
@@ -337,7 +338,9 @@ bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float*
   GemmBatch gb;
   for (const PrefillOut& o : outs) gb.W[gb.n] = *o.W, gb.y[gb.n] = o.y, gb.ldy[gb.n++] = o.ldy;
   pmark(family, flops);
-  gemm_i8(gb, b.i8x, n, accumulate, stream_);
+  const bool sums = router && n <= kMoeFusedMaxRows && gemm_i8_router_ok(gb, *router);
+  gemm_i8(gb, b.i8x, n, accumulate, stream_, 0, sums ? router : nullptr);
+  b.sums_added = sums;
   return true;
 }
 
@@ -395,7 +398,10 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
                          (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.scratch, r.pos0, r.n, dims, c.eps,
                          opts_.gdn_wy, stream_);
     }
-  if (project_i8({{&g.out_proj, b.h, H}}, b.mix, vd, nullptr, n, true, "gemm_gdn_out", n * flops_.gdn_out)) return;
+  const RouterSums sums = moe_fused_rows_sums(w_.layers[layer].moe, w_.layers[layer].post_attention_layernorm, b.mfr);
+  if (project_i8({{&g.out_proj, b.h, H}}, b.mix, vd, nullptr, n, true, "gemm_gdn_out", n * flops_.gdn_out,
+                 b.moe_fused ? &sums : nullptr))
+    return;
   const GemmXBuf xm = at_width(b.x, vd);
   pmark("norm");
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
@@ -451,7 +457,10 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
       launch_attention_chunk(in, kv, r.pos0, r.n, c.n_heads, b.scratch, b.mix + t * od, stream_,
                              opts_.prompt_attn_one_term);
     }
-  if (project_i8({{&at.o_proj, b.h, H}}, b.mix, od, nullptr, n, true, "gemm_attn_out", n * flops_.attn_out)) return;
+  const RouterSums sums = moe_fused_rows_sums(w_.layers[layer].moe, w_.layers[layer].post_attention_layernorm, b.mfr);
+  if (project_i8({{&at.o_proj, b.h, H}}, b.mix, od, nullptr, n, true, "gemm_attn_out", n * flops_.attn_out,
+                 b.moe_fused ? &sums : nullptr))
+    return;
   const GemmXBuf xm = at_width(b.x, od);
   pmark("norm");
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
@@ -467,7 +476,10 @@ void CudaEngine::prefill_moe(int layer, int n) {
   if (b.moe_fused) {  // the whole block, one launch (a decode pass of a few rows)
     pmark("moe_fused", n * (flops_.router + flops_.shared_gate_up + flops_.shared_down +
                             k * (flops_.expert_gate_up + flops_.expert_down)));
-    moe_fused_rows(m, b.h, n, w_.layers[layer].post_attention_layernorm, c.eps, b.mfr, stream_);
+    const float* norm_w = w_.layers[layer].post_attention_layernorm;
+    if (!b.sums_added) moe_router_sums_rows(moe_fused_rows_sums(m, norm_w, b.mfr), b.h, n, stream_);
+    b.sums_added = false;
+    moe_fused_rows(m, b.h, n, norm_w, c.eps, b.mfr, stream_);
     return;
   }
   const GemmXBuf xh = at_width(b.x, H);

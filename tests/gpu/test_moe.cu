@@ -389,6 +389,7 @@ TEST(Moe, FusedRowsMatchTheOneRowKernel) {
     DevBuf<float> dh(h0);
     for (int rep = 0; rep < 2; ++rep) {
       dh.upload(h0);
+      moe_router_sums_rows(moe_fused_rows_sums(d.w, dwn.p, rs), dh.p, n, nullptr);
       moe_fused_rows(d.w, dh.p, n, dwn.p, 1e-6f, rs, nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<float> got = dh.download();
@@ -409,6 +410,64 @@ TEST(Moe, FusedRowsMatchTheOneRowKernel) {
   }
   moe_fused_rows_free(rs);
   moe_scratch_free(sc);
+}
+
+// The router sums of moe_fused_rows added by the int8 out projection before it (gemm_i8's epilogue: h += W x,
+// then every written row's share of the router sums) against the same GEMM without them followed by
+// moe_router_sums_rows: h bit for bit, the fixed-point sums equal (integers; each row's copies added), for 1, 3
+// and 8 rows, twice (the accumulator zeroed in between, as moe_fused_rows leaves it).
+TEST(Moe, OutProjectionAddsTheRouterSums) {
+  const Shape s{256, 2048, 512, 8, QFormat::q8, QFormat::q4};
+  std::mt19937_64 rng(53);
+  HostMoe m = random_moe(rng, s);
+  DevMoe d(m);
+  if (!moe_fused_rows_supported(d.w, s.k)) GTEST_SKIP() << "moe_fused_rows: fewer than 128 SMs";
+  const int K = kI8MaxK;
+  DevMat W(random_mat(rng, QFormat::q4, 1, s.H, K));
+  const std::vector<float> wn = random_vec(rng, s.H, 0.5f, 1.5f);
+  DevBuf<float> dwn(wn);
+  MoeRowsScratch rs = moe_fused_rows_alloc(s.E);
+  const size_t per_row = static_cast<size_t>(2) * (s.E + 1);  // kRouterCopies copies of E + 1 sums
+  for (int n : {1, 3, kMoeFusedMaxRows}) {
+    const std::vector<float> x = random_vec(rng, static_cast<size_t>(n) * K, -1.f, 1.f);
+    const std::vector<float> h0 = random_vec(rng, static_cast<size_t>(n) * s.H, -3.f, 3.f);
+    DevBuf<float> dx(x), h1(h0), h2(h0);
+    DevBuf<uint8_t> xs(n * i8x_row_bytes(K));
+    i8x_prep(dx.p, K, n, K, nullptr, 0.f, xs.p, nullptr);
+    GemmBatch b;
+    b.n = 1, b.W[0] = W.m, b.ldy[0] = s.H;
+    const RouterSums sums = moe_fused_rows_sums(d.w, dwn.p, rs);
+    ASSERT_TRUE(gemm_i8_router_ok(b, sums));
+    std::vector<unsigned long long> got, want, zero(static_cast<size_t>(n) * per_row, 0ull);
+    for (int rep = 0; rep < 2; ++rep) {
+      b.y[0] = h1.p;
+      gemm_i8(b, xs.p, n, true, nullptr, 0, &sums);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      got.resize(zero.size());
+      CUDA_CHECK(cudaMemcpy(got.data(), rs.router_acc, sizeof(got[0]) * got.size(), cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemset(rs.router_acc, 0, sizeof(got[0]) * got.size()));
+      b.y[0] = h2.p;
+      gemm_i8(b, xs.p, n, true, nullptr, 0);
+      moe_router_sums_rows(sums, h2.p, n, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      want.resize(zero.size());
+      CUDA_CHECK(cudaMemcpy(want.data(), rs.router_acc, sizeof(want[0]) * want.size(), cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemset(rs.router_acc, 0, sizeof(want[0]) * want.size()));
+      const std::vector<float> a = h1.download(), c = h2.download();
+      EXPECT_EQ(std::memcmp(a.data(), c.data(), sizeof(float) * a.size()), 0) << n << " rows: h differs";
+      size_t differ = 0, nonzero = 0;
+      for (int r = 0; r < n; ++r)
+        for (int e = 0; e <= s.E; ++e) {
+          const size_t i = r * per_row + e, j = i + s.E + 1;
+          differ += got[i] + got[j] != want[i] + want[j];
+          nonzero += want[i] + want[j] != 0;
+        }
+      EXPECT_EQ(differ, 0u) << n << " rows, run " << rep << ": router sums differ";
+      EXPECT_GT(nonzero, static_cast<size_t>(n) * s.E / 2) << n << " rows: the sums were not added";
+    }
+    std::printf("gemm_i8 with router sums, %d rows: h and sums as gemm_i8 + moe_router_sums_rows\n", n);
+  }
+  moe_fused_rows_free(rs);
 }
 
 TEST(Moe, RealWidthsQ8RouterQ4Experts) { run_block({64, 2048, 512, 8, QFormat::q8, QFormat::q4}, 11, 0); }
