@@ -6,6 +6,7 @@
 
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
+#include "kernels/gemv_impl.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/qdot.cuh"
 
@@ -63,11 +64,10 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
   }
 }
 
-// One warp per token, the decode path's routing (kernels/gemv_impl.cuh route_topk): the softmax is monotonic and
-// its denominator cancels in the renormalisation, so the top_k are chosen by logit (ties: lower id) and weighted
-// exp(l - l_max) / sum over the chosen of exp(l' - l_max); the shared expert's gate through a sigmoid. A lane holds
-// experts lane + 32 i (i < NE) in registers, loaded once; each of the top_k rounds takes the warp's best available
-// one and the lane holding it marks it taken.
+// One warp per token, the decode path's routing (kernels/gemv_impl.cuh warp_topk: the same experts and weights as
+// route_topk): the softmax is monotonic and its denominator cancels in the renormalisation, so the top_k are chosen
+// by logit (ties: lower id) and weighted exp(l - l_max) / sum over the chosen of exp(l' - l_max); the shared
+// expert's gate through a sigmoid.
 constexpr int kSelMaxK = 16;
 template <int NE>
 __global__ void select_kernel(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w,
@@ -76,50 +76,15 @@ __global__ void select_kernel(const float* logits, int ld, int n, int E, int top
   const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
   if (t >= n) return;
   const float* l = logits + static_cast<size_t>(t) * ld;
-  float v[NE];
-  unsigned avail = 0;  // bit i: expert lane + 32 i present and not taken
-#pragma unroll
-  for (int i = 0; i < NE; ++i) {
-    const int e = lane + 32 * i;
-    const float x = e < E ? l[e] : 0.f;
-    v[i] = isnan(x) ? -INFINITY : x;  // (NaN compares false: lanes would disagree, a token could take one expert
-                                      // twice)
-    if (e < E) avail |= 1u << i;
-  }
   int chosen[kSelMaxK];
-  float p[kSelMaxK];  // the chosen logits, then exp(l - l_max)
-#pragma unroll
-  for (int j = 0; j < kSelMaxK; ++j) {
-    if (j >= top_k) break;
-    float best = -INFINITY;
-    int bid = 0x7fffffff;
-#pragma unroll
-    for (int i = 0; i < NE; ++i)  // ascending ids: the first of equal logits stays
-      if ((avail >> i & 1u) && (v[i] > best || bid == 0x7fffffff)) best = v[i], bid = lane + 32 * i;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-      if (oi != 0x7fffffff && (bid == 0x7fffffff || ob > best || (ob == best && oi < bid))) best = ob, bid = oi;
-    }
-    if ((bid & 31) == lane) avail &= ~(1u << (bid >> 5));
-    chosen[j] = bid;
-    p[j] = best;
-  }
-  const float l0 = p[0];  // the largest chosen logit (rank order)
-  float total = 0.f;
-#pragma unroll
-  for (int j = 0; j < kSelMaxK; ++j) {
-    if (j >= top_k) break;
-    p[j] = expf(p[j] - l0);
-    total += p[j];
-  }
+  float p[kSelMaxK];
+  warp_topk<NE>(l, E, top_k, chosen, p);
   if (lane == 0) {
 #pragma unroll
     for (int j = 0; j < kSelMaxK; ++j) {
       if (j >= top_k) break;
       idx[static_cast<size_t>(t) * top_k + j] = chosen[j];
-      w[static_cast<size_t>(t) * top_k + j] = p[j] / total;
+      w[static_cast<size_t>(t) * top_k + j] = p[j];
     }
     sh_scale[t] = 1.f / (1.f + expf(-l[E]));
   }

@@ -345,6 +345,57 @@ struct TopkSm {
 // (value, index) order of the selection: larger value first, ties to the lower index.
 __device__ __forceinline__ bool ranks_before(float v2, int i2, float v, int i) { return v2 > v || (v2 == v && i2 < i); }
 
+// One warp's selection of one row's top_k <= MK of E <= 32 NE logits l (global or shared memory), the steps of
+// route_topk below giving the same experts in the same order and the same weights: lane holds experts lane + 32 i
+// in registers; each of the top_k rounds takes the warp's best available one ((value, index) order, ties to the
+// lower id) and the lane holding it marks it taken; the weights exp(l - l_max) / their sum in rank order. Every
+// lane gets idx and w (ranks j < top_k). NaN logits count as -inf (NaN compares false: lanes would disagree and a
+// row could take one expert twice).
+template <int NE, int MK>
+__device__ __forceinline__ void warp_topk(const float* l, int E, int top_k, int (&idx)[MK], float (&w)[MK]) {
+  const int lane = threadIdx.x & 31;
+  float v[NE];
+  unsigned avail = 0;  // bit i: expert lane + 32 i present and not taken
+#pragma unroll
+  for (int i = 0; i < NE; ++i) {
+    const int e = lane + 32 * i;
+    const float x = e < E ? l[e] : 0.f;
+    v[i] = isnan(x) ? -INFINITY : x;
+    if (e < E) avail |= 1u << i;
+  }
+#pragma unroll
+  for (int j = 0; j < MK; ++j) {
+    if (j >= top_k) break;
+    float best = -INFINITY;
+    int bid = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < NE; ++i)  // ascending ids: the first of equal logits stays
+      if ((avail >> i & 1u) && (v[i] > best || bid == 0x7fffffff)) best = v[i], bid = lane + 32 * i;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+      if (oi != 0x7fffffff && (bid == 0x7fffffff || ob > best || (ob == best && oi < bid))) best = ob, bid = oi;
+    }
+    if ((bid & 31) == lane) avail &= ~(1u << (bid >> 5));
+    idx[j] = bid;
+    w[j] = best;
+  }
+  const float l0 = w[0];  // the largest chosen logit (rank order)
+  float total = 0.f;
+#pragma unroll
+  for (int j = 0; j < MK; ++j) {
+    if (j >= top_k) break;
+    w[j] = expf(w[j] - l0);
+    total += w[j];
+  }
+#pragma unroll
+  for (int j = 0; j < MK; ++j) {
+    if (j >= top_k) break;
+    w[j] = w[j] / total;
+  }
+}
+
 // docs/model.md §2.4 routing from the router logits: fp32 softmax over all E experts, the top k by probability
 // (ties: lower expert id), renormalised over the k; sigmoid of the shared-expert-gate logit. The softmax is
 // monotonic and its denominator cancels in the renormalisation, so the k are selected by logit and weighted

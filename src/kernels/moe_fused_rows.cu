@@ -80,23 +80,22 @@ struct PairBuf {  // the gate, up rows of a warp's two pairs (moe_fused.cu phase
 };
 
 // The experts of every row from their logits (sm.logit, and each row's shared-expert-gate logit in its
-// topk.sh_logit): the steps of route_topk_select_from + route_topk_finish (gemv_impl.cuh) for each row, n rows
-// between the same four barriers: the candidates of two rows at a time (one on each half of the block), the ranks
-// of every row's 64 candidates at once, the weights by thread (r, j) = (tid / 32, tid % 32) for row r's rank j.
+// topk.sh_logit): warp r < n selects row r's (warp_topk: the experts and weights of the one-row kernel's
+// route_topk steps), one barrier for all rows.
 __device__ __forceinline__ void select_rows(const PairArgs& a, Smem& sm, int n) {
-  constexpr int kHalf = kThreads / 2, kCand = kMaxExperts / 32 * kMaxTopK;
-  static_assert(kHalf == kMaxExperts && kR * kCand <= kThreads && kR * 32 <= kThreads, "threads per row");
-  const int tid = threadIdx.x, e = tid % kHalf, half = tid / kHalf;
-#pragma unroll 1
-  for (int r = half; r < (n + 1) / 2 * 2; r += 2)  // (r < n is warp-uniform: the halves are whole warps)
-    if (r < n) topk_candidates(sm.topk[r], e < a.E ? sm.logit[r][e] : -INFINITY, e);
-  __syncthreads();
-  if (tid / kCand < n) topk_rank(a, sm.topk[tid / kCand], tid % kCand);
-  __syncthreads();
-  const int r = tid / 32, j = tid % 32;
-  const float wj = r < n ? topk_weight(a, sm.topk[r], j) : 0.f;
-  __syncthreads();
-  if (r < n) topk_set_weight(a, sm.topk[r], wj, j);
+  static_assert(kR <= kWarps, "a warp per row");
+  const int r = threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (r < n) {
+    int idx[kK];
+    float w[kK];
+    warp_topk<kMaxExperts / 32>(sm.logit[r], a.E, kK, idx, w);
+    if (lane < kK) {
+#pragma unroll
+      for (int j = 0; j < kK; ++j)
+        if (j == lane) sm.topk[r].idx[j] = idx[j], sm.topk[r].w[j] = w[j];
+    }
+    if (lane == 0) sm.topk[r].sh = 1.f / (1.f + expf(-sm.topk[r].sh_logit));
+  }
   __syncthreads();
 }
 
