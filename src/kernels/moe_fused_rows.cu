@@ -9,9 +9,10 @@
 //   A  every block normalises and stages all n rows of x (one reduction barrier for all of them) and requests
 //      the sums; warp g < F computes the shared expert's gate/up row g for every row (its weights, requested
 //      before the PDL wait, read once) while they come in; every block turns the sums into logits and selects
-//      each row's experts (the one-row selection, n rows between the same four barriers); per row r, the 16 warps
-//      of block b < 128 compute routed act chunk b of row r, two rows' weights in flight at a time; each chunk
-//      staged in the down phase's 16-bit input format; the first two rows' down weights requested
+//      each row's experts (warp r takes row r: warp_topk, the one-row selection's experts and weights); per row
+//      r, the 16 warps of block b < 128 compute routed act chunk b of row r, two rows' weights in flight at a
+//      time; each chunk staged in the down phase's 16-bit input format; the first two rows' down weights
+//      requested
 //   C  every block copies every row's staged act (one round trip) and stages the shared rows times their gates;
 //      warp g computes output row g of row r's 9 down projections, r = 0.. with the next row's weights in
 //      flight, h[r][g] += it. Block 0 zeroes the router sums.
