@@ -75,6 +75,22 @@ double copy_bandwidth() {
 
 int copies_for(double bytes) { return std::max(2, static_cast<int>(std::ceil(640e6 / bytes))); }
 
+// A MoE block's random weights in lily's layout: a q8 router of E experts and shared-expert gate, E 4-bit experts
+// and the 4-bit shared expert.
+MoeWeightsDev make_moe(int E) {
+  const QFormat q4 = QFormat::q4, q8 = QFormat::q8;
+  MoeWeightsDev m;
+  m.gate = make_mat(q8, E, kHidden);
+  m.shared_expert_gate = make_mat(q8, 1, kHidden);
+  m.experts_gate = make_mat(q4, kMoeFfn, kHidden, E);
+  m.experts_up = make_mat(q4, kMoeFfn, kHidden, E);
+  m.experts_down = make_mat(q4, kHidden, kMoeFfn, E);
+  m.shared_gate = make_mat(q4, kMoeFfn, kHidden);
+  m.shared_up = make_mat(q4, kMoeFfn, kHidden);
+  m.shared_down = make_mat(q4, kHidden, kMoeFfn);
+  return m;
+}
+
 using Report = std::function<void(const std::string&, double, double)>;
 
 // The MoE block of a decode pass of n one-token rows in one launch (moe_fused_rows, after moe_router_sums_rows:
@@ -83,20 +99,11 @@ using Report = std::function<void(const std::string&, double, double)>;
 // Then one traced launch a layer: per phase (kernels/moe_fused_rows.cu's stamps), the median block's time after
 // the first block returned from griddepcontrol.wait, averaged over the layers.
 void moe_rows_case(const Report& report) {
-  const QFormat q4 = QFormat::q4, q8 = QFormat::q8;
   const int L = 8;
   std::vector<MoeWeightsDev> rm(L);
   for (int l = 0; l < L; ++l) {
-    MoeWeightsDev& m = rm[l];
-    m.gate = make_mat(q8, kExperts, kHidden);
-    m.shared_expert_gate = make_mat(q8, 1, kHidden);
-    m.experts_gate = make_mat(q4, kMoeFfn, kHidden, kExperts);
-    m.experts_up = make_mat(q4, kMoeFfn, kHidden, kExperts);
-    m.experts_down = make_mat(q4, kHidden, kMoeFfn, kExperts);
-    m.shared_gate = make_mat(q4, kMoeFfn, kHidden);
-    m.shared_up = make_mat(q4, kMoeFfn, kHidden);
-    m.shared_down = make_mat(q4, kHidden, kMoeFfn);
-    moe_build_router_slices(m, nullptr);
+    rm[l] = make_moe(kExperts);
+    moe_build_router_slices(rm[l], nullptr);
   }
   CUDA_CHECK(cudaDeviceSynchronize());
   if (moe_fused_rows_supported(rm[0], kTopK)) {
@@ -220,15 +227,7 @@ int main(int argc, char** argv) {
   std::vector<MoeWeightsDev> moe(n_layers);
   std::vector<MoeScratch> scr(n_layers);
   for (int l = 0; l < (gemv_only ? 0 : n_layers); ++l) {
-    MoeWeightsDev& m = moe[l];
-    m.gate = make_mat(q8, E, kHidden);
-    m.shared_expert_gate = make_mat(q8, 1, kHidden);
-    m.experts_gate = make_mat(q4, kMoeFfn, kHidden, E);
-    m.experts_up = make_mat(q4, kMoeFfn, kHidden, E);
-    m.experts_down = make_mat(q4, kHidden, kMoeFfn, E);
-    m.shared_gate = make_mat(q4, kMoeFfn, kHidden);
-    m.shared_up = make_mat(q4, kMoeFfn, kHidden);
-    m.shared_down = make_mat(q4, kHidden, kMoeFfn);
+    moe[l] = make_moe(E);
     scr[l] = moe_scratch_alloc(E, kTopK, kMoeFfn);
     std::vector<int> idx(kTopK);
     for (int j = 0; j < kTopK; ++j) idx[j] = (l * 7 + j * 5) % E;
@@ -339,15 +338,7 @@ int main(int argc, char** argv) {
     std::vector<MoeWeightsDev> lm(40);
     std::vector<MoeScratch> ls(40);
     for (int l = 0; l < 40; ++l) {
-      lm[l] = moe[l % n_layers];
-      lm[l].gate = make_mat(q8, kExperts, kHidden);
-      lm[l].shared_expert_gate = make_mat(q8, 1, kHidden);
-      lm[l].experts_gate = make_mat(q4, kMoeFfn, kHidden, kExperts);
-      lm[l].experts_up = make_mat(q4, kMoeFfn, kHidden, kExperts);
-      lm[l].experts_down = make_mat(q4, kHidden, kMoeFfn, kExperts);
-      lm[l].shared_gate = make_mat(q4, kMoeFfn, kHidden);
-      lm[l].shared_up = make_mat(q4, kMoeFfn, kHidden);
-      lm[l].shared_down = make_mat(q4, kHidden, kMoeFfn);
+      lm[l] = make_moe(kExperts);
       ls[l] = moe_scratch_alloc(kExperts, kTopK, kMoeFfn);
     }
     QMat head = make_mat(q4, kVocab, kHidden);
