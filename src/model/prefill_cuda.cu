@@ -337,8 +337,8 @@ bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float*
   i8x_prep(x, K, n, K, norm_w, cfg_.eps, b.i8x, stream_);
   GemmBatch gb;
   for (const PrefillOut& o : outs) gb.W[gb.n] = *o.W, gb.y[gb.n] = o.y, gb.ldy[gb.n++] = o.ldy;
-  pmark(family, flops);
   const bool sums = router && n <= kMoeFusedMaxRows && gemm_i8_router_ok(gb, *router);
+  pmark(family, flops + (sums ? n * flops_.router : 0.0));  // (the router's products, added here)
   gemm_i8(gb, b.i8x, n, accumulate, stream_, 0, sums ? router : nullptr);
   b.sums_added = sums;
   return true;
@@ -474,7 +474,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   const MoeWeightsDev& m = w_.layers[layer].moe;
   const int H = c.hidden, E = c.n_experts, k = c.top_k, F = c.moe_ffn, Fs = c.shared_ffn;
   if (b.moe_fused) {  // the whole block, one launch (a decode pass of a few rows)
-    pmark("moe_fused", n * (flops_.router + flops_.shared_gate_up + flops_.shared_down +
+    pmark("moe_fused", n * ((b.sums_added ? 0.0 : flops_.router) + flops_.shared_gate_up + flops_.shared_down +
                             k * (flops_.expert_gate_up + flops_.expert_down)));
     const float* norm_w = w_.layers[layer].post_attention_layernorm;
     if (!b.sums_added) moe_router_sums_rows(moe_fused_rows_sums(m, norm_w, b.mfr), b.h, n, stream_);
