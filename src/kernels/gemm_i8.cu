@@ -99,6 +99,10 @@ struct I8Args {
                                 // the written rows, token t's at rs.acc + t * kRouterCopies * rs.n
 };
 
+// The shared memory of the router sums (gemm_i8 with router), after the staged x and the K split's sums: the
+// tile's router slices (uint4 [kRouterMaxN], uint32_t [kRouterMaxN]) and its 16 rows' norm weights.
+constexpr size_t kRouterAreaBytes = (16 + 4) * kRouterMaxN + 4 * kRouterRows;
+
 // The router sums of a tile's written rows (gemm_i8 with router): hw [nt][16] = the rows' h, times the norm weight
 // here, then thread e's router rows e, e + kThreads, .. add their partial for each token. Out of line: the
 // GEMM's registers are not held for it.
@@ -126,8 +130,7 @@ __device__ __noinline__ void router_epilogue(RouterPartialDev rs, int n, const u
 // (their partial sums meet in shared memory, added in warp order), so a block takes kWarps / KS tiles at a time.
 template <int NTG, int KS>
 __global__ void __launch_bounds__(kThreads, 2) gemm_i8_kernel(I8Args a) {
-  // [NTG * 8][smem_stride(K)], then KS > 1: float [kWarps][NTG][4][32], then router sums: uint4 [kRouterMaxN],
-  // uint32_t [kRouterMaxN], float [kRouterRows]
+  // [NTG * 8][smem_stride(K)], then KS > 1: float [kWarps][NTG][4][32], then the router sums' kRouterAreaBytes
   extern __shared__ __align__(16) uint8_t smem[];
   const int K = a.K, G = K / 64, rb = row_bytes(K), stride = smem_stride(K);
   const int tok0 = blockIdx.y * 16;
@@ -357,7 +360,7 @@ void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStre
              " warps a tile for width ", a.K, " (1, 2, 4 or 8, each at least 512 of K)");
   const size_t smem = static_cast<size_t>(ntg) * 8 * detail::smem_stride(a.K) +
                       (ks > 1 ? sizeof(float) * W * ntg * 4 * 32 : 0) +
-                      (a.rs.acc ? (16 + 4) * detail::kRouterMaxN + 4 * detail::kRouterRows : 0);
+                      (a.rs.acc ? detail::kRouterAreaBytes : 0);
   auto* k = ntg == 1 ? detail::i8_kernel<1>(ks) : detail::i8_kernel<2>(ks);
   CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   int per_sm = 0;

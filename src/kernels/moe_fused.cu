@@ -331,10 +331,7 @@ void launch_moe_fused(const MoeWeightsDev& m, float* h, const float* norm_w, flo
 }  // namespace detail
 
 void moe_router_sums_add(const RouterSums& r, const float* h, cudaStream_t stream) {
-  using namespace detail;
-  LILY_CHECK(r.acc && r.slices.w && r.slices.cols == kH, "moe_router_sums_add: no router slices or accumulator");
-  router_sums_kernel<<<kRouterBlocks, kSumsThreads, 0, stream>>>(router_partial_dev(r), h);
-  CUDA_CHECK_LAUNCH(stream);
+  moe_router_sums_rows(r, h, 1, stream);
 }
 
 void moe_router_sums_rows(const RouterSums& r, const float* h, int n, cudaStream_t stream) {

@@ -207,10 +207,10 @@ class CudaEngine {
   void project(std::initializer_list<PrefillOut> outs, const GemmX& x, int n);
   // A decode pass's projections (= or +=) of x [n][K], or of RMSNorm(x) * norm_w, on the int8 tensor cores
   // (kernels/gemm_i8.cu), x staged once; false (nothing launched) where the pass or the matrices do not fit it:
-  // the caller takes the GEMMs. router: the next MoE launch's router sums, added where gemm_i8 can
-  // (PrefillBuffers::sums_added says whether it did).
+  // the caller takes the GEMMs. moe_layer >= 0: the projection writes that layer's MoE input, and where the pass
+  // takes the one-launch MoE block and gemm_i8 can, adds its router sums (PrefillBuffers::sums_added says whether).
   bool project_i8(std::initializer_list<PrefillOut> outs, const float* x, int K, const float* norm_w, int n,
-                  bool accumulate, const char* family, double flops, const RouterSums* router = nullptr);
+                  bool accumulate, const char* family, double flops, int moe_layer = -1);
   void prefill_free();
   bool moe_rows_ok() const;  // KernelOptions::moe_rows and every layer's experts fit kernels/moe_rows.cu
   bool prefill_skips(const char* family) const;

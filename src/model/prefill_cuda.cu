@@ -326,7 +326,7 @@ void CudaEngine::head_rows(const int* rows, int n, float* logits) {
 }
 
 bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float* x, int K, const float* norm_w, int n,
-                            bool accumulate, const char* family, double flops, const RouterSums* router) {
+                            bool accumulate, const char* family, double flops, int moe_layer) {
   PrefillBuffers& b = *pf_;
   const int max_rows = accumulate ? opts_.gemm_i8_out_rows : opts_.gemm_i8_in_rows;  // (out_proj, o_proj: +=)
   if (!b.i8 || n > max_rows || K > b.i8_width || K % 512 != 0 || outs.size() > static_cast<size_t>(kMaxGemmParts))
@@ -337,9 +337,15 @@ bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float*
   i8x_prep(x, K, n, K, norm_w, cfg_.eps, b.i8x, stream_);
   GemmBatch gb;
   for (const PrefillOut& o : outs) gb.W[gb.n] = *o.W, gb.y[gb.n] = o.y, gb.ldy[gb.n++] = o.ldy;
-  const bool sums = router && n <= kMoeFusedMaxRows && gemm_i8_router_ok(gb, *router);
+  RouterSums router;
+  bool sums = false;
+  if (moe_layer >= 0 && b.moe_fused && n <= kMoeFusedMaxRows) {
+    const LayerDev& l = w_.layers[moe_layer];
+    router = moe_fused_rows_sums(l.moe, l.post_attention_layernorm, b.mfr);
+    sums = gemm_i8_router_ok(gb, router);
+  }
   pmark(family, flops + (sums ? n * flops_.router : 0.0));  // (the router's products, added here)
-  gemm_i8(gb, b.i8x, n, accumulate, stream_, 0, sums ? router : nullptr);
+  gemm_i8(gb, b.i8x, n, accumulate, stream_, 0, sums ? &router : nullptr);
   b.sums_added = sums;
   return true;
 }
@@ -398,9 +404,7 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
                          (*r.ring)[layer], (*r.S)[layer], b.mix + t * vd, b.scratch, r.pos0, r.n, dims, c.eps,
                          opts_.gdn_wy, stream_);
     }
-  const RouterSums sums = moe_fused_rows_sums(w_.layers[layer].moe, w_.layers[layer].post_attention_layernorm, b.mfr);
-  if (project_i8({{&g.out_proj, b.h, H}}, b.mix, vd, nullptr, n, true, "gemm_gdn_out", n * flops_.gdn_out,
-                 b.moe_fused ? &sums : nullptr))
+  if (project_i8({{&g.out_proj, b.h, H}}, b.mix, vd, nullptr, n, true, "gemm_gdn_out", n * flops_.gdn_out, layer))
     return;
   const GemmXBuf xm = at_width(b.x, vd);
   pmark("norm");
@@ -457,9 +461,7 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
       launch_attention_chunk(in, kv, r.pos0, r.n, c.n_heads, b.scratch, b.mix + t * od, stream_,
                              opts_.prompt_attn_one_term);
     }
-  const RouterSums sums = moe_fused_rows_sums(w_.layers[layer].moe, w_.layers[layer].post_attention_layernorm, b.mfr);
-  if (project_i8({{&at.o_proj, b.h, H}}, b.mix, od, nullptr, n, true, "gemm_attn_out", n * flops_.attn_out,
-                 b.moe_fused ? &sums : nullptr))
+  if (project_i8({{&at.o_proj, b.h, H}}, b.mix, od, nullptr, n, true, "gemm_attn_out", n * flops_.attn_out, layer))
     return;
   const GemmXBuf xm = at_width(b.x, od);
   pmark("norm");
