@@ -135,6 +135,7 @@ void gemm_one_row(const QMat& W, const GemmX& x, int n, float* y, int ldy, cudaS
 // the SMs).
 inline constexpr int kI8MaxTokens = 64;
 inline constexpr int kI8MaxK = 4096;
+inline constexpr int kI8RouterMaxTokens = 8;  // gemm_i8 with router sums: its instance of one 8-token group
 size_t i8x_row_bytes(int K);
 // x [n][ldx] fp32 (ldx a multiple of 4), or RMSNorm(x) * norm_w where norm_w is set, staged row by row into out
 // [n][i8x_row_bytes(K)].
@@ -144,7 +145,7 @@ void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float 
 // A token's bits depend on ks, never on the other tokens.
 // router (acc set): also adds the next MoE block's router sums of every written row (kernels/router_partial.cuh),
 // token t's at router->acc + t * kRouterCopies * (E + 1), as moe_router_sums_rows would; needs gemm_i8_router_ok
-// (the MoE block's input, h += W x, W [kHidden][kI8MaxK]) and n <= kMoeFusedMaxRows, and takes ks = 8.
+// (the MoE block's input, h += W x, W [kHidden][kI8MaxK]) and n <= kI8RouterMaxTokens, and takes ks = 8.
 void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s, int ks = 0,
              const RouterSums* router = nullptr);
 bool gemm_i8_router_ok(const GemmBatch& b, const RouterSums& r);

@@ -345,14 +345,15 @@ void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStre
   LILY_CHECK(a.K % 512 == 0 && a.K <= kI8MaxK, "gemm_i8: width ", a.K, " (a multiple of 512 up to ", kI8MaxK, ")");
   constexpr int W = detail::kWarps;
   if (router) {  // a block's tile must be one router row-block: 8 warps a tile, one matrix of H rows
-    LILY_CHECK(gemm_i8_router_ok(b, *router) && n <= kMoeFusedMaxRows && (ks == 0 || ks == 8), "gemm_i8: router sums "
+    LILY_CHECK(gemm_i8_router_ok(b, *router) && n <= kI8RouterMaxTokens && (ks == 0 || ks == 8), "gemm_i8: router sums "
                "need one 4-bit matrix of ", kHidden, " rows and width ", kI8MaxK, ", router slices of ", kHidden,
-               " columns and an accumulator, at most ", kMoeFusedMaxRows, " tokens and 8 warps a tile (", n,
+               " columns and an accumulator, at most ", kI8RouterMaxTokens, " tokens and 8 warps a tile (", n,
                " tokens, ks ", ks, ")");
     a.rs = detail::router_partial_dev(*router);
     ks = 8;
   }
   const int sms = sm_count();
+  static_assert(kI8RouterMaxTokens == 8, "the router sums are in the instance of one 8-token group (NTG 1)");
   const int ntg = n > 8 ? 2 : 1, slices = (n + 15) / 16;
   if (ks <= 0)  // the fewest warps per tile that give every SM a block (over the slices), each warp >= 512 of K
     for (ks = 1; ks < W && a.K / (2 * ks) >= 512 && (tiles * ks + W - 1) / W * slices < sms;) ks *= 2;

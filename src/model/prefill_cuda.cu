@@ -339,7 +339,7 @@ bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float*
   for (const PrefillOut& o : outs) gb.W[gb.n] = *o.W, gb.y[gb.n] = o.y, gb.ldy[gb.n++] = o.ldy;
   RouterSums router;
   bool sums = false;
-  if (moe_layer >= 0 && b.moe_fused && n <= kMoeFusedMaxRows) {
+  if (moe_layer >= 0 && b.moe_fused && n <= kI8RouterMaxTokens) {
     const LayerDev& l = w_.layers[moe_layer];
     router = moe_fused_rows_sums(l.moe, l.post_attention_layernorm, b.mfr);
     sums = gemm_i8_router_ok(gb, router);

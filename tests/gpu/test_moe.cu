@@ -428,7 +428,7 @@ TEST(Moe, OutProjectionAddsTheRouterSums) {
   DevBuf<float> dwn(wn);
   MoeRowsScratch rs = moe_fused_rows_alloc(s.E);
   const size_t per_row = static_cast<size_t>(2) * (s.E + 1);  // kRouterCopies copies of E + 1 sums
-  for (int n : {1, 3, kMoeFusedMaxRows}) {
+  for (int n : {1, 3, kI8RouterMaxTokens}) {
     const std::vector<float> x = random_vec(rng, static_cast<size_t>(n) * K, -1.f, 1.f);
     const std::vector<float> h0 = random_vec(rng, static_cast<size_t>(n) * s.H, -3.f, 3.f);
     DevBuf<float> dx(x), h1(h0), h2(h0);
