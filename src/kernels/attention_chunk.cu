@@ -1,5 +1,5 @@
 // Attention over a prompt chunk (docs/model.md §2.3): n consecutive tokens at positions pos0.., each attending
-// causally to the cache [0, its position]. Two launches:
+// causally to the cache [0, its position]. Two launches, the prep and one of the two attention kernels:
 //   chunk_prep_kernel    grid (n, heads / 8), a warp per head: q/k RMSNorm + partial RoPE (kernels/qk_rope.cuh,
 //                        the decode path's math); q pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2) and
 //                        split into two bf16 terms; k and v appended to the paged cache as bf16
@@ -10,6 +10,9 @@
 //                        2026-12-05: median 9e-5 against 6e-5 for the bf16 cache alone), online softmax in registers, K/V tiles double-buffered through
 //                        cp.async; every K/V row read once per 16 tokens for all heads of the group. Then / l
 //                        and the sigmoid gate.
+//   chunk_attn_wg_kernel the one-term form at head_dim 256 (the model's) on warpgroup MMA: the same blocks as two
+//                        warpgroups of 64 rows, 64-key tiles read by the tensor cores straight from shared memory
+//                        (KernelOptions::prompt_attn_wgmma; the mma.sync kernel keeps the other forms and sizes).
 // Deterministic (fixed summation order). Tested against the decode attention token by token in
 // tests/gpu/test_mixer_kernels.cu.
 #include <cuda_bf16.h>
@@ -21,6 +24,7 @@
 #include "kernels/launch.cuh"
 #include "kernels/mma.cuh"
 #include "kernels/qk_rope.cuh"
+#include "kernels/wgmma.cuh"
 
 namespace lily::cuda {
 
@@ -256,14 +260,215 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
   }
 }
 
+// The one-term form for head_dim 256 on warpgroup MMA (kernels/wgmma.cuh): the same block of 128 rows (16 tokens x
+// a group's 8 heads) as two warpgroups of 64 rows (8 tokens each), 64-key tiles. S = q K^T with both operands
+// in shared memory (m64n64k16 over 16 k-steps), p in one bf16 term from S's accumulators as the A registers of
+// O += p V (m64n256k16, V read N-major: the cache's rows as they are), O in 128 fp32 registers a thread. q, K and
+// V are staged in the 128-byte swizzle: each 64-dim column block of rows of 128 bytes. The tensor cores read
+// every staged K / V byte once per warpgroup instead of once per warp (the mma.sync kernel's ldmatrix).
+namespace wg {
+constexpr int kD = 256;
+constexpr int kKeys = 64;                      // keys per tile
+constexpr int kThreads = 256;                  // two warpgroups
+constexpr int kQBytes = kD / 64 * kRows * 128;  // q: 4 column blocks of 128 rows x 128 bytes
+constexpr int kKVBytes = kD / 64 * kKeys * 128;  // a K or V tile: 4 column blocks of 64 keys x 128 bytes
+constexpr int kSmem = kQBytes + 2 * 2 * kKVBytes + 32 + 1024;  // two stages of K and V, 4 mbarriers, + slack to
+                                                                // align to 1 KB
+static_assert(kSmem <= 227 * 1024, "attention chunk (wgmma): shared memory");
+
+// Byte offset of 16-byte chunk c (< kD / 8) of row r in a staged tile of `rows` rows.
+__device__ __forceinline__ uint32_t chunk_at(int rows, int r, int c) {
+  return (c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+}  // namespace wg
+
+__global__ void __launch_bounds__(wg::kThreads, 1)
+    chunk_attn_wg_kernel(AttnIn in, KvPages kv, int pos0, int n, int n_heads, const uint16_t* qh, float* out) {
+  using wg::chunk_at, wg::kKVBytes, wg::kQBytes;
+  constexpr int kKeys = wg::kKeys, kThreads = wg::kThreads;
+  constexpr int D = wg::kD;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t pad = (1024 - (raw & 1023)) & 1023;
+  uint8_t* smem = smem_raw + pad;
+  const uint32_t sq = raw + pad, skv = sq + kQBytes;  // shared addresses
+  const int tid = threadIdx.x, wgi = tid / 128, warp = tid / 32, lane = tid % 32, gq = lane >> 2, tq = lane & 3;
+  // blocks in order of decreasing work, as chunk_attn_kernel
+  const int g = blockIdx.x, group = n_heads / kv.n_kv;
+  const int t0 = (gridDim.y - 1 - blockIdx.y) * kQTok;
+  const int t_last = min(n, t0 + kQTok) - 1;
+  const int n_keys = pos0 + t_last + 1;
+  const int n_tiles = (n_keys + kKeys - 1) / kKeys;
+
+  if (tid == 0)
+    for (int i = 0; i < 4; ++i) mma::mbar_init(skv + 4 * kKVBytes + 8 * i, kThreads);  // full[2], empty[2] below
+  __syncthreads();
+  // q rows: row r = token t0 + r / 8, head g * group + r % 8 (rows past the group or the chunk are 0)
+  for (int c = tid; c < kRows * (D / 8); c += kThreads) {
+    const int r = c / (D / 8), part = c % (D / 8);
+    const int t = t0 + r / 8, j = r % 8;
+    const uint32_t at = chunk_at(kRows, r, part);
+    if (t < n && j < group) mma::cp16s(sq + at, qh + ((size_t)t * n_heads + g * group + j) * D + part * 8);
+    else *reinterpret_cast<uint4*>(smem + at) = make_uint4(0, 0, 0, 0);
+  }
+  // K of tile t and V of tile t in buffers t % 2 of their own. K runs a tile ahead of V: S of tile t + 1 is issued
+  // with p V of tile t, so K_{t+1} and V_t are needed together. The two warpgroups are held together only by the
+  // buffers, through mbarriers, so one's softmax can overlap the other's products: full[t % 2] completes when every
+  // thread's copies of {V_t, K_{t+1}} have landed, empty[t % 2] when every thread is done with tile t's products
+  // (which free V_t's and K_{t+1}'s buffers). While its products of tile t run, each thread copies its share of
+  // {V_{t+1}, K_{t+2}} into the buffers freed at tile t - 1, once both warpgroups are past it.
+  auto copy_rows = [&](int tile, uint32_t dst, bool is_v) {  // as chunk_attn_kernel's: one page per tile
+    const int key0 = tile * kKeys, last = n_keys - 1 - key0;
+    const uint16_t* page = kv.pages[key0 / kv.page_tokens];
+    const int row = g * kv.page_tokens + key0 % kv.page_tokens + (is_v ? kv.n_kv * kv.page_tokens : 0);
+#pragma unroll 4
+    for (int c = tid; c < kKeys * (D / 8); c += kThreads) {
+      const int r = c / (D / 8), part = c % (D / 8);
+      mma::cp16s(dst + chunk_at(kKeys, r, part), page + (size_t)(row + min(r, last)) * D + part * 8);
+    }
+  };
+  auto k_buf = [&](int tile) { return skv + (tile & 1) * kKVBytes; };
+  auto v_buf = [&](int tile) { return skv + (2 + (tile & 1)) * kKVBytes; };
+  const uint32_t bars = skv + 4 * kKVBytes;
+  auto full = [&](int tile) { return bars + 8 * (tile & 1); };
+  auto empty = [&](int tile) { return bars + 16 + 8 * (tile & 1); };
+
+  // this thread's rows 16 warp + gq and + 8 -> tokens t0 + 2 warp (+ 1), head gq of the group
+  const int row_tok[2] = {t0 + warp * 2, t0 + warp * 2 + 1};
+  const int row_pos[2] = {pos0 + min(row_tok[0], n - 1), pos0 + min(row_tok[1], n - 1)};
+  float o[128];  // O: element 4 j + e is row (e < 2 ? 0 : 1), dim 8 j + 2 tq + e % 2
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const uint32_t q_lo = wgmma::b_desc_lo(sq + wgi * 64 * 128);  // this warpgroup's 64 rows
+  float s[32];  // S: element 4 j + e is row (e < 2 ? 0 : 1), key 8 j + 2 tq + e % 2
+  auto issue_s = [&](int tile) {  // S = q K^T: k-step ks in column block ks / 4, 32 bytes a step within it
+    const uint32_t k_lo = wgmma::b_desc_lo(k_buf(tile));
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const uint32_t off = (ks >> 2), step = 2 * (ks & 3);
+      wgmma::m64n64k16_ss(s, wgmma::b_desc_from(q_lo + off * (kRows * 128 >> 4) + step),
+                          wgmma::b_desc_from(k_lo + off * (kKeys * 128 >> 4) + step), ks > 0);
+    }
+  };
+
+  // q (copied above) and K_0 as a cp.async group; {V_0, K_1} to full[0]; S_0; then empty[1] as for a tile -1
+  copy_rows(0, k_buf(0), false);
+  mma::commit();
+  copy_rows(0, v_buf(0), true);
+  if (1 < n_tiles) copy_rows(1, k_buf(1), false);
+  mma::mbar_arrive_copies(full(0));
+  mma::commit();
+  mma::wait<1>();
+  wgmma::fence_proxy_shared();  // this thread's copies, seen by the tensor cores
+  __syncthreads();
+  wgmma::fence();
+  issue_s(0);
+  wgmma::commit();
+  wgmma::wait<0>();
+  mma::mbar_arrive(empty(1));
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    // causal mask and online softmax (base 2), as chunk_attn_kernel
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = tile * kKeys + j * 8 + tq * 2 + (e & 1);
+        if (key > row_pos[e >> 1]) s[4 * j + e] = -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
+      }
+    float corr[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      corr[h] = exp2f(m[h] - mx[h]);  // m = -inf at the first tile: 0
+      m[h] = mx[h];
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      s[i] = exp2f(s[i] - m[(i >> 1) & 1]);
+      rs[(i >> 1) & 1] += s[i];
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + rs[h];  // this thread's share (the quad's sum at the end)
+    if (!__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f))  // (a row's maximum moved: rescale O)
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] *= corr[(i >> 1) & 1];
+    // p's A registers of the 16-key slice kk are S's n-tiles 2 kk and 2 kk + 1
+    uint32_t p[kKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const float* s0 = s + 8 * kk;
+      p[kk][0] = pack_bf16x2(s0[0], s0[1]), p[kk][1] = pack_bf16x2(s0[2], s0[3]);
+      p[kk][2] = pack_bf16x2(s0[4], s0[5]), p[kk][3] = pack_bf16x2(s0[6], s0[7]);
+    }
+    mma::mbar_wait(full(tile), (tile >> 1) & 1);  // V_tile and K_{tile+1} have landed
+    wgmma::fence_proxy_shared();
+    wgmma::fence();
+    // O += p V (16 keys: two 1 KB atoms; the dims' column blocks kKeys * 128 apart), then S of the next tile
+    const uint32_t vb = v_buf(tile);
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma::m64n256k16_tb(o, p[kk], wgmma::mn_desc(vb + kk * 16 * 128, kKeys * 128));
+    if (tile + 1 < n_tiles) issue_s(tile + 1);
+    wgmma::commit();
+    if (tile + 1 < n_tiles) {  // {V_{tile+1}, K_{tile+2}} into the buffers freed by tile - 1
+      mma::mbar_wait(empty(tile - 1), (tile >> 1) & 1);
+      copy_rows(tile + 1, v_buf(tile + 1), true);
+      if (tile + 2 < n_tiles) copy_rows(tile + 2, k_buf(tile + 2), false);
+      mma::mbar_arrive_copies(full(tile + 1));
+    }
+    wgmma::wait<0>();
+    mma::mbar_arrive(empty(tile));
+  }
+  // the row sums over the quad, then out = o / l * sigmoid(gate)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  const int j = gq;
+  if (j >= group) return;
+  const int head = g * group + j;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int t = row_tok[h];
+    if (t >= n) continue;
+    const float inv = 1.f / l[h];
+    const float* gate = in.qg + ((size_t)t * n_heads + head) * 2 * D + D;
+    float* dst = out + ((size_t)t * n_heads + head) * D;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int d0 = i * 8 + tq * 2;
+      const float2 gt = *reinterpret_cast<const float2*>(gate + d0);
+      float2 r;
+      r.x = o[4 * i + 2 * h] * inv / (1.f + __expf(-gt.x));
+      r.y = o[4 * i + 2 * h + 1] * inv / (1.f + __expf(-gt.y));
+      *reinterpret_cast<float2*>(dst + d0) = r;
+    }
+  }
+}
+
 template <int D, bool ONE>
 void launch_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, uint16_t* q_scratch, float* out,
-                  cudaStream_t s) {
+                  cudaStream_t s, bool use_wg) {
   constexpr int EPL = D / 32;
   uint16_t* qh = q_scratch;
   uint16_t* ql = q_scratch + (size_t)n * n_heads * D;
   chunk_prep_kernel<EPL><<<dim3(n, (n_heads + kv.n_kv + 7) / 8), 256, 0, s>>>(in, kv, pos0, n, n_heads, qh, ql);
   CUDA_CHECK_LAUNCH(s);
+  if constexpr (D == wg::kD && ONE) {
+    if (use_wg) {
+      CUDA_CHECK(cudaFuncSetAttribute(chunk_attn_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::kSmem));
+      chunk_attn_wg_kernel<<<dim3(kv.n_kv, (n + kQTok - 1) / kQTok), wg::kThreads, wg::kSmem, s>>>(in, kv, pos0, n,
+                                                                                            n_heads, qh, out);
+      CUDA_CHECK_LAUNCH(s);
+      return;
+    }
+  }
   constexpr size_t smem = ChunkSmem<D>::kBytes;
   CUDA_CHECK(cudaFuncSetAttribute(chunk_attn_kernel<D, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   chunk_attn_kernel<D, ONE><<<dim3(kv.n_kv, (n + kQTok - 1) / kQTok), kThreads, smem, s>>>(in, kv, pos0, n, n_heads, qh,
@@ -278,7 +483,7 @@ size_t attention_chunk_scratch_bytes(int n, int n_heads, int head_dim) {
 }
 
 void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, void* q_scratch, float* out,
-                            cudaStream_t s, bool one_term) {
+                            cudaStream_t s, bool one_term, bool wgmma) {
   LILY_CHECK(kv.n_kv > 0 && n_heads > 0, "attention_chunk: ", n_heads, " heads over ", kv.n_kv, " KV heads");
   const int group = n_heads / kv.n_kv;
   LILY_CHECK(n_heads % kv.n_kv == 0 && group >= 1 && group <= 8 && kv.page_tokens % kKeys == 0 && pos0 >= 0,
@@ -289,13 +494,14 @@ void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n
   if (n <= 0) return;
   LILY_CHECK((n + kQTok - 1) / kQTok <= 65535, "attention_chunk: ", n, " tokens in one chunk (grid y)");
   uint16_t* q = static_cast<uint16_t*>(q_scratch);
+  const bool use_wg = wgmma && kv.page_tokens % wg::kKeys == 0;  // (one term, head_dim 256)
   auto run = [&](auto one) {
     constexpr bool ONE = decltype(one)::value;
     switch (kv.head_dim) {
-      case 256: launch_chunk<256, ONE>(in, kv, pos0, n, n_heads, q, out, s); return;
-      case 128: launch_chunk<128, ONE>(in, kv, pos0, n, n_heads, q, out, s); return;
-      case 64: launch_chunk<64, ONE>(in, kv, pos0, n, n_heads, q, out, s); return;
-      case 32: launch_chunk<32, ONE>(in, kv, pos0, n, n_heads, q, out, s); return;
+      case 256: launch_chunk<256, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg); return;
+      case 128: launch_chunk<128, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg); return;
+      case 64: launch_chunk<64, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg); return;
+      case 32: launch_chunk<32, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg); return;
       default: ::lily::fail("attention_chunk: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
     }
   };

@@ -30,6 +30,10 @@ struct KernelOptions {
   // LILY_PROMPT_ATTN_1TERM=0: the prompt path's attention takes q and the probabilities as two bf16 terms each
   // instead of one (kernels/attention_chunk.cu; one term: half the tensor-core products, within issue 28's bound).
   bool prompt_attn_one_term = true;
+  // LILY_PROMPT_ATTN_WG=0: with one term and head_dim 256, the mma.sync kernel instead of the warpgroup-MMA one
+  // (kernels/attention_chunk.cu: two warpgroups of 64 rows, 64-key tiles, K and V read by the tensor cores from
+  // shared memory once per warpgroup).
+  bool prompt_attn_wgmma = true;
   // LILY_GDN_WY=0: the prompt path's Gated DeltaNet recurrence token by token (kernels/gdn_chunk.cu) instead of in
   // the chunked (WY) form on the tensor cores (kernels/gdn_wy.cu: pieces of 64 tokens at absolute multiples of 64,
   // which become the prompt grid; models of other GDN shapes take the token-by-token kernel anyway).

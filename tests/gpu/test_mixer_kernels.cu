@@ -790,7 +790,7 @@ TEST(MixerKernels, AttentionRowsMatchOneSequenceLaunches) {
 // outputs of the checked tokens (every `every`-th and the last) against the reference over the cache as the kernel
 // left it, each token over [0, its position]; twice, bit-identical.
 void run_attention_chunk_case(int n_heads, int n_kv, int d, int before, int n, int every, uint32_t seed,
-                              bool one_term = false) {
+                              bool one_term = false, bool wgmma = false) {
   std::mt19937 g(seed);
   const int P = 1024, rope = d / 4, len = before + n;
   const double theta = d == 256 ? 1e7 : 1e6;
@@ -808,7 +808,7 @@ void run_attention_chunk_case(int n_heads, int n_kv, int d, int before, int n, i
   float* dout = poisoned(n_out);
   std::vector<float> first;
   for (int rep = 0; rep < 2; ++rep) {
-    launch_attention_chunk(in, cache.kv, before, n, n_heads, scratch, dout, 0, one_term);
+    launch_attention_chunk(in, cache.kv, before, n, n_heads, scratch, dout, 0, one_term, wgmma);
     CUDA_CHECK(cudaDeviceSynchronize());
     if (rep == 0) first = from_dev(dout, n_out);
   }
@@ -838,7 +838,8 @@ void run_attention_chunk_case(int n_heads, int n_kv, int d, int before, int n, i
     r32sel.insert(r32sel.end(), r32.begin(), r32.end());
   }
   char name[96];
-  std::snprintf(name, sizeof name, "attention chunk d%d +%d x%d%s", d, before, n, one_term ? " one term" : "");
+  std::snprintf(name, sizeof name, "attention chunk d%d +%d x%d%s%s", d, before, n, one_term ? " one term" : "",
+                wgmma ? " wgmma" : "");
   // one term: q and p rounded to bf16 (2^-9 relative) before their products: a CPU emulation of these cases has
   // the largest error 6.5e-4 (d256) and 1.7e-3 (d64) with outputs of ~0.04 RMS, while one key dropped or the mask
   // one key off gives ~2e-2: so 5e-3
@@ -861,4 +862,12 @@ TEST(MixerKernels, AttentionChunk) {
   run_attention_chunk_case(6, 2, 64, 100, 20, 1, 28, true);
   run_attention_chunk_case(8, 1, 128, 0, 17, 1, 29, true);
   run_attention_chunk_case(4, 2, 32, 5, 9, 1, 30, true);
+  // the warpgroup-MMA kernel (one term, head_dim 256; KernelOptions::prompt_attn_wgmma): from the start, across a
+  // page boundary, 33K deep, a chunk of 300 tokens (19 blocks of 16) whose keys end inside a 64-key tile
+  run_attention_chunk_case(16, 2, 256, 0, 37, 1, 31, true, true);
+  run_attention_chunk_case(16, 2, 256, 1000, 70, 3, 32, true, true);
+  run_attention_chunk_case(16, 2, 256, 33000, 21, 10, 33, true, true);
+  run_attention_chunk_case(16, 2, 256, 517, 300, 7, 34, true, true);
+  run_attention_chunk_case(8, 1, 256, 64, 20, 1, 35, true, true);  // groups of 8, the test models' 8 heads
+  run_attention_chunk_case(6, 2, 256, 100, 20, 1, 36, true, true);  // groups of 3: rows past the group are 0
 }

@@ -26,6 +26,7 @@ TEST(KernelOptions, DefaultsWhenNothingIsSet) {
   EXPECT_FALSE(o.debug_sync);
   EXPECT_FALSE(o.trace);
   EXPECT_TRUE(o.prompt_attn_one_term);
+  EXPECT_TRUE(o.prompt_attn_wgmma);
   EXPECT_TRUE(o.gemm_rows);
   EXPECT_TRUE(o.batch_pass_graphs);
   EXPECT_TRUE(o.gdn_wy);
@@ -42,7 +43,8 @@ TEST(KernelOptions, EachVariableSetsItsField) {
              {"LILY_PREFILL_CHUNK", "512"}, {"LILY_PREFILL_MIN", "40"}, {"LILY_CUDA_SYNC", "1"}, {"LILY_TRACE", "1"},
              {"LILY_SKIP", "moe,lm_head"}, {"LILY_GEMM_ROWS", "0"},
              {"LILY_BATCH_PASS_GRAPHS", "0"}, {"LILY_PROMPT_ATTN_1TERM", "0"}, {"LILY_GEMM_I8_IN_ROWS", "8"},
-             {"LILY_GEMM_I8_OUT_ROWS", "0"}, {"LILY_GDN_WY", "0"}, {"LILY_MOE_FUSED_ROWS", "3"}});
+             {"LILY_GEMM_I8_OUT_ROWS", "0"}, {"LILY_GDN_WY", "0"}, {"LILY_MOE_FUSED_ROWS", "3"},
+             {"LILY_PROMPT_ATTN_WG", "0"}});
   EXPECT_FALSE(o.gdn_fused);
   EXPECT_FALSE(o.moe_fused);
   EXPECT_EQ(o.attn_splits, 33);
@@ -55,6 +57,7 @@ TEST(KernelOptions, EachVariableSetsItsField) {
   EXPECT_FALSE(o.gemm_rows);
   EXPECT_FALSE(o.batch_pass_graphs);
   EXPECT_FALSE(o.prompt_attn_one_term);
+  EXPECT_FALSE(o.prompt_attn_wgmma);
   EXPECT_EQ(o.gemm_i8_in_rows, 8);
   EXPECT_EQ(o.gemm_i8_out_rows, 0);
   EXPECT_FALSE(o.gdn_wy);
