@@ -394,9 +394,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + rs[h];  // this thread's share (the quad's sum at the end)
-    if (!__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f))  // (a row's maximum moved: rescale O)
 #pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] *= corr[(i >> 1) & 1];
+    for (int i = 0; i < 128; ++i) o[i] *= corr[(i >> 1) & 1];
     // p's A registers of the 16-key slice kk are S's n-tiles 2 kk and 2 kk + 1
     uint32_t p[kKeys / 16][4];
 #pragma unroll
