@@ -282,6 +282,9 @@ __device__ __forceinline__ uint32_t chunk_at(int rows, int r, int c) {
 }
 }  // namespace wg
 
+// TURNS: the warpgroups take turns issuing their products (named barriers 1 and 2), so one's softmax runs while
+// the other's products occupy the tensor cores (FlashAttention-3's ping-pong; KernelOptions::prompt_attn_turns).
+template <bool TURNS>
 __global__ void __launch_bounds__(wg::kThreads, 1)
     chunk_attn_wg_kernel(AttnIn in, KvPages kv, int pos0, int n, int n_heads, const uint16_t* qh, float* out) {
   using wg::chunk_at, wg::kKVBytes, wg::kQBytes;
@@ -367,6 +370,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   wgmma::commit();
   wgmma::wait<0>();
   mma::mbar_arrive(empty(1));
+  if constexpr (TURNS)  // the first turn is the first warpgroup's
+    if (wgi == 1) asm volatile("bar.arrive 1, %0;" ::"n"(kThreads) : "memory");
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     // causal mask and online softmax (base 2), as chunk_attn_kernel
@@ -406,6 +411,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     }
     mma::mbar_wait(full(tile), (tile >> 1) & 1);  // V_tile and K_{tile+1} have landed
     wgmma::fence_proxy_shared();
+    if constexpr (TURNS) asm volatile("bar.sync %0, %1;" ::"r"(1 + wgi), "n"(kThreads) : "memory");  // our turn
     wgmma::fence();
     // O += p V (16 keys: two 1 KB atoms; the dims' column blocks kKeys * 128 apart), then S of the next tile
     const uint32_t vb = v_buf(tile);
@@ -414,6 +420,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       wgmma::m64n256k16_tb(o, p[kk], wgmma::mn_desc(vb + kk * 16 * 128, kKeys * 128));
     if (tile + 1 < n_tiles) issue_s(tile + 1);
     wgmma::commit();
+    if constexpr (TURNS)  // the other's turn (the second's last hand-over would find no one waiting)
+      if (wgi == 0 || tile + 1 < n_tiles) asm volatile("bar.arrive %0, %1;" ::"r"(2 - wgi), "n"(kThreads) : "memory");
     if (tile + 1 < n_tiles) {  // {V_{tile+1}, K_{tile+2}} into the buffers freed by tile - 1
       mma::mbar_wait(empty(tile - 1), (tile >> 1) & 1);
       copy_rows(tile + 1, v_buf(tile + 1), true);
@@ -453,7 +461,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
 
 template <int D, bool ONE>
 void launch_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, uint16_t* q_scratch, float* out,
-                  cudaStream_t s, bool use_wg) {
+                  cudaStream_t s, bool use_wg, bool turns) {
   constexpr int EPL = D / 32;
   uint16_t* qh = q_scratch;
   uint16_t* ql = q_scratch + (size_t)n * n_heads * D;
@@ -461,9 +469,9 @@ void launch_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, ui
   CUDA_CHECK_LAUNCH(s);
   if constexpr (D == wg::kD && ONE) {
     if (use_wg) {
-      CUDA_CHECK(cudaFuncSetAttribute(chunk_attn_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::kSmem));
-      chunk_attn_wg_kernel<<<dim3(kv.n_kv, (n + kQTok - 1) / kQTok), wg::kThreads, wg::kSmem, s>>>(in, kv, pos0, n,
-                                                                                            n_heads, qh, out);
+      auto k = turns ? chunk_attn_wg_kernel<true> : chunk_attn_wg_kernel<false>;
+      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::kSmem));
+      k<<<dim3(kv.n_kv, (n + kQTok - 1) / kQTok), wg::kThreads, wg::kSmem, s>>>(in, kv, pos0, n, n_heads, qh, out);
       CUDA_CHECK_LAUNCH(s);
       return;
     }
@@ -482,7 +490,7 @@ size_t attention_chunk_scratch_bytes(int n, int n_heads, int head_dim) {
 }
 
 void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, void* q_scratch, float* out,
-                            cudaStream_t s, bool one_term, bool wgmma) {
+                            cudaStream_t s, bool one_term, bool wgmma, bool turns) {
   LILY_CHECK(kv.n_kv > 0 && n_heads > 0, "attention_chunk: ", n_heads, " heads over ", kv.n_kv, " KV heads");
   const int group = n_heads / kv.n_kv;
   LILY_CHECK(n_heads % kv.n_kv == 0 && group >= 1 && group <= 8 && kv.page_tokens % kKeys == 0 && pos0 >= 0,
@@ -497,10 +505,10 @@ void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n
   auto run = [&](auto one) {
     constexpr bool ONE = decltype(one)::value;
     switch (kv.head_dim) {
-      case 256: launch_chunk<256, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg); return;
-      case 128: launch_chunk<128, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg); return;
-      case 64: launch_chunk<64, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg); return;
-      case 32: launch_chunk<32, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg); return;
+      case 256: launch_chunk<256, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg, turns); return;
+      case 128: launch_chunk<128, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg, turns); return;
+      case 64: launch_chunk<64, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg, turns); return;
+      case 32: launch_chunk<32, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg, turns); return;
       default: ::lily::fail("attention_chunk: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
     }
   };
