@@ -35,8 +35,8 @@ struct KernelOptions {
   // shared memory once per warpgroup).
   bool prompt_attn_wgmma = true;
   // LILY_PROMPT_ATTN_TURNS=1: the warpgroup-MMA attention's two warpgroups take turns issuing their products (named
-  // barriers), so one's softmax always runs under the other's products (FlashAttention-3's ping-pong). Written, not
-  // yet run on a GPU: off until measured (bench/RESULTS.md, 2026-12-06 fortieth session).
+  // barriers), so one's softmax always runs under the other's products (FlashAttention-3's ping-pong). Off until
+  // it is measured against the default.
   bool prompt_attn_turns = false;
   // LILY_GDN_WY=0: the prompt path's Gated DeltaNet recurrence token by token (kernels/gdn_chunk.cu) instead of in
   // the chunked (WY) form on the tensor cores (kernels/gdn_wy.cu: pieces of 64 tokens at absolute multiples of 64,
