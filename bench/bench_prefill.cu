@@ -3,10 +3,9 @@
 // the GEMM's input split, the GDN chunk and the attention chunk (at context 0, 4K and 30K); up to 64 tokens, also the
 // routed experts streamed as a decode pass takes them (kernels/moe_rows.cu) and lm_head; up to 64 tokens, the dense
 // GEMMs also on the int8 tensor cores (kernels/gemm_i8.cu).
-// Usage: bench_prefill [tokens per chunk, default 2048] [rows] [attn1 | wg | wgturns]: attn1, the attention chunk
+// Usage: bench_prefill [tokens per chunk, default 2048] [rows] [attn1 | wg]: attn1, the attention chunk
 // with q and p in one bf16 term (KernelOptions::prompt_attn_one_term), wg the same on warpgroup MMA
-// (prompt_attn_wgmma), wgturns with its warpgroups taking turns (prompt_attn_turns); rows, launches of <= 16
-// tokens a tile through kernels/gemm_rows.cu (KernelOptions::gemm_rows). Each case is captured into a CUDA graph
+// (prompt_attn_wgmma); rows, launches of <= 16 tokens a tile through kernels/gemm_rows.cu (KernelOptions::gemm_rows). Each case is captured into a CUDA graph
 // several times over distinct weight copies (>= ~256 MB, beyond the L2) and replayed; the median time per launch is
 // reported with the useful FLOPs (2 x weights x tokens; the GEMM's split input doubles the tensor-core work),
 // TFLOP/s and the weights' GB/s.
@@ -127,16 +126,14 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device\n");
     return 0;
   }
-  bool attn1 = false, few = false, attn_wg = false, attn_turns = false;
+  bool attn1 = false, few = false, attn_wg = false;
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "attn1") {
       attn1 = true;
       std::printf("attention with q and p in one bf16 term\n");
-    } else if (std::string(argv[i]) == "wg" || std::string(argv[i]) == "wgturns") {
+    } else if (std::string(argv[i]) == "wg") {
       attn1 = attn_wg = true;
-      attn_turns = std::string(argv[i]) == "wgturns";
-      std::printf("attention with q and p in one bf16 term on warpgroup MMA%s\n",
-                  attn_turns ? ", the warpgroups taking turns" : "");
+      std::printf("attention with q and p in one bf16 term on warpgroup MMA\n");
     } else if (std::string(argv[i]) == "rows") {
       few = true;
       std::printf("launches of <= 16 tokens a tile through kernels/gemm_rows.cu\n");
@@ -308,7 +305,7 @@ int main(int argc, char** argv) {
     void* scratch = dalloc(attention_chunk_scratch_bytes(kN, Hq, D));
     float* out = static_cast<float*>(dalloc((size_t)kN * Hq * D * sizeof(float)));
     const double us = time_graph(4, [&](int, cudaStream_t s) {
-      launch_attention_chunk(in, kv, ctx, kN, Hq, scratch, out, s, attn1, attn_wg, attn_turns);
+      launch_attention_chunk(in, kv, ctx, kN, Hq, scratch, out, s, attn1, attn_wg);
     });
     // QK and PV: 2 x 2 x d FLOPs per (query head, key) over the causal triangle plus the context
     const double pairs = (double)kN * ctx + (double)kN * (kN + 1) / 2;

@@ -82,6 +82,67 @@ __global__ void chunk_prep_kernel(AttnIn in, KvPages kv, int pos0, int n, int n_
   }
 }
 
+// Causal mask and online softmax (base 2) over one tile of NJ 8-key n-tiles of a thread's two rows: element
+// 4 j + e of s is row (e < 2 ? 0 : 1), key key0 + 8 j + 2 tq + e % 2. s becomes p; m and l are the rows' running
+// maximum and this thread's share of the sum (the quad's at the end); corr rescales O.
+template <int NJ>
+__device__ __forceinline__ void softmax_tile(float (&s)[4 * NJ], int key0, const int (&row_pos)[2], int tq,
+                                             float (&m)[2], float (&l)[2], float (&corr)[2]) {
+  float mx[2] = {m[0], m[1]}, rs[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 4 * NJ; ++i) {
+    const int key = key0 + (i >> 2) * 8 + tq * 2 + (i & 1);
+    if (key > row_pos[(i >> 1) & 1]) s[i] = -INFINITY;
+    mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    corr[h] = exp2f(m[h] - mx[h]);  // m = -inf at the first tile: 0
+    m[h] = mx[h];
+  }
+#pragma unroll
+  for (int i = 0; i < 4 * NJ; ++i) {
+    s[i] = exp2f(s[i] - m[(i >> 1) & 1]);
+    rs[(i >> 1) & 1] += s[i];
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + rs[h];
+}
+
+// out = o / l * sigmoid(gate) for a thread's two rows (tokens row_tok, head gq of the group), after the row sums
+// over the quad. o: element 4 i + e is row (e < 2 ? 0 : 1), dim 8 i + 2 tq + e % 2.
+template <int D>
+__device__ __forceinline__ void store_rows(const float (&o)[D / 2], float (&l)[2], const AttnIn& in, float* out,
+                                           int n, int n_heads, int g, int group, const int (&row_tok)[2], int gq,
+                                           int tq) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  if (gq >= group) return;  // rows gq and gq + 8 are head gq of two tokens
+  const int head = g * group + gq;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int t = row_tok[h];
+    if (t >= n) continue;
+    const float inv = 1.f / l[h];
+    const float* gate = in.qg + ((size_t)t * n_heads + head) * 2 * D + D;
+    float* dst = out + ((size_t)t * n_heads + head) * D;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int d0 = i * 8 + tq * 2;
+      const float2 gt = *reinterpret_cast<const float2*>(gate + d0);
+      float2 r;
+      r.x = o[4 * i + 2 * h] * inv / (1.f + __expf(-gt.x));
+      r.y = o[4 * i + 2 * h + 1] * inv / (1.f + __expf(-gt.y));
+      *reinterpret_cast<float2*>(dst + d0) = r;
+    }
+  }
+}
+
 template <int D>
 struct ChunkSmem {
   static constexpr int kStride = D + 8;  // bf16 per staged row: 16 bytes of padding, conflict-free ldmatrix
@@ -178,33 +239,9 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
         if constexpr (!ONE) mma::bf16_16816(sc[2 * p + 1], al, b[2], b[3]);
       }
     }
-    // causal mask and online softmax (base 2): element e of n-tile i is row (e < 2 ? 0 : 1), key i*8 + tq*2 + e%2
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int i = 0; i < kKeys / 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = tile * kKeys + i * 8 + tq * 2 + (e & 1);
-        if (key > row_pos[e >> 1]) sc[i][e] = -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], sc[i][e]);
-      }
-    float corr[2], rs[2] = {0.f, 0.f};
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      corr[h] = exp2f(m[h] - mx[h]);  // m = -inf at the first tile: 0
-      m[h] = mx[h];
-    }
-#pragma unroll
-    for (int i = 0; i < kKeys / 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[i][e] = exp2f(sc[i][e] - m[e >> 1]);
-        rs[e >> 1] += sc[i][e];
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + rs[h];  // this thread's share (the quad's sum at the end)
+    // causal mask and online softmax: n-tile i's element e is element 4 i + e of the flat tile
+    float corr[2];
+    softmax_tile<kKeys / 8>(reinterpret_cast<float(&)[kKeys / 2]>(sc), tile * kKeys, row_pos, tq, m, l, corr);
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) o[i][0] *= corr[0], o[i][1] *= corr[0], o[i][2] *= corr[1], o[i][3] *= corr[1];
     // o += p V, p in two bf16 terms (the score fragments are the A fragments of the 16-key slices)
@@ -234,30 +271,7 @@ __global__ void __launch_bounds__(kThreads) chunk_attn_kernel(AttnIn in, KvPages
     }
     __syncthreads();  // this stage's buffers are refilled two tiles on
   }
-  // the row sums over the quad, then out = o / l * sigmoid(gate)
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
-  const int j = gq;  // head within the group (rows gq and gq + 8 are the same head of two tokens)
-  if (j >= group) return;
-  const int head = g * group + j;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int t = row_tok[h];
-    if (t >= n) continue;
-    const float inv = 1.f / l[h];
-    const float* gate = in.qg + ((size_t)t * n_heads + head) * 2 * D + D;
-    float* dst = out + ((size_t)t * n_heads + head) * D;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      const int d0 = i * 8 + tq * 2;
-      const float g0 = gate[d0], g1 = gate[d0 + 1];
-      dst[d0] = o[i][2 * h] * inv / (1.f + __expf(-g0));
-      dst[d0 + 1] = o[i][2 * h + 1] * inv / (1.f + __expf(-g1));
-    }
-  }
+  store_rows<D>(reinterpret_cast<const float(&)[D / 2]>(o), l, in, out, n, n_heads, g, group, row_tok, gq, tq);
 }
 
 // The one-term form for head_dim 256 on warpgroup MMA (kernels/wgmma.cuh): the same block of 128 rows (16 tokens x
@@ -282,9 +296,6 @@ __device__ __forceinline__ uint32_t chunk_at(int rows, int r, int c) {
 }
 }  // namespace wg
 
-// TURNS: the warpgroups take turns issuing their products (named barriers 1 and 2), so one's softmax runs while
-// the other's products occupy the tensor cores (FlashAttention-3's ping-pong; KernelOptions::prompt_attn_turns).
-template <bool TURNS>
 __global__ void __launch_bounds__(wg::kThreads, 1)
     chunk_attn_wg_kernel(AttnIn in, KvPages kv, int pos0, int n, int n_heads, const uint16_t* qh, float* out) {
   using wg::chunk_at, wg::kKVBytes, wg::kQBytes;
@@ -370,35 +381,10 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   wgmma::commit();
   wgmma::wait<0>();
   mma::mbar_arrive(empty(1));
-  if constexpr (TURNS)  // the first turn is the first warpgroup's
-    if (wgi == 1) asm volatile("bar.arrive 1, %0;" ::"n"(kThreads) : "memory");
 
   for (int tile = 0; tile < n_tiles; ++tile) {
-    // causal mask and online softmax (base 2), as chunk_attn_kernel
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = tile * kKeys + j * 8 + tq * 2 + (e & 1);
-        if (key > row_pos[e >> 1]) s[4 * j + e] = -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
-      }
-    float corr[2], rs[2] = {0.f, 0.f};
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      corr[h] = exp2f(m[h] - mx[h]);  // m = -inf at the first tile: 0
-      m[h] = mx[h];
-    }
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      s[i] = exp2f(s[i] - m[(i >> 1) & 1]);
-      rs[(i >> 1) & 1] += s[i];
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + rs[h];  // this thread's share (the quad's sum at the end)
+    float corr[2];
+    softmax_tile<kKeys / 8>(s, tile * kKeys, row_pos, tq, m, l, corr);
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] *= corr[(i >> 1) & 1];
     // p's A registers of the 16-key slice kk are S's n-tiles 2 kk and 2 kk + 1
@@ -411,7 +397,6 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     }
     mma::mbar_wait(full(tile), (tile >> 1) & 1);  // V_tile and K_{tile+1} have landed
     wgmma::fence_proxy_shared();
-    if constexpr (TURNS) asm volatile("bar.sync %0, %1;" ::"r"(1 + wgi), "n"(kThreads) : "memory");  // our turn
     wgmma::fence();
     // O += p V (16 keys: two 1 KB atoms; the dims' column blocks kKeys * 128 apart), then S of the next tile
     const uint32_t vb = v_buf(tile);
@@ -420,8 +405,6 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       wgmma::m64n256k16_tb(o, p[kk], wgmma::mn_desc(vb + kk * 16 * 128, kKeys * 128));
     if (tile + 1 < n_tiles) issue_s(tile + 1);
     wgmma::commit();
-    if constexpr (TURNS)  // the other's turn (the second's last hand-over would find no one waiting)
-      if (wgi == 0 || tile + 1 < n_tiles) asm volatile("bar.arrive %0, %1;" ::"r"(2 - wgi), "n"(kThreads) : "memory");
     if (tile + 1 < n_tiles) {  // {V_{tile+1}, K_{tile+2}} into the buffers freed by tile - 1
       mma::mbar_wait(empty(tile - 1), (tile >> 1) & 1);
       copy_rows(tile + 1, v_buf(tile + 1), true);
@@ -431,37 +414,12 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     wgmma::wait<0>();
     mma::mbar_arrive(empty(tile));
   }
-  // the row sums over the quad, then out = o / l * sigmoid(gate)
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
-  const int j = gq;
-  if (j >= group) return;
-  const int head = g * group + j;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int t = row_tok[h];
-    if (t >= n) continue;
-    const float inv = 1.f / l[h];
-    const float* gate = in.qg + ((size_t)t * n_heads + head) * 2 * D + D;
-    float* dst = out + ((size_t)t * n_heads + head) * D;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      const int d0 = i * 8 + tq * 2;
-      const float2 gt = *reinterpret_cast<const float2*>(gate + d0);
-      float2 r;
-      r.x = o[4 * i + 2 * h] * inv / (1.f + __expf(-gt.x));
-      r.y = o[4 * i + 2 * h + 1] * inv / (1.f + __expf(-gt.y));
-      *reinterpret_cast<float2*>(dst + d0) = r;
-    }
-  }
+  store_rows<D>(o, l, in, out, n, n_heads, g, group, row_tok, gq, tq);
 }
 
 template <int D, bool ONE>
 void launch_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, uint16_t* q_scratch, float* out,
-                  cudaStream_t s, bool use_wg, bool turns) {
+                  cudaStream_t s, bool use_wg) {
   constexpr int EPL = D / 32;
   uint16_t* qh = q_scratch;
   uint16_t* ql = q_scratch + (size_t)n * n_heads * D;
@@ -469,9 +427,8 @@ void launch_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, ui
   CUDA_CHECK_LAUNCH(s);
   if constexpr (D == wg::kD && ONE) {
     if (use_wg) {
-      auto k = turns ? chunk_attn_wg_kernel<true> : chunk_attn_wg_kernel<false>;
-      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::kSmem));
-      k<<<dim3(kv.n_kv, (n + kQTok - 1) / kQTok), wg::kThreads, wg::kSmem, s>>>(in, kv, pos0, n, n_heads, qh, out);
+      CUDA_CHECK(cudaFuncSetAttribute(chunk_attn_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::kSmem));
+      chunk_attn_wg_kernel<<<dim3(kv.n_kv, (n + kQTok - 1) / kQTok), wg::kThreads, wg::kSmem, s>>>(in, kv, pos0, n, n_heads, qh, out);
       CUDA_CHECK_LAUNCH(s);
       return;
     }
@@ -490,7 +447,7 @@ size_t attention_chunk_scratch_bytes(int n, int n_heads, int head_dim) {
 }
 
 void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, void* q_scratch, float* out,
-                            cudaStream_t s, bool one_term, bool wgmma, bool turns) {
+                            cudaStream_t s, bool one_term, bool wgmma) {
   LILY_CHECK(kv.n_kv > 0 && n_heads > 0, "attention_chunk: ", n_heads, " heads over ", kv.n_kv, " KV heads");
   const int group = n_heads / kv.n_kv;
   LILY_CHECK(n_heads % kv.n_kv == 0 && group >= 1 && group <= 8 && kv.page_tokens % kKeys == 0 && pos0 >= 0,
@@ -505,10 +462,10 @@ void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n
   auto run = [&](auto one) {
     constexpr bool ONE = decltype(one)::value;
     switch (kv.head_dim) {
-      case 256: launch_chunk<256, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg, turns); return;
-      case 128: launch_chunk<128, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg, turns); return;
-      case 64: launch_chunk<64, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg, turns); return;
-      case 32: launch_chunk<32, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg, turns); return;
+      case 256: launch_chunk<256, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg); return;
+      case 128: launch_chunk<128, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg); return;
+      case 64: launch_chunk<64, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg); return;
+      case 32: launch_chunk<32, ONE>(in, kv, pos0, n, n_heads, q, out, s, use_wg); return;
       default: ::lily::fail("attention_chunk: head_dim ", kv.head_dim, " not supported (256, 128, 64, 32)");
     }
   };

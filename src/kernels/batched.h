@@ -219,10 +219,9 @@ void launch_gdn_wy(const float* prep, const float* a, const float* a_log, const 
 // 32, groups of at most 8 heads, pages a multiple of 32 tokens (allocated up to pos0 + n). q_scratch: device,
 // attention_chunk_scratch_bytes. one_term: q and p enter the tensor cores as one bf16 term each instead of two
 // (KernelOptions::prompt_attn_one_term). wgmma: with one term, head_dim 256 and pages a multiple of 64 tokens, the
-// warpgroup-MMA kernel (KernelOptions::prompt_attn_wgmma); turns: its warpgroups taking turns at the tensor cores
-// (KernelOptions::prompt_attn_turns).
+// warpgroup-MMA kernel (KernelOptions::prompt_attn_wgmma).
 size_t attention_chunk_scratch_bytes(int n, int n_heads, int head_dim);
 void launch_attention_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, void* q_scratch, float* out,
-                            cudaStream_t s, bool one_term = false, bool wgmma = false, bool turns = false);
+                            cudaStream_t s, bool one_term = false, bool wgmma = false);
 
 }  // namespace lily::cuda

@@ -34,10 +34,6 @@ struct KernelOptions {
   // (kernels/attention_chunk.cu: two warpgroups of 64 rows, 64-key tiles, K and V read by the tensor cores from
   // shared memory once per warpgroup).
   bool prompt_attn_wgmma = true;
-  // LILY_PROMPT_ATTN_TURNS=1: the warpgroup-MMA attention's two warpgroups take turns issuing their products (named
-  // barriers), so one's softmax always runs under the other's products (FlashAttention-3's ping-pong). Off until
-  // it is measured against the default.
-  bool prompt_attn_turns = false;
   // LILY_GDN_WY=0: the prompt path's Gated DeltaNet recurrence token by token (kernels/gdn_chunk.cu) instead of in
   // the chunked (WY) form on the tensor cores (kernels/gdn_wy.cu: pieces of 64 tokens at absolute multiples of 64,
   // which become the prompt grid; models of other GDN shapes take the token-by-token kernel anyway).

@@ -26,7 +26,6 @@ cuda::KernelOptions parse_kernel_options(const std::function<const char*(const c
   o.gdn_wy = flag("LILY_GDN_WY", o.gdn_wy);
   o.prompt_attn_one_term = flag("LILY_PROMPT_ATTN_1TERM", o.prompt_attn_one_term);
   o.prompt_attn_wgmma = flag("LILY_PROMPT_ATTN_WG", o.prompt_attn_wgmma);
-  o.prompt_attn_turns = flag("LILY_PROMPT_ATTN_TURNS", o.prompt_attn_turns);
   o.batch_pass_graphs = flag("LILY_BATCH_PASS_GRAPHS", o.batch_pass_graphs);
   o.gemm_rows = flag("LILY_GEMM_ROWS", o.gemm_rows);
   o.moe_rows = flag("LILY_MOE_ROWS", o.moe_rows);
@@ -53,7 +52,7 @@ std::string describe(const cuda::KernelOptions& o) {
     << " prefill=" << o.prefill << " prefill_chunk=" << num(o.prefill_chunk) << " prefill_min=" << num(o.prefill_min)
     << " batch_graph_rows=" << o.batch_graph_rows << " gdn_wy=" << o.gdn_wy
     << " prompt_attn_one_term=" << o.prompt_attn_one_term
-    << " prompt_attn_wgmma=" << o.prompt_attn_wgmma << " prompt_attn_turns=" << o.prompt_attn_turns
+    << " prompt_attn_wgmma=" << o.prompt_attn_wgmma
     << " batch_pass_graphs=" << o.batch_pass_graphs
     << " gemm_rows=" << o.gemm_rows << " moe_rows=" << o.moe_rows << " moe_fused_rows=" << o.moe_fused_rows << " gemm_i8=" << o.gemm_i8
     << " gemm_i8_in_rows=" << o.gemm_i8_in_rows << " gemm_i8_out_rows=" << o.gemm_i8_out_rows

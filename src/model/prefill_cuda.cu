@@ -459,7 +459,7 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
       kv.pages = (*r.page_table)[attn_index_[layer]];
       in.qg = qg + t * qr, in.k = k + t * kvd, in.v = v + t * kvd;
       launch_attention_chunk(in, kv, r.pos0, r.n, c.n_heads, b.scratch, b.mix + t * od, stream_,
-                             opts_.prompt_attn_one_term, opts_.prompt_attn_wgmma, opts_.prompt_attn_turns);
+                             opts_.prompt_attn_one_term, opts_.prompt_attn_wgmma);
     }
   if (project_i8({{&at.o_proj, b.h, H}}, b.mix, od, nullptr, n, true, "gemm_attn_out", n * flops_.attn_out, layer))
     return;

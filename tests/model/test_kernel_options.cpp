@@ -27,7 +27,6 @@ TEST(KernelOptions, DefaultsWhenNothingIsSet) {
   EXPECT_FALSE(o.trace);
   EXPECT_TRUE(o.prompt_attn_one_term);
   EXPECT_TRUE(o.prompt_attn_wgmma);
-  EXPECT_FALSE(o.prompt_attn_turns);
   EXPECT_TRUE(o.gemm_rows);
   EXPECT_TRUE(o.batch_pass_graphs);
   EXPECT_TRUE(o.gdn_wy);
@@ -45,7 +44,7 @@ TEST(KernelOptions, EachVariableSetsItsField) {
              {"LILY_SKIP", "moe,lm_head"}, {"LILY_GEMM_ROWS", "0"},
              {"LILY_BATCH_PASS_GRAPHS", "0"}, {"LILY_PROMPT_ATTN_1TERM", "0"}, {"LILY_GEMM_I8_IN_ROWS", "8"},
              {"LILY_GEMM_I8_OUT_ROWS", "0"}, {"LILY_GDN_WY", "0"}, {"LILY_MOE_FUSED_ROWS", "3"},
-             {"LILY_PROMPT_ATTN_WG", "0"}, {"LILY_PROMPT_ATTN_TURNS", "1"}});
+             {"LILY_PROMPT_ATTN_WG", "0"}});
   EXPECT_FALSE(o.gdn_fused);
   EXPECT_FALSE(o.moe_fused);
   EXPECT_EQ(o.attn_splits, 33);
@@ -59,7 +58,6 @@ TEST(KernelOptions, EachVariableSetsItsField) {
   EXPECT_FALSE(o.batch_pass_graphs);
   EXPECT_FALSE(o.prompt_attn_one_term);
   EXPECT_FALSE(o.prompt_attn_wgmma);
-  EXPECT_TRUE(o.prompt_attn_turns);
   EXPECT_EQ(o.gemm_i8_in_rows, 8);
   EXPECT_EQ(o.gemm_i8_out_rows, 0);
   EXPECT_FALSE(o.gdn_wy);
@@ -81,7 +79,7 @@ TEST(KernelOptions, DescribeNamesEveryFieldWithItsValue) {
   const std::string s = describe(parse({{"LILY_ATTN_SPLITS", "17"}, {"LILY_MOE_FUSED", "0"}, {"LILY_SKIP", "moe"}}));
   for (const char* part : {"gdn_fused=1", "moe_fused=0", "attn_splits=17", "prefill=1", "prefill_chunk=auto",
                            "prefill_min=auto", "debug_sync=0", "trace=0", "skip=moe", "gemm_i8_in_rows=16",
-                           "gemm_i8_out_rows=64", "gdn_wy=1", "prompt_attn_wgmma=1", "prompt_attn_turns=0"})
+                           "gemm_i8_out_rows=64", "gdn_wy=1", "prompt_attn_wgmma=1"})
     EXPECT_NE(s.find(part), std::string::npos) << part << " in " << s;
 }
 
