@@ -17,8 +17,9 @@
 //                        next products; the next piece's operands come into shared memory (cp.async) while the
 //                        warps work on this one.
 // Precision (issue 28's bound for the prompt path: median 2e-3, top-1 99 % of fp64): every operand as two fp16
-// terms (hi + lo: ~22 bits; hi x hi, lo x hi and hi x lo products) except W, one term (its rounding moves the
-// outputs ~50x less than P's or Q's would: bench/RESULTS.md); sums in fp32.
+// terms (hi + lo: ~22 bits; hi x hi, lo x hi and hi x lo products) except W and the state S_0 in W S_0 and
+// Q S_0, one term each (an emulation, bench/RESULTS.md: W's rounding moves the outputs ~50x less than P's or Q's
+// would, S_0's not measurably); sums and the state itself in fp32.
 // Tested against an fp64 recurrence and an emulation of these roundings in tests/gpu/test_mixer_kernels.cu.
 #include <cuda_fp16.h>
 
@@ -329,8 +330,10 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
       for (int e = 0; e < 4; ++e) dl[nt][e] = 0.f, o[nt][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kHalf / 16; ++kk) {
-      uint32_t ah[4], al[4];
-      split_a(st[2 * kk], st[2 * kk + 1], ah, al);
+      const float(&c0)[4] = st[2 * kk];
+      const float(&c1)[4] = st[2 * kk + 1];
+      const uint32_t ah[4] = {mma::pack_f16x2(c0[0], c0[1]), mma::pack_f16x2(c0[2], c0[3]),
+                              mma::pack_f16x2(c1[0], c1[1]), mma::pack_f16x2(c1[2], c1[3])};  // S0: one term
 #pragma unroll
       for (int np = 0; np < kPiece / 16; ++np) {
         uint32_t bw[4], bq[4], bql[4];
@@ -339,10 +342,11 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
         mma::ldsm_x4(bq, Qs + off);
         mma::ldsm_x4(bql, Qs + kSMat / 2 + off);
         mma::f16_16816(dl[2 * np], ah, bw[0], bw[1]);
-        mma::f16_16816(dl[2 * np], al, bw[0], bw[1]);
         mma::f16_16816(dl[2 * np + 1], ah, bw[2], bw[3]);
-        mma::f16_16816(dl[2 * np + 1], al, bw[2], bw[3]);
-        mma3_pair(o[2 * np], o[2 * np + 1], ah, al, bq, bql);
+        mma::f16_16816(o[2 * np], ah, bq[0], bq[1]);
+        mma::f16_16816(o[2 * np], ah, bql[0], bql[1]);
+        mma::f16_16816(o[2 * np + 1], ah, bq[2], bq[3]);
+        mma::f16_16816(o[2 * np + 1], ah, bql[2], bql[3]);
       }
     }
     __syncthreads();  // every warp has read W and Q: their space takes the partials

@@ -311,7 +311,7 @@ double f16x2(double x) {  // two fp16 terms (of the value's fp32 rounding, as th
   return hi + f16(double(float(x)) - hi);
 }
 
-// The chunked form with the kernel's roundings (W one fp16 term; q, Kd, P, the state and Δ two fp16 terms; the
+// The chunked form with the kernel's roundings (W and the state S_0 one fp16 term; q, Kd, P and Δ two; the
 // rest in double): the same-precision reference whose error sets the tolerance. rec: the recurrence
 // inputs of tokens pos0.. per (token, value head) (GdnRef::record); S [Hv][Dk][Dv] updated; returns the gated
 // outputs [n][Hv*Dv].
@@ -361,10 +361,7 @@ std::vector<double> wy_emulate(GdnDims dm, std::vector<double>& S, const std::ve
         }
       }
       std::vector<double> Se((size_t)Dk * Dv), D((size_t)L * Dv);
-      for (size_t e = 0; e < Se.size(); ++e) {
-        const double hi = f16(Sh[e]);
-        Se[e] = hi + f16(Sh[e] - hi);
-      }
+      for (size_t e = 0; e < Se.size(); ++e) Se[e] = f16(Sh[e]);
       for (int i = 0; i < L; ++i)
         for (int c = 0; c < Dv; ++c) {
           double d = double(float(U[(size_t)i * Dv + c]));
