@@ -5,8 +5,9 @@
 // GEMMs also on the int8 tensor cores (kernels/gemm_i8.cu).
 // Usage: bench_prefill [tokens per chunk, default 2048] [rows] [attn1 | wg]: attn1, the attention chunk
 // with q and p in one bf16 term (KernelOptions::prompt_attn_one_term), wg the same on warpgroup MMA
-// (prompt_attn_wgmma); rows, launches of <= 16 tokens a tile through kernels/gemm_rows.cu (KernelOptions::gemm_rows). Each case is captured into a CUDA graph
-// several times over distinct weight copies (>= ~256 MB, beyond the L2) and replayed; the median time per launch is
+// (prompt_attn_wgmma); rows, launches of <= 16 tokens a tile through kernels/gemm_rows.cu
+// (KernelOptions::gemm_rows). Each case is captured into a CUDA graph several times over distinct weight copies
+// (>= ~256 MB, beyond the L2) and replayed; the median time per launch is
 // reported with the useful FLOPs (2 x weights x tokens; the GEMM's split input doubles the tensor-core work),
 // TFLOP/s and the weights' GB/s.
 #include <algorithm>

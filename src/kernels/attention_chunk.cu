@@ -6,10 +6,10 @@
 //   chunk_attn_kernel    grid (n_kv, token tiles of 16, the last tile first), 8 warps: a KV head's group of query
 //                        heads for 16 tokens as 128 rows (token-major), flash attention over 32-key tiles of the
 //                        cache on the tensor cores (mma.sync bf16, fp32 sums; q and p in two bf16 terms each, as
-//                        the decode split kernel, or ONE: one term each, half the products; bench/RESULTS.md
-//                        2026-12-05: median 9e-5 against 6e-5 for the bf16 cache alone), online softmax in registers, K/V tiles double-buffered through
-//                        cp.async; every K/V row read once per 16 tokens for all heads of the group. Then / l
-//                        and the sigmoid gate.
+//                        the decode split kernel, or ONE: one term each, half the products: median 9e-5 against
+//                        6e-5 for the bf16 cache alone in the emulation of bench/RESULTS.md), online softmax in
+//                        registers, K/V tiles double-buffered through cp.async; every K/V row read once per 16
+//                        tokens for all heads of the group. Then / l and the sigmoid gate.
 //   chunk_attn_wg_kernel the one-term form at head_dim 256 (the model's) on warpgroup MMA: the same blocks as two
 //                        warpgroups of 64 rows, 64-key tiles read by the tensor cores straight from shared memory
 //                        (KernelOptions::prompt_attn_wgmma; the mma.sync kernel keeps the other forms and sizes).
@@ -428,7 +428,8 @@ void launch_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, ui
   if constexpr (D == wg::kD && ONE) {
     if (use_wg) {
       CUDA_CHECK(cudaFuncSetAttribute(chunk_attn_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::kSmem));
-      chunk_attn_wg_kernel<<<dim3(kv.n_kv, (n + kQTok - 1) / kQTok), wg::kThreads, wg::kSmem, s>>>(in, kv, pos0, n, n_heads, qh, out);
+      chunk_attn_wg_kernel<<<dim3(kv.n_kv, (n + kQTok - 1) / kQTok), wg::kThreads, wg::kSmem, s>>>(in, kv, pos0, n,
+                                                                                            n_heads, qh, out);
       CUDA_CHECK_LAUNCH(s);
       return;
     }
