@@ -2,7 +2,8 @@
 // causally to the cache [0, its position]. Two launches, the prep and one of the two attention kernels:
 //   chunk_prep_kernel    grid (n, heads / 8), a warp per head: q/k RMSNorm + partial RoPE (kernels/qk_rope.cuh,
 //                        the decode path's math); q pre-scaled by 1/sqrt(d) and log2(e) (softmax in base 2) and
-//                        split into two bf16 terms; k and v appended to the paged cache as bf16
+//                        split into two bf16 terms (the second stored only for the two-term kernel); k and v
+//                        appended to the paged cache as bf16
 //   chunk_attn_kernel    grid (n_kv, token tiles of 16, the last tile first), 8 warps: a KV head's group of query
 //                        heads for 16 tokens as 128 rows (token-major), flash attention over 32-key tiles of the
 //                        cache on the tensor cores (mma.sync bf16, fp32 sums; q and p in two bf16 terms each, as
@@ -61,7 +62,7 @@ __global__ void chunk_prep_kernel(AttnIn in, KvPages kv, int pos0, int n, int n_
       const float v = x[e] * qscale, h = bf16_round(v);
       const __nv_bfloat16 hb = __float2bfloat16_rn(h), lb = __float2bfloat16_rn(v - h);
       qh[o + e] = *reinterpret_cast<const uint16_t*>(&hb);
-      ql[o + e] = *reinterpret_cast<const uint16_t*>(&lb);
+      if (ql) ql[o + e] = *reinterpret_cast<const uint16_t*>(&lb);
     }
   } else {
     const int g = head - n_heads;
@@ -423,7 +424,8 @@ void launch_chunk(const AttnIn& in, KvPages kv, int pos0, int n, int n_heads, ui
   constexpr int EPL = D / 32;
   uint16_t* qh = q_scratch;
   uint16_t* ql = q_scratch + (size_t)n * n_heads * D;
-  chunk_prep_kernel<EPL><<<dim3(n, (n_heads + kv.n_kv + 7) / 8), 256, 0, s>>>(in, kv, pos0, n, n_heads, qh, ql);
+  chunk_prep_kernel<EPL><<<dim3(n, (n_heads + kv.n_kv + 7) / 8), 256, 0, s>>>(in, kv, pos0, n, n_heads, qh,
+                                                                                ONE ? nullptr : ql);
   CUDA_CHECK_LAUNCH(s);
   if constexpr (D == wg::kD && ONE) {
     if (use_wg) {
