@@ -3,7 +3,8 @@
 // the GEMM's input split, the GDN chunk and the attention chunk (at context 0, 4K and 30K); up to 64 tokens, also the
 // routed experts streamed as a decode pass takes them (kernels/moe_rows.cu) and lm_head; up to 64 tokens, the dense
 // GEMMs also on the int8 tensor cores (kernels/gemm_i8.cu).
-// Usage: bench_prefill [tokens per chunk, default 2048] [rows] [attn1 | wg]: attn1, the attention chunk
+// Usage: bench_prefill [tokens per chunk, default 2048] [rows] [f16] [attn1 | wg]: f16, the 4-bit GEMMs on x's fp16
+// form (KernelOptions::prompt_gemm_f16); attn1, the attention chunk
 // with q and p in one bf16 term (KernelOptions::prompt_attn_one_term), wg the same on warpgroup MMA
 // (prompt_attn_wgmma); rows, launches of <= 16 tokens a tile through kernels/gemm_rows.cu
 // (KernelOptions::gemm_rows). Each case is captured into a CUDA graph several times over distinct weight copies
@@ -127,7 +128,7 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device\n");
     return 0;
   }
-  bool attn1 = false, few = false, attn_wg = false;
+  bool attn1 = false, few = false, attn_wg = false, f16 = false;
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "attn1") {
       attn1 = true;
@@ -135,6 +136,9 @@ int main(int argc, char** argv) {
     } else if (std::string(argv[i]) == "wg") {
       attn1 = attn_wg = true;
       std::printf("attention with q and p in one bf16 term on warpgroup MMA\n");
+    } else if (std::string(argv[i]) == "f16") {
+      f16 = true;
+      std::printf("the 4-bit GEMMs on x's fp16 form (kernels/gemm_q4f16.cu)\n");
     } else if (std::string(argv[i]) == "rows") {
       few = true;
       std::printf("launches of <= 16 tokens a tile through kernels/gemm_rows.cu\n");
@@ -142,7 +146,7 @@ int main(int argc, char** argv) {
   }
   const int H = 2048, E = 256, k = 8, F = 512;
   std::printf("prompt-path kernels, one chunk of n = %d tokens (real shapes; weights beyond the L2)\n", kN);
-  GemmXBuf x = gemm_x_alloc(kN * k, 4096);
+  GemmXBuf x = gemm_x_alloc(kN * k, 4096, f16);
   x.few = few;
   float* src = make_vec((size_t)kN * k * 4096);
   kSrc = src;

@@ -32,13 +32,37 @@ constexpr bool x_prep_positions_follow_gemm_x_col() {
   return true;
 }
 static_assert(x_prep_positions_follow_gemm_x_col(), "x_prep_kernel stores word W's element i at position p");
+// The fp16 form (batched.h), where f16hi is set: the row's largest |x| over the block (a warp maximum, then the
+// warps' through shared memory), its power of two, and each element's two terms at the bf16 terms' positions.
 __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, const float* norm_w, float eps, int K,
-                                                     uint16_t* hi, uint16_t* lo, float* gsum, float* x_out) {
+                                                     uint16_t* hi, uint16_t* lo, float* gsum, float* x_out,
+                                                     uint16_t* f16hi, uint16_t* f16lo, float* f16inv) {
   dep_chain();
   const int t = blockIdx.x;
   const size_t o = static_cast<size_t>(t) * K;
   float v[kXPrepWords][8];
   load_row_words(x + static_cast<size_t>(t) * ldx, norm_w, eps, K, v);
+  float f16_scale = 1.f;  // 2^e
+  if (f16hi) {
+    __shared__ float wmax[8];
+    float m = 0.f;
+#pragma unroll
+    for (int q = 0; q < kXPrepWords; ++q)
+      if (8 * (threadIdx.x + 256 * q) < K)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[q][k]));
+#pragma unroll
+    for (int sh = 16; sh > 0; sh >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, sh));
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < 8; ++w) m = fmaxf(m, wmax[w]);
+    int k = 0;
+    frexpf(m, &k);  // m = f 2^k, f in [0.5, 1): m 2^(15 - k) in [2^14, 2^15)
+    const int e = m > 0.f && isfinite(m) ? min(127, 15 - k) : 0;
+    f16_scale = ldexpf(1.f, e);
+    if (threadIdx.x == 0) f16inv[t] = ldexpf(1.f, -e);
+  }
 #pragma unroll
   for (int q = 0; q < kXPrepWords; ++q) {
     const int wi = threadIdx.x + 256 * q, c = 8 * wi, g = wi / 8, W = wi % 8;
@@ -52,13 +76,23 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
       *reinterpret_cast<float4*>(x_out + o + c + 4) = make_float4(u[4], u[5], u[6], u[7]);
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // elements i, i + 4 at positions p, p + 1 (gemm_x_col(p) = 8 W + i)
+    for (int i = 0; i < 4 && hi; ++i) {  // elements i, i + 4 at positions p, p + 1 (gemm_x_col(p) = 8 W + i)
       const int j = 4 * (W & 1) + i, p = 16 * (j >> 1) + 8 * (j & 1) + 2 * (W >> 1);
       const uint16_t h0 = bf16_bits(u[i]), h1 = bf16_bits(u[i + 4]);
       const uint16_t l0 = bf16_bits(u[i] - bf16_lo(h0)), l1 = bf16_bits(u[i + 4] - bf16_lo(h1));
       const size_t at = o + static_cast<size_t>(g) * 64 + p;
       *reinterpret_cast<uint32_t*>(hi + at) = h0 | static_cast<uint32_t>(h1) << 16;
       *reinterpret_cast<uint32_t*>(lo + at) = l0 | static_cast<uint32_t>(l1) << 16;
+    }
+#pragma unroll
+    for (int i = 0; i < 4 && f16hi; ++i) {  // the fp16 form at the same positions
+      const int j = 4 * (W & 1) + i, p = 16 * (j >> 1) + 8 * (j & 1) + 2 * (W >> 1);
+      const float a0 = u[i] * f16_scale, a1 = u[i + 4] * f16_scale;
+      const __half2 h = __floats2half2_rn(a0, a1);
+      const __half2 l = __floats2half2_rn(a0 - __low2float(h), a1 - __high2float(h));
+      const size_t at = o + static_cast<size_t>(g) * 64 + p;
+      *reinterpret_cast<__half2*>(f16hi + at) = h;
+      *reinterpret_cast<__half2*>(f16lo + at) = l;
     }
     if (W == 0) gsum[static_cast<size_t>(t) * (K / 64) + g] = s;
   }
@@ -145,19 +179,25 @@ __global__ void combine_kernel(const float* y, const int* slot_of, int top_k, co
 
 }  // namespace detail
 
-GemmXBuf gemm_x_alloc(int n, int K) {
+GemmXBuf gemm_x_alloc(int n, int K, bool f16) {
   LILY_CHECK(K % 64 == 0 && K > 0 && n > 0, "gemm_x_alloc: ", n, " rows of width ", K,
              " (a positive multiple of 64)");
   GemmXBuf b;
   b.K = K;
-  CUDA_CHECK(cudaMalloc(&b.hi, sizeof(uint16_t) * n * K));
-  CUDA_CHECK(cudaMalloc(&b.lo, sizeof(uint16_t) * n * K));
-  CUDA_CHECK(cudaMalloc(&b.gsum, sizeof(float) * n * (K / 64)));
+  const size_t m = static_cast<size_t>(n) * K;
+  CUDA_CHECK(cudaMalloc(&b.hi, sizeof(uint16_t) * m));
+  CUDA_CHECK(cudaMalloc(&b.lo, sizeof(uint16_t) * m));
+  CUDA_CHECK(cudaMalloc(&b.gsum, sizeof(float) * (m / 64)));
+  if (f16) {  // (the rows at any width K' >= 64 number at most m / 64)
+    CUDA_CHECK(cudaMalloc(&b.f16hi, sizeof(uint16_t) * m));
+    CUDA_CHECK(cudaMalloc(&b.f16lo, sizeof(uint16_t) * m));
+    CUDA_CHECK(cudaMalloc(&b.f16inv, sizeof(float) * (m / 64)));
+  }
   return b;
 }
 
 void gemm_x_free(GemmXBuf& b) {
-  for (void* p : {(void*)b.hi, (void*)b.lo, (void*)b.gsum})
+  for (void* p : {(void*)b.hi, (void*)b.lo, (void*)b.gsum, (void*)b.f16hi, (void*)b.f16lo, (void*)b.f16inv})
     if (p) cudaFree(p);
   b = GemmXBuf{};
 }
@@ -168,7 +208,7 @@ void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps,
              kXPrepMaxK, "), row stride ", ldx, " (at least the width, a multiple of 4)");
   if (n <= 0) return;
   launch_pdl(detail::x_prep_kernel, dim3(n), dim3(256), 0, s, x, ldx, norm_w, eps, out.K, out.hi, out.lo, out.gsum,
-             x_out);
+             x_out, out.f16hi, out.f16lo, out.f16inv);
 }
 
 void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,

@@ -22,6 +22,9 @@ __host__ __device__ constexpr int gemm_x_col(int p) {
   const int ks = p >> 4, s = p & 15, tq = (s & 7) >> 1, h = s >> 3, e = s & 1, j = 2 * ks + h;
   return 8 * (2 * tq + (j >> 2)) + (j & 3) + 4 * e;
 }
+// The fp16 form (where allocated: gemm_x_alloc's f16), which the 4-bit launches then take (kernels/gemm_q4f16.cu):
+// each row scaled by a power of two 2^e (its largest |x| into [2^14, 2^15)) and split into two fp16 terms, hi +
+// lo = x 2^e to ~2^-21 (lo may be subnormal), at hi and lo's positions (gemm_x_col); inv = 2^-e per row.
 // x's rows times K stay below 2^31 (32-bit element offsets; checked for dense launches, where the rows are the
 // tokens; a grouped launch's x_row values must keep to it).
 struct GemmX {
@@ -33,6 +36,9 @@ struct GemmX {
   // (KernelOptions::gemm_rows); few_all: every dense launch it can take, large ones too (its tests).
   bool few = false;
   bool few_all = false;
+  const uint16_t* f16hi = nullptr;  // [n][K] the fp16 form's terms (null: none)
+  const uint16_t* f16lo = nullptr;  // [n][K]
+  const float* f16inv = nullptr;    // [n] its 2^-e
 };
 // Where the few-token kernel wins: dense matrices of at most ~4M weights (the router, the shared expert, k / v),
 // whose launches are latency-bound; larger ones and the grouped experts stream faster through the 64- / 16-token
@@ -46,14 +52,24 @@ struct GemmXBuf {
   int K = 0;
   bool few = false;
   bool few_all = false;
-  GemmX view() const { return GemmX{hi, lo, gsum, K, few, few_all}; }
+  uint16_t* f16hi = nullptr;
+  uint16_t* f16lo = nullptr;
+  float* f16inv = nullptr;
+  bool use_f16 = true;  // whether view() hands the fp16 form to the GEMMs (the prep writes it wherever allocated)
+  GemmX view() const {
+    GemmX x{hi, lo, gsum, K, few, few_all};
+    if (use_f16) x.f16hi = f16hi, x.f16lo = f16lo, x.f16inv = f16inv;
+    return x;
+  }
 };
-GemmXBuf gemm_x_alloc(int n, int K);
+// f16: also the fp16 form.
+GemmXBuf gemm_x_alloc(int n, int K, bool f16 = false);
 void gemm_x_free(GemmXBuf& b);
 
 // out row t = split of x[t] (norm_w null), or of RMSNorm(x[t]) * norm_w (docs/model.md §2.1; norm_w the effective
 // multiplier 1 + w), for t < n; x [n][ldx] fp32 (K <= kXPrepMaxK; ldx a multiple of 4; x, norm_w and x_out 16-byte
-// aligned). With x_out, the (normed) fp32 row is also stored there [n][K].
+// aligned). With x_out, the (normed) fp32 row is also stored there [n][K]. Where out has the fp16 form, that too;
+// out.hi null: not the two bf16 terms (for launches that all take the fp16 form).
 inline constexpr int kXPrepMaxK = 4096;
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s);

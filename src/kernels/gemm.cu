@@ -477,7 +477,8 @@ template <bool PAIRED>
 void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, int tile_tokens, cudaStream_t s) {
   switch (f) {
     case QFormat::q4:
-      launch_q4_wgmma<PAIRED>(a, grid_y, max_tokens, tile_tokens, s);
+      if (a.xf16hi) launch_q4f16<PAIRED>(a, grid_y, max_tokens, s);
+      else launch_q4_wgmma<PAIRED>(a, grid_y, max_tokens, tile_tokens, s);
       break;
     case QFormat::q8: launch_gemm<8, PAIRED>(a, grid_y, max_tokens, s); break;
     case QFormat::bf16: launch_gemm<16, PAIRED>(a, grid_y, max_tokens, s); break;
@@ -524,6 +525,9 @@ GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat
   a.xhi = x.hi;
   a.xlo = x.lo;
   a.xsum = x.gsum;
+  a.xf16hi = x.f16hi;
+  a.xf16lo = x.f16lo;
+  a.xf16inv = x.f16inv;
   a.rows_kernel = x.few;
   a.rows_any_size = x.few_all;
   return a;

@@ -1,6 +1,7 @@
 // What the prompt path's GEMM kernels share (kernels/gemm.cu: the mma.sync kernel and the 4-bit wgmma kernel on
-// the split two-term x; kernels/gemm_rows.cu: the few-token kernel): the launch's arguments, a block's share of
-// the work, the x copies' offsets and the output store. Included by those two files only.
+// the split two-term x; kernels/gemm_q4f16.cu: the 4-bit kernel on x's fp16 form; kernels/gemm_rows.cu: the
+// few-token kernel): the launch's arguments, a block's share of the work, the x copies' offsets and the output
+// store. Included by those three files only.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -35,6 +36,9 @@ struct GemmArgs {
   const uint16_t* xhi;
   const uint16_t* xlo;
   const float* xsum;
+  const uint16_t* xf16hi;  // x's fp16 form (GemmX::f16hi; null: none): q4 launches take kernels/gemm_q4f16.cu
+  const uint16_t* xf16lo;
+  const float* xf16inv;
   const int* x_row;      // grouped: input row of each slot (null: the slot itself)
   const int* offsets;    // grouped: [n_mats + 1] slot ranges; null: dense over [0, n)
   const int* tiles;      // grouped: the work list (gemm_grouped_tiles), tile blockIdx.y
@@ -129,5 +133,8 @@ __device__ __forceinline__ void store_out(const GemmArgs& a, const GemmPart& par
 // q4 or q8, K a multiple of 512, at most 64 tokens), and the launch.
 bool gemm_rows_takes(QFormat f, const GemmArgs& a, int tokens);
 void launch_gemm_rows(QFormat f, const GemmArgs& a, bool paired, cudaStream_t s);
+// kernels/gemm_q4f16.cu: a q4 launch on x's fp16 form (a.xf16hi set).
+template <bool PAIRED>
+void launch_q4f16(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s);
 
 }  // namespace lily::cuda::detail

@@ -1,7 +1,8 @@
 // Hopper warpgroup tensor-core primitives (sm_90a) for the prompt path's 4-bit GEMM (kernels/gemm.cu) and
 // attention (kernels/attention_chunk.cu): wgmma.mma_async m64nNk16 (N = 64 / 32 / 16) with A (bf16) in registers
-// and B (bf16) in shared memory, m64n64k16 with both in shared memory, m64n256k16 with an MN-major B, the
-// shared-memory matrix descriptors of 128-byte-swizzled tiles, and the fences around the asynchronous operations.
+// and B (bf16) in shared memory, the same on fp16 (kernels/gemm_q4f16.cu), m64n64k16 with both in shared memory,
+// m64n256k16 with an MN-major B, the shared-memory matrix descriptors of 128-byte-swizzled tiles, and the fences
+// around the asynchronous operations.
 // Layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
 //  - A, 64 x 16 per instruction, in registers: warp w of the warpgroup holds rows 16 w .. 16 w + 15 in the
 //    m16n8k16 A fragment order (reg 0: row g, k 2t, 2t+1; reg 1: row g + 8; reg 2: row g, k 2t + 8, +9; reg 3:
@@ -41,46 +42,83 @@ __device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.ali
 // Shared memory written by ordinary stores or cp.async, made visible to the asynchronous proxy (wgmma's reads).
 __device__ __forceinline__ void fence_proxy_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-// d (+)= A B: A four bf16x2 registers, B by descriptor; accumulate false overwrites d.
+// d (+)= A B: A four 16-bit pair registers (bf16, or fp16 where F16: kernels/gemm_q4f16.cu), B by descriptor;
+// accumulate false overwrites d. (The operand lists as macros: each shape's asm exists once per type.)
+#define LILY_WG_D8 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define LILY_WG_D16 \
+  LILY_WG_D8, "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define LILY_WG_D32                                                                                          \
+  LILY_WG_D16, "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),   \
+      "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), \
+      "+f"(d[31])
+#define LILY_WG_A "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate))
+template <bool F16 = false>
 __device__ __forceinline__ void m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+  if constexpr (F16)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : LILY_WG_D32
+        : LILY_WG_A);
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : LILY_WG_D32
+        : LILY_WG_A);
 }
 
 // The same for 32 / 16 columns of B (d[4 j + e], j < 4 / 2).
+template <bool F16 = false>
 __device__ __forceinline__ void m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+  if constexpr (F16)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : LILY_WG_D16
+        : LILY_WG_A);
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : LILY_WG_D16
+        : LILY_WG_A);
 }
+template <bool F16 = false>
 __device__ __forceinline__ void m64n16k16(float (&d)[8], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+  if constexpr (F16)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : LILY_WG_D8
+        : LILY_WG_A);
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : LILY_WG_D8
+        : LILY_WG_A);
 }
 // d (+)= A B over NT columns: d's first NT / 2 registers.
-template <int NT>
+template <int NT, bool F16 = false>
 __device__ __forceinline__ void m64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-  if constexpr (NT == 64) m64n64k16(d, a, b, accumulate);
-  else if constexpr (NT == 32) m64n32k16(reinterpret_cast<float(&)[16]>(d), a, b, accumulate);
-  else m64n16k16(reinterpret_cast<float(&)[8]>(d), a, b, accumulate);
+  if constexpr (NT == 64) m64n64k16<F16>(d, a, b, accumulate);
+  else if constexpr (NT == 32) m64n32k16<F16>(reinterpret_cast<float(&)[16]>(d), a, b, accumulate);
+  else m64n16k16<F16>(reinterpret_cast<float(&)[8]>(d), a, b, accumulate);
 }
 
 // d += A B with N = 256: A four bf16x2 registers, B by the descriptor of an MN-major tile (imm-trans-b = 1: the
@@ -126,11 +164,13 @@ __device__ __forceinline__ void m64n64k16_ss(float (&d)[32], uint64_t a, uint64_
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
       "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : LILY_WG_D32
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
 }
+
+#undef LILY_WG_D8
+#undef LILY_WG_D16
+#undef LILY_WG_D32
+#undef LILY_WG_A
 
 }  // namespace lily::cuda::wgmma

@@ -24,6 +24,7 @@ cuda::KernelOptions parse_kernel_options(const std::function<const char*(const c
   o.prefill_min = integer("LILY_PREFILL_MIN", o.prefill_min);
   o.batch_graph_rows = integer("LILY_BATCH_GRAPH_ROWS", o.batch_graph_rows);
   o.gdn_wy = flag("LILY_GDN_WY", o.gdn_wy);
+  o.prompt_gemm_f16 = flag("LILY_PROMPT_GEMM_F16", o.prompt_gemm_f16);
   o.prompt_attn_one_term = flag("LILY_PROMPT_ATTN_1TERM", o.prompt_attn_one_term);
   o.prompt_attn_wgmma = flag("LILY_PROMPT_ATTN_WG", o.prompt_attn_wgmma);
   o.batch_pass_graphs = flag("LILY_BATCH_PASS_GRAPHS", o.batch_pass_graphs);
@@ -51,6 +52,7 @@ std::string describe(const cuda::KernelOptions& o) {
   s << "gdn_fused=" << o.gdn_fused << " moe_fused=" << o.moe_fused << " attn_splits=" << num(o.attn_splits)
     << " prefill=" << o.prefill << " prefill_chunk=" << num(o.prefill_chunk) << " prefill_min=" << num(o.prefill_min)
     << " batch_graph_rows=" << o.batch_graph_rows << " gdn_wy=" << o.gdn_wy
+    << " prompt_gemm_f16=" << o.prompt_gemm_f16
     << " prompt_attn_one_term=" << o.prompt_attn_one_term
     << " prompt_attn_wgmma=" << o.prompt_attn_wgmma
     << " batch_pass_graphs=" << o.batch_pass_graphs

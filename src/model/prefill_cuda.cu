@@ -15,9 +15,15 @@
 namespace lily::cuda {
 
 namespace {
-// A GemmX of width K over a buffer allocated for a larger width (rows are K apart once prepared at K).
-GemmXBuf at_width(GemmXBuf b, int K) {
+// A GemmX of width K over a buffer allocated for a larger width (rows are K apart once prepared at K), for the
+// matrices `readers`: the prep writes x's fp16 form only where the GEMMs take it (use_f16), and then skips the two
+// bf16 terms where every reader is 4-bit.
+GemmXBuf at_width(GemmXBuf b, int K, std::initializer_list<const QMat*> readers) {
   b.K = K;
+  if (!b.use_f16) b.f16hi = b.f16lo = nullptr, b.f16inv = nullptr;
+  bool all_q4 = b.f16hi != nullptr;
+  for (const QMat* m : readers) all_q4 = all_q4 && m->format == QFormat::q4;
+  if (all_q4) b.hi = b.lo = nullptr;
   return b;
 }
 }  // namespace
@@ -108,7 +114,7 @@ void CudaEngine::prefill_alloc() {
   // rows of width <= max(H, mix) for the chunk's tokens, or of width F for their n * k expert slots: one
   // allocation of x_elems values (and x_elems / 64 group sums), viewed at each width (at_width)
   const size_t x_elems = std::max((size_t)n * std::max(H, mix), (size_t)n * k * F);
-  b->x = gemm_x_alloc((int)(x_elems / 64), 64);
+  b->x = gemm_x_alloc((int)(x_elems / 64), 64, opts_.prompt_gemm_f16);
   b->proj = device_alloc<float>((size_t)n * std::max(gdn_proj, attn_proj));
   b->mix = device_alloc<float>((size_t)n * mix);
   const GdnDims dims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim};
@@ -233,6 +239,7 @@ bool CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
   // block in one launch with the decode step's arithmetic, other bits than a larger pass's (both within issue
   // 28's bound of the decode step: FullStep.DecodePassWithinTheBound).
   b.x.few = opts_.gemm_rows && m == n;
+  b.x.use_f16 = m < n;  // (a prompt's piece in the pass)
   b.moe_rows = m == n && n <= PrefillBuffers::kMoeRowsMaxTokens && b.srows;
   b.i8 = m == n && n <= kI8MaxTokens && b.i8x;
   b.moe_fused = m == n && n <= std::min(opts_.moe_fused_rows, kMoeFusedMaxRows) && b.mfr.act;
@@ -319,7 +326,7 @@ void CudaEngine::head_rows(const int* rows, int n, float* logits) {
                                cudaMemcpyDeviceToDevice, stream_));
   if (project_i8({{&w_.lm_head, logits, c.vocab}}, gathered, H, w_.norm, n, false, "lm_head", n * flops_.lm_head))
     return;
-  const GemmXBuf xh = at_width(b.x, H);
+  const GemmXBuf xh = at_width(b.x, H, {&w_.lm_head});
   pmark("lm_head", n * flops_.lm_head);
   gemm_x_prep(gathered, H, n, w_.norm, c.eps, xh, nullptr, stream_);
   gemm(w_.lm_head, 0, xh.view(), n, logits, c.vocab, false, stream_);
@@ -375,7 +382,7 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
   float* a = bb + (size_t)n * Hv;
   if (!project_i8({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}},
                   b.h, H, w_.layers[layer].input_layernorm, n, false, "gemm_gdn_in", n * flops_.gdn_in)) {
-    const GemmXBuf xh = at_width(b.x, H);
+    const GemmXBuf xh = at_width(b.x, H, {&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a});
     pmark("norm");
     gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
     pmark("gemm_gdn_in", n * flops_.gdn_in);
@@ -406,7 +413,7 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
     }
   if (project_i8({{&g.out_proj, b.h, H}}, b.mix, vd, nullptr, n, true, "gemm_gdn_out", n * flops_.gdn_out, layer))
     return;
-  const GemmXBuf xm = at_width(b.x, vd);
+  const GemmXBuf xm = at_width(b.x, vd, {&g.out_proj});
   pmark("norm");
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
   pmark("gemm_gdn_out", n * flops_.gdn_out);
@@ -423,7 +430,7 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   float* v = k + (size_t)n * kvd;
   if (!project_i8({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, b.h, H,
                   w_.layers[layer].input_layernorm, n, false, "gemm_attn_in", n * flops_.attn_in)) {
-    const GemmXBuf xh = at_width(b.x, H);
+    const GemmXBuf xh = at_width(b.x, H, {&at.q_proj, &at.k_proj, &at.v_proj});
     pmark("norm");
     gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
     pmark("gemm_attn_in", n * flops_.attn_in);
@@ -463,7 +470,7 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
     }
   if (project_i8({{&at.o_proj, b.h, H}}, b.mix, od, nullptr, n, true, "gemm_attn_out", n * flops_.attn_out, layer))
     return;
-  const GemmXBuf xm = at_width(b.x, od);
+  const GemmXBuf xm = at_width(b.x, od, {&at.o_proj});
   pmark("norm");
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
   pmark("gemm_attn_out", n * flops_.attn_out);
@@ -484,7 +491,8 @@ void CudaEngine::prefill_moe(int layer, int n) {
     moe_fused_rows(m, b.h, n, norm_w, c.eps, b.mfr, stream_);
     return;
   }
-  const GemmXBuf xh = at_width(b.x, H);
+  const GemmXBuf xh = at_width(b.x, H, {&m.gate, &m.shared_expert_gate, &m.shared_gate, &m.shared_up,
+                                        &m.experts_gate, &m.experts_up});
   pmark("norm");
   // the streamed experts read the normed rows staged (b.ysh holds them in fp32 until the shared expert's down)
   gemm_x_prep(b.h, H, n, w_.layers[layer].post_attention_layernorm, c.eps, xh, b.moe_rows ? b.ysh : nullptr, stream_);
@@ -527,7 +535,8 @@ void CudaEngine::prefill_moe(int layer, int n) {
     gemm_grouped(m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_, n);
     swiglu_rows(g, u, b.w_slot, n * k, F, act, stream_);
   }
-  const GemmXBuf xs = at_width(b.x, Fs);  // the shared expert's activations, then the routed ones after them
+  // the shared expert's activations, then the routed ones after them
+  const GemmXBuf xs = at_width(b.x, Fs, {&m.shared_down});
   pmark("norm");
   gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
   pmark("gemm_shared", n * flops_.shared_down);
@@ -538,7 +547,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
     pmark("gemm_experts_down", n * k * flops_.expert_down);
     moe_rows_down(m.experts_down, b.srows, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
   } else {
-    const GemmXBuf xr = at_width(b.x, F);
+    const GemmXBuf xr = at_width(b.x, F, {&m.experts_down});
     gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
     pmark("gemm_experts_down", n * k * flops_.expert_down);
     gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, n);

@@ -2,6 +2,8 @@
 // inputs of varied magnitude, the x~ = hi + lo the tensor cores receive read back from a GemmX buffer, and the
 // reference row dot product on it (see test_batched.cu's header for why the reference takes x~).
 #pragma once
+#include <cuda_fp16.h>
+
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -28,9 +30,9 @@ inline std::vector<T> to_host(const T* p, size_t n) {
   return v;
 }
 
-struct XBuf {  // a GemmXBuf freed on scope exit
+struct XBuf {  // a GemmXBuf freed on scope exit (f16: with the fp16 form, which the q4 launches then take)
   GemmXBuf b;
-  XBuf(int n, int K) : b(gemm_x_alloc(n, K)) {}
+  XBuf(int n, int K, bool f16 = false) : b(gemm_x_alloc(n, K, f16)) {}
   ~XBuf() { gemm_x_free(b); }
   XBuf(const XBuf&) = delete;
   XBuf& operator=(const XBuf&) = delete;
@@ -55,8 +57,40 @@ inline int pos_of(int c) {
   return -1;
 }
 
+// The fp16 form of n rows (x~ = (hi + lo) inv): its terms as the tensor cores take them, [n][K] by column, and
+// inv [n].
+struct F16X {
+  std::vector<float> hi, lo, inv;
+};
+// Reads it back from b; bad counts the elements outside |x - x~| <= 2^-20 |x| + 2^-24 inv (x [n][ldx]).
+inline F16X f16_of(const GemmXBuf& b, int n, const std::vector<float>& x, int ldx, size_t& bad) {
+  const size_t m = static_cast<size_t>(n) * b.K;
+  const std::vector<uint16_t> hi = to_host(b.f16hi, m), lo = to_host(b.f16lo, m);
+  F16X f{std::vector<float>(m), std::vector<float>(m), to_host(b.f16inv, n)};
+  bad = 0;
+  for (int t = 0; t < n; ++t)
+    for (int k = 0; k < b.K; ++k) {
+      const size_t i = static_cast<size_t>(t) * b.K + k;
+      const size_t p = static_cast<size_t>(t) * b.K + (k / 64) * 64 + pos_of(k % 64);
+      f.hi[i] = __half2float(__ushort_as_half(hi[p]));
+      f.lo[i] = __half2float(__ushort_as_half(lo[p]));
+      const double xt = (static_cast<double>(f.hi[i]) + f.lo[i]) * f.inv[t];
+      const double xv = x[static_cast<size_t>(t) * ldx + k];
+      if (!(std::fabs(xv - xt) <= std::ldexp(std::fabs(xv), -20) + std::ldexp(f.inv[t], -24))) ++bad;
+    }
+  return f;
+}
+// Its x~ alone (split_of's form).
+inline std::vector<double> f16_xt(const F16X& f, int K) {
+  std::vector<double> xt(f.hi.size());
+  for (size_t i = 0; i < xt.size(); ++i) xt[i] = (static_cast<double>(f.hi[i]) + f.lo[i]) * f.inv[i / K];
+  return xt;
+}
+
 // x~ = hi + lo of the n rows in b ([n][K]); bad counts the elements outside |x - x~| <= 2^-16 |x| (x [n][ldx]).
+// Where b has the fp16 form (which the q4 launches take), that one's x~ (f16_of).
 inline std::vector<double> split_of(const GemmXBuf& b, int n, const std::vector<float>& x, int ldx, size_t& bad) {
+  if (b.f16hi) return f16_xt(f16_of(b, n, x, ldx, bad), b.K);
   const size_t m = static_cast<size_t>(n) * b.K;
   const std::vector<uint16_t> hi = to_host(b.hi, m), lo = to_host(b.lo, m);
   std::vector<double> xt(m);
@@ -99,11 +133,46 @@ inline void gemm_dot(const RowW& w, const double* xt, const float* x, int K, dou
   }
 }
 
+// Row r of matrix e (q4) as the fp16-form kernel applies it: fp16(scale q + bias), rounded once.
+inline std::vector<float> f16_row(const HostMat& h, int e, int r) {
+  std::vector<float> w(h.cols);
+  for (int k = 0; k < h.cols; ++k)
+    w[k] = __half2float(__float2half_rn(h.scale(e, r, k) * static_cast<float>(h.q(e, r, k)) + h.bias(e, r, k)));
+  return w;
+}
+// y = inv sum_k w[k] (hi[k] + lo[k]) of one token's fp16 form (hi, lo [K] by column): fp64, and in fp32 the way
+// the tensor cores sum, for the tolerance: per group and k-step (16 positions, gemm_x_col's columns) the exact sum
+// of the hi products added to the running sum, rounded toward zero, then the lo products'.
+inline void gemm_dot_f16(const std::vector<float>& w, const float* hi, const float* lo, float inv, int K, double& d64,
+                         float& d32) {
+  auto rz = [](double v) {
+    float f = static_cast<float>(v);
+    if (std::fabs(f) > std::fabs(v)) f = std::nextafter(f, 0.f);
+    return f;
+  };
+  d64 = 0;
+  float acc = 0.f;
+  for (int g = 0; g < K / 64; ++g)
+    for (int ks = 0; ks < 4; ++ks)
+      for (const float* term : {hi, lo}) {
+        double s = 0;
+        for (int i = 0; i < 16; ++i) {
+          const int c = 64 * g + gemm_x_col(16 * ks + i);
+          s += static_cast<double>(w[c]) * term[c];
+        }
+        d64 += s;
+        acc = rz(acc + s);
+      }
+  d64 *= inv;
+  d32 = acc * inv;
+}
+
 // The reference of a grouped launch: slot s of expert e (offsets[e] <= s < offsets[e + 1]) takes x row x_row[s]
 // (xt its split form, x the values, both [..][K]); r64 / r32 [slots][rows] the fp64 and fp32 dot products.
+// f16: the fp16 form's reference on its terms (gemm_dot_f16) instead.
 inline void grouped_ref(const HostMat& h, const std::vector<int>& offsets, const std::vector<int>& x_row, int rows,
                         int K, const std::vector<double>& xt, const std::vector<float>& x, std::vector<double>& r64,
-                        std::vector<float>& r32) {
+                        std::vector<float>& r32, const F16X* f16 = nullptr) {
   const int E = static_cast<int>(offsets.size()) - 1;
   r64.assign(static_cast<size_t>(offsets[E]) * rows, 0.0);
   r32.assign(r64.size(), 0.f);
@@ -111,9 +180,13 @@ inline void grouped_ref(const HostMat& h, const std::vector<int>& offsets, const
   for (int e = 0; e < E; ++e)
     for (int r = 0; r < rows; ++r) {
       row_w(h, e, r, w);
+      const std::vector<float> w16 = f16 ? f16_row(h, e, r) : std::vector<float>();
       for (int s = offsets[e]; s < offsets[e + 1]; ++s) {
         const size_t xi = static_cast<size_t>(x_row[s]) * K, i = static_cast<size_t>(s) * rows + r;
-        gemm_dot(w, &xt[xi], &x[xi], K, r64[i], r32[i]);
+        if (f16)
+          gemm_dot_f16(w16, &f16->hi[xi], &f16->lo[xi], f16->inv[x_row[s]], K, r64[i], r32[i]);
+        else
+          gemm_dot(w, &xt[xi], &x[xi], K, r64[i], r32[i]);
       }
     }
 }

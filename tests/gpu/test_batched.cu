@@ -11,8 +11,10 @@
 //   moe_select_rows top-k by logit with ties to the lower id, renormalised softmax weights, the shared gate;
 //   moe_group       offsets, slots, their token and weight, slot_of a permutation;
 //   swiglu_rows, moe_combine, embed_rows (out-of-range ids give zero rows).
+// The q4 cases run twice: on x's two bf16 terms (kernels/gemm.cu) and on its fp16 form (kernels/gemm_q4f16.cu).
 // The GEMM's reference takes the input the tensor cores receive (x~ = hi + lo, read back from the GemmX buffer
-// and checked against x within the header's bound 2^-16 |x|) for the scale * q term and x for the bias term: the
+// and checked against x within the header's bound 2^-16 |x|) for the scale * q term and x for the bias term (the
+// fp16 form: its terms against the weights as fp16(scale q + bias), gemm_ref.h's gemm_dot_f16): the
 // split's error (up to 2^-17 |x| per element) is above fp32 rounding, so a reference on x alone would blur the
 // tolerance rule (2x the error of a sequential fp32 reference, kernel_test_util.h close_enough).
 #include <gtest/gtest.h>
@@ -33,8 +35,9 @@ struct GemmCase {
   int rows, cols, n, n_mats, mat;
 };
 
-void run_gemm(QFormat fmt, const GemmCase& c, bool accumulate, uint64_t seed) {
-  const std::string name = std::string("gemm ") + fmt_name(fmt) + " mat " + std::to_string(c.mat) + "/" +
+void run_gemm(QFormat fmt, const GemmCase& c, bool accumulate, uint64_t seed, bool f16 = false) {
+  const std::string name = std::string("gemm ") + fmt_name(fmt) + (f16 ? " f16" : "") + " mat " +
+                           std::to_string(c.mat) + "/" +
                            std::to_string(c.n_mats) + " [" + std::to_string(c.rows) + " x " + std::to_string(c.cols) +
                            "] n " + std::to_string(c.n) + (accumulate ? " +=" : " =");
   std::mt19937_64 rng(seed);
@@ -44,13 +47,15 @@ void run_gemm(QFormat fmt, const GemmCase& c, bool accumulate, uint64_t seed) {
   const std::vector<float> x = random_x(rng, c.n, K);
   const std::vector<float> y0 = random_vec(rng, static_cast<size_t>(c.n) * ldy, -2.f, 2.f);
   DevBuf<float> dx(x), dy(y0);
-  XBuf xb(c.n, K);
+  XBuf xb(c.n, K, f16);
   gemm_x_prep(dx.p, K, c.n, nullptr, 0.f, xb.b, nullptr, nullptr);
   gemm(d.m, c.mat, xb.b.view(), c.n, dy.p, ldy, accumulate, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   size_t bad_split = 0;
   const std::vector<double> xt = split_of(xb.b, c.n, x, K, bad_split);
-  EXPECT_EQ(bad_split, 0u) << name << ": |x - hi - lo| > 2^-16 |x|";
+  EXPECT_EQ(bad_split, 0u) << name << ": x~ outside its bound";
+  F16X fx;
+  if (f16) fx = f16_of(xb.b, c.n, x, K, bad_split);
   const std::vector<float> y = dy.download();
 
   const size_t m = static_cast<size_t>(c.n) * c.rows;
@@ -61,7 +66,11 @@ void run_gemm(QFormat fmt, const GemmCase& c, bool accumulate, uint64_t seed) {
     row_w(h, c.mat, r, w);
     for (int t = 0; t < c.n; ++t) {
       const size_t i = static_cast<size_t>(t) * c.rows + r, iy = static_cast<size_t>(t) * ldy + r;
-      gemm_dot(w, &xt[static_cast<size_t>(t) * K], &x[static_cast<size_t>(t) * K], K, r64[i], r32[i]);
+      const size_t xi = static_cast<size_t>(t) * K;
+      if (f16)
+        gemm_dot_f16(f16_row(h, c.mat, r), &fx.hi[xi], &fx.lo[xi], fx.inv[t], K, r64[i], r32[i]);
+      else
+        gemm_dot(w, &xt[xi], &x[xi], K, r64[i], r32[i]);
       if (accumulate) { r64[i] += y0[iy]; r32[i] += y0[iy]; }
       got[i] = y[iy];
     }
@@ -88,6 +97,7 @@ TEST(Gemm, DenseAllFormatsOddShapes) {
   uint64_t seed = 1000;
   for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16})
     for (const GemmCase& c : kGemmCases) run_gemm(f, c, false, seed++);
+  for (const GemmCase& c : kGemmCases) run_gemm(QFormat::q4, c, false, seed++, true);
 }
 
 TEST(Gemm, DenseAccumulate) {
@@ -95,6 +105,7 @@ TEST(Gemm, DenseAccumulate) {
   uint64_t seed = 2000;
   for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16})
     for (const GemmCase& c : kGemmCases) run_gemm(f, c, true, seed++);
+  for (const GemmCase& c : kGemmCases) run_gemm(QFormat::q4, c, true, seed++, true);
 }
 
 // A token's outputs must not depend on how many tokens share its launch (a prompt resumed from a prefix
@@ -103,15 +114,18 @@ TEST(Gemm, DenseAccumulate) {
 // of n tokens alone.
 TEST(Gemm, TokenResultsIndependentOfLaunchSize) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
-  for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16}) {
+  int round = 0;
+  for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16, QFormat::q4}) {
+    const bool f16 = round++ == 3;  // the second q4 round on the fp16 form
     std::mt19937_64 rng(3500 + static_cast<int>(f));
     const int rows = 4096, K = 256, n_all = 1200;
     DevMat d(random_mat(rng, f, 1, rows, K));
     const std::vector<float> x = random_x(rng, n_all, K);
     DevBuf<float> dx(x);
-    XBuf xb(n_all, K);
+    XBuf xb(n_all, K, f16);
     gemm_x_prep(dx.p, K, n_all, nullptr, 0.f, xb.b, nullptr, nullptr);
-    expect_first_tokens_alone_same(d.m, xb.b, n_all, rows, {1, 5, 16, 17, 33, 64, 70}, fmt_name(f));
+    expect_first_tokens_alone_same(d.m, xb.b, n_all, rows, {1, 5, 16, 17, 33, 64, 70},
+                                   f16 ? "q4 f16" : fmt_name(f));
   }
 }
 
@@ -162,7 +176,9 @@ TEST(GemmOneRow, OneRowAgainstTheReference) {
 // references): the same per-element arithmetic, only the blocks' assignment to matrices differs.
 TEST(Gemm, MultiEqualsOneLaunchPerMatrix) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
-  for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16}) {
+  int round = 0;
+  for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16, QFormat::q4}) {
+    const bool f16 = round++ == 3;  // the second q4 round on the fp16 form
     std::mt19937_64 rng(3000 + static_cast<int>(f));
     const int K = 192, n = 70;
     const int rows[4] = {37, 200, 1, 129};
@@ -170,7 +186,7 @@ TEST(Gemm, MultiEqualsOneLaunchPerMatrix) {
     for (int r : rows) mats.push_back(std::make_unique<DevMat>(random_mat(rng, f, 1, r, K)));
     const std::vector<float> x = random_x(rng, n, K);
     DevBuf<float> dx(x);
-    XBuf xb(n, K);
+    XBuf xb(n, K, f16);
     gemm_x_prep(dx.p, K, n, nullptr, 0.f, xb.b, nullptr, nullptr);
     for (int parts = 1; parts <= kMaxGemmParts; ++parts) {
       GemmBatch b;
@@ -189,7 +205,7 @@ TEST(Gemm, MultiEqualsOneLaunchPerMatrix) {
       for (int i = 0; i < parts; ++i) {
         const std::vector<float> a = multi[i]->download(), e = single[i]->download();
         EXPECT_EQ(0, std::memcmp(a.data(), e.data(), a.size() * sizeof(float)))
-            << fmt_name(f) << " parts " << parts << " matrix " << i;
+            << fmt_name(f) << (f16 ? " f16" : "") << " parts " << parts << " matrix " << i;
       }
     }
   }
@@ -198,7 +214,8 @@ TEST(Gemm, MultiEqualsOneLaunchPerMatrix) {
 // ---- gemm_x_prep ----
 
 // x_out: x itself (bit for bit) or the RMSNorm x * rsqrt(mean(x^2) + eps) * w against fp64; hi + lo within
-// 2^-16 |x_out|; gsum the sums of x_out's 64-element groups (to 1e-6 of the sum of magnitudes: a few fp32 ulp).
+// 2^-16 |x_out|; the fp16 form within 2^-20 |x_out| + 2^-24 inv, inv the power of two that takes the row's largest
+// |x_out| into [2^14, 2^15); gsum the sums of x_out's 64-element groups (to 1e-6 of the sum of magnitudes).
 TEST(GemmXPrep, SplitGroupSumsAndRmsNorm) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   const float eps = 1e-6f;
@@ -211,7 +228,7 @@ TEST(GemmXPrep, SplitGroupSumsAndRmsNorm) {
       const std::vector<float> x = random_x(rng, n, ldx), w = random_vec(rng, K, 0.5f, 1.5f);
       DevBuf<float> dx(x), dw(w), dout(static_cast<size_t>(n) * K);
       dout.poison();
-      XBuf xb(n, K);
+      XBuf xb(n, K, true);
       gemm_x_prep(dx.p, ldx, n, norm ? dw.p : nullptr, eps, xb.b, dout.p, nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<float> xo = dout.download();
@@ -240,8 +257,36 @@ TEST(GemmXPrep, SplitGroupSumsAndRmsNorm) {
         EXPECT_EQ(diff, 0u) << name << ": x_out is not x";
       }
       size_t bad_split = 0;
-      split_of(xb.b, n, xo, K, bad_split);
+      GemmXBuf two_terms = xb.b;
+      two_terms.f16hi = nullptr;
+      split_of(two_terms, n, xo, K, bad_split);
       EXPECT_EQ(bad_split, 0u) << name << ": |x_out - hi - lo| > 2^-16 |x_out|";
+      const F16X fx = f16_of(xb.b, n, xo, K, bad_split);
+      EXPECT_EQ(bad_split, 0u) << name << ": |x_out - (hi + lo) inv| > 2^-20 |x_out| + 2^-24 inv (fp16 form)";
+      size_t bad_inv = 0;  // inv = 2^-e with the row's largest |x_out| 2^e in [2^14, 2^15)
+      for (int t = 0; t < n; ++t) {
+        float m = 0.f;
+        for (int k = 0; k < K; ++k) m = std::max(m, std::fabs(xo[static_cast<size_t>(t) * K + k]));
+        int e = 0;
+        const float f = std::frexp(fx.inv[t], &e);
+        const double scaled = m / fx.inv[t];
+        bad_inv += !(f == 0.5f && scaled >= 16384.0 && scaled < 32768.0);
+      }
+      EXPECT_EQ(bad_inv, 0u) << name << ": fp16 form's 2^-e";
+      // without the two bf16 terms (hi null): the same fp16 form and sums, hi and lo left alone
+      const size_t m = static_cast<size_t>(n) * K;
+      const std::vector<uint16_t> fh = to_host(xb.b.f16hi, m), fl = to_host(xb.b.f16lo, m);
+      CUDA_CHECK(cudaMemset(xb.b.f16hi, 0x55, m * 2));
+      CUDA_CHECK(cudaMemset(xb.b.hi, 0x77, m * 2));
+      GemmXBuf no_terms = xb.b;
+      no_terms.hi = no_terms.lo = nullptr;
+      gemm_x_prep(dx.p, ldx, n, norm ? dw.p : nullptr, eps, no_terms, nullptr, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_TRUE(to_host(xb.b.f16hi, m) == fh && to_host(xb.b.f16lo, m) == fl)
+          << name << ": the fp16 form without the bf16 terms";
+      const std::vector<uint16_t> hi_after = to_host(xb.b.hi, m);
+      EXPECT_EQ(static_cast<size_t>(std::count(hi_after.begin(), hi_after.end(), uint16_t{0x7777})), m)
+          << name << ": hi written although null";
       size_t bad_sum = 0;
       for (int t = 0; t < n; ++t)
         for (int g = 0; g < K / 64; ++g) {
@@ -267,8 +312,9 @@ const std::vector<int> kExpertSlots = {5, 0, 77, 1, 0, 13, 33, 2, 0};
 // A stack of 9 experts [rows x K]: slots by expert with counts including zeros (the last expert too) and one
 // over a 64-token tile. gather: slot a reads row x_row[a] of a 40-row x (rows repeat); else row a of an x with
 // one row per slot, and the tiles' bound 3x the needed one.
-void run_grouped(QFormat fmt, bool gather, uint64_t seed, int rows = 100, int K = 128) {
-  const std::string name = std::string("gemm_grouped ") + fmt_name(fmt) + (gather ? " x_row" : " x_row=null") +
+void run_grouped(QFormat fmt, bool gather, uint64_t seed, int rows = 100, int K = 128, bool f16 = false) {
+  const std::string name = std::string("gemm_grouped ") + fmt_name(fmt) + (f16 ? " f16" : "") +
+                           (gather ? " x_row" : " x_row=null") +
                            " [" + std::to_string(rows) + " x " + std::to_string(K) + "]";
   std::mt19937_64 rng(seed);
   const int E = 9, X = 40;
@@ -286,7 +332,7 @@ void run_grouped(QFormat fmt, bool gather, uint64_t seed, int rows = 100, int K 
   DevBuf<float> dx(x), dy(static_cast<size_t>(S) * rows);
   DevBuf<int> doff(offsets), drow(x_row);
   dy.poison();
-  XBuf xb(n_x, K);
+  XBuf xb(n_x, K, f16);
   gemm_x_prep(dx.p, K, n_x, nullptr, 0.f, xb.b, nullptr, nullptr);
   const int max_tiles = gemm_grouped_max_tiles(S, E) * (gather ? 1 : 3);  // the bound, or a loose one
   DevBuf<int> dtiles(std::vector<int>(1 + max_tiles, -1));
@@ -295,11 +341,13 @@ void run_grouped(QFormat fmt, bool gather, uint64_t seed, int rows = 100, int K 
   CUDA_CHECK(cudaDeviceSynchronize());
   size_t bad_split = 0;
   const std::vector<double> xt = split_of(xb.b, n_x, x, K, bad_split);
-  EXPECT_EQ(bad_split, 0u) << name << ": |x - hi - lo| > 2^-16 |x|";
+  EXPECT_EQ(bad_split, 0u) << name << ": x~ outside its bound";
 
+  F16X fx;
+  if (f16) fx = f16_of(xb.b, n_x, x, K, bad_split);
   std::vector<double> r64;
   std::vector<float> r32;
-  grouped_ref(h, offsets, x_row, rows, K, xt, x, r64, r32);
+  grouped_ref(h, offsets, x_row, rows, K, xt, x, r64, r32, f16 ? &fx : nullptr);
   EXPECT_TRUE(close_enough(dy.download(), r64, r32, name));
 }
 
@@ -367,6 +415,9 @@ TEST(GemmGrouped, ExpertsWithGatheredRows) {
   // more groups than pipeline stages and more rows than one tile (the experts' real K is 2048, down's rows 2048)
   run_grouped(QFormat::q4, true, seed++, 300, 2048);
   run_grouped(QFormat::q4, true, seed++, 200, 512);
+  for (bool gather : {true, false}) run_grouped(QFormat::q4, gather, seed++, 100, 128, true);
+  run_grouped(QFormat::q4, true, seed++, 300, 2048, true);
+  run_grouped(QFormat::q4, true, seed++, 200, 512, true);
 }
 
 // ---- gemm_swiglu, gemm_grouped_swiglu ----
@@ -375,8 +426,9 @@ TEST(GemmGrouped, ExpertsWithGatheredRows) {
 // fragments, products and group order) and SwiGLU as swiglu_rows does, so it must equal those three launches
 // (checked above against the references) bit for bit. Rows off the 64-row paired tile, tokens off the 64-token
 // tile; grouped: the experts of run_grouped, gathered rows, a routing weight per slot.
-void run_swiglu(QFormat fmt, int rows, int K, int n, bool grouped, uint64_t seed) {
-  const std::string name = std::string(grouped ? "gemm_grouped_swiglu " : "gemm_swiglu ") + fmt_name(fmt) + " [" +
+void run_swiglu(QFormat fmt, int rows, int K, int n, bool grouped, uint64_t seed, bool f16 = false) {
+  const std::string name = std::string(grouped ? "gemm_grouped_swiglu " : "gemm_swiglu ") + fmt_name(fmt) +
+                           (f16 ? " f16" : "") + " [" +
                            std::to_string(rows) + " x " + std::to_string(K) + "] n " + std::to_string(n);
   std::mt19937_64 rng(seed);
   const int E = grouped ? 9 : 1;
@@ -394,7 +446,7 @@ void run_swiglu(QFormat fmt, int rows, int K, int n, bool grouped, uint64_t seed
   const int max_tiles = gemm_grouped_max_tiles(S, E);
   DevBuf<int> dtiles(std::vector<int>(1 + max_tiles, -1));
   got.poison();
-  XBuf xb(X, K);
+  XBuf xb(X, K, f16);
   gemm_x_prep(dx.p, K, X, nullptr, 0.f, xb.b, nullptr, nullptr);
   if (grouped) {
     gemm_grouped_tiles(doff.p, E, dtiles.p, nullptr);
@@ -431,6 +483,12 @@ TEST(GemmSwiglu, EqualsGemmsThenSwigluRows) {
   // a few tokens (a decode pass's shapes)
   for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16}) run_swiglu(f, 100, 1024, 7, false, seed++);
   run_swiglu(QFormat::q4, 512, 2048, 7, false, seed++);
+  // on the fp16 form
+  run_swiglu(QFormat::q4, 100, 128, 70, false, seed++, true);
+  run_swiglu(QFormat::q4, 129, 128, 0, true, seed++, true);
+  run_swiglu(QFormat::q4, 512, 2048, 130, false, seed++, true);
+  run_swiglu(QFormat::q4, 512, 2048, 0, true, seed++, true);
+  run_swiglu(QFormat::q4, 512, 2048, 7, false, seed++, true);
 }
 
 // An expert's slots give the same bits whether its tile is full or holds a few slots (the q4 kernel's 16 / 32 / 64
@@ -438,33 +496,36 @@ TEST(GemmSwiglu, EqualsGemmsThenSwigluRows) {
 // same 5 slots alone, with the same rows of x and routing weights.
 TEST(GemmSwiglu, SlotResultsIndependentOfExpertFill) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937_64 rng(4600);
-  const int rows = 96, K = 256, X = 80, E = 2;
-  DevMat gate(random_mat(rng, QFormat::q4, E, rows, K)), up(random_mat(rng, QFormat::q4, E, rows, K));
-  const std::vector<float> x = random_x(rng, X, K), sc = random_vec(rng, 73, 0.05f, 1.f);
-  DevBuf<float> dx(x);
-  XBuf xb(X, K);
-  gemm_x_prep(dx.p, K, X, nullptr, 0.f, xb.b, nullptr, nullptr);
-  // slots [0, n0) of expert 0 read x rows 0.., then 3 slots of expert 1 read rows 77, 3, 50
-  auto launch = [&](int n0) {
-    std::vector<int> offsets{0, n0, n0 + 3}, x_row(n0 + 3);
-    std::vector<float> w(n0 + 3);
-    for (int a = 0; a < n0; ++a) x_row[a] = a, w[a] = sc[a];
-    for (int i = 0; i < 3; ++i) x_row[n0 + i] = std::vector<int>{77, 3, 50}[i], w[n0 + i] = sc[70 + i];
-    DevBuf<int> doff(offsets), drow(x_row);
-    DevBuf<float> dw(w), act(static_cast<size_t>(n0 + 3) * rows);
-    const int max_tiles = gemm_grouped_max_tiles(n0 + 3, E);
-    DevBuf<int> dtiles(std::vector<int>(1 + max_tiles, -1));
-    gemm_grouped_tiles(doff.p, E, dtiles.p, nullptr);
-    gemm_grouped_swiglu(gate.m, up.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, dw.p, act.p, rows, nullptr);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    return act.download();
-  };
-  const std::vector<float> full = launch(70), few = launch(5);
-  EXPECT_EQ(0, std::memcmp(few.data(), full.data(), sizeof(float) * 5 * rows))
-      << "expert 0's first 5 slots alone differ from the same slots in a full tile";
-  EXPECT_EQ(0, std::memcmp(few.data() + 5 * rows, full.data() + 70 * rows, sizeof(float) * 3 * rows))
-      << "expert 1's slots differ between the two launches";
+  for (bool f16 : {false, true}) {
+    SCOPED_TRACE(f16 ? "fp16 form" : "two bf16 terms");
+    std::mt19937_64 rng(4600);
+    const int rows = 96, K = 256, X = 80, E = 2;
+    DevMat gate(random_mat(rng, QFormat::q4, E, rows, K)), up(random_mat(rng, QFormat::q4, E, rows, K));
+    const std::vector<float> x = random_x(rng, X, K), sc = random_vec(rng, 73, 0.05f, 1.f);
+    DevBuf<float> dx(x);
+    XBuf xb(X, K, f16);
+    gemm_x_prep(dx.p, K, X, nullptr, 0.f, xb.b, nullptr, nullptr);
+    // slots [0, n0) of expert 0 read x rows 0.., then 3 slots of expert 1 read rows 77, 3, 50
+    auto launch = [&](int n0) {
+      std::vector<int> offsets{0, n0, n0 + 3}, x_row(n0 + 3);
+      std::vector<float> w(n0 + 3);
+      for (int a = 0; a < n0; ++a) x_row[a] = a, w[a] = sc[a];
+      for (int i = 0; i < 3; ++i) x_row[n0 + i] = std::vector<int>{77, 3, 50}[i], w[n0 + i] = sc[70 + i];
+      DevBuf<int> doff(offsets), drow(x_row);
+      DevBuf<float> dw(w), act(static_cast<size_t>(n0 + 3) * rows);
+      const int max_tiles = gemm_grouped_max_tiles(n0 + 3, E);
+      DevBuf<int> dtiles(std::vector<int>(1 + max_tiles, -1));
+      gemm_grouped_tiles(doff.p, E, dtiles.p, nullptr);
+      gemm_grouped_swiglu(gate.m, up.m, xb.b.view(), drow.p, doff.p, dtiles.p, max_tiles, dw.p, act.p, rows, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      return act.download();
+    };
+    const std::vector<float> full = launch(70), few = launch(5);
+    EXPECT_EQ(0, std::memcmp(few.data(), full.data(), sizeof(float) * 5 * rows))
+        << "expert 0's first 5 slots alone differ from the same slots in a full tile";
+    EXPECT_EQ(0, std::memcmp(few.data() + 5 * rows, full.data() + 70 * rows, sizeof(float) * 3 * rows))
+        << "expert 1's slots differ between the two launches";
+  }
 }
 
 // ---- MoE selection, grouping, SwiGLU, combine ----
