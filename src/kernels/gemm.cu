@@ -292,35 +292,18 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
   if (!block_work<PAIRED>(a, bw)) return;
   if (T::kTok < kGemmTok && bw.t_count > T::kTok) __trap();  // (the launcher's bound on a tile's tokens was wrong)
   const GemmPart& part = a.part[bw.pi];
-  const int r_base = bw.r_base, rows = part.rows, mat = bw.mat, t_count = bw.t_count;
-  auto tile_part = [](int tr) { return PAIRED ? (tr >> 3) & 1 : 0; };
-  auto tile_row = [&](int tr) { return min(PAIRED ? r_base + (tr >> 4) * 8 + (tr & 7) : r_base + tr, rows - 1); };
+  const int r_base = bw.r_base, t_count = bw.t_count;
   const int groups = a.cols / 64;
-  const uint8_t* w = part.w + mat * a.mat_w_bytes;
-  const uint32_t* sb = part.sb + mat * a.mat_groups;
-  const uint8_t* w1 = PAIRED ? a.part[1].w + mat * a.mat_w_bytes : nullptr;
-  const uint32_t* sb1 = PAIRED ? a.part[1].sb + mat * a.mat_groups : nullptr;
-  const size_t row_bytes = static_cast<size_t>(a.cols) / 2;
 
-  // Per group and thread: one 16-byte piece of the weights (row tid / 2), two of hi and of lo (token
-  // (tid + 256 i) / 8, chunk tid % 8), one scale|bias word or one group sum. Destinations are shared addresses,
-  // fixed within a stage.
-  const uint8_t* wsrc = (tile_part(tid >> 1) ? w1 : w) + tile_row(tid >> 1) * row_bytes + (tid & 1) * 16;
-  int xoff[2];
-  x_offsets(a, bw, tid, xoff);
-  // x: null where none (16-token stages: x_offsets gives tokens past 16 none, t_count <= 16); the scale|bias
-  // word (tid < 128) or the group sum (128 <= tid < 128 + TOK) as one 4-byte source.
-  const uint16_t* xsrc[2][2];  // [chunk i][hi, lo]
-  uint32_t xdst[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    xsrc[i][0] = xoff[i] < 0 ? nullptr : a.xhi + xoff[i];
-    xsrc[i][1] = xoff[i] < 0 ? nullptr : a.xlo + xoff[i];
-    xdst[i] = wgmma::b_chunk_offset((tid + i * kGemmThreads) >> 3, tid & 7);
-  }
-  const uint32_t* wordsrc = nullptr;
-  if (tid < kGemmRows) wordsrc = (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups;
-  else if (tid < kGemmRows + T::kTok) wordsrc = reinterpret_cast<const uint32_t*>(gsum_row(a, bw, tid));
+  // Per group and thread (q4_sources): one 16-byte piece of the weights, two of hi and of lo (null where none;
+  // 16-token stages: x_offsets gives tokens past 16 none, t_count <= 16), one scale|bias word (tid < 128) or one
+  // group sum (128 <= tid < 128 + TOK) as one 4-byte source.
+  const Q4Sources src = q4_sources<PAIRED>(a, bw, tid, a.xhi, a.xlo);
+  const uint8_t* wsrc = src.w;
+  const uint16_t* const(&xsrc)[2][2] = src.x;
+  const uint32_t(&xdst)[2] = src.xdst;
+  const uint32_t* wordsrc = src.sb;
+  if (tid >= kGemmRows && tid < kGemmRows + T::kTok) wordsrc = reinterpret_cast<const uint32_t*>(gsum_row(a, bw, tid));
   // Token t's group sum sits at 128 + 16 (t / 16) + 4 ((t / 2) % 4) + 2 ((t / 8) % 2) + t % 2, so that a
   // thread's four sums of columns 16 J + 2 tq (+ 1) and 16 J + 8 + 2 tq (+ 1) are one 16-byte read.
   const int tt = tid - kGemmRows;

@@ -9,6 +9,7 @@
 
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
+#include "kernels/wgmma.cuh"
 
 namespace lily::cuda::detail {
 
@@ -116,6 +117,42 @@ __device__ __forceinline__ const float* gsum_row(const GemmArgs& a, const BlockW
   const int slot = bw.slot0 + bw.t_base + min(tid - kGemmRows, bw.t_count - 1);
   return a.xsum + static_cast<size_t>(a.x_row ? a.x_row[slot] : slot) * (a.cols / 64);
 }
+// What a thread of a 4-bit wgmma tile (kernels/gemm.cu, kernels/gemm_q4f16.cu) copies per group, at group 0: one
+// 16-byte piece of the weights (tile row tid / 2; PAIRED: gate rows at tile rows 16 q + i, up rows at 16 q + 8 + i),
+// two of each x term (token (tid + 256 i) / 8, chunk tid % 8; null where none) with their offsets in a swizzled
+// tile, and tile row tid's scale|bias words (tid < kGemmRows; else null).
+struct Q4Sources {
+  const uint8_t* w;
+  const uint32_t* sb;
+  const uint16_t* x[2][2];  // [chunk i][term]
+  uint32_t xdst[2];
+};
+template <bool PAIRED>
+__device__ __forceinline__ Q4Sources q4_sources(const GemmArgs& a, const BlockWork& bw, int tid, const uint16_t* x0,
+                                                const uint16_t* x1) {
+  const GemmPart& part = a.part[bw.pi];
+  auto tile_part = [](int tr) { return PAIRED ? (tr >> 3) & 1 : 0; };
+  auto tile_row = [&](int tr) {
+    return min(PAIRED ? bw.r_base + (tr >> 4) * 8 + (tr & 7) : bw.r_base + tr, part.rows - 1);
+  };
+  const uint8_t* w = part.w + bw.mat * a.mat_w_bytes;
+  const uint32_t* sb = part.sb + bw.mat * a.mat_groups;
+  const uint8_t* w1 = PAIRED ? a.part[1].w + bw.mat * a.mat_w_bytes : nullptr;
+  const uint32_t* sb1 = PAIRED ? a.part[1].sb + bw.mat * a.mat_groups : nullptr;
+  Q4Sources q;
+  q.w = (tile_part(tid >> 1) ? w1 : w) + tile_row(tid >> 1) * (static_cast<size_t>(a.cols) / 2) + (tid & 1) * 16;
+  q.sb = tid < kGemmRows ? (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * (a.cols / 64) : nullptr;
+  int xoff[2];
+  x_offsets(a, bw, tid, xoff);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    q.x[i][0] = xoff[i] < 0 ? nullptr : x0 + xoff[i];
+    q.x[i][1] = xoff[i] < 0 ? nullptr : x1 + xoff[i];
+    q.xdst[i] = wgmma::b_chunk_offset((tid + i * kGemmThreads) >> 3, tid & 7);
+  }
+  return q;
+}
+
 // The tile's output for token t, row r of the part: scale * silu(v) * up (PAIRED: v the gate, up the up
 // projection) or v (y = or +=); nothing past the tile's tokens or the part's rows.
 template <bool PAIRED>

@@ -58,42 +58,22 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4f16_kernel(GemmArgs a)
   BlockWork bw;
   if (!block_work<PAIRED>(a, bw)) return;
   const GemmPart& part = a.part[bw.pi];
-  const int r_base = bw.r_base, rows = part.rows, mat = bw.mat, t_count = bw.t_count;
-  auto tile_part = [](int tr) { return PAIRED ? (tr >> 3) & 1 : 0; };
-  auto tile_row = [&](int tr) { return min(PAIRED ? r_base + (tr >> 4) * 8 + (tr & 7) : r_base + tr, rows - 1); };
+  const int r_base = bw.r_base, t_count = bw.t_count;
   const int groups = a.cols / 64;
-  const uint8_t* w = part.w + mat * a.mat_w_bytes;
-  const uint32_t* sb = part.sb + mat * a.mat_groups;
-  const uint8_t* w1 = PAIRED ? a.part[1].w + mat * a.mat_w_bytes : nullptr;
-  const uint32_t* sb1 = PAIRED ? a.part[1].sb + mat * a.mat_groups : nullptr;
-  const size_t row_bytes = static_cast<size_t>(a.cols) / 2;
 
-  // Per group and thread: one 16-byte piece of the weights (row tid / 2), two of each x term (token
-  // (tid + 256 i) / 8, chunk tid % 8), one scale|bias word (tid < 128).
-  const uint8_t* wsrc = (tile_part(tid >> 1) ? w1 : w) + tile_row(tid >> 1) * row_bytes + (tid & 1) * 16;
-  int xoff[2];
-  x_offsets(a, bw, tid, xoff);
-  const uint16_t* xsrc[2][2];  // [chunk i][hi, lo]
-  uint32_t xdst[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    xsrc[i][0] = xoff[i] < 0 ? nullptr : a.xf16hi + xoff[i];
-    xsrc[i][1] = xoff[i] < 0 ? nullptr : a.xf16lo + xoff[i];
-    xdst[i] = wgmma::b_chunk_offset((tid + i * kGemmThreads) >> 3, tid & 7);
-  }
-  const uint32_t* wordsrc =
-      tid < kGemmRows ? (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * groups : nullptr;
+  // Per group and thread (q4_sources): one 16-byte piece of the weights, two of each x term, one scale|bias word
+  // (tid < 128).
+  const Q4Sources src = q4_sources<PAIRED>(a, bw, tid, a.xf16hi, a.xf16lo);
   const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   auto stage = [&](int g, int buf) {
     const uint32_t base = smem_s + buf * T::kStage;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      if (!xsrc[i][0]) continue;
-      mma::cp16s(base + xdst[i], xsrc[i][0] + g * 64);
-      mma::cp16s(base + T::kBTile + xdst[i], xsrc[i][1] + g * 64);
-    }
-    mma::cp16s(base + 2 * T::kBTile + tid * 16, wsrc + static_cast<size_t>(g) * 32);
-    if (wordsrc) mma::cp4s(base + T::kWords + tid * 4, wordsrc + g);
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int term = 0; term < 2 && src.x[i][0]; ++term)
+        mma::cp16s(base + term * T::kBTile + src.xdst[i], src.x[i][term] + g * 64);
+    mma::cp16s(base + 2 * T::kBTile + tid * 16, src.w + static_cast<size_t>(g) * 32);
+    if (src.sb) mma::cp4s(base + T::kWords + tid * 4, src.sb + g);
     mma::commit();
   };
 
