@@ -80,7 +80,7 @@ inline F16X f16_of(const GemmXBuf& b, int n, const std::vector<float>& x, int ld
     }
   return f;
 }
-// Its x~ alone (split_of's form).
+// Its x~ alone, as split_of gives the bf16 terms'.
 inline std::vector<double> f16_xt(const F16X& f, int K) {
   std::vector<double> xt(f.hi.size());
   for (size_t i = 0; i < xt.size(); ++i) xt[i] = (static_cast<double>(f.hi[i]) + f.lo[i]) * f.inv[i / K];
@@ -88,9 +88,8 @@ inline std::vector<double> f16_xt(const F16X& f, int K) {
 }
 
 // x~ = hi + lo of the n rows in b ([n][K]); bad counts the elements outside |x - x~| <= 2^-16 |x| (x [n][ldx]).
-// Where b has the fp16 form (which the q4 launches take), that one's x~ (f16_of).
+// (The fp16 form's x~, which the q4 launches take where b has it: f16_of, f16_xt.)
 inline std::vector<double> split_of(const GemmXBuf& b, int n, const std::vector<float>& x, int ldx, size_t& bad) {
-  if (b.f16hi) return f16_xt(f16_of(b, n, x, ldx, bad), b.K);
   const size_t m = static_cast<size_t>(n) * b.K;
   const std::vector<uint16_t> hi = to_host(b.hi, m), lo = to_host(b.lo, m);
   std::vector<double> xt(m);

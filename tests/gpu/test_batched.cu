@@ -52,10 +52,9 @@ void run_gemm(QFormat fmt, const GemmCase& c, bool accumulate, uint64_t seed, bo
   gemm(d.m, c.mat, xb.b.view(), c.n, dy.p, ldy, accumulate, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   size_t bad_split = 0;
-  const std::vector<double> xt = split_of(xb.b, c.n, x, K, bad_split);
+  const F16X fx = f16 ? f16_of(xb.b, c.n, x, K, bad_split) : F16X{};  // (the fp16 form read back once)
+  const std::vector<double> xt = f16 ? f16_xt(fx, K) : split_of(xb.b, c.n, x, K, bad_split);
   EXPECT_EQ(bad_split, 0u) << name << ": x~ outside its bound";
-  F16X fx;
-  if (f16) fx = f16_of(xb.b, c.n, x, K, bad_split);
   const std::vector<float> y = dy.download();
 
   const size_t m = static_cast<size_t>(c.n) * c.rows;
@@ -257,9 +256,7 @@ TEST(GemmXPrep, SplitGroupSumsAndRmsNorm) {
         EXPECT_EQ(diff, 0u) << name << ": x_out is not x";
       }
       size_t bad_split = 0;
-      GemmXBuf two_terms = xb.b;
-      two_terms.f16hi = nullptr;
-      split_of(two_terms, n, xo, K, bad_split);
+      split_of(xb.b, n, xo, K, bad_split);
       EXPECT_EQ(bad_split, 0u) << name << ": |x_out - hi - lo| > 2^-16 |x_out|";
       const F16X fx = f16_of(xb.b, n, xo, K, bad_split);
       EXPECT_EQ(bad_split, 0u) << name << ": |x_out - (hi + lo) inv| > 2^-20 |x_out| + 2^-24 inv (fp16 form)";
@@ -340,11 +337,10 @@ void run_grouped(QFormat fmt, bool gather, uint64_t seed, int rows = 100, int K 
   gemm_grouped(d.m, xb.b.view(), gather ? drow.p : nullptr, doff.p, dtiles.p, max_tiles, dy.p, rows, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   size_t bad_split = 0;
-  const std::vector<double> xt = split_of(xb.b, n_x, x, K, bad_split);
+  const F16X fx = f16 ? f16_of(xb.b, n_x, x, K, bad_split) : F16X{};  // (the fp16 form read back once)
+  const std::vector<double> xt = f16 ? f16_xt(fx, K) : split_of(xb.b, n_x, x, K, bad_split);
   EXPECT_EQ(bad_split, 0u) << name << ": x~ outside its bound";
 
-  F16X fx;
-  if (f16) fx = f16_of(xb.b, n_x, x, K, bad_split);
   std::vector<double> r64;
   std::vector<float> r32;
   grouped_ref(h, offsets, x_row, rows, K, xt, x, r64, r32, f16 ? &fx : nullptr);
