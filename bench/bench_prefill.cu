@@ -33,6 +33,12 @@ using bench::make_vec;
 namespace {
 
 int kN = 2048;  // tokens per chunk (CudaEngine::kPrefillChunk; argv[1] for another)
+bool kOne = false;  // argument "one": the fp16 form's first term alone (KernelOptions::prompt_x_one_term)
+GemmX view_of(const GemmXBuf& b) {
+  GemmX v = b.view();
+  if (kOne) v.f16lo = nullptr;
+  return v;
+}
 
 double time_graph(int copies, const std::function<void(int, cudaStream_t)>& launch) {
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -83,7 +89,8 @@ void dense(const char* name, QFormat f, int rows, int cols, const GemmXBuf& x, f
   for (int i = 0; i < copies; ++i) w.push_back(make_mat(f, rows, cols));
   GemmXBuf xv = x;
   xv.K = cols;
-  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm(w[i], 0, xv.view(), kN, y, rows, false, s); });
+  const double us =
+      time_graph(copies, [&](int i, cudaStream_t s) { gemm(w[i], 0, view_of(xv), kN, y, rows, false, s); });
   report(name, us, 2.0 * rows * cols * kN, (double)probe.bytes());
   if (!i8_applies(f, cols)) return;
   std::vector<GemmBatch> b(copies);
@@ -114,7 +121,7 @@ void multi(const char* name, QFormat f, std::vector<int> rows, int cols, const G
   }
   GemmXBuf xv = x;
   xv.K = cols;
-  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm_multi(b[i], xv.view(), kN, false, s); });
+  const double us = time_graph(copies, [&](int i, cudaStream_t s) { gemm_multi(b[i], view_of(xv), kN, false, s); });
   report(name, us, flops, bytes);
   if (i8_applies(f, cols)) int8_variants(name, b, cols, flops, bytes);
 }
@@ -139,6 +146,9 @@ int main(int argc, char** argv) {
     } else if (std::string(argv[i]) == "f16") {
       f16 = true;
       std::printf("the 4-bit GEMMs on x's fp16 form (kernels/gemm_q4f16.cu)\n");
+    } else if (std::string(argv[i]) == "one") {
+      f16 = kOne = true;
+      std::printf("the 4-bit GEMMs on the first term of x's fp16 form alone\n");
     } else if (std::string(argv[i]) == "rows") {
       few = true;
       std::printf("launches of <= 16 tokens a tile through kernels/gemm_rows.cu\n");
@@ -187,7 +197,7 @@ int main(int argc, char** argv) {
     const QMat g = make_mat(QFormat::q4, 512, H), u = make_mat(QFormat::q4, 512, H);
     GemmXBuf xh = x;
     xh.K = H;
-    const double us = time_graph(1, [&](int, cudaStream_t s) { gemm_swiglu(g, u, xh.view(), kN, y, 512, s); });
+    const double us = time_graph(1, [&](int, cudaStream_t s) { gemm_swiglu(g, u, view_of(xh), kN, y, 512, s); });
     report("gemm_swiglu q4 shared expert gate|up", us, 4.0 * 512 * H * kN, 2.0 * g.bytes());
   }
 
@@ -228,18 +238,18 @@ int main(int argc, char** argv) {
     GemmXBuf xh = x, xf = x;
     xh.K = H, xf.K = F;
     const double us_gate = time_graph(copies, [&](int i, cudaStream_t s) {
-      gemm_grouped(gate[i], xh.view(), x_row, off, tiles, max_tiles, y, F, s, kN);
+      gemm_grouped(gate[i], view_of(xh), x_row, off, tiles, max_tiles, y, F, s, kN);
     });
     report("gemm_grouped q4 experts gate / up 256 x 512 x 2048", us_gate, 2.0 * F * H * kN * k,
            (double)up_probe.bytes());
     std::vector<QMat> up;
     for (int i = 0; i < copies; ++i) up.push_back(make_mat(QFormat::q4, F, H, E));
     const double us_pair = time_graph(copies, [&](int i, cudaStream_t s) {
-      gemm_grouped_swiglu(gate[i], up[i], xh.view(), x_row, off, tiles, max_tiles, w_slot, y, F, s, kN);
+      gemm_grouped_swiglu(gate[i], up[i], view_of(xh), x_row, off, tiles, max_tiles, w_slot, y, F, s, kN);
     });
     report("gemm_grouped_swiglu q4 experts gate|up", us_pair, 4.0 * F * H * kN * k, 2.0 * up_probe.bytes());
     const double us_down = time_graph(copies, [&](int i, cudaStream_t s) {
-      gemm_grouped(down[i], xf.view(), nullptr, off, tiles, max_tiles, y, H, s, kN);
+      gemm_grouped(down[i], view_of(xf), nullptr, off, tiles, max_tiles, y, H, s, kN);
     });
     report("gemm_grouped q4 experts down 256 x 2048 x 512", us_down, 2.0 * F * H * kN * k, (double)up_probe.bytes());
     if (kN <= 64) {  // a decode pass's experts streamed (kernels/moe_rows.cu); GB/s of the experts the tokens use

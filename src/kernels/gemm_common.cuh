@@ -147,7 +147,7 @@ __device__ __forceinline__ Q4Sources q4_sources(const GemmArgs& a, const BlockWo
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     q.x[i][0] = xoff[i] < 0 ? nullptr : x0 + xoff[i];
-    q.x[i][1] = xoff[i] < 0 ? nullptr : x1 + xoff[i];
+    q.x[i][1] = xoff[i] < 0 || !x1 ? nullptr : x1 + xoff[i];
     q.xdst[i] = wgmma::b_chunk_offset((tid + i * kGemmThreads) >> 3, tid & 7);
   }
   return q;

@@ -7,7 +7,9 @@
 // for each group's sums before its epilogue and its next A registers). The tile is that kernel's: 128 weight rows x
 // 64 tokens, two warpgroups of 64 rows, groups staged through shared memory by cp.async (STAGES in flight), the
 // same work split, gather and stores (kernels/gemm_common.cuh). A column's arithmetic does not depend on the
-// others: a token's bits do not depend on the launch. Tested by tests/gpu/test_batched.cu.
+// others: a token's bits do not depend on the launch. Without x's second term (GemmX::f16lo null: the families
+// KernelOptions::prompt_x_one_term names) the tile stages and multiplies the first alone. Tested by
+// tests/gpu/test_batched.cu.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -47,7 +49,8 @@ __device__ __forceinline__ uint32_t f16_pair(uint32_t word, int j, uint32_t c102
   return *reinterpret_cast<const uint32_t*>(&w);
 }
 
-template <bool PAIRED>
+// ONE: x's first fp16 term alone (a.xf16lo null; KernelOptions::prompt_x_one_term): half the products.
+template <bool PAIRED, bool ONE>
 __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4f16_kernel(GemmArgs a) {
   using T = F16Tile;
   constexpr int kStages = T::kStages;
@@ -70,7 +73,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4f16_kernel(GemmArgs a)
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int term = 0; term < 2 && src.x[i][0]; ++term)
+      for (int term = 0; term < (ONE ? 1 : 2) && src.x[i][0]; ++term)
         mma::cp16s(base + term * T::kBTile + src.xdst[i], src.x[i][term] + g * 64);
     mma::cp16s(base + 2 * T::kBTile + tid * 16, src.w + static_cast<size_t>(g) * 32);
     if (src.sb) mma::cp4s(base + T::kWords + tid * 4, src.sb + g);
@@ -135,7 +138,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4f16_kernel(GemmArgs a)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         wgmma::m64k16<NT, true>(acc, af[SET][ks], wgmma::b_desc_from(dlo + 2 * ks), true);
-        wgmma::m64k16<NT, true>(acc, af[SET][ks], wgmma::b_desc_from(dlo + (T::kBTile >> 4) + 2 * ks), true);
+        if constexpr (!ONE)
+          wgmma::m64k16<NT, true>(acc, af[SET][ks], wgmma::b_desc_from(dlo + (T::kBTile >> 4) + 2 * ks), true);
       }
       wgmma::commit();
       wgmma::wait<1>();
@@ -177,10 +181,10 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4f16_kernel(GemmArgs a)
 
 template <bool PAIRED>
 void launch_q4f16(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s) {
-  CUDA_CHECK(cudaFuncSetAttribute(gemm_q4f16_kernel<PAIRED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  F16Tile::kSmem));
+  auto* kernel = a.xf16lo ? gemm_q4f16_kernel<PAIRED, false> : gemm_q4f16_kernel<PAIRED, true>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, F16Tile::kSmem));
   const dim3 grid(a.part[a.parts - 1].tile_end, grid_y, (max_tokens + kGemmTok - 1) / kGemmTok);
-  launch_pdl(gemm_q4f16_kernel<PAIRED>, grid, dim3(kGemmThreads), F16Tile::kSmem, s, a);
+  launch_pdl(kernel, grid, dim3(kGemmThreads), F16Tile::kSmem, s, a);
 }
 template void launch_q4f16<false>(const GemmArgs&, int, int, cudaStream_t);
 template void launch_q4f16<true>(const GemmArgs&, int, int, cudaStream_t);

@@ -38,11 +38,17 @@ struct KernelOptions {
   // the chunked (WY) form on the tensor cores (kernels/gdn_wy.cu: pieces of 64 tokens at absolute multiples of 64,
   // which become the prompt grid; models of other GDN shapes take the token-by-token kernel anyway).
   bool gdn_wy = true;
-  // LILY_PROMPT_GEMM_F16=1: the prompt path's 4-bit GEMMs take x in its fp16 form (two fp16 terms of the row
-  // scaled by a power of two) against the weights as fp16 (scale q + bias), all of K summed by the tensor cores
-  // (kernels/gemm_q4f16.cu) instead of per-group sums on two bf16 terms (kernels/gemm.cu); decode passes of
-  // one-token rows keep theirs.
-  bool prompt_gemm_f16 = false;
+  // LILY_PROMPT_GEMM_F16=0: the prompt path's 4-bit GEMMs take x as two bf16 terms with per-group sums
+  // (kernels/gemm.cu) instead of its fp16 form (two fp16 terms of the row scaled by a power of two) against the
+  // weights as fp16 (scale q + bias), all of K summed by the tensor cores (kernels/gemm_q4f16.cu); decode passes
+  // of one-token rows keep the bf16 terms either way.
+  bool prompt_gemm_f16 = true;
+  // LILY_PROMPT_X1=fam1,fam2 (empty: none): with prompt_gemm_f16, those families' 4-bit prompt GEMMs take x's
+  // first fp16 term alone (half the products). Families: gdn_in, gdn_out, attn_in, attn_out, shared,
+  // experts_gate_up, experts_down, lm_head. The default: the largest families whose one term keeps the prompt path
+  // within issue 28's bound (tests/gpu/prompt_bound.h; each family's figures in docs/kernel-options.md); the GDN
+  // projections' one term alone leaves it.
+  std::string prompt_x_one_term = "experts_gate_up,experts_down,attn_in";
   // LILY_GEMM_ROWS=0: a decode pass's dense GEMMs of at most kRowsMaxWeights weights (kernels/batched.h; at most 64
   // one-token rows) keep the 64- / 16-token tiles of kernels/gemm.cu instead of kernels/gemm_rows.cu (weights
   // straight into registers, K split between a block's warps). Same arithmetic per column, other bits.

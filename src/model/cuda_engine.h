@@ -36,6 +36,7 @@ T* device_alloc(size_t n) {
 
 struct PrefillBuffers;  // model/prefill_cuda.cu
 struct GemmX;           // kernels/batched.h
+struct GemmXBuf;
 struct PrefillOut {     // one projection of the prompt path: y [n][ldy] = W x
   const QMat* W;
   float* y;
@@ -214,6 +215,9 @@ class CudaEngine {
   void prefill_free();
   bool moe_rows_ok() const;  // KernelOptions::moe_rows and every layer's experts fit kernels/moe_rows.cu
   bool prefill_skips(const char* family) const;
+  // b's view for a GEMM family of the prompt path: without x's second fp16 term where KernelOptions::
+  // prompt_x_one_term names the family.
+  GemmX prompt_x(const GemmXBuf& b, const char* family) const;
   void prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_moe(int layer, int n);

@@ -187,6 +187,13 @@ bool CudaEngine::prefill_skips(const char* family) const {
   return !opts_.skip.empty() && ("," + opts_.skip + ",").find("," + std::string(family) + ",") != std::string::npos;
 }
 
+GemmX CudaEngine::prompt_x(const GemmXBuf& b, const char* family) const {
+  GemmX x = b.view();
+  const std::string& l = opts_.prompt_x_one_term;
+  if (!l.empty() && ("," + l + ",").find("," + std::string(family) + ",") != std::string::npos) x.f16lo = nullptr;
+  return x;
+}
+
 int CudaEngine::prompt_grid() const {
   const Config& c = cfg_;
   return opts_.gdn_wy && gdn_wy_supported(GdnDims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim})
@@ -329,7 +336,7 @@ void CudaEngine::head_rows(const int* rows, int n, float* logits) {
   const GemmXBuf xh = at_width(b.x, H, {&w_.lm_head});
   pmark("lm_head", n * flops_.lm_head);
   gemm_x_prep(gathered, H, n, w_.norm, c.eps, xh, nullptr, stream_);
-  gemm(w_.lm_head, 0, xh.view(), n, logits, c.vocab, false, stream_);
+  gemm(w_.lm_head, 0, prompt_x(xh, "lm_head"), n, logits, c.vocab, false, stream_);
 }
 
 bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float* x, int K, const float* norm_w, int n,
@@ -387,7 +394,7 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
     gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
     pmark("gemm_gdn_in", n * flops_.gdn_in);
     project({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}},
-            xh.view(), n);
+            prompt_x(xh, "gdn_in"), n);
   }
   // the one-token rows' steps together (also a single one: a row's result must not depend on the batch)
   const bool rows_launch = b.n_dec > 0;
@@ -417,7 +424,7 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
   pmark("norm");
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
   pmark("gemm_gdn_out", n * flops_.gdn_out);
-  gemm(g.out_proj, 0, xm.view(), n, b.h, H, true, stream_);
+  gemm(g.out_proj, 0, prompt_x(xm, "gdn_out"), n, b.h, H, true, stream_);
 }
 
 void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n) {
@@ -434,7 +441,7 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
     pmark("norm");
     gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
     pmark("gemm_attn_in", n * flops_.attn_in);
-    project({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, xh.view(), n);
+    project({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, prompt_x(xh, "attn_in"), n);
   }
   KvPages kv;
   kv.page_tokens = page_tokens_;
@@ -474,7 +481,7 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   pmark("norm");
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
   pmark("gemm_attn_out", n * flops_.attn_out);
-  gemm(at.o_proj, 0, xm.view(), n, b.h, H, true, stream_);
+  gemm(at.o_proj, 0, prompt_x(xm, "attn_out"), n, b.h, H, true, stream_);
 }
 
 void CudaEngine::prefill_moe(int layer, int n) {
@@ -516,23 +523,24 @@ void CudaEngine::prefill_moe(int layer, int n) {
   float* u = b.yd + (size_t)n * k * std::max(F, Fs);
   pmark("gemm_shared", n * flops_.shared_gate_up);
   if (m.shared_gate.format == m.shared_up.format) {
-    gemm_swiglu(m.shared_gate, m.shared_up, xh.view(), n, b.act, Fs, stream_);
+    gemm_swiglu(m.shared_gate, m.shared_up, prompt_x(xh, "shared"), n, b.act, Fs, stream_);
   } else {
-    project({{&m.shared_gate, g, Fs}, {&m.shared_up, u, Fs}}, xh.view(), n);
+    project({{&m.shared_gate, g, Fs}, {&m.shared_up, u, Fs}}, prompt_x(xh, "shared"), n);
     swiglu_rows(g, u, nullptr, n, Fs, b.act, stream_);
   }
   // routed experts: each token's rows go to its 8 experts' slots (x_row), weighted by the routing weight
   float* act = b.act + (size_t)n * Fs;
+  const GemmX xe = prompt_x(xh, "experts_gate_up");
   pmark("gemm_experts_gate_up", n * k * flops_.expert_gate_up);
   if (b.moe_rows) {
     moe_rows_swiglu(m.experts_gate, m.experts_up, b.srows, b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act, F,
                     stream_);
   } else if (m.experts_gate.format == m.experts_up.format) {
-    gemm_grouped_swiglu(m.experts_gate, m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act,
-                        F, stream_, n);
+    gemm_grouped_swiglu(m.experts_gate, m.experts_up, xe, b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act, F,
+                        stream_, n);
   } else {
-    gemm_grouped(m.experts_gate, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, g, F, stream_, n);
-    gemm_grouped(m.experts_up, xh.view(), b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_, n);
+    gemm_grouped(m.experts_gate, xe, b.x_row, b.offsets, b.tiles, max_tiles, g, F, stream_, n);
+    gemm_grouped(m.experts_up, xe, b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_, n);
     swiglu_rows(g, u, b.w_slot, n * k, F, act, stream_);
   }
   // the shared expert's activations, then the routed ones after them
@@ -540,7 +548,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   pmark("norm");
   gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
   pmark("gemm_shared", n * flops_.shared_down);
-  gemm(m.shared_down, 0, xs.view(), n, b.ysh, H, false, stream_);
+  gemm(m.shared_down, 0, prompt_x(xs, "shared"), n, b.ysh, H, false, stream_);
   pmark("norm");
   if (b.moe_rows) {
     stream_rows_prep(act, F, n * k, F, b.srows, stream_);
@@ -550,7 +558,8 @@ void CudaEngine::prefill_moe(int layer, int n) {
     const GemmXBuf xr = at_width(b.x, F, {&m.experts_down});
     gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
     pmark("gemm_experts_down", n * k * flops_.expert_down);
-    gemm_grouped(m.experts_down, xr.view(), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, n);
+    gemm_grouped(m.experts_down, prompt_x(xr, "experts_down"), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H,
+                 stream_, n);
   }
   pmark("combine");
   moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);

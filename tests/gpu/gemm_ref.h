@@ -154,6 +154,7 @@ inline void gemm_dot_f16(const std::vector<float>& w, const float* hi, const flo
   for (int g = 0; g < K / 64; ++g)
     for (int ks = 0; ks < 4; ++ks)
       for (const float* term : {hi, lo}) {
+        if (!term) continue;  // (one term)
         double s = 0;
         for (int i = 0; i < 16; ++i) {
           const int c = 64 * g + gemm_x_col(16 * ks + i);

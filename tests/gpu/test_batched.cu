@@ -35,9 +35,10 @@ struct GemmCase {
   int rows, cols, n, n_mats, mat;
 };
 
-void run_gemm(QFormat fmt, const GemmCase& c, bool accumulate, uint64_t seed, bool f16 = false) {
-  const std::string name = std::string("gemm ") + fmt_name(fmt) + (f16 ? " f16" : "") + " mat " +
-                           std::to_string(c.mat) + "/" +
+// one: the fp16 form's first term alone (GemmX::f16lo null).
+void run_gemm(QFormat fmt, const GemmCase& c, bool accumulate, uint64_t seed, bool f16 = false, bool one = false) {
+  const std::string name = std::string("gemm ") + fmt_name(fmt) + (f16 ? one ? " f16 one term" : " f16" : "") +
+                           " mat " + std::to_string(c.mat) + "/" +
                            std::to_string(c.n_mats) + " [" + std::to_string(c.rows) + " x " + std::to_string(c.cols) +
                            "] n " + std::to_string(c.n) + (accumulate ? " +=" : " =");
   std::mt19937_64 rng(seed);
@@ -49,7 +50,9 @@ void run_gemm(QFormat fmt, const GemmCase& c, bool accumulate, uint64_t seed, bo
   DevBuf<float> dx(x), dy(y0);
   XBuf xb(c.n, K, f16);
   gemm_x_prep(dx.p, K, c.n, nullptr, 0.f, xb.b, nullptr, nullptr);
-  gemm(d.m, c.mat, xb.b.view(), c.n, dy.p, ldy, accumulate, nullptr);
+  GemmX xv = xb.b.view();
+  if (one) xv.f16lo = nullptr;
+  gemm(d.m, c.mat, xv, c.n, dy.p, ldy, accumulate, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   size_t bad_split = 0;
   const F16X fx = f16 ? f16_of(xb.b, c.n, x, K, bad_split) : F16X{};  // (the fp16 form read back once)
@@ -67,7 +70,7 @@ void run_gemm(QFormat fmt, const GemmCase& c, bool accumulate, uint64_t seed, bo
       const size_t i = static_cast<size_t>(t) * c.rows + r, iy = static_cast<size_t>(t) * ldy + r;
       const size_t xi = static_cast<size_t>(t) * K;
       if (f16)
-        gemm_dot_f16(f16_row(h, c.mat, r), &fx.hi[xi], &fx.lo[xi], fx.inv[t], K, r64[i], r32[i]);
+        gemm_dot_f16(f16_row(h, c.mat, r), &fx.hi[xi], one ? nullptr : &fx.lo[xi], fx.inv[t], K, r64[i], r32[i]);
       else
         gemm_dot(w, &xt[xi], &x[xi], K, r64[i], r32[i]);
       if (accumulate) { r64[i] += y0[iy]; r32[i] += y0[iy]; }
@@ -105,6 +108,14 @@ TEST(Gemm, DenseAccumulate) {
   for (QFormat f : {QFormat::q4, QFormat::q8, QFormat::bf16})
     for (const GemmCase& c : kGemmCases) run_gemm(f, c, true, seed++);
   for (const GemmCase& c : kGemmCases) run_gemm(QFormat::q4, c, true, seed++, true);
+}
+
+// The fp16 form's first term alone (KernelOptions::prompt_x_one_term), against the products of that term.
+TEST(Gemm, DenseF16OneTerm) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 2500;
+  for (const bool acc : {false, true})
+    for (const GemmCase& c : kGemmCases) run_gemm(QFormat::q4, c, acc, seed++, true, true);
 }
 
 // A token's outputs must not depend on how many tokens share its launch (a prompt resumed from a prefix

@@ -30,12 +30,14 @@ TEST(KernelOptions, DefaultsWhenNothingIsSet) {
   EXPECT_TRUE(o.gemm_rows);
   EXPECT_TRUE(o.batch_pass_graphs);
   EXPECT_TRUE(o.gdn_wy);
-  EXPECT_FALSE(o.prompt_gemm_f16);
+  EXPECT_TRUE(o.prompt_gemm_f16);
   EXPECT_EQ(o.moe_fused_rows, d.moe_fused_rows);
   EXPECT_EQ(o.attn_splits, d.attn_splits);
   EXPECT_EQ(o.prefill_chunk, d.prefill_chunk);
   EXPECT_EQ(o.prefill_min, d.prefill_min);
   EXPECT_TRUE(o.skip.empty());
+  EXPECT_EQ(o.prompt_x_one_term, d.prompt_x_one_term);
+  EXPECT_FALSE(d.prompt_x_one_term.empty());
 }
 
 TEST(KernelOptions, EachVariableSetsItsField) {
@@ -45,7 +47,8 @@ TEST(KernelOptions, EachVariableSetsItsField) {
              {"LILY_SKIP", "moe,lm_head"}, {"LILY_GEMM_ROWS", "0"},
              {"LILY_BATCH_PASS_GRAPHS", "0"}, {"LILY_PROMPT_ATTN_1TERM", "0"}, {"LILY_GEMM_I8_IN_ROWS", "8"},
              {"LILY_GEMM_I8_OUT_ROWS", "0"}, {"LILY_GDN_WY", "0"}, {"LILY_MOE_FUSED_ROWS", "3"},
-             {"LILY_PROMPT_ATTN_WG", "0"}, {"LILY_PROMPT_GEMM_F16", "1"}});
+             {"LILY_PROMPT_ATTN_WG", "0"}, {"LILY_PROMPT_GEMM_F16", "0"},
+             {"LILY_PROMPT_X1", "experts_down,shared"}});
   EXPECT_FALSE(o.gdn_fused);
   EXPECT_FALSE(o.moe_fused);
   EXPECT_EQ(o.attn_splits, 33);
@@ -63,7 +66,9 @@ TEST(KernelOptions, EachVariableSetsItsField) {
   EXPECT_EQ(o.gemm_i8_out_rows, 0);
   EXPECT_FALSE(o.gdn_wy);
   EXPECT_EQ(o.moe_fused_rows, 3);
-  EXPECT_TRUE(o.prompt_gemm_f16);
+  EXPECT_FALSE(o.prompt_gemm_f16);
+  EXPECT_EQ(o.prompt_x_one_term, "experts_down,shared");
+  EXPECT_TRUE(parse({{"LILY_PROMPT_X1", ""}}).prompt_x_one_term.empty());  // (set but empty: none)
 }
 
 TEST(KernelOptions, SwitchesOnlyFlipOnTheirOppositeDigit) {
@@ -81,7 +86,8 @@ TEST(KernelOptions, DescribeNamesEveryFieldWithItsValue) {
   const std::string s = describe(parse({{"LILY_ATTN_SPLITS", "17"}, {"LILY_MOE_FUSED", "0"}, {"LILY_SKIP", "moe"}}));
   for (const char* part : {"gdn_fused=1", "moe_fused=0", "attn_splits=17", "prefill=1", "prefill_chunk=auto",
                            "prefill_min=auto", "debug_sync=0", "trace=0", "skip=moe", "gemm_i8_in_rows=16",
-                           "gemm_i8_out_rows=64", "gdn_wy=1", "prompt_attn_wgmma=1", "prompt_gemm_f16=0"})
+                           "gemm_i8_out_rows=64", "gdn_wy=1", "prompt_attn_wgmma=1", "prompt_gemm_f16=1",
+                           "prompt_x_one_term=experts_gate_up,"})
     EXPECT_NE(s.find(part), std::string::npos) << part << " in " << s;
 }
 
