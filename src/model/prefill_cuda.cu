@@ -183,14 +183,18 @@ bool CudaEngine::prefill_supported() const {
 }
 
 // The prompt path's mixer cores left out (KernelOptions::skip, benchmarks: their marginal cost).
-bool CudaEngine::prefill_skips(const char* family) const {
-  return !opts_.skip.empty() && ("," + opts_.skip + ",").find("," + std::string(family) + ",") != std::string::npos;
+namespace {
+// Whether the comma-separated option `list` names `family` (KernelOptions::skip, prompt_x_one_term).
+bool names(const std::string& list, const char* family) {
+  return !list.empty() && ("," + list + ",").find("," + std::string(family) + ",") != std::string::npos;
 }
+}  // namespace
+
+bool CudaEngine::prefill_skips(const char* family) const { return names(opts_.skip, family); }
 
 GemmX CudaEngine::prompt_x(const GemmXBuf& b, const char* family) const {
   GemmX x = b.view();
-  const std::string& l = opts_.prompt_x_one_term;
-  if (!l.empty() && ("," + l + ",").find("," + std::string(family) + ",") != std::string::npos) x.f16lo = nullptr;
+  if (names(opts_.prompt_x_one_term, family)) x.f16lo = nullptr;
   return x;
 }
 
