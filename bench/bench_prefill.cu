@@ -3,8 +3,9 @@
 // the GEMM's input split, the GDN chunk and the attention chunk (at context 0, 4K and 30K); up to 64 tokens, also the
 // routed experts streamed as a decode pass takes them (kernels/moe_rows.cu) and lm_head; up to 64 tokens, the dense
 // GEMMs also on the int8 tensor cores (kernels/gemm_i8.cu).
-// Usage: bench_prefill [tokens per chunk, default 2048] [rows] [f16] [attn1 | wg]: f16, the 4-bit GEMMs on x's fp16
-// form (KernelOptions::prompt_gemm_f16); attn1, the attention chunk
+// Usage: bench_prefill [tokens per chunk, default 2048] [rows] [f16] [one] [ws] [attn1 | wg]: f16, the 4-bit GEMMs
+// on x's fp16 form (KernelOptions::prompt_gemm_f16); one, its first term alone; ws, by the warp-specialised tile
+// (KernelOptions::prompt_gemm_ws, kernels/gemm_q4ws.cu); attn1, the attention chunk
 // with q and p in one bf16 term (KernelOptions::prompt_attn_one_term), wg the same on warpgroup MMA
 // (prompt_attn_wgmma); rows, launches of <= 16 tokens a tile through kernels/gemm_rows.cu
 // (KernelOptions::gemm_rows). Each case is captured into a CUDA graph several times over distinct weight copies
@@ -34,9 +35,11 @@ namespace {
 
 int kN = 2048;  // tokens per chunk (CudaEngine::kPrefillChunk; argv[1] for another)
 bool kOne = false;  // argument "one": the fp16 form's first term alone (KernelOptions::prompt_x_one_term)
+bool kWs = false;   // argument "ws": the warp-specialised tile (KernelOptions::prompt_gemm_ws)
 GemmX view_of(const GemmXBuf& b) {
   GemmX v = b.view();
   if (kOne) v.f16lo = nullptr;
+  v.ws = kWs;
   return v;
 }
 
@@ -149,6 +152,9 @@ int main(int argc, char** argv) {
     } else if (std::string(argv[i]) == "one") {
       f16 = kOne = true;
       std::printf("the 4-bit GEMMs on the first term of x's fp16 form alone\n");
+    } else if (std::string(argv[i]) == "ws") {
+      f16 = kWs = true;
+      std::printf("the 4-bit GEMMs on x's fp16 form by the warp-specialised tile (kernels/gemm_q4ws.cu)\n");
     } else if (std::string(argv[i]) == "rows") {
       few = true;
       std::printf("launches of <= 16 tokens a tile through kernels/gemm_rows.cu\n");
@@ -226,7 +232,9 @@ int main(int argc, char** argv) {
     report("moe_group n tokens x 8", us_group, 0, 0);
     const int max_tiles = gemm_grouped_max_tiles(kN * k, E);
     int* tiles = static_cast<int*>(dalloc((1 + max_tiles) * sizeof(int)));
-    const double us_tiles = time_graph(8, [&](int, cudaStream_t s) { gemm_grouped_tiles(off, E, tiles, s); });
+    const int tile_tok = kWs ? kGemmWsTok : 64;
+    const double us_tiles =
+        time_graph(8, [&](int, cudaStream_t s) { gemm_grouped_tiles(off, E, tiles, s, tile_tok); });
     report("gemm_grouped_tiles", us_tiles, 0, 0);
     const QMat up_probe = [&] { QMat m; m.format = QFormat::q4, m.rows = F, m.cols = H, m.n_mats = E; return m; }();
     const int copies = 3;
@@ -253,6 +261,7 @@ int main(int argc, char** argv) {
     });
     report("gemm_grouped q4 experts down 256 x 2048 x 512", us_down, 2.0 * F * H * kN * k, (double)up_probe.bytes());
     if (kN <= 64) {  // a decode pass's experts streamed (kernels/moe_rows.cu); GB/s of the experts the tokens use
+      gemm_grouped_tiles(off, E, tiles, nullptr, 64);  // (its work list: 64-slot tiles)
       std::vector<char> used(E, 0);
       for (int i : idx) used[i] = 1;
       const double used_bytes = up_probe.bytes() / E * std::count(used.begin(), used.end(), 1);

@@ -89,10 +89,10 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
       const int j = 4 * (W & 1) + i, p = 16 * (j >> 1) + 8 * (j & 1) + 2 * (W >> 1);
       const float a0 = u[i] * f16_scale, a1 = u[i + 4] * f16_scale;
       const __half2 h = __floats2half2_rn(a0, a1);
-      const __half2 l = __floats2half2_rn(a0 - __low2float(h), a1 - __high2float(h));
       const size_t at = o + static_cast<size_t>(g) * 64 + p;
       *reinterpret_cast<__half2*>(f16hi + at) = h;
-      *reinterpret_cast<__half2*>(f16lo + at) = l;
+      if (f16lo)
+        *reinterpret_cast<__half2*>(f16lo + at) = __floats2half2_rn(a0 - __low2float(h), a1 - __high2float(h));
     }
     if (W == 0) gsum[static_cast<size_t>(t) * (K / 64) + g] = s;
   }

@@ -39,7 +39,12 @@ struct GemmX {
   const uint16_t* f16hi = nullptr;  // [n][K] the fp16 form's terms (null: none)
   const uint16_t* f16lo = nullptr;  // [n][K]
   const float* f16inv = nullptr;    // [n] its 2^-e
+  // q4 launches on the fp16 form take the warp-specialised tile (kernels/gemm_q4ws.cu; KernelOptions::
+  // prompt_gemm_ws); grouped ones then need a work list of kGemmWsTok-slot tiles (gemm_grouped_tiles).
+  bool ws = false;
 };
+// Whether launches of this format on x take the warp-specialised tile (x.ws honoured).
+inline bool gemm_takes_ws(QFormat f, const GemmX& x) { return x.ws && f == QFormat::q4 && x.f16hi; }
 // Where the few-token kernel wins: dense matrices of at most ~4M weights (the router, the shared expert, k / v),
 // whose launches are latency-bound; larger ones and the grouped experts stream faster through the 64- / 16-token
 // tiles, which keep more of the weights in flight (bench_prefill rows; bench/RESULTS.md).
@@ -68,8 +73,9 @@ void gemm_x_free(GemmXBuf& b);
 
 // out row t = split of x[t] (norm_w null), or of RMSNorm(x[t]) * norm_w (docs/model.md §2.1; norm_w the effective
 // multiplier 1 + w), for t < n; x [n][ldx] fp32 (K <= kXPrepMaxK; ldx a multiple of 4; x, norm_w and x_out 16-byte
-// aligned). With x_out, the (normed) fp32 row is also stored there [n][K]. Where out has the fp16 form, that too;
-// out.hi null: not the two bf16 terms (for launches that all take the fp16 form).
+// aligned). With x_out, the (normed) fp32 row is also stored there [n][K]. Where out has the fp16 form, that too
+// (out.f16lo null: its first term alone); out.hi null: not the two bf16 terms (for launches that all take the fp16
+// form).
 inline constexpr int kXPrepMaxK = 4096;
 void gemm_x_prep(const float* x, int ldx, int n, const float* norm_w, float eps, const GemmXBuf& out, float* x_out,
                  cudaStream_t s);
@@ -97,12 +103,14 @@ void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cuda
 // at most 16 takes the 4-bit kernel's 16-token shape (deeper pipeline, the same bits).
 void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, const int* tiles,
                   int max_tiles, float* y, int ldy, cudaStream_t s, int max_per_mat = 0);
-// The grouped GEMM's work list: tiles[0] = the count, then (matrix << 16 | tile) for each 64-slot tile of each
-// matrix's slots, matrices in order. tiles: [1 + gemm_grouped_max_tiles(slots, n_mats)] ints; n_mats <= 32767.
+// The grouped GEMM's work list: tiles[0] = the count, then (matrix << 16 | tile) for each tile of tile_tokens
+// slots (64; kGemmWsTok for GemmX::ws launches) of each matrix's slots, matrices in order.
+// tiles: [1 + gemm_grouped_max_tiles(slots, n_mats)] ints; n_mats <= 32767.
 // The bound: one tile per matrix that holds a slot (at most min(slots, n_mats)) plus one per full 64 slots; it is
 // the launches' grid, so a few slots (a decode pass) launch few blocks that find no tile.
 inline int gemm_grouped_max_tiles(int slots, int n_mats) { return slots / 64 + (slots < n_mats ? slots : n_mats); }
-void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s);
+void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s, int tile_tokens = 64);
+inline constexpr int kGemmWsTok = 128;  // GemmX::ws's tile
 
 // SwiGLU of two projections of one shape sharing x (gate, up: the MoE's experts), in one launch:
 // act[t][r] = scale * silu(gate x[t])[r] * (up x[t])[r], row stride ldact. Dense over tokens [0, n) (scale 1),

@@ -412,17 +412,17 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
   else run(std::integral_constant<int, 64>{});
 }
 
-// One block: per matrix the number of its 64-slot tiles, an exclusive scan over the matrices (in rounds of
+// One block: per matrix the number of its tiles of `tok` slots, an exclusive scan over the matrices (in rounds of
 // kTileThreads), each matrix's tiles written at its place.
 constexpr int kTileThreads = 256;
-__global__ void __launch_bounds__(kTileThreads) tiles_kernel(const int* offsets, int n_mats, int* tiles) {
+__global__ void __launch_bounds__(kTileThreads) tiles_kernel(const int* offsets, int n_mats, int* tiles, int tok) {
   using Scan = cub::BlockScan<int, kTileThreads>;
   __shared__ typename Scan::TempStorage tmp;
   dep_chain();
   int base = 0;
   for (int e0 = 0; e0 < n_mats; e0 += kTileThreads) {
     const int e = e0 + static_cast<int>(threadIdx.x);
-    const int n = e < n_mats ? (offsets[e + 1] - offsets[e] + kGemmTok - 1) / kGemmTok : 0;
+    const int n = e < n_mats ? (offsets[e + 1] - offsets[e] + tok - 1) / tok : 0;
     int first, total;
     Scan(tmp).ExclusiveSum(n, first, total);
     for (int j = 0; j < n; ++j) tiles[1 + base + first + j] = (e << 16) | j;
@@ -460,7 +460,8 @@ template <bool PAIRED>
 void run_as(QFormat f, GemmArgs& a, int grid_y, int max_tokens, int tile_tokens, cudaStream_t s) {
   switch (f) {
     case QFormat::q4:
-      if (a.xf16hi) launch_q4f16<PAIRED>(a, grid_y, max_tokens, s);
+      if (a.ws) launch_q4ws<PAIRED>(a, grid_y, max_tokens, s);
+      else if (a.xf16hi) launch_q4f16<PAIRED>(a, grid_y, max_tokens, s);
       else launch_q4_wgmma<PAIRED>(a, grid_y, max_tokens, tile_tokens, s);
       break;
     case QFormat::q8: launch_gemm<8, PAIRED>(a, grid_y, max_tokens, s); break;
@@ -513,6 +514,7 @@ GemmArgs args_for(const QMat* W, float* const* y, const int* ldy, int n, int mat
   a.xf16inv = x.f16inv;
   a.rows_kernel = x.few;
   a.rows_any_size = x.few_all;
+  a.ws = gemm_takes_ws(W[0].format, x);
   return a;
 }
 
@@ -529,10 +531,13 @@ GemmArgs paired_args(const QMat& gate, const QMat& up, const GemmX& x, float* ac
   return a;
 }
 
-// The grouped launches' work list and their bound on it (a grid dimension).
-void check_grouped(const int* offsets, const int* tiles, int max_tiles, const char* what) {
+// The grouped launches' work list and their bound on it (a grid dimension); a list of the warp-specialised
+// tile's slots only for launches that take it.
+void check_grouped(const int* offsets, const int* tiles, int max_tiles, QFormat f, const GemmX& x, const char* what) {
   LILY_CHECK(offsets && tiles && max_tiles >= 1 && max_tiles <= 65535, what, ": no slot offsets or tiles, or ",
              max_tiles, " tiles (1..65535)");
+  LILY_CHECK(!x.ws || gemm_takes_ws(f, x), what, ": a work list of ", kGemmWsTok,
+             "-slot tiles (GemmX::ws) needs 4-bit weights and x's fp16 form");
 }
 // x's element offsets are 32-bit: rows x K below 2^31 (a dense launch's rows are its n tokens).
 void check_rows(int n, const GemmX& x, const char* what) {
@@ -552,7 +557,7 @@ void gemm_swiglu(const QMat& gate, const QMat& up, const GemmX& x, int n, float*
 void gemm_grouped_swiglu(const QMat& gate, const QMat& up, const GemmX& x, const int* x_row, const int* offsets,
                          const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s,
                          int max_per_mat) {
-  detail::check_grouped(offsets, tiles, max_tiles, "gemm_grouped_swiglu");
+  detail::check_grouped(offsets, tiles, max_tiles, gate.format, x, "gemm_grouped_swiglu");
   detail::GemmArgs a = detail::paired_args(gate, up, x, act, ldact);
   a.x_row = x_row;
   a.offsets = offsets;
@@ -579,7 +584,7 @@ void gemm_multi(const GemmBatch& b, const GemmX& x, int n, bool accumulate, cuda
 
 void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* offsets, const int* tiles,
                   int max_tiles, float* y, int ldy, cudaStream_t s, int max_per_mat) {
-  detail::check_grouped(offsets, tiles, max_tiles, "gemm_grouped");
+  detail::check_grouped(offsets, tiles, max_tiles, W.format, x, "gemm_grouped");
   detail::GemmArgs a = detail::args_for(&W, &y, &ldy, 1, 0, x);
   a.x_row = x_row;
   a.offsets = offsets;
@@ -587,9 +592,11 @@ void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* of
   detail::run(W.format, a, max_tiles, 1, s, false, max_per_mat);
 }
 
-void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s) {
+void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s, int tile_tokens) {
   LILY_CHECK(n_mats >= 1 && n_mats <= 32767, "gemm_grouped_tiles: ", n_mats, " matrices (1..32767)");
-  launch_pdl(detail::tiles_kernel, dim3(1), dim3(detail::kTileThreads), 0, s, offsets, n_mats, tiles);
+  LILY_CHECK(tile_tokens == detail::kGemmTok || tile_tokens == kGemmWsTok, "gemm_grouped_tiles: tiles of ",
+             tile_tokens, " slots (", detail::kGemmTok, " or ", kGemmWsTok, ")");
+  launch_pdl(detail::tiles_kernel, dim3(1), dim3(detail::kTileThreads), 0, s, offsets, n_mats, tiles, tile_tokens);
 }
 
 }  // namespace lily::cuda

@@ -4,6 +4,7 @@
 // store. Included by those three files only.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -48,6 +49,7 @@ struct GemmArgs {
   const float* scale;    // paired: per output row (slot) factor, null: 1
   bool rows_kernel;      // GemmX::few: dense launches of <= 64 tokens take kernels/gemm_rows.cu
   bool rows_any_size;    // GemmX::few_all: large ones too
+  bool ws;               // GemmX::ws: q4 launches on the fp16 form take kernels/gemm_q4ws.cu
 };
 
 // The A fragment's register for k-slots (s, s + 1) of a k-step: the weights of columns c0 and c0 + 4 of a row
@@ -69,30 +71,65 @@ __device__ __forceinline__ uint32_t q4_pair_or(uint32_t word, int j, uint32_t c1
   __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&v), b128);
   return *reinterpret_cast<uint32_t*>(&r);
 }
+// The A register for columns c0, c0 + 4 of a group (q4_pair's positions; kernels/gemm_q4f16.cu,
+// kernels/gemm_q4ws.cu) as fp16 scale q + bias: 0x6400 | q is the
+// fp16 of 1024 + q, less 1024 exactly q, then one fused multiply-add (rounded once).
+__device__ __forceinline__ uint32_t f16_pair(uint32_t word, int j, uint32_t c1024, __half2 h1024, __half2 s,
+                                             __half2 b) {
+  uint32_t v;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(word >> (4 * j)), "n"(0x000F000F), "r"(c1024));  // (a & b) | c
+  const __half2 w = __hfma2(__hsub2(*reinterpret_cast<const __half2*>(&v), h1024), s, b);
+  return *reinterpret_cast<const uint32_t*>(&w);
+}
+
+// A group's A registers, its four k-steps', for tile rows tr0 and tr0 + 8 (tq = lane % 4) from the staged q4 rows
+// ws (32 bytes a row) and their scale|bias words sbs; c1024, h1024 as f16_pair takes them.
+__device__ __forceinline__ void f16_group_a(const uint8_t* ws, const uint32_t* sbs, int tr0, int tq, uint32_t c1024,
+                                            __half2 h1024, uint32_t (&af)[4][4]) {
+  uint2 aw[2];  // the row's words 2 tq and 2 tq + 1, rows tr0 and tr0 + 8
+  __half2 sc[2], bi[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    aw[rr] = *reinterpret_cast<const uint2*>(ws + (tr0 + 8 * rr) * 32 + 8 * tq);
+    const uint32_t sw = sbs[tr0 + 8 * rr];
+    sc[rr] = __float2half2_rn(__uint_as_float(sw << 16));
+    bi[rr] = __float2half2_rn(__uint_as_float(sw & 0xFFFF0000u));
+  }
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int jj = 2 * ks + h;
+        af[ks][2 * h + rr] = f16_pair((jj >> 2) ? aw[rr].y : aw[rr].x, jj & 3, c1024, h1024, sc[rr], bi[rr]);
+      }
+}
+
 // The block's share of a launch: its matrix part and first row (blockIdx.x), the stack's matrix and the slots of
-// its 64-token tile (grouped: blockIdx.y's entry of the work list; dense: tokens from 64 blockIdx.z); false when
-// the tile holds no token.
+// its TOK-token tile (grouped: blockIdx.y's entry of the work list, counted in tiles of TOK; dense: tokens from
+// TOK blockIdx.z); false when the tile holds no token.
 struct BlockWork {
   int pi, r_base, mat, slot0, t_base, t_count;  // t_base: within the matrix's slots
 };
-template <bool PAIRED>
+template <bool PAIRED, int TOK = kGemmTok>
 __device__ __forceinline__ bool block_work(const GemmArgs& a, BlockWork& b) {
   int pi = 0;
   while (!PAIRED && pi + 1 < a.parts && static_cast<int>(blockIdx.x) >= a.part[pi].tile_end) ++pi;
   b.pi = pi;
   b.r_base = (blockIdx.x - (pi ? a.part[pi - 1].tile_end : 0)) * (PAIRED ? kGemmRows / 2 : kGemmRows);
   int count = a.n;
-  b.mat = 0, b.slot0 = 0, b.t_base = blockIdx.z * kGemmTok;
+  b.mat = 0, b.slot0 = 0, b.t_base = blockIdx.z * TOK;
   if (a.offsets) {
     if (static_cast<int>(blockIdx.y) >= a.tiles[0]) return false;
     const int tile = a.tiles[1 + blockIdx.y];
     b.mat = tile >> 16;
-    b.t_base = (tile & 0xFFFF) * kGemmTok;
+    b.t_base = (tile & 0xFFFF) * TOK;
     b.slot0 = a.offsets[b.mat];
     count = a.offsets[b.mat + 1] - b.slot0;
   }
   if (b.t_base >= count) return false;
-  b.t_count = min(kGemmTok, count - b.t_base);
+  b.t_count = min(TOK, count - b.t_base);
   return true;
 }
 
@@ -127,21 +164,25 @@ struct Q4Sources {
   const uint16_t* x[2][2];  // [chunk i][term]
   uint32_t xdst[2];
 };
+// Tile row tr's q4 row (its first byte) and scale|bias words: row r_base + tr of the part; PAIRED: gate rows at
+// tile rows 16 q + i, up rows at 16 q + 8 + i (i < 8), r_base + 8 q + i of each. Past the part's rows: its last.
+struct Q4Row {
+  const uint8_t* w;
+  const uint32_t* sb;
+};
+template <bool PAIRED>
+__device__ __forceinline__ Q4Row q4_tile_row(const GemmArgs& a, const BlockWork& bw, int tr) {
+  const GemmPart& part = a.part[PAIRED ? (tr >> 3) & 1 : bw.pi];
+  const int r = min(PAIRED ? bw.r_base + (tr >> 4) * 8 + (tr & 7) : bw.r_base + tr, a.part[bw.pi].rows - 1);
+  return {part.w + bw.mat * a.mat_w_bytes + r * (static_cast<size_t>(a.cols) / 2),
+          part.sb + bw.mat * a.mat_groups + static_cast<size_t>(r) * (a.cols / 64)};
+}
 template <bool PAIRED>
 __device__ __forceinline__ Q4Sources q4_sources(const GemmArgs& a, const BlockWork& bw, int tid, const uint16_t* x0,
                                                 const uint16_t* x1) {
-  const GemmPart& part = a.part[bw.pi];
-  auto tile_part = [](int tr) { return PAIRED ? (tr >> 3) & 1 : 0; };
-  auto tile_row = [&](int tr) {
-    return min(PAIRED ? bw.r_base + (tr >> 4) * 8 + (tr & 7) : bw.r_base + tr, part.rows - 1);
-  };
-  const uint8_t* w = part.w + bw.mat * a.mat_w_bytes;
-  const uint32_t* sb = part.sb + bw.mat * a.mat_groups;
-  const uint8_t* w1 = PAIRED ? a.part[1].w + bw.mat * a.mat_w_bytes : nullptr;
-  const uint32_t* sb1 = PAIRED ? a.part[1].sb + bw.mat * a.mat_groups : nullptr;
   Q4Sources q;
-  q.w = (tile_part(tid >> 1) ? w1 : w) + tile_row(tid >> 1) * (static_cast<size_t>(a.cols) / 2) + (tid & 1) * 16;
-  q.sb = tid < kGemmRows ? (tile_part(tid) ? sb1 : sb) + static_cast<size_t>(tile_row(tid)) * (a.cols / 64) : nullptr;
+  q.w = q4_tile_row<PAIRED>(a, bw, tid >> 1).w + (tid & 1) * 16;
+  q.sb = tid < kGemmRows ? q4_tile_row<PAIRED>(a, bw, tid).sb : nullptr;
   int xoff[2];
   x_offsets(a, bw, tid, xoff);
 #pragma unroll
@@ -166,6 +207,33 @@ __device__ __forceinline__ void store_out(const GemmArgs& a, const GemmPart& par
 }
 
 
+// The fp16-form tiles' outputs (kernels/gemm_q4f16.cu, kernels/gemm_q4ws.cu): the accumulators of NT tokens for
+// tile rows tr0 and tr0 + 8 (gq = lane / 4, tq = lane % 4) times each token's 2^-e, stored by store_out.
+template <bool PAIRED, int NT, int N>
+__device__ __forceinline__ void f16_store_tile(const GemmArgs& a, const GemmPart& part, const BlockWork& bw,
+                                               const float (&acc)[N], int tr0, int gq, int tq) {
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) {
+    float inv[2];  // the 2^-e of columns 8 j + 2 tq (+ 1)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int slot = bw.slot0 + bw.t_base + min(8 * j + 2 * tq + e, bw.t_count - 1);
+      inv[e] = a.xf16inv[a.x_row ? a.x_row[slot] : slot];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int t = 8 * j + 2 * tq + (e & 1);
+      if constexpr (PAIRED) {
+        if (e < 2)
+          store_out<true>(a, part, bw, t, bw.r_base + (tr0 >> 4) * 8 + gq, acc[4 * j + e] * inv[e & 1],
+                          acc[4 * j + e + 2] * inv[e & 1]);
+      } else {
+        store_out<false>(a, part, bw, t, bw.r_base + tr0 + 8 * (e >> 1), acc[4 * j + e] * inv[e & 1], 0.f);
+      }
+    }
+  }
+}
+
 // kernels/gemm_rows.cu: whether it takes a dense launch of this format over `tokens` tokens (needs a.rows_kernel,
 // q4 or q8, K a multiple of 512, at most 64 tokens), and the launch.
 bool gemm_rows_takes(QFormat f, const GemmArgs& a, int tokens);
@@ -173,5 +241,8 @@ void launch_gemm_rows(QFormat f, const GemmArgs& a, bool paired, cudaStream_t s)
 // kernels/gemm_q4f16.cu: a q4 launch on x's fp16 form (a.xf16hi set).
 template <bool PAIRED>
 void launch_q4f16(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s);
+// kernels/gemm_q4ws.cu: the same by the warp-specialised tile of kGemmWsTok tokens (a.ws).
+template <bool PAIRED>
+void launch_q4ws(const GemmArgs& a, int grid_y, int max_tokens, cudaStream_t s);
 
 }  // namespace lily::cuda::detail

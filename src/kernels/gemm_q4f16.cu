@@ -39,16 +39,6 @@ struct F16Tile {
 static_assert(2 * (F16Tile::kSmem + 1024) <= 228 * 1024, "two blocks per SM");
 static_assert(kGemmTok * 8 == 2 * kGemmThreads, "two 16-byte x chunks of each term per thread (x_offsets)");
 
-// The A register for columns c0, c0 + 4 of a group (q4_pair's positions) as fp16 scale q + bias: 0x6400 | q is the
-// fp16 of 1024 + q, less 1024 exactly q, then one fused multiply-add (rounded once).
-__device__ __forceinline__ uint32_t f16_pair(uint32_t word, int j, uint32_t c1024, __half2 h1024, __half2 s,
-                                             __half2 b) {
-  uint32_t v;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(word >> (4 * j)), "n"(0x000F000F), "r"(c1024));  // (a & b) | c
-  const __half2 w = __hfma2(__hsub2(*reinterpret_cast<const __half2*>(&v), h1024), s, b);
-  return *reinterpret_cast<const uint32_t*>(&w);
-}
-
 // ONE: x's first fp16 term alone (a.xf16lo null; KernelOptions::prompt_x_one_term): half the products.
 template <bool PAIRED, bool ONE>
 __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4f16_kernel(GemmArgs a) {
@@ -61,7 +51,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4f16_kernel(GemmArgs a)
   BlockWork bw;
   if (!block_work<PAIRED>(a, bw)) return;
   const GemmPart& part = a.part[bw.pi];
-  const int r_base = bw.r_base, t_count = bw.t_count;
+  const int t_count = bw.t_count;
   const int groups = a.cols / 64;
 
   // Per group and thread (q4_sources): one 16-byte piece of the weights, two of each x term, one scale|bias word
@@ -115,25 +105,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4f16_kernel(GemmArgs a)
       const uint32_t* sbs = reinterpret_cast<const uint32_t*>(base + T::kWords);
       const uint32_t dlo = desc0 + buf * (T::kStage >> 4);
       buf = buf + 1 == kStages ? 0 : buf + 1;
-      uint2 aw[2];  // the row's words 2 tq and 2 tq + 1, rows tr0 and tr0 + 8
-      __half2 sc[2], bi[2];
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        aw[rr] = *reinterpret_cast<const uint2*>(ws + (tr0 + 8 * rr) * 32 + 8 * tq);
-        const uint32_t sw = sbs[tr0 + 8 * rr];
-        sc[rr] = __float2half2_rn(__uint_as_float(sw << 16));
-        bi[rr] = __float2half2_rn(__uint_as_float(sw & 0xFFFF0000u));
-      }
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int rr = 0; rr < 2; ++rr) {
-            const int jj = 2 * ks + h;
-            af[SET][ks][2 * h + rr] =
-                f16_pair((jj >> 2) ? aw[rr].y : aw[rr].x, jj & 3, c1024, h1024, sc[rr], bi[rr]);
-          }
+      f16_group_a(ws, sbs, tr0, tq, c1024, h1024, af[SET]);
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -151,26 +123,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4f16_kernel(GemmArgs a)
     }
     if (g < groups) step(g, std::integral_constant<int, 0>{});
     wgmma::wait<0>();
-#pragma unroll
-    for (int j = 0; j < NT / 8; ++j) {
-      float inv[2];  // the 2^-e of columns 8 j + 2 tq (+ 1)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int slot = bw.slot0 + bw.t_base + min(8 * j + 2 * tq + e, t_count - 1);
-        inv[e] = a.xf16inv[a.x_row ? a.x_row[slot] : slot];
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = 8 * j + 2 * tq + (e & 1);
-        if constexpr (PAIRED) {
-          if (e < 2)
-            store_out<true>(a, part, bw, t, r_base + (tr0 >> 4) * 8 + gq, acc[4 * j + e] * inv[e & 1],
-                            acc[4 * j + e + 2] * inv[e & 1]);
-        } else {
-          store_out<false>(a, part, bw, t, r_base + tr0 + 8 * (e >> 1), acc[4 * j + e] * inv[e & 1], 0.f);
-        }
-      }
-    }
+    f16_store_tile<PAIRED, NT>(a, part, bw, acc, tr0, gq, tq);
   };
   if (t_count <= 16) run(std::integral_constant<int, 16>{});
   else if (t_count <= 32) run(std::integral_constant<int, 32>{});

@@ -1,8 +1,8 @@
-// Hopper warpgroup tensor-core primitives (sm_90a) for the prompt path's 4-bit GEMM (kernels/gemm.cu) and
-// attention (kernels/attention_chunk.cu): wgmma.mma_async m64nNk16 (N = 64 / 32 / 16) with A (bf16) in registers
-// and B (bf16) in shared memory, the same on fp16 (kernels/gemm_q4f16.cu), m64n64k16 with both in shared memory,
-// m64n256k16 with an MN-major B, the shared-memory matrix descriptors of 128-byte-swizzled tiles, and the fences
-// around the asynchronous operations.
+// Hopper warpgroup tensor-core primitives (sm_90a) for the prompt path's 4-bit GEMMs (kernels/gemm.cu,
+// kernels/gemm_q4f16.cu, kernels/gemm_q4ws.cu) and attention (kernels/attention_chunk.cu): wgmma.mma_async
+// m64nNk16 (N = 64 / 32 / 16; on fp16 also 96 / 128) with A (bf16 or fp16) in registers and B in shared memory,
+// m64n64k16 with both in shared memory, m64n256k16 with an MN-major B, the shared-memory matrix descriptors of
+// 128-byte-swizzled tiles, and the fences around the asynchronous operations.
 // Layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
 //  - A, 64 x 16 per instruction, in registers: warp w of the warpgroup holds rows 16 w .. 16 w + 15 in the
 //    m16n8k16 A fragment order (reg 0: row g, k 2t, 2t+1; reg 1: row g + 8; reg 2: row g, k 2t + 8, +9; reg 3:
@@ -113,12 +113,60 @@ __device__ __forceinline__ void m64n16k16(float (&d)[8], const uint32_t (&a)[4],
         : LILY_WG_D8
         : LILY_WG_A);
 }
+// The fp16 products over 96 / 128 columns of B (kernels/gemm_q4ws.cu's tiles of 128 tokens).
+__device__ __forceinline__ void m64n96k16_f16(float (&d)[48], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+      "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+__device__ __forceinline__ void m64n128k16_f16(float (&d)[64], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
 // d (+)= A B over NT columns: d's first NT / 2 registers.
 template <int NT, bool F16 = false>
 __device__ __forceinline__ void m64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
   if constexpr (NT == 64) m64n64k16<F16>(d, a, b, accumulate);
   else if constexpr (NT == 32) m64n32k16<F16>(reinterpret_cast<float(&)[16]>(d), a, b, accumulate);
   else m64n16k16<F16>(reinterpret_cast<float(&)[8]>(d), a, b, accumulate);
+}
+
+// The same up to NT = 128 (kernels/gemm_q4ws.cu; fp16): d's first NT / 2 registers.
+template <int NT>
+__device__ __forceinline__ void m64k16_f16(float (&d)[64], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  if constexpr (NT == 128) m64n128k16_f16(d, a, b, accumulate);
+  else if constexpr (NT == 96) m64n96k16_f16(reinterpret_cast<float(&)[48]>(d), a, b, accumulate);
+  else m64k16<NT, true>(reinterpret_cast<float(&)[32]>(d), a, b, accumulate);
 }
 
 // d += A B with N = 256: A four bf16x2 registers, B by the descriptor of an MN-major tile (imm-trans-b = 1: the

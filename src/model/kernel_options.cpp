@@ -38,6 +38,7 @@ cuda::KernelOptions parse_kernel_options(const std::function<const char*(const c
   o.debug_sync = flag("LILY_CUDA_SYNC", o.debug_sync);
   o.trace = flag("LILY_TRACE", o.trace);
   if (const char* e = env("LILY_PROMPT_X1")) o.prompt_x_one_term = e;
+  if (const char* e = env("LILY_PROMPT_GEMM_WS")) o.prompt_gemm_ws = e;
   if (const char* e = env("LILY_SKIP")) o.skip = e;
   return o;
 }
@@ -54,6 +55,7 @@ std::string describe(const cuda::KernelOptions& o) {
     << " prefill=" << o.prefill << " prefill_chunk=" << num(o.prefill_chunk) << " prefill_min=" << num(o.prefill_min)
     << " batch_graph_rows=" << o.batch_graph_rows << " gdn_wy=" << o.gdn_wy
     << " prompt_gemm_f16=" << o.prompt_gemm_f16
+    << " prompt_gemm_ws=" << (o.prompt_gemm_ws.empty() ? "-" : o.prompt_gemm_ws)
     << " prompt_x_one_term=" << (o.prompt_x_one_term.empty() ? "-" : o.prompt_x_one_term)
     << " prompt_attn_one_term=" << o.prompt_attn_one_term
     << " prompt_attn_wgmma=" << o.prompt_attn_wgmma

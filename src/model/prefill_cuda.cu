@@ -17,14 +17,20 @@ namespace lily::cuda {
 namespace {
 // A GemmX of width K over a buffer allocated for a larger width (rows are K apart once prepared at K), for the
 // matrices `readers`: the prep writes x's fp16 form only where the GEMMs take it (use_f16), and then skips the two
-// bf16 terms where every reader is 4-bit.
-GemmXBuf at_width(GemmXBuf b, int K, std::initializer_list<const QMat*> readers) {
+// bf16 terms where every reader is 4-bit, and the fp16 form's second term too where they take its first alone
+// (one_term: KernelOptions::prompt_x_one_term names their family).
+GemmXBuf at_width(GemmXBuf b, int K, std::initializer_list<const QMat*> readers, bool one_term = false) {
   b.K = K;
   if (!b.use_f16) b.f16hi = b.f16lo = nullptr, b.f16inv = nullptr;
   bool all_q4 = b.f16hi != nullptr;
   for (const QMat* m : readers) all_q4 = all_q4 && m->format == QFormat::q4;
   if (all_q4) b.hi = b.lo = nullptr;
+  if (all_q4 && one_term) b.f16lo = nullptr;
   return b;
+}
+// Whether the comma-separated option `list` names `family` (KernelOptions::skip, prompt_x_one_term).
+bool names(const std::string& list, const char* family) {
+  return !list.empty() && ("," + list + ",").find("," + std::string(family) + ",") != std::string::npos;
 }
 }  // namespace
 
@@ -183,18 +189,12 @@ bool CudaEngine::prefill_supported() const {
 }
 
 // The prompt path's mixer cores left out (KernelOptions::skip, benchmarks: their marginal cost).
-namespace {
-// Whether the comma-separated option `list` names `family` (KernelOptions::skip, prompt_x_one_term).
-bool names(const std::string& list, const char* family) {
-  return !list.empty() && ("," + list + ",").find("," + std::string(family) + ",") != std::string::npos;
-}
-}  // namespace
-
 bool CudaEngine::prefill_skips(const char* family) const { return names(opts_.skip, family); }
 
 GemmX CudaEngine::prompt_x(const GemmXBuf& b, const char* family) const {
   GemmX x = b.view();
   if (names(opts_.prompt_x_one_term, family)) x.f16lo = nullptr;
+  x.ws = names(opts_.prompt_gemm_ws, family) && x.f16hi;
   return x;
 }
 
@@ -337,7 +337,7 @@ void CudaEngine::head_rows(const int* rows, int n, float* logits) {
                                cudaMemcpyDeviceToDevice, stream_));
   if (project_i8({{&w_.lm_head, logits, c.vocab}}, gathered, H, w_.norm, n, false, "lm_head", n * flops_.lm_head))
     return;
-  const GemmXBuf xh = at_width(b.x, H, {&w_.lm_head});
+  const GemmXBuf xh = at_width(b.x, H, {&w_.lm_head}, names(opts_.prompt_x_one_term, "lm_head"));
   pmark("lm_head", n * flops_.lm_head);
   gemm_x_prep(gathered, H, n, w_.norm, c.eps, xh, nullptr, stream_);
   gemm(w_.lm_head, 0, prompt_x(xh, "lm_head"), n, logits, c.vocab, false, stream_);
@@ -393,7 +393,8 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
   float* a = bb + (size_t)n * Hv;
   if (!project_i8({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}},
                   b.h, H, w_.layers[layer].input_layernorm, n, false, "gemm_gdn_in", n * flops_.gdn_in)) {
-    const GemmXBuf xh = at_width(b.x, H, {&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a});
+    const GemmXBuf xh = at_width(b.x, H, {&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a},
+                                 names(opts_.prompt_x_one_term, "gdn_in"));
     pmark("norm");
     gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
     pmark("gemm_gdn_in", n * flops_.gdn_in);
@@ -424,7 +425,7 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
     }
   if (project_i8({{&g.out_proj, b.h, H}}, b.mix, vd, nullptr, n, true, "gemm_gdn_out", n * flops_.gdn_out, layer))
     return;
-  const GemmXBuf xm = at_width(b.x, vd, {&g.out_proj});
+  const GemmXBuf xm = at_width(b.x, vd, {&g.out_proj}, names(opts_.prompt_x_one_term, "gdn_out"));
   pmark("norm");
   gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
   pmark("gemm_gdn_out", n * flops_.gdn_out);
@@ -441,7 +442,8 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   float* v = k + (size_t)n * kvd;
   if (!project_i8({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, b.h, H,
                   w_.layers[layer].input_layernorm, n, false, "gemm_attn_in", n * flops_.attn_in)) {
-    const GemmXBuf xh = at_width(b.x, H, {&at.q_proj, &at.k_proj, &at.v_proj});
+    const GemmXBuf xh =
+        at_width(b.x, H, {&at.q_proj, &at.k_proj, &at.v_proj}, names(opts_.prompt_x_one_term, "attn_in"));
     pmark("norm");
     gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
     pmark("gemm_attn_in", n * flops_.attn_in);
@@ -481,7 +483,7 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
     }
   if (project_i8({{&at.o_proj, b.h, H}}, b.mix, od, nullptr, n, true, "gemm_attn_out", n * flops_.attn_out, layer))
     return;
-  const GemmXBuf xm = at_width(b.x, od, {&at.o_proj});
+  const GemmXBuf xm = at_width(b.x, od, {&at.o_proj}, names(opts_.prompt_x_one_term, "attn_out"));
   pmark("norm");
   gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
   pmark("gemm_attn_out", n * flops_.attn_out);
@@ -518,7 +520,13 @@ void CudaEngine::prefill_moe(int layer, int n) {
   pmark("routing");
   moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
   moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
-  gemm_grouped_tiles(b.offsets, E, b.tiles, stream_);
+  // the grouped GEMMs' work list in their tile's slots: the warp-specialised tile's where every routed launch
+  // takes it (both families named, 4-bit weights; the streamed experts take 64, as does the bound below)
+  GemmX xe = prompt_x(xh, "experts_gate_up");
+  xe.ws = xe.ws && names(opts_.prompt_gemm_ws, "experts_down") && !b.moe_rows &&
+          m.experts_gate.format == QFormat::q4 && m.experts_up.format == QFormat::q4 &&
+          m.experts_down.format == QFormat::q4;
+  gemm_grouped_tiles(b.offsets, E, b.tiles, stream_, xe.ws ? kGemmWsTok : 64);
   const int max_tiles = gemm_grouped_max_tiles(n * k, E);
   // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer;
   // gate and up in one launch each (kernels/gemm.cu, paired), or two GEMMs into the yd scratch where their
@@ -534,7 +542,6 @@ void CudaEngine::prefill_moe(int layer, int n) {
   }
   // routed experts: each token's rows go to its 8 experts' slots (x_row), weighted by the routing weight
   float* act = b.act + (size_t)n * Fs;
-  const GemmX xe = prompt_x(xh, "experts_gate_up");
   pmark("gemm_experts_gate_up", n * k * flops_.expert_gate_up);
   if (b.moe_rows) {
     moe_rows_swiglu(m.experts_gate, m.experts_up, b.srows, b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act, F,
@@ -548,7 +555,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
     swiglu_rows(g, u, b.w_slot, n * k, F, act, stream_);
   }
   // the shared expert's activations, then the routed ones after them
-  const GemmXBuf xs = at_width(b.x, Fs, {&m.shared_down});
+  const GemmXBuf xs = at_width(b.x, Fs, {&m.shared_down}, names(opts_.prompt_x_one_term, "shared"));
   pmark("norm");
   gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
   pmark("gemm_shared", n * flops_.shared_down);
@@ -559,11 +566,12 @@ void CudaEngine::prefill_moe(int layer, int n) {
     pmark("gemm_experts_down", n * k * flops_.expert_down);
     moe_rows_down(m.experts_down, b.srows, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
   } else {
-    const GemmXBuf xr = at_width(b.x, F, {&m.experts_down});
+    const GemmXBuf xr = at_width(b.x, F, {&m.experts_down}, names(opts_.prompt_x_one_term, "experts_down"));
     gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
     pmark("gemm_experts_down", n * k * flops_.expert_down);
-    gemm_grouped(m.experts_down, prompt_x(xr, "experts_down"), nullptr, b.offsets, b.tiles, max_tiles, b.yd, H,
-                 stream_, n);
+    GemmX xd = prompt_x(xr, "experts_down");
+    xd.ws = xe.ws;
+    gemm_grouped(m.experts_down, xd, nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, n);
   }
   pmark("combine");
   moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);

@@ -295,6 +295,17 @@ TEST(GemmXPrep, SplitGroupSumsAndRmsNorm) {
       const std::vector<uint16_t> hi_after = to_host(xb.b.hi, m);
       EXPECT_EQ(static_cast<size_t>(std::count(hi_after.begin(), hi_after.end(), uint16_t{0x7777})), m)
           << name << ": hi written although null";
+      // without the fp16 form's second term (f16lo null too): the same first term, f16lo left alone
+      CUDA_CHECK(cudaMemset(xb.b.f16hi, 0x55, m * 2));
+      CUDA_CHECK(cudaMemset(xb.b.f16lo, 0x66, m * 2));
+      GemmXBuf first_only = no_terms;
+      first_only.f16lo = nullptr;
+      gemm_x_prep(dx.p, ldx, n, norm ? dw.p : nullptr, eps, first_only, nullptr, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_TRUE(to_host(xb.b.f16hi, m) == fh) << name << ": the fp16 form's first term alone";
+      const std::vector<uint16_t> lo_after = to_host(xb.b.f16lo, m);
+      EXPECT_EQ(static_cast<size_t>(std::count(lo_after.begin(), lo_after.end(), uint16_t{0x6666})), m)
+          << name << ": f16lo written although null";
       size_t bad_sum = 0;
       for (int t = 0; t < n; ++t)
         for (int g = 0; g < K / 64; ++g) {

@@ -31,6 +31,7 @@ TEST(KernelOptions, DefaultsWhenNothingIsSet) {
   EXPECT_TRUE(o.batch_pass_graphs);
   EXPECT_TRUE(o.gdn_wy);
   EXPECT_TRUE(o.prompt_gemm_f16);
+  EXPECT_EQ(o.prompt_gemm_ws, d.prompt_gemm_ws);
   EXPECT_EQ(o.moe_fused_rows, d.moe_fused_rows);
   EXPECT_EQ(o.attn_splits, d.attn_splits);
   EXPECT_EQ(o.prefill_chunk, d.prefill_chunk);
@@ -41,6 +42,7 @@ TEST(KernelOptions, DefaultsWhenNothingIsSet) {
 }
 
 TEST(KernelOptions, EachVariableSetsItsField) {
+  const cuda::KernelOptions d;
   const cuda::KernelOptions o =
       parse({{"LILY_GDN_FUSED", "0"}, {"LILY_MOE_FUSED", "0"}, {"LILY_ATTN_SPLITS", "33"}, {"LILY_PREFILL", "0"},
              {"LILY_PREFILL_CHUNK", "512"}, {"LILY_PREFILL_MIN", "40"}, {"LILY_CUDA_SYNC", "1"}, {"LILY_TRACE", "1"},
@@ -48,7 +50,7 @@ TEST(KernelOptions, EachVariableSetsItsField) {
              {"LILY_BATCH_PASS_GRAPHS", "0"}, {"LILY_PROMPT_ATTN_1TERM", "0"}, {"LILY_GEMM_I8_IN_ROWS", "8"},
              {"LILY_GEMM_I8_OUT_ROWS", "0"}, {"LILY_GDN_WY", "0"}, {"LILY_MOE_FUSED_ROWS", "3"},
              {"LILY_PROMPT_ATTN_WG", "0"}, {"LILY_PROMPT_GEMM_F16", "0"},
-             {"LILY_PROMPT_X1", "experts_down,shared"}});
+             {"LILY_PROMPT_X1", "experts_down,shared"}, {"LILY_PROMPT_GEMM_WS", "gdn_in,experts_down"}});
   EXPECT_FALSE(o.gdn_fused);
   EXPECT_FALSE(o.moe_fused);
   EXPECT_EQ(o.attn_splits, 33);
@@ -68,6 +70,7 @@ TEST(KernelOptions, EachVariableSetsItsField) {
   EXPECT_EQ(o.moe_fused_rows, 3);
   EXPECT_FALSE(o.prompt_gemm_f16);
   EXPECT_EQ(o.prompt_x_one_term, "experts_down,shared");
+  EXPECT_EQ(o.prompt_gemm_ws, "gdn_in,experts_down");
   EXPECT_TRUE(parse({{"LILY_PROMPT_X1", ""}}).prompt_x_one_term.empty());  // (set but empty: none)
 }
 
@@ -87,7 +90,7 @@ TEST(KernelOptions, DescribeNamesEveryFieldWithItsValue) {
   for (const char* part : {"gdn_fused=1", "moe_fused=0", "attn_splits=17", "prefill=1", "prefill_chunk=auto",
                            "prefill_min=auto", "debug_sync=0", "trace=0", "skip=moe", "gemm_i8_in_rows=16",
                            "gemm_i8_out_rows=64", "gdn_wy=1", "prompt_attn_wgmma=1", "prompt_gemm_f16=1",
-                           "prompt_x_one_term=experts_gate_up,"})
+                           "prompt_x_one_term=experts_gate_up,", "prompt_gemm_ws="})
     EXPECT_NE(s.find(part), std::string::npos) << part << " in " << s;
 }
 
