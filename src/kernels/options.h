@@ -45,15 +45,17 @@ struct KernelOptions {
   bool prompt_gemm_f16 = true;
   // LILY_PROMPT_X1=fam1,fam2 (empty: none): with prompt_gemm_f16, those families' 4-bit prompt GEMMs take x's
   // first fp16 term alone (half the products). Families: gdn_in, gdn_out, attn_in, attn_out, shared,
-  // experts_gate_up, experts_down, lm_head. The default: the largest families whose one term keeps the prompt path
-  // within issue 28's bound (tests/gpu/prompt_bound.h; each family's figures in docs/kernel-options.md); the GDN
-  // projections' one term alone leaves it.
-  std::string prompt_x_one_term = "experts_gate_up,experts_down,attn_in";
+  // experts_gate_up, experts_down, lm_head. The default: the families whose one term keeps the prompt path within
+  // issue 28's bound (tests/gpu/prompt_bound.h) and a decode row in a pass with prompt rows within 1e-3 of the
+  // same row alone (tests/gpu/test_cuda_batch.cpp), which the experts' one term leaves (their rows share its
+  // launches); each family's figures in docs/kernel-options.md.
+  std::string prompt_x_one_term = "attn_in";
   // LILY_PROMPT_GEMM_WS=fam1,fam2 (empty: none): with prompt_gemm_f16, those families' 4-bit prompt GEMMs take the
   // warp-specialised tile of 128 tokens (kernels/gemm_q4ws.cu: a copying warpgroup, mbarrier stages, the same
   // bits) instead of gemm_q4f16.cu's. Families as prompt_x_one_term's; the routed experts' two take it together
-  // (one work list): both named.
-  std::string prompt_gemm_ws = "";
+  // (one work list): both named. The default: the dense families (the experts' tiles of a few dozen gathered
+  // tokens are slower on it).
+  std::string prompt_gemm_ws = "gdn_in,gdn_out,attn_in,attn_out,shared,lm_head";
   // LILY_GEMM_ROWS=0: a decode pass's dense GEMMs of at most kRowsMaxWeights weights (kernels/batched.h; at most 64
   // one-token rows) keep the 64- / 16-token tiles of kernels/gemm.cu instead of kernels/gemm_rows.cu (weights
   // straight into registers, K split between a block's warps). Same arithmetic per column, other bits.

@@ -106,7 +106,7 @@ TEST(GemmWs, GroupedSameBitsOnItsWorkList) {
   if (no_device()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(9300);
   const std::vector<int> counts = {5, 0, 300, 1, 0, 129, 33, 128, 97, 64, 0};
-  const int E = static_cast<int>(counts.size()), X = 400, F = 200, H = 1024;
+  const int E = static_cast<int>(counts.size()), X = 400, F = 192, H = 1024;
   std::vector<int> offsets(E + 1, 0);
   for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
   const int S = offsets[E], max_tiles = gemm_grouped_max_tiles(S, E);

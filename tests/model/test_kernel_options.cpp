@@ -90,7 +90,7 @@ TEST(KernelOptions, DescribeNamesEveryFieldWithItsValue) {
   for (const char* part : {"gdn_fused=1", "moe_fused=0", "attn_splits=17", "prefill=1", "prefill_chunk=auto",
                            "prefill_min=auto", "debug_sync=0", "trace=0", "skip=moe", "gemm_i8_in_rows=16",
                            "gemm_i8_out_rows=64", "gdn_wy=1", "prompt_attn_wgmma=1", "prompt_gemm_f16=1",
-                           "prompt_x_one_term=experts_gate_up,", "prompt_gemm_ws="})
+                           "prompt_x_one_term=attn_in", "prompt_gemm_ws=gdn_in,"})
     EXPECT_NE(s.find(part), std::string::npos) << part << " in " << s;
 }
 
