@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
@@ -206,6 +207,18 @@ __device__ __forceinline__ void store_out(const GemmArgs& a, const GemmPart& par
   else *dst = a.accumulate ? *dst + v : v;
 }
 
+
+// The fp16-form tiles' group loop: step(g, set) for g < groups, the A register set alternating with g (set a
+// compile-time 0 or 1).
+template <typename Step>
+__device__ __forceinline__ void alternate_sets(int groups, Step&& step) {
+  int g = 0;
+  for (; g + 1 < groups; g += 2) {
+    step(g, std::integral_constant<int, 0>{});
+    step(g + 1, std::integral_constant<int, 1>{});
+  }
+  if (g < groups) step(g, std::integral_constant<int, 0>{});
+}
 
 // The fp16-form tiles' outputs (kernels/gemm_q4f16.cu, kernels/gemm_q4ws.cu): the accumulators of NT tokens for
 // tile rows tr0 and tr0 + 8 (gq = lane / 4, tq = lane % 4) times each token's 2^-e, stored by store_out.

@@ -116,12 +116,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4f16_kernel(GemmArgs a)
       wgmma::commit();
       wgmma::wait<1>();
     };
-    int g = 0;
-    for (; g + 1 < groups; g += 2) {
-      step(g, std::integral_constant<int, 0>{});
-      step(g + 1, std::integral_constant<int, 1>{});
-    }
-    if (g < groups) step(g, std::integral_constant<int, 0>{});
+    alternate_sets(groups, step);
     wgmma::wait<0>();
     f16_store_tile<PAIRED, NT>(a, part, bw, acc, tr0, gq, tq);
   };

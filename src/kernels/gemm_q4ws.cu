@@ -129,12 +129,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_q4ws_kernel(GemmArgs a) {
         if (lane == 0) mma::mbar_arrive(empty + 8 * ((g - 1) % S));
       }
     };
-    int g = 0;
-    for (; g + 1 < groups; g += 2) {
-      step(g, std::integral_constant<int, 0>{});
-      step(g + 1, std::integral_constant<int, 1>{});
-    }
-    if (g < groups) step(g, std::integral_constant<int, 0>{});
+    alternate_sets(groups, step);
     wgmma::wait<0>();
     f16_store_tile<PAIRED, NT>(a, part, bw, acc, tr0, gq, tq);
   };
