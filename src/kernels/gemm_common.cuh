@@ -1,7 +1,7 @@
 // What the prompt path's GEMM kernels share (kernels/gemm.cu: the mma.sync kernel and the 4-bit wgmma kernel on
-// the split two-term x; kernels/gemm_q4f16.cu: the 4-bit kernel on x's fp16 form; kernels/gemm_rows.cu: the
-// few-token kernel): the launch's arguments, a block's share of the work, the x copies' offsets and the output
-// store. Included by those three files only.
+// the split two-term x; kernels/gemm_q4f16.cu and kernels/gemm_q4ws.cu: the 4-bit kernels on x's fp16 form;
+// kernels/gemm_rows.cu: the few-token kernel): the launch's arguments, a block's share of the work, the x copies'
+// offsets, the fp16 form's A registers and the output store. Included by those four files only.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -73,8 +73,8 @@ __device__ __forceinline__ uint32_t q4_pair_or(uint32_t word, int j, uint32_t c1
   return *reinterpret_cast<uint32_t*>(&r);
 }
 // The A register for columns c0, c0 + 4 of a group (q4_pair's positions; kernels/gemm_q4f16.cu,
-// kernels/gemm_q4ws.cu) as fp16 scale q + bias: 0x6400 | q is the
-// fp16 of 1024 + q, less 1024 exactly q, then one fused multiply-add (rounded once).
+// kernels/gemm_q4ws.cu) as fp16 scale q + bias: 0x6400 | q is the fp16 of 1024 + q, less 1024 exactly q, then one
+// fused multiply-add (rounded once).
 __device__ __forceinline__ uint32_t f16_pair(uint32_t word, int j, uint32_t c1024, __half2 h1024, __half2 s,
                                              __half2 b) {
   uint32_t v;

@@ -6,7 +6,7 @@
 // per tile build each group's A registers once for twice the tokens of gemm_q4f16's tile. The products of a column
 // go in the same order as there (groups, k-steps, x's first term then its second), so a token's bits are that
 // kernel's and do not depend on the launch. Selected by KernelOptions::prompt_gemm_ws (GemmX::ws); grouped
-// launches take a work list of 128-token tiles (gemm_grouped_tiles). Tested by tests/gpu/test_batched.cu.
+// launches take a work list of 128-token tiles (gemm_grouped_tiles). Tested by tests/gpu/test_gemm_ws.cu.
 #include <cuda_fp16.h>
 
 #include "kernels/batched.h"
