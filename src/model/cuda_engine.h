@@ -216,8 +216,12 @@ class CudaEngine {
   bool moe_rows_ok() const;  // KernelOptions::moe_rows and every layer's experts fit kernels/moe_rows.cu
   bool prefill_skips(const char* family) const;
   // b's view for a GEMM family of the prompt path: without x's second fp16 term where KernelOptions::
-  // prompt_x_one_term names the family.
+  // prompt_x_one_term names the family, on the warp-specialised tile where prompt_gemm_ws does.
   GemmX prompt_x(const GemmXBuf& b, const char* family) const;
+  // The prep's buffer at width K for the matrices `readers`, all of one GEMM family, and the family's view of it
+  // (model/prefill_cuda.cu).
+  struct FamilyX;
+  FamilyX family_x(int K, std::initializer_list<const QMat*> readers, const char* family) const;
   void prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_moe(int layer, int n);

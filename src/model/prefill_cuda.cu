@@ -17,15 +17,13 @@ namespace lily::cuda {
 namespace {
 // A GemmX of width K over a buffer allocated for a larger width (rows are K apart once prepared at K), for the
 // matrices `readers`: the prep writes x's fp16 form only where the GEMMs take it (use_f16), and then skips the two
-// bf16 terms where every reader is 4-bit, and the fp16 form's second term too where they take its first alone
-// (one_term: KernelOptions::prompt_x_one_term names their family).
-GemmXBuf at_width(GemmXBuf b, int K, std::initializer_list<const QMat*> readers, bool one_term = false) {
+// bf16 terms where every reader is 4-bit.
+GemmXBuf at_width(GemmXBuf b, int K, std::initializer_list<const QMat*> readers) {
   b.K = K;
   if (!b.use_f16) b.f16hi = b.f16lo = nullptr, b.f16inv = nullptr;
   bool all_q4 = b.f16hi != nullptr;
   for (const QMat* m : readers) all_q4 = all_q4 && m->format == QFormat::q4;
   if (all_q4) b.hi = b.lo = nullptr;
-  if (all_q4 && one_term) b.f16lo = nullptr;
   return b;
 }
 // Whether the comma-separated option `list` names `family` (KernelOptions::skip, prompt_x_one_term).
@@ -198,6 +196,19 @@ GemmX CudaEngine::prompt_x(const GemmXBuf& b, const char* family) const {
   return x;
 }
 
+struct CudaEngine::FamilyX {
+  GemmXBuf buf;  // what gemm_x_prep writes
+  GemmX x;       // what the family's GEMMs read
+};
+// The prep skips x's second fp16 term where the family takes the first alone (no GEMM reads it then).
+CudaEngine::FamilyX CudaEngine::family_x(int K, std::initializer_list<const QMat*> readers,
+                                         const char* family) const {
+  FamilyX f{at_width(pf_->x, K, readers), {}};
+  f.x = prompt_x(f.buf, family);
+  if (!f.x.f16lo) f.buf.f16lo = nullptr;
+  return f;
+}
+
 int CudaEngine::prompt_grid() const {
   const Config& c = cfg_;
   return opts_.gdn_wy && gdn_wy_supported(GdnDims{c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim})
@@ -337,10 +348,10 @@ void CudaEngine::head_rows(const int* rows, int n, float* logits) {
                                cudaMemcpyDeviceToDevice, stream_));
   if (project_i8({{&w_.lm_head, logits, c.vocab}}, gathered, H, w_.norm, n, false, "lm_head", n * flops_.lm_head))
     return;
-  const GemmXBuf xh = at_width(b.x, H, {&w_.lm_head}, names(opts_.prompt_x_one_term, "lm_head"));
+  const FamilyX xh = family_x(H, {&w_.lm_head}, "lm_head");
   pmark("lm_head", n * flops_.lm_head);
-  gemm_x_prep(gathered, H, n, w_.norm, c.eps, xh, nullptr, stream_);
-  gemm(w_.lm_head, 0, prompt_x(xh, "lm_head"), n, logits, c.vocab, false, stream_);
+  gemm_x_prep(gathered, H, n, w_.norm, c.eps, xh.buf, nullptr, stream_);
+  gemm(w_.lm_head, 0, xh.x, n, logits, c.vocab, false, stream_);
 }
 
 bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float* x, int K, const float* norm_w, int n,
@@ -393,13 +404,12 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
   float* a = bb + (size_t)n * Hv;
   if (!project_i8({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}},
                   b.h, H, w_.layers[layer].input_layernorm, n, false, "gemm_gdn_in", n * flops_.gdn_in)) {
-    const GemmXBuf xh = at_width(b.x, H, {&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a},
-                                 names(opts_.prompt_x_one_term, "gdn_in"));
+    const FamilyX xh = family_x(H, {&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a}, "gdn_in");
     pmark("norm");
-    gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
+    gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh.buf, nullptr, stream_);
     pmark("gemm_gdn_in", n * flops_.gdn_in);
     project({{&g.in_proj_qkv, qkv, cd}, {&g.in_proj_z, z, vd}, {&g.in_proj_b, bb, Hv}, {&g.in_proj_a, a, Hv}},
-            prompt_x(xh, "gdn_in"), n);
+            xh.x, n);
   }
   // the one-token rows' steps together (also a single one: a row's result must not depend on the batch)
   const bool rows_launch = b.n_dec > 0;
@@ -425,11 +435,11 @@ void CudaEngine::prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n) 
     }
   if (project_i8({{&g.out_proj, b.h, H}}, b.mix, vd, nullptr, n, true, "gemm_gdn_out", n * flops_.gdn_out, layer))
     return;
-  const GemmXBuf xm = at_width(b.x, vd, {&g.out_proj}, names(opts_.prompt_x_one_term, "gdn_out"));
+  const FamilyX xm = family_x(vd, {&g.out_proj}, "gdn_out");
   pmark("norm");
-  gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm, nullptr, stream_);
+  gemm_x_prep(b.mix, vd, n, nullptr, 0.f, xm.buf, nullptr, stream_);
   pmark("gemm_gdn_out", n * flops_.gdn_out);
-  gemm(g.out_proj, 0, prompt_x(xm, "gdn_out"), n, b.h, H, true, stream_);
+  gemm(g.out_proj, 0, xm.x, n, b.h, H, true, stream_);
 }
 
 void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n) {
@@ -442,12 +452,11 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
   float* v = k + (size_t)n * kvd;
   if (!project_i8({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, b.h, H,
                   w_.layers[layer].input_layernorm, n, false, "gemm_attn_in", n * flops_.attn_in)) {
-    const GemmXBuf xh =
-        at_width(b.x, H, {&at.q_proj, &at.k_proj, &at.v_proj}, names(opts_.prompt_x_one_term, "attn_in"));
+    const FamilyX xh = family_x(H, {&at.q_proj, &at.k_proj, &at.v_proj}, "attn_in");
     pmark("norm");
-    gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh, nullptr, stream_);
+    gemm_x_prep(b.h, H, n, w_.layers[layer].input_layernorm, c.eps, xh.buf, nullptr, stream_);
     pmark("gemm_attn_in", n * flops_.attn_in);
-    project({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, prompt_x(xh, "attn_in"), n);
+    project({{&at.q_proj, qg, qr}, {&at.k_proj, k, kvd}, {&at.v_proj, v, kvd}}, xh.x, n);
   }
   KvPages kv;
   kv.page_tokens = page_tokens_;
@@ -483,11 +492,11 @@ void CudaEngine::prefill_attention(int layer, const SeqRows* seqs, int n_seqs, i
     }
   if (project_i8({{&at.o_proj, b.h, H}}, b.mix, od, nullptr, n, true, "gemm_attn_out", n * flops_.attn_out, layer))
     return;
-  const GemmXBuf xm = at_width(b.x, od, {&at.o_proj}, names(opts_.prompt_x_one_term, "attn_out"));
+  const FamilyX xm = family_x(od, {&at.o_proj}, "attn_out");
   pmark("norm");
-  gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm, nullptr, stream_);
+  gemm_x_prep(b.mix, od, n, nullptr, 0.f, xm.buf, nullptr, stream_);
   pmark("gemm_attn_out", n * flops_.attn_out);
-  gemm(at.o_proj, 0, prompt_x(xm, "attn_out"), n, b.h, H, true, stream_);
+  gemm(at.o_proj, 0, xm.x, n, b.h, H, true, stream_);
 }
 
 void CudaEngine::prefill_moe(int layer, int n) {
@@ -555,23 +564,22 @@ void CudaEngine::prefill_moe(int layer, int n) {
     swiglu_rows(g, u, b.w_slot, n * k, F, act, stream_);
   }
   // the shared expert's activations, then the routed ones after them
-  const GemmXBuf xs = at_width(b.x, Fs, {&m.shared_down}, names(opts_.prompt_x_one_term, "shared"));
+  const FamilyX xs = family_x(Fs, {&m.shared_down}, "shared");
   pmark("norm");
-  gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs, nullptr, stream_);
+  gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs.buf, nullptr, stream_);
   pmark("gemm_shared", n * flops_.shared_down);
-  gemm(m.shared_down, 0, prompt_x(xs, "shared"), n, b.ysh, H, false, stream_);
+  gemm(m.shared_down, 0, xs.x, n, b.ysh, H, false, stream_);
   pmark("norm");
   if (b.moe_rows) {
     stream_rows_prep(act, F, n * k, F, b.srows, stream_);
     pmark("gemm_experts_down", n * k * flops_.expert_down);
     moe_rows_down(m.experts_down, b.srows, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
   } else {
-    const GemmXBuf xr = at_width(b.x, F, {&m.experts_down}, names(opts_.prompt_x_one_term, "experts_down"));
-    gemm_x_prep(act, F, n * k, nullptr, 0.f, xr, nullptr, stream_);
+    FamilyX xr = family_x(F, {&m.experts_down}, "experts_down");
+    gemm_x_prep(act, F, n * k, nullptr, 0.f, xr.buf, nullptr, stream_);
     pmark("gemm_experts_down", n * k * flops_.expert_down);
-    GemmX xd = prompt_x(xr, "experts_down");
-    xd.ws = xe.ws;
-    gemm_grouped(m.experts_down, xd, nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, n);
+    xr.x.ws = xe.ws;  // (the work list's tiles)
+    gemm_grouped(m.experts_down, xr.x, nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, n);
   }
   pmark("combine");
   moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);

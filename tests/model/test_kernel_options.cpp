@@ -42,7 +42,6 @@ TEST(KernelOptions, DefaultsWhenNothingIsSet) {
 }
 
 TEST(KernelOptions, EachVariableSetsItsField) {
-  const cuda::KernelOptions d;
   const cuda::KernelOptions o =
       parse({{"LILY_GDN_FUSED", "0"}, {"LILY_MOE_FUSED", "0"}, {"LILY_ATTN_SPLITS", "33"}, {"LILY_PREFILL", "0"},
              {"LILY_PREFILL_CHUNK", "512"}, {"LILY_PREFILL_MIN", "40"}, {"LILY_CUDA_SYNC", "1"}, {"LILY_TRACE", "1"},
