@@ -8,8 +8,8 @@
 //   O   = diag(Γ) Q S_0 + P Δ            P_ts = (q_t . k_s) Γ_t / Γ_s for s <= t
 //   S_L = Γ_L S_0 + Kd^T Δ               Kd_s = k_s Γ_L / Γ_s
 // Two kernels per group of kGroup pieces:
-//   gdn_wy_piece_kernel  a block per (piece, value head), fp32 on the CUDA cores: K K^T and Q K^T, the forward
-//                        substitution for [W | U] (a thread per column), into the group's work area (W in fp16;
+//   gdn_wy_piece_kernel  a block per (piece, value head), on the tensor cores with two-term operands: K K^T and
+//                        Q K^T, the solve for [W | U] blocked by 16 tokens, into the group's work area (W in fp16;
 //                        Q, Kd, P as two fp16 terms; U^T, Γ in fp32).
 //   gdn_wy_chain_kernel  a block per (value head, 32 value columns), four warps (16 columns x half the key rows
 //                        each), through the group's pieces in order: the state slice S^T [16 cols][Dk / 2] stays in
@@ -23,6 +23,8 @@
 // Tested against an fp64 recurrence and an emulation of these roundings in tests/gpu/test_mixer_kernels.cu.
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/gdn_core.cuh"
@@ -35,7 +37,7 @@ namespace {
 
 constexpr int kPiece = 64;  // tokens per piece
 constexpr int kDk = 128;    // the only key width this path takes (launcher checks)
-constexpr int kGroup = 8;   // pieces per work area (~34 MB for the real model: mostly in L2 for the chain)
+constexpr int kGroup = 32;  // pieces per work area (~134 MB for the real model)
 
 // One (piece, value head)'s work area: byte offsets (hi and lo: the two fp16 terms). U^T is [Dv][kPiece], Dv <= 128.
 constexpr int kMat = kPiece * kDk * 2;                    // bytes of a half [kPiece][kDk]
@@ -46,196 +48,6 @@ constexpr int kOffP = kOffKd + 2 * kMat;                  // hi, lo: half [kPiec
 constexpr int kOffGam = kOffP + 2 * kPiece * kPiece * 2;  // float [kPiece] Γ_t, then Γ_L, padded to 80 floats
 constexpr int kOffU = kOffGam + 80 * 4;                   // float [Dv][kPiece]
 constexpr size_t work_bytes(int Dv) { return (size_t)kOffU + (size_t)Dv * kPiece * 4; }
-
-// ---- piece kernel ----
-constexpr int kPieceThreads = 256;
-constexpr int kRs = kDk + 4;      // K / Q row stride in shared memory (floats)
-constexpr int kAs = kPiece + 4;   // A row stride (floats; float4 reads)
-constexpr size_t kPieceSmem = sizeof(float) * (2 * kPiece * kRs + kPiece * kAs + 3 * kPiece) + sizeof(double) * kPiece;
-static_assert(2 * kPieceSmem <= 227 * 1024, "two blocks per SM");
-
-__global__ void __launch_bounds__(kPieceThreads, 2) gdn_wy_piece_kernel(
-    const float* __restrict__ prep, const float* __restrict__ a_in, const float* __restrict__ a_log,
-    const float* __restrict__ dt_bias, uint8_t* __restrict__ work, int pos0, int n, int piece0, GdnDims dims) {
-  extern __shared__ __align__(16) float sm[];
-  float* Ks = sm;                    // [kPiece][kRs]
-  float* Qs = Ks + kPiece * kRs;     // [kPiece][kRs]
-  float* As = Qs + kPiece * kRs;     // [kPiece][kAs] (v is read by the substitution straight from the rows)
-  double* lg = reinterpret_cast<double*>(As + kPiece * kAs);  // [kPiece] log Γ_t (in double: Γ_t / Γ_s below
-                                                              // from a difference of sums)
-  float* bt = reinterpret_cast<float*>(lg + kPiece);  // [kPiece] β_t (0 past the launch's tokens)
-  float* eg = bt + kPiece;           // [kPiece] Γ_t
-  float* ek = eg + kPiece;           // [kPiece] Γ_L / Γ_t
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int Hk = dims.n_k_heads, Hv = dims.n_v_heads, Dv = dims.v_dim;
-  const int h = blockIdx.y, kh = h / (Hv / Hk), pp = blockIdx.x;
-  const PrepRow L{Hk * kDk, Hv * Dv, Hk, Hv};
-  const int t0 = (piece0 + pp) * kPiece - pos0;  // the launch's token at the piece's row 0 (< 0: before the launch)
-  uint8_t* wk = work + ((size_t)pp * Hv + h) * work_bytes(Dv);
-
-  // k and q rows by asynchronous copies, all in flight at once (16 bytes where the rows allow: the real model);
-  // rows past the launch's tokens: k = q = v = 0, β = 0, decay 1 (they change nothing)
-  if (L.width() % 4 == 0) {
-    for (int e = tid; e < kPiece * (kDk / 4); e += kPieceThreads) {
-      const int r = e / (kDk / 4), d = 4 * (e % (kDk / 4)), t = t0 + r;
-      float* dk = Ks + r * kRs + d;
-      float* dq = Qs + r * kRs + d;
-      if (t >= 0 && t < n) {
-        const float* row = prep + (size_t)t * L.width();
-        mma::cp16(dk, row + L.k(kh) + d);
-        mma::cp16(dq, row + L.q(kh) + d);
-      } else {
-        const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-        *reinterpret_cast<float4*>(dk) = z, *reinterpret_cast<float4*>(dq) = z;
-      }
-    }
-  } else {
-    for (int e = tid; e < kPiece * kDk; e += kPieceThreads) {
-      const int r = e / kDk, d = e % kDk, t = t0 + r;
-      if (t >= 0 && t < n) {
-        const float* row = prep + (size_t)t * L.width();
-        mma::cp4(Ks + r * kRs + d, row + L.k(kh) + d);
-        mma::cp4(Qs + r * kRs + d, row + L.q(kh) + d);
-      } else {
-        Ks[r * kRs + d] = 0.f, Qs[r * kRs + d] = 0.f;
-      }
-    }
-  }
-  mma::commit();
-  if (warp == 0) {  // β and the inclusive prefix sums of the log decays (lane: rows 2 lane, 2 lane + 1)
-    float ld[2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int r = 2 * lane + u, t = t0 + r;
-      const bool ok = t >= 0 && t < n;
-      bt[r] = ok ? prep[(size_t)t * L.width() + L.beta(h)] : 0.f;
-      ld[u] = ok ? -__expf(a_log[h]) * gdn::softplus(a_in[(size_t)t * Hv + h] + dt_bias[h]) : 0.f;
-    }
-    double incl = (double)ld[0] + ld[1];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const double y = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += y;
-    }
-    double excl = __shfl_up_sync(0xffffffffu, incl, 1);
-    if (lane == 0) excl = 0.0;
-    const double l0 = excl + ld[0], l1 = l0 + ld[1];
-    lg[2 * lane] = l0, lg[2 * lane + 1] = l1;
-  }
-  mma::wait<0>();
-  __syncthreads();
-  if (tid < kPiece) {
-    eg[tid] = __expf((float)lg[tid]);
-    ek[tid] = __expf((float)(lg[kPiece - 1] - lg[tid]));
-  }
-
-  // K K^T and Q K^T: thread (row i, columns j = jr + 4 m); a warp's rows are 8 w .. 8 w + 7, so columns past
-  // them (m > 2 w + 1) are skipped warp-uniformly
-  {
-    const int i = tid / 4, jr = tid % 4;
-    float kk[16], qk[16];
-#pragma unroll
-    for (int m = 0; m < 16; ++m) kk[m] = 0.f, qk[m] = 0.f;
-    for (int d = 0; d < kDk; d += 4) {
-      const float4 ki = *reinterpret_cast<const float4*>(Ks + i * kRs + d);
-      const float4 qi = *reinterpret_cast<const float4*>(Qs + i * kRs + d);
-#pragma unroll
-      for (int m = 0; m < 16; ++m) {
-        if (m > 2 * warp + 1) break;
-        const float4 kj = *reinterpret_cast<const float4*>(Ks + (jr + 4 * m) * kRs + d);
-        kk[m] = fmaf(ki.x, kj.x, fmaf(ki.y, kj.y, fmaf(ki.z, kj.z, fmaf(ki.w, kj.w, kk[m]))));
-        qk[m] = fmaf(qi.x, kj.x, fmaf(qi.y, kj.y, fmaf(qi.z, kj.z, fmaf(qi.w, kj.w, qk[m]))));
-      }
-    }
-    __half* P = reinterpret_cast<__half*>(wk + kOffP);
-#pragma unroll
-    for (int m = 0; m < 16; ++m) {
-      const int j = jr + 4 * m;
-      const float ratio = j <= i ? __expf((float)(lg[i] - lg[j])) : 0.f;
-      As[i * kAs + j] = j < i ? bt[i] * kk[m] * ratio : 0.f;
-      const float pv = j <= i ? qk[m] * ratio : 0.f;
-      const __half hi = __float2half_rn(pv);
-      P[i * kPiece + j] = hi;
-      P[kPiece * kPiece + i * kPiece + j] = __float2half_rn(pv - __half2float(hi));
-    }
-  }
-  __syncthreads();
-
-  // [W | U] = (I + A)^-1 [diag(β Γ) K | diag(β) V]: a thread per column, the column in registers (x[r] holds the
-  // source value until step r solves it; v's columns come straight from the rows, coalesced across the threads)
-  const int col = tid;
-  if (col < kDk + Dv) {
-    const bool is_w = col < kDk;
-    float x[kPiece];
-#pragma unroll
-    for (int r = 0; r < kPiece; ++r) {
-      const int t = t0 + r;
-      x[r] = is_w ? Ks[r * kRs + col]
-                  : (t >= 0 && t < n ? prep[(size_t)t * L.width() + L.v(h) + (col - kDk)] : 0.f);
-    }
-#pragma unroll
-    for (int r = 0; r < kPiece; ++r) {
-      float acc[4] = {bt[r] * (is_w ? eg[r] : 1.f) * x[r], 0.f, 0.f, 0.f};  // (4 chains: latency)
-#pragma unroll
-      for (int j = 0; j < r; j += 4) {
-        const float4 a = *reinterpret_cast<const float4*>(As + r * kAs + j);
-        acc[0] = fmaf(-a.x, x[j], acc[0]);
-        if (j + 1 < r) acc[1] = fmaf(-a.y, x[j + 1], acc[1]);
-        if (j + 2 < r) acc[2] = fmaf(-a.z, x[j + 2], acc[2]);
-        if (j + 3 < r) acc[3] = fmaf(-a.w, x[j + 3], acc[3]);
-      }
-      x[r] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    }
-    if (is_w) {
-      __half* W = reinterpret_cast<__half*>(wk + kOffW);
-#pragma unroll
-      for (int r = 0; r < kPiece; ++r) W[r * kDk + col] = __float2half_rn(x[r]);
-    } else {
-      float* U = reinterpret_cast<float*>(wk + kOffU) + (size_t)(col - kDk) * kPiece;
-#pragma unroll
-      for (int r = 0; r < kPiece; r += 4)
-        *reinterpret_cast<float4*>(U + r) = make_float4(x[r], x[r + 1], x[r + 2], x[r + 3]);
-    }
-  }
-  // q and Kd = k Γ_L / Γ_t as two fp16 terms; Γ_t and Γ_L
-  __half2* Q = reinterpret_cast<__half2*>(wk + kOffQ);
-  __half2* Kd = reinterpret_cast<__half2*>(wk + kOffKd);
-  auto two_terms = [](__half2* dst, float x, float y) {
-    const __half2 hi = __floats2half2_rn(x, y);
-    dst[0] = hi;
-    dst[kMat / 4] = __floats2half2_rn(x - __low2float(hi), y - __high2float(hi));
-  };
-  for (int e = tid; e < kPiece * kDk / 2; e += kPieceThreads) {
-    const int r = e / (kDk / 2), d = 2 * (e % (kDk / 2));
-    two_terms(Q + e, Qs[r * kRs + d], Qs[r * kRs + d + 1]);
-    two_terms(Kd + e, Ks[r * kRs + d] * ek[r], Ks[r * kRs + d + 1] * ek[r]);
-  }
-  float* gam = reinterpret_cast<float*>(wk + kOffGam);
-  if (tid < kPiece) gam[tid] = eg[tid];
-  if (tid == 0) gam[kPiece] = eg[kPiece - 1];
-}
-
-// ---- chain kernel ----
-// Four warps: warp w takes value columns 16 (w / 2) .. of the block's 32 and key rows 64 (w % 2) .. of the state,
-// so each SM sub-partition has a warp. The products over the key rows (S^T W^T, S^T Q^T) are summed across the
-// pair of warps through shared memory (a + b = b + a: both warps hold the same bits); the pair shares P's causal
-// token tiles and each updates its own half of the state.
-constexpr int kChainWarps = 4;
-constexpr int kChainCols = 32;                // value columns per block
-constexpr int kHalf = kDk / 2;                // key rows per warp
-constexpr int kHs = kDk + 8;                  // W / Q / Kd row stride in shared memory (halves: conflict-free ldmatrix)
-constexpr int kPs = kPiece + 8;               // P row stride (halves)
-constexpr int kUs = kPiece + 4;               // U^T row stride (floats)
-// one stage: W, Q hi, lo, Kd hi, lo [kPiece][kHs] half | P hi, lo [kPiece][kPs] half | U^T [kChainCols][kUs] float |
-// Γ [80] float (the work area's order)
-constexpr int kSMat = kPiece * kHs * 2;
-constexpr int kSW = 0, kSQ = kSW + kSMat, kSKd = kSQ + 2 * kSMat, kSP = kSKd + 2 * kSMat;
-constexpr int kSU = kSP + 2 * kPiece * kPs * 2, kSGam = kSU + kChainCols * kUs * 4, kStage = kSGam + 80 * 4;
-constexpr size_t kChainSmem = 2 * (size_t)kStage;
-static_assert(kChainSmem <= 232448, "two stages within the 227 KB of shared memory a block may have");
-static_assert(kStage % 16 == 0 && kSU % 16 == 0 && kSGam % 16 == 0, "16-byte cp.async destinations");
-// the warps' partial Δ^T and o^T [2][kPiece / 8][4] per lane, exchanged over the stage's W and Q (read by then)
-static_assert(kChainWarps * 2 * (kPiece / 8) * 4 * 32 * 4 <= 3 * kSMat, "partials fit over W and Q");
 
 // the two fp16 terms of a pair of accumulator fragments (n-tiles 2 j, 2 j + 1) as an A fragment (k-step j)
 __device__ __forceinline__ void split_a(const float (&c0)[4], const float (&c1)[4], uint32_t (&hi)[4],
@@ -261,6 +73,331 @@ __device__ __forceinline__ void mma3_pair(float (&c0)[4], float (&c1)[4], const 
   mma::f16_16816(c1, al, bh[2], bh[3]);
   mma::f16_16816(c1, ah, bl[2], bl[3]);
 }
+
+// two fp16 terms of (x, y): hi = fp16(x), lo = fp16(x - hi)
+__device__ __forceinline__ void split2(__half2& hi, __half2& lo, float x, float y) {
+  hi = __floats2half2_rn(x, y);
+  lo = __floats2half2_rn(x - __low2float(hi), y - __high2float(hi));
+}
+
+// ldmatrix lane offsets: an A fragment from [m][k] rows; a B fragment pair (two n-tiles x one k-step) from [n][k]
+// rows
+__device__ __forceinline__ int a_row(int lane) { return lane % 16; }
+__device__ __forceinline__ int a_col(int lane) { return 8 * (lane / 16); }
+__device__ __forceinline__ int bn_row(int lane) { return (lane % 8) + 8 * (lane / 16); }
+__device__ __forceinline__ int bn_col(int lane) { return 8 * ((lane / 8) % 2); }
+
+// ---- piece kernel ----
+// Eight warps. K K^T and Q K^T are 20 lower 16 x 16 blocks (10 each) spread over the warps. The solve for
+// X = [W | U] = (I + A)^-1 R is blocked by 16 tokens: X_b = T_b (R_b - sum_{c < b} A_bc X_c) with
+// T_b = (I + A_bb)^-1 from a forward substitution on the CUDA cores; each warp holds 32 columns of X^T in its
+// accumulators (W's columns in warps 0-3, U's in 4-7), so the products need no block barrier. k and q enter the
+// products scaled by powers of two, so that their fp16 terms stay clear of the subnormals.
+constexpr int kPieceThreads = 256;
+constexpr int kKs = kDk + 8;      // K / Q row stride in shared memory (halves: conflict-free ldmatrix)
+constexpr int kNs = kPiece + 8;   // -A row stride (halves)
+constexpr int kTs = 24;           // T_b row stride (halves)
+constexpr int kDs = 17;           // A's diagonal blocks' row stride (floats)
+constexpr float kKScale = 16.f, kQScale = 256.f;  // |k| = 1 and |q| = Dk^-1/2 from the prep
+// shared memory (bytes): K hi, lo, Q hi, lo [kPiece][kKs] half | -A hi, lo [kPiece][kNs] half (the blocks below the
+// diagonal) | A's diagonal blocks [kPiece][kDs] float | T_b hi, lo [kPiece][kTs] half | log Γ [kPiece] double |
+// β, Γ, Γ_L / Γ [kPiece] float
+constexpr int kPMat = kPiece * kKs * 2;
+constexpr int kPK = 0, kPQ = kPK + 2 * kPMat, kPNa = kPQ + 2 * kPMat, kPAd = kPNa + 2 * kPiece * kNs * 2;
+constexpr int kPT = kPAd + kPiece * kDs * 4, kPLg = kPT + 2 * kPiece * kTs * 2, kPBt = kPLg + kPiece * 8;
+constexpr size_t kPieceSmem = kPBt + 3 * kPiece * 4;
+static_assert(2 * kPieceSmem <= 227 * 1024, "two blocks per SM");
+static_assert(kPNa % 16 == 0 && kPT % 16 == 0 && kPLg % 8 == 0, "ldmatrix rows and doubles aligned");
+
+template <bool VEC>
+__device__ __forceinline__ float4 load4(const float* p) {
+  if constexpr (VEC) return *reinterpret_cast<const float4*>(p);
+  return make_float4(p[0], p[1], p[2], p[3]);
+}
+
+__global__ void __launch_bounds__(kPieceThreads, 2) gdn_wy_piece_kernel(
+    const float* __restrict__ prep, const float* __restrict__ a_in, const float* __restrict__ a_log,
+    const float* __restrict__ dt_bias, uint8_t* __restrict__ work, int pos0, int n, int piece0, GdnDims dims) {
+  extern __shared__ __align__(16) uint8_t smp[];
+  __half* Kh = reinterpret_cast<__half*>(smp + kPK);  // lo at + kPiece * kKs; likewise Q, -A, T
+  __half* Qh = reinterpret_cast<__half*>(smp + kPQ);
+  __half* Na = reinterpret_cast<__half*>(smp + kPNa);
+  float* Ad = reinterpret_cast<float*>(smp + kPAd);
+  __half* Th = reinterpret_cast<__half*>(smp + kPT);
+  double* lg = reinterpret_cast<double*>(smp + kPLg);  // log Γ_t (in double: Γ_t / Γ_s from a difference of sums)
+  float* bt = reinterpret_cast<float*>(smp + kPBt);    // β_t (0 past the launch's tokens)
+  float* eg = bt + kPiece;                             // Γ_t
+  float* ek = eg + kPiece;                             // Γ_L / Γ_t
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+  const int Hk = dims.n_k_heads, Hv = dims.n_v_heads, Dv = dims.v_dim;
+  const int h = blockIdx.y, kh = h / (Hv / Hk), pp = blockIdx.x;
+  const PrepRow L{Hk * kDk, Hv * Dv, Hk, Hv};
+  const int t0 = (piece0 + pp) * kPiece - pos0;  // the launch's token at the piece's row 0 (< 0: before the launch)
+  uint8_t* wk = work + ((size_t)pp * Hv + h) * work_bytes(Dv);
+  auto in_launch = [&](int r) { return t0 + r >= 0 && t0 + r < n; };
+
+  // k and q: the fp16 terms of kKScale k and kQScale q into shared memory; q's own terms into the work area. Rows
+  // are clamped into the launch and zeroed after the load, so that every load of a thread is issued at once.
+  auto clamp_row = [&](int r) { return prep + (size_t)min(max(t0 + r, 0), n - 1) * L.width(); };
+  auto kq_rows = [&](auto vec_c) {
+    constexpr bool vec = decltype(vec_c)::value;
+    __half2* Qw = reinterpret_cast<__half2*>(wk + kOffQ);
+#pragma unroll 8
+    for (int e = tid; e < kPiece * (kDk / 4); e += kPieceThreads) {
+      const int r = e / (kDk / 4), d = 4 * (e % (kDk / 4));
+      const float* row = clamp_row(r);
+      float4 kv = load4<vec>(row + L.k(kh) + d), qv = load4<vec>(row + L.q(kh) + d);
+      if (!in_launch(r)) kv = qv = make_float4(0.f, 0.f, 0.f, 0.f);
+      __half2 h2[2][2], l2[2][2];
+      split2(h2[0][0], l2[0][0], kKScale * kv.x, kKScale * kv.y);
+      split2(h2[0][1], l2[0][1], kKScale * kv.z, kKScale * kv.w);
+      split2(h2[1][0], l2[1][0], kQScale * qv.x, kQScale * qv.y);
+      split2(h2[1][1], l2[1][1], kQScale * qv.z, kQScale * qv.w);
+      const int o = r * kKs + d;
+      *reinterpret_cast<uint2*>(Kh + o) = *reinterpret_cast<const uint2*>(h2[0]);
+      *reinterpret_cast<uint2*>(Kh + kPiece * kKs + o) = *reinterpret_cast<const uint2*>(l2[0]);
+      *reinterpret_cast<uint2*>(Qh + o) = *reinterpret_cast<const uint2*>(h2[1]);
+      *reinterpret_cast<uint2*>(Qh + kPiece * kKs + o) = *reinterpret_cast<const uint2*>(l2[1]);
+      __half2 qh[2], ql[2];
+      split2(qh[0], ql[0], qv.x, qv.y);
+      split2(qh[1], ql[1], qv.z, qv.w);
+      *reinterpret_cast<uint2*>(Qw + e * 2) = *reinterpret_cast<const uint2*>(qh);
+      *reinterpret_cast<uint2*>(Qw + kMat / 4 + e * 2) = *reinterpret_cast<const uint2*>(ql);
+    }
+  };
+  if (L.width() % 4 == 0)
+    kq_rows(std::true_type{});
+  else
+    kq_rows(std::false_type{});
+  if (warp == 0) {  // β and the inclusive prefix sums of the log decays (lane: rows 2 lane, 2 lane + 1); rows
+                    // past the launch's tokens: k = q = v = 0, β = 0, decay 1 (they change nothing)
+    float ld[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int r = 2 * lane + u, tk = t0 + r;
+      const bool ok = in_launch(r);
+      bt[r] = ok ? prep[(size_t)tk * L.width() + L.beta(h)] : 0.f;
+      ld[u] = ok ? -__expf(a_log[h]) * gdn::softplus(a_in[(size_t)tk * Hv + h] + dt_bias[h]) : 0.f;
+    }
+    double incl = (double)ld[0] + ld[1];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    double excl = __shfl_up_sync(0xffffffffu, incl, 1);
+    if (lane == 0) excl = 0.0;
+    const double l0 = excl + ld[0], l1 = l0 + ld[1];
+    lg[2 * lane] = l0, lg[2 * lane + 1] = l1;
+  }
+  __syncthreads();
+  if (tid < kPiece) {
+    eg[tid] = __expf((float)lg[tid]);
+    ek[tid] = __expf((float)(lg[kPiece - 1] - lg[tid]));
+  }
+
+  // X^T = [W | U]^T in the warp's accumulators, 32 columns a warp (W's in warps 0-3, U's in 4-7): X[m][nt] = rows
+  // (columns of X) col0 + 16 m + g, + 8, tokens 8 nt + 2 t, + 1. U's warps load v here (their latency covered by
+  // the products below); the right-hand sides R = [diag(β Γ) K | diag(β) V] are complete after them.
+  const bool w_cols = warp < 4;
+  const int col0 = 32 * (warp % 4);
+  const bool active = w_cols || col0 < Dv;
+  float X[2][kPiece / 8][4];
+  auto x_at = [&](int m, int nt, int e, int& col, int& r) {
+    col = col0 + 16 * m + g + 8 * (e / 2), r = 8 * nt + 2 * t + e % 2;
+  };
+  if (!w_cols && active) {
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int nt = 0; nt < kPiece / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          int col, r;
+          x_at(m, nt, e, col, r);
+          X[m][nt][e] = clamp_row(r)[L.v(h) + col];
+        }
+  }
+
+  // K K^T and Q K^T: tile 0-9 the lower blocks (bi, bj) of K K^T in row order, 10-19 those of Q K^T. A's blocks
+  // below the diagonal go to shared memory negated as two fp16 terms, its diagonal blocks in fp32; P to the work
+  // area as two fp16 terms (the blocks above the diagonal are never read)
+  {
+    __half* Pw = reinterpret_cast<__half*>(wk + kOffP);
+    for (int tile = warp; tile < 20; tile += kPieceThreads / 32) {
+      const bool is_p = tile >= 10;
+      const int lt = tile % 10, bi = lt >= 6 ? 3 : lt >= 3 ? 2 : lt >= 1 ? 1 : 0, bj = lt - bi * (bi + 1) / 2;
+      const __half* X = is_p ? Qh : Kh;
+      float c[2][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < kDk / 16; ++ks) {
+        uint32_t ah[4], al[4], bh[4], bl[4];
+        const int ao = (16 * bi + a_row(lane)) * kKs + 16 * ks + a_col(lane);
+        const int bo = (16 * bj + bn_row(lane)) * kKs + 16 * ks + bn_col(lane);
+        mma::ldsm_x4(ah, X + ao);
+        mma::ldsm_x4(al, X + kPiece * kKs + ao);
+        mma::ldsm_x4(bh, Kh + bo);
+        mma::ldsm_x4(bl, Kh + kPiece * kKs + bo);
+        mma3_pair(c[0], c[1], ah, al, bh, bl);
+      }
+      const float sc = 1.f / ((is_p ? kQScale : kKScale) * kKScale);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {  // rows g, g + 8 of the block
+          const int i = 16 * bi + g + 8 * hr, j = 16 * bj + 8 * nt + 2 * t;
+          float v[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const float ratio = j + u <= i ? __expf((float)(lg[i] - lg[j + u])) : 0.f;
+            const float x = c[nt][2 * hr + u] * sc;
+            v[u] = is_p ? x * ratio : (j + u < i ? bt[i] * x * ratio : 0.f);
+          }
+          if (is_p) {
+            __half2 hi, lo;
+            split2(hi, lo, v[0], v[1]);
+            *reinterpret_cast<__half2*>(Pw + i * kPiece + j) = hi;
+            *reinterpret_cast<__half2*>(Pw + kPiece * kPiece + i * kPiece + j) = lo;
+          } else if (bi > bj) {
+            __half2 hi, lo;
+            split2(hi, lo, -v[0], -v[1]);
+            *reinterpret_cast<__half2*>(Na + i * kNs + j) = hi;
+            *reinterpret_cast<__half2*>(Na + kPiece * kNs + i * kNs + j) = lo;
+          } else {
+            Ad[i * kDs + j - 16 * bj] = v[0], Ad[i * kDs + j + 1 - 16 * bj] = v[1];
+          }
+        }
+    }
+  }
+  __syncthreads();
+
+  // T_b = (I + A_bb)^-1 by forward substitution (a thread per column of a block)
+  if (tid < kPiece) {
+    const int b = tid / 16, j = tid % 16;
+    float x[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      float acc = r == j ? 1.f : 0.f;
+#pragma unroll
+      for (int s = 0; s < r; ++s) acc = fmaf(-Ad[(16 * b + r) * kDs + s], x[s], acc);
+      x[r] = acc;
+      const __half hi = __float2half_rn(acc);
+      Th[(16 * b + r) * kTs + j] = hi;
+      Th[kPiece * kTs + (16 * b + r) * kTs + j] = __float2half_rn(acc - __half2float(hi));
+    }
+  }
+  // Kd = k Γ_L / Γ_t as two fp16 terms (k from its scaled terms: their sum is exact in fp32); Γ_t and Γ_L
+  {
+    __half2* Kd = reinterpret_cast<__half2*>(wk + kOffKd);
+    for (int e = tid; e < kPiece * kDk / 2; e += kPieceThreads) {
+      const int r = e / (kDk / 2), d = 2 * (e % (kDk / 2));
+      const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(Kh + r * kKs + d));
+      const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(Kh + kPiece * kKs + r * kKs + d));
+      __half2 dh, dl;
+      split2(dh, dl, (hi.x + lo.x) * (1.f / kKScale) * ek[r], (hi.y + lo.y) * (1.f / kKScale) * ek[r]);
+      Kd[e] = dh, Kd[kMat / 4 + e] = dl;
+    }
+    float* gam = reinterpret_cast<float*>(wk + kOffGam);
+    if (tid < kPiece) gam[tid] = eg[tid];
+    if (tid == 0) gam[kPiece] = eg[kPiece - 1];
+  }
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int nt = 0; nt < kPiece / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int col, r;
+        x_at(m, nt, e, col, r);
+        if (w_cols) {
+          const float k = (__half2float(Kh[r * kKs + col]) + __half2float(Kh[kPiece * kKs + r * kKs + col])) *
+                          (1.f / kKScale);
+          X[m][nt][e] = bt[r] * eg[r] * k;
+        } else if (active) {
+          X[m][nt][e] = in_launch(r) ? bt[r] * X[m][nt][e] : 0.f;
+        }
+      }
+  __syncthreads();
+
+  // the blocked solve
+  if (active) {
+#pragma unroll
+    for (int b = 0; b < kPiece / 16; ++b) {
+#pragma unroll
+      for (int c = 0; c < b; ++c) {
+        uint32_t bh[4], bl[4];
+        const int off = (16 * b + bn_row(lane)) * kNs + 16 * c + bn_col(lane);
+        mma::ldsm_x4(bh, Na + off);
+        mma::ldsm_x4(bl, Na + kPiece * kNs + off);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          uint32_t ah[4], al[4];
+          split_a(X[m][2 * c], X[m][2 * c + 1], ah, al);
+          mma3_pair(X[m][2 * b], X[m][2 * b + 1], ah, al, bh, bl);
+        }
+      }
+      uint32_t bh[4], bl[4];
+      const int off = (16 * b + bn_row(lane)) * kTs + bn_col(lane);
+      mma::ldsm_x4(bh, Th + off);
+      mma::ldsm_x4(bl, Th + kPiece * kTs + off);
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        uint32_t ah[4], al[4];
+        split_a(X[m][2 * b], X[m][2 * b + 1], ah, al);
+        float z0[4] = {}, z1[4] = {};
+        mma3_pair(z0, z1, ah, al, bh, bl);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) X[m][2 * b][e] = z0[e], X[m][2 * b + 1][e] = z1[e];
+      }
+    }
+  }
+  // W (one fp16 term, staged over Q's terms: read by now) and U^T (fp32) into the work area
+  if (active) {
+    float* U = reinterpret_cast<float*>(wk + kOffU);
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int nt = 0; nt < kPiece / 8; ++nt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int col = col0 + 16 * m + g + 8 * hr, r = 8 * nt + 2 * t;
+          if (w_cols) {
+            Qh[r * kKs + col] = __float2half_rn(X[m][nt][2 * hr]);
+            Qh[(r + 1) * kKs + col] = __float2half_rn(X[m][nt][2 * hr + 1]);
+          } else {
+            *reinterpret_cast<float2*>(U + (size_t)col * kPiece + r) =
+                make_float2(X[m][nt][2 * hr], X[m][nt][2 * hr + 1]);
+          }
+        }
+  }
+  __syncthreads();
+  for (int e = tid; e < kPiece * kDk / 8; e += kPieceThreads) {
+    const int r = e / (kDk / 8), c = 8 * (e % (kDk / 8));
+    *reinterpret_cast<uint4*>(wk + kOffW + (r * kDk + c) * 2) = *reinterpret_cast<const uint4*>(Qh + r * kKs + c);
+  }
+}
+
+// ---- chain kernel ----
+// Four warps: warp w takes value columns 16 (w / 2) .. of the block's 32 and key rows 64 (w % 2) .. of the state,
+// so each SM sub-partition has a warp. The products over the key rows (S^T W^T, S^T Q^T) are summed across the
+// pair of warps through shared memory (a + b = b + a: both warps hold the same bits); the pair shares P's causal
+// token tiles and each updates its own half of the state.
+constexpr int kChainWarps = 4;
+constexpr int kChainCols = 32;                // value columns per block
+constexpr int kHalf = kDk / 2;                // key rows per warp
+constexpr int kHs = kDk + 8;                  // W / Q / Kd row stride in shared memory (halves: conflict-free ldmatrix)
+constexpr int kPs = kPiece + 8;               // P row stride (halves)
+constexpr int kUs = kPiece + 4;               // U^T row stride (floats)
+// one stage: W, Q hi, lo, Kd hi, lo [kPiece][kHs] half | P hi, lo [kPiece][kPs] half | U^T [kChainCols][kUs] float |
+// Γ [80] float (the work area's order)
+constexpr int kSMat = kPiece * kHs * 2;
+constexpr int kSW = 0, kSQ = kSW + kSMat, kSKd = kSQ + 2 * kSMat, kSP = kSKd + 2 * kSMat;
+constexpr int kSU = kSP + 2 * kPiece * kPs * 2, kSGam = kSU + kChainCols * kUs * 4, kStage = kSGam + 80 * 4;
+constexpr size_t kChainSmem = 2 * (size_t)kStage;
+static_assert(kChainSmem <= 232448, "two stages within the 227 KB of shared memory a block may have");
+static_assert(kStage % 16 == 0 && kSU % 16 == 0 && kSGam % 16 == 0, "16-byte cp.async destinations");
+// the warps' partial Δ^T and o^T [2][kPiece / 8][4] per lane, exchanged over the stage's W and Q (read by then)
+static_assert(kChainWarps * 2 * (kPiece / 8) * 4 * 32 * 4 <= 3 * kSMat, "partials fit over W and Q");
 
 __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const uint8_t* __restrict__ work,
                                                                         float* __restrict__ state,
@@ -304,8 +441,7 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
     st[nt][0] = S[(size_t)d * Dv + c_lo], st[nt][1] = S[(size_t)(d + 1) * Dv + c_lo];
     st[nt][2] = S[(size_t)d * Dv + c_hi], st[nt][3] = S[(size_t)(d + 1) * Dv + c_hi];
   }
-  // ldmatrix lane offsets: non-transposed B from [n][k] rows (two n-tiles x one k-step), transposed B from [k][n]
-  const int bn_row = (lane % 8) + 8 * (lane / 16), bn_col = 8 * ((lane / 8) % 2);
+  // ldmatrix lane offsets of a transposed B pair from [k][n] rows
   const int bt_row = (lane % 8) + 8 * ((lane / 8) % 2), bt_col = 8 * (lane / 16);
 
   stage(0);
@@ -337,7 +473,7 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
 #pragma unroll
       for (int np = 0; np < kPiece / 16; ++np) {
         uint32_t bw[4], bq[4], bql[4];
-        const int off = (16 * np + bn_row) * kHs + d0 + 16 * kk + bn_col;
+        const int off = (16 * np + bn_row(lane)) * kHs + d0 + 16 * kk + bn_col(lane);
         mma::ldsm_x4(bw, Ws + off);
         mma::ldsm_x4(bq, Qs + off);
         mma::ldsm_x4(bql, Qs + kSMat / 2 + off);
@@ -388,7 +524,7 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
       for (int np = kk; np < kPiece / 16; ++np) {
         if ((np == 0 || np == 3) != (dh == 0)) continue;
         uint32_t bp[4], bpl[4];
-        const int off = (16 * np + bn_row) * kPs + 16 * kk + bn_col;
+        const int off = (16 * np + bn_row(lane)) * kPs + 16 * kk + bn_col(lane);
         mma::ldsm_x4(bp, Ps + off);
         mma::ldsm_x4(bpl, Ps + kPiece * kPs + off);
         mma3_pair(o[2 * np], o[2 * np + 1], vh, vl, bp, bpl);

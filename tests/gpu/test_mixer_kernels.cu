@@ -482,12 +482,13 @@ TEST(MixerKernels, GdnWyRealShape) {
   run_gdn_wy_case(real, 0, 37, 21);    // one partial piece from position 0
   run_gdn_wy_case(real, 5, 200, 22);   // a piece started before the launch, whole pieces, a partial last
   run_gdn_wy_case(real, 64, 1, 23);    // a one-token launch on the grid
-  run_gdn_wy_case(real, 70, 600, 24);  // two groups of pieces
+  run_gdn_wy_case(real, 70, 600, 24);  // ten pieces
   run_gdn_wy_case(real, 3, 150, 25, 2.5f);  // decays down to e^-60 per token: Γ underflows within a piece
 }
 TEST(MixerKernels, GdnWySmallShape) {
   run_gdn_wy_case(GdnDims{2, 4, 128, 64}, 3, 100, 26);   // two column blocks per head
   run_gdn_wy_case(GdnDims{1, 3, 128, 32}, 0, 130, 27);  // three value heads per key head, one column block
+  run_gdn_wy_case(GdnDims{1, 2, 128, 32}, 1, 2200, 29);  // more pieces than one work area holds
 }
 // Two launches split on the grid give the one launch's bits (what prefix resumes rely on).
 TEST(MixerKernels, GdnWySplitOnTheGridKeepsTheBits) {
