@@ -410,23 +410,32 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
   const int dh = warp % 2, d0 = kHalf * dh;  // the warp's key rows d0 .. d0 + 63
   const size_t wbytes = work_bytes(Dv);
 
+  // a thread's copies are the same for every piece but for the source and the stage: W, Q, Kd and U^T rows
+  // r16 + 8 j (16 chunks of 16 bytes a row: chunk c16), P rows r8 + 16 j (8 chunks: c8)
+  static_assert(kChainWarps * 32 == 128 && kChainCols % 8 == 0, "the copy pattern below");
+  const int c16 = tid % 16, r16 = tid / 16, c8 = tid % 8, r8 = tid / 8;
+  const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(smc));
+  const uint32_t d_mat = s0 + kSW + r16 * kHs * 2 + c16 * 16, d_p = s0 + kSP + r8 * kPs * 2 + c8 * 16;
+  const uint32_t d_u = s0 + kSU + r16 * kUs * 4 + c16 * 16;
+  const size_t s_mat = kOffW + r16 * kDk * 2 + c16 * 16, s_p = kOffP + r8 * kPiece * 2 + c8 * 16;
+  const size_t s_u = kOffU + (size_t)(bcol0 + r16) * kPiece * 4 + c16 * 16;
   auto stage = [&](int p) {
-    uint8_t* B = smc + (p & 1) * kStage;
+    const uint32_t b = (p & 1) * kStage;
     const uint8_t* src = work + ((size_t)p * Hv + h) * wbytes;
-    for (int e = tid; e < 5 * kPiece * (kDk / 8); e += kChainWarps * 32) {  // W, Q, Kd rows: 16 chunks each
-      const int m = e / (kPiece * (kDk / 8)), r = (e / (kDk / 8)) % kPiece, c = e % (kDk / 8);
-      mma::cp16(B + kSW + m * kSMat + r * kHs * 2 + c * 16, src + kOffW + m * kMat + r * kDk * 2 + c * 16);
-    }
-    for (int e = tid; e < 2 * kPiece * (kPiece / 8); e += kChainWarps * 32) {  // P hi, lo rows: 8 chunks each
-      const int m = e / (kPiece * (kPiece / 8)), r = (e / (kPiece / 8)) % kPiece, c = e % (kPiece / 8);
-      mma::cp16(B + kSP + m * kPiece * kPs * 2 + r * kPs * 2 + c * 16,
-                src + kOffP + m * kPiece * kPiece * 2 + r * kPiece * 2 + c * 16);
-    }
-    for (int e = tid; e < kChainCols * (kPiece / 4); e += kChainWarps * 32) {
-      const int r = e / (kPiece / 4), c = e % (kPiece / 4);
-      mma::cp16(B + kSU + r * kUs * 4 + c * 16, src + kOffU + (size_t)(bcol0 + r) * kPiece * 4 + c * 16);
-    }
-    if (tid < 80 / 4) mma::cp16(B + kSGam + tid * 16, src + kOffGam + tid * 16);
+#pragma unroll
+    for (int m = 0; m < 5; ++m)  // W, Q hi, lo, Kd hi, lo
+#pragma unroll
+      for (int j = 0; j < kPiece / 8; ++j)
+        mma::cp16s(d_mat + b + m * kSMat + j * 8 * kHs * 2, src + s_mat + m * kMat + j * 8 * kDk * 2);
+#pragma unroll
+    for (int m = 0; m < 2; ++m)  // P hi, lo
+#pragma unroll
+      for (int j = 0; j < kPiece / 16; ++j)
+        mma::cp16s(d_p + b + m * kPiece * kPs * 2 + j * 16 * kPs * 2,
+                   src + s_p + m * kPiece * kPiece * 2 + j * 16 * kPiece * 2);
+#pragma unroll
+    for (int j = 0; j < kChainCols / 8; ++j) mma::cp16s(d_u + b + j * 8 * kUs * 4, src + s_u + j * 8 * kPiece * 4);
+    if (tid < 80 / 4) mma::cp16s(s0 + b + kSGam + tid * 16, src + kOffGam + tid * 16);
     mma::commit();
   };
 
