@@ -11,11 +11,11 @@
 //   gdn_wy_piece_kernel  a block per (piece, value head), on the tensor cores with two-term operands: K K^T and
 //                        Q K^T, the solve for [W | U] blocked by 16 tokens, into the group's work area (W in fp16;
 //                        Q, Kd, P as two fp16 terms; U^T, Γ in fp32).
-//   gdn_wy_chain_kernel  a block per (value head, 32 value columns), four warps (16 columns x half the key rows
-//                        each), through the group's pieces in order: the state slice S^T [16 cols][Dk / 2] stays in
-//                        each warp's mma accumulators for the whole launch and is reused as the A operand of the
-//                        next products; the next piece's operands come into shared memory (cp.async) while the
-//                        warps work on this one.
+//   gdn_wy_chain_kernel  a block per (value head, 32 value columns), eight warps (16 columns x a quarter of the key
+//                        rows and of the piece's tokens each), through the group's pieces in order: the state slice
+//                        S^T [16 cols][Dk / 4] stays in each warp's mma accumulators for the whole launch, its fp16
+//                        term shared through shared memory; the next piece's operands come into shared memory
+//                        (cp.async) while the warps work on this one.
 // Precision (issue 28's bound for the prompt path: median 2e-3, top-1 99 % of fp64): every operand as two fp16
 // terms (hi + lo: ~22 bits; hi x hi, lo x hi and hi x lo products) except W and the state S_0 in W S_0 and
 // Q S_0, one term each (an emulation, bench/RESULTS.md: W's rounding moves the outputs ~50x less than P's or Q's
@@ -378,26 +378,33 @@ __global__ void __launch_bounds__(kPieceThreads, 2) gdn_wy_piece_kernel(
 }
 
 // ---- chain kernel ----
-// Four warps: warp w takes value columns 16 (w / 2) .. of the block's 32 and key rows 64 (w % 2) .. of the state,
-// so each SM sub-partition has a warp. The products over the key rows (S^T W^T, S^T Q^T) are summed across the
-// pair of warps through shared memory (a + b = b + a: both warps hold the same bits); the pair shares P's causal
-// token tiles and each updates its own half of the state.
-constexpr int kChainWarps = 4;
+// Eight warps over the block's 32 value columns: warp w takes columns 16 (w / 4) .. (its column group) and, of a
+// piece, the 16 tokens 16 q .. (q = w % 4) and the state's key rows 32 q .. . Each piece:
+//   1. for its tokens, over all key rows: Δ^T = U^T - S^T W^T and o^T = Γ S^T Q^T, S^T read from shared memory
+//      (one fp16 term, as the products take it); Δ^T into shared memory as two fp16 terms;
+//   2. after a barrier, with the column group's whole Δ^T: o^T += Δ^T P^T over the causal token tiles, and its
+//      key rows of the state S^T = Γ_L S^T + Δ^T Kd in its accumulators, then their fp16 term into shared memory
+//      for the next piece.
+// So no partial sums cross warps, and each SM scheduler has two warps. W, Kd, P, U^T and Γ are double-buffered;
+// Q has one buffer, filled for the next piece once every warp is past step 1.
+constexpr int kChainWarps = 8;
 constexpr int kChainCols = 32;                // value columns per block
-constexpr int kHalf = kDk / 2;                // key rows per warp
-constexpr int kHs = kDk + 8;                  // W / Q / Kd row stride in shared memory (halves: conflict-free ldmatrix)
-constexpr int kPs = kPiece + 8;               // P row stride (halves)
+constexpr int kQuarter = kDk / 4;             // key rows per warp
+constexpr int kHs = kDk + 8;                  // W / Q / Kd / S^T row stride in shared memory (halves: conflict-free)
+constexpr int kPs = kPiece + 8;               // P / Δ^T row stride (halves)
 constexpr int kUs = kPiece + 4;               // U^T row stride (floats)
-// one stage: W, Q hi, lo, Kd hi, lo [kPiece][kHs] half | P hi, lo [kPiece][kPs] half | U^T [kChainCols][kUs] float |
-// Γ [80] float (the work area's order)
+// one stage: W, Kd hi, lo [kPiece][kHs] half | P hi, lo [kPiece][kPs] half | U^T [kChainCols][kUs] float | Γ [80]
+// float; then the two stages, Q hi, lo [kPiece][kHs] half, S^T [kChainCols][kHs] half, Δ^T hi, lo
+// [kChainCols][kPs] half
 constexpr int kSMat = kPiece * kHs * 2;
-constexpr int kSW = 0, kSQ = kSW + kSMat, kSKd = kSQ + 2 * kSMat, kSP = kSKd + 2 * kSMat;
+constexpr int kSW = 0, kSKd = kSW + kSMat, kSP = kSKd + 2 * kSMat;
 constexpr int kSU = kSP + 2 * kPiece * kPs * 2, kSGam = kSU + kChainCols * kUs * 4, kStage = kSGam + 80 * 4;
-constexpr size_t kChainSmem = 2 * (size_t)kStage;
-static_assert(kChainSmem <= 232448, "two stages within the 227 KB of shared memory a block may have");
-static_assert(kStage % 16 == 0 && kSU % 16 == 0 && kSGam % 16 == 0, "16-byte cp.async destinations");
-// the warps' partial Δ^T and o^T [2][kPiece / 8][4] per lane, exchanged over the stage's W and Q (read by then)
-static_assert(kChainWarps * 2 * (kPiece / 8) * 4 * 32 * 4 <= 3 * kSMat, "partials fit over W and Q");
+constexpr int kSQ = 2 * kStage, kSS = kSQ + 2 * kSMat, kSD = kSS + kChainCols * kHs * 2;
+constexpr size_t kChainSmem = kSD + 2 * (size_t)kChainCols * kPs * 2;
+static_assert(kChainSmem <= 232448, "within the 227 KB of shared memory a block may have");
+static_assert(kStage % 16 == 0 && kSU % 16 == 0 && kSGam % 16 == 0 && kSQ % 16 == 0 && kSS % 16 == 0 &&
+                  kSD % 16 == 0,
+              "16-byte cp.async destinations and ldmatrix rows");
 
 __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const uint8_t* __restrict__ work,
                                                                         float* __restrict__ state,
@@ -406,140 +413,148 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
   extern __shared__ __align__(16) uint8_t smc[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
   const int Hv = dims.n_v_heads, Dv = dims.v_dim, vd = Hv * Dv;
-  const int h = blockIdx.y, bcol0 = blockIdx.x * kChainCols, wc = 16 * (warp / 2);  // block's, warp's first column
-  const int dh = warp % 2, d0 = kHalf * dh;  // the warp's key rows d0 .. d0 + 63
+  const int h = blockIdx.y, bcol0 = blockIdx.x * kChainCols, wc = 16 * (warp / 4);  // block's, warp's first column
+  const int q = warp % 4, d0 = kQuarter * q;  // the warp's tokens 16 q .., key rows d0 .. d0 + 31
   const size_t wbytes = work_bytes(Dv);
+  __half* Qs = reinterpret_cast<__half*>(smc + kSQ);  // hi, then lo at + kPiece * kHs
+  __half* Ss = reinterpret_cast<__half*>(smc + kSS);  // S^T [column][key row]
+  __half* Ds = reinterpret_cast<__half*>(smc + kSD);  // Δ^T [column][token] hi, then lo at + kChainCols * kPs
 
-  // a thread's copies are the same for every piece but for the source and the stage: W, Q, Kd and U^T rows
-  // r16 + 8 j (16 chunks of 16 bytes a row: chunk c16), P rows r8 + 16 j (8 chunks: c8)
-  static_assert(kChainWarps * 32 == 128 && kChainCols % 8 == 0, "the copy pattern below");
+  // a thread's copies are the same for every piece but for the source and the stage: W, Kd, Q and U^T rows
+  // r16 + 16 j (16 chunks of 16 bytes a row: chunk c16), P rows r8 + 32 j (8 chunks: c8)
+  static_assert(kChainWarps * 32 == 256 && kChainCols % 16 == 0, "the copy pattern below");
   const int c16 = tid % 16, r16 = tid / 16, c8 = tid % 8, r8 = tid / 8;
   const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(smc));
   const uint32_t d_mat = s0 + kSW + r16 * kHs * 2 + c16 * 16, d_p = s0 + kSP + r8 * kPs * 2 + c8 * 16;
-  const uint32_t d_u = s0 + kSU + r16 * kUs * 4 + c16 * 16;
-  const size_t s_mat = kOffW + r16 * kDk * 2 + c16 * 16, s_p = kOffP + r8 * kPiece * 2 + c8 * 16;
+  const uint32_t d_u = s0 + kSU + r16 * kUs * 4 + c16 * 16, d_q = s0 + kSQ + r16 * kHs * 2 + c16 * 16;
+  const size_t s_mat = r16 * kDk * 2 + c16 * 16, s_p = kOffP + r8 * kPiece * 2 + c8 * 16;
   const size_t s_u = kOffU + (size_t)(bcol0 + r16) * kPiece * 4 + c16 * 16;
-  auto stage = [&](int p) {
+  auto src_of = [&](int p) { return work + ((size_t)p * Hv + h) * wbytes; };
+  auto stage = [&](int p) {  // W, Kd, P, U^T, Γ of piece p
     const uint32_t b = (p & 1) * kStage;
-    const uint8_t* src = work + ((size_t)p * Hv + h) * wbytes;
+    const uint8_t* src = src_of(p);
 #pragma unroll
-    for (int m = 0; m < 5; ++m)  // W, Q hi, lo, Kd hi, lo
+    for (int j = 0; j < kPiece / 16; ++j)  // W
+      mma::cp16s(d_mat + b + j * 16 * kHs * 2, src + kOffW + s_mat + j * 16 * kDk * 2);
 #pragma unroll
-      for (int j = 0; j < kPiece / 8; ++j)
-        mma::cp16s(d_mat + b + m * kSMat + j * 8 * kHs * 2, src + s_mat + m * kMat + j * 8 * kDk * 2);
+    for (int m = 0; m < 2; ++m)  // Kd hi, lo
+#pragma unroll
+      for (int j = 0; j < kPiece / 16; ++j)
+        mma::cp16s(d_mat + b + kSKd - kSW + m * kSMat + j * 16 * kHs * 2,
+                   src + kOffKd + m * kMat + s_mat + j * 16 * kDk * 2);
 #pragma unroll
     for (int m = 0; m < 2; ++m)  // P hi, lo
 #pragma unroll
-      for (int j = 0; j < kPiece / 16; ++j)
-        mma::cp16s(d_p + b + m * kPiece * kPs * 2 + j * 16 * kPs * 2,
-                   src + s_p + m * kPiece * kPiece * 2 + j * 16 * kPiece * 2);
+      for (int j = 0; j < kPiece / 32; ++j)
+        mma::cp16s(d_p + b + m * kPiece * kPs * 2 + j * 32 * kPs * 2,
+                   src + s_p + m * kPiece * kPiece * 2 + j * 32 * kPiece * 2);
 #pragma unroll
-    for (int j = 0; j < kChainCols / 8; ++j) mma::cp16s(d_u + b + j * 8 * kUs * 4, src + s_u + j * 8 * kPiece * 4);
+    for (int j = 0; j < kChainCols / 16; ++j) mma::cp16s(d_u + b + j * 16 * kUs * 4, src + s_u + j * 16 * kPiece * 4);
     if (tid < 80 / 4) mma::cp16s(s0 + b + kSGam + tid * 16, src + kOffGam + tid * 16);
     mma::commit();
   };
+  auto stage_q = [&](int p) {  // Q hi, lo of piece p
+    const uint8_t* src = src_of(p);
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int j = 0; j < kPiece / 16; ++j)
+        mma::cp16s(d_q + m * kSMat + j * 16 * kHs * 2, src + kOffQ + m * kMat + s_mat + j * 16 * kDk * 2);
+    mma::commit();
+  };
 
-  // S^T [c][d] for the warp's 16 columns and 64 key rows in accumulator layout: st[n] = rows c = g, g + 8,
-  // columns d = d0 + 8 n + 2 t, + 1
-  float st[kHalf / 8][4];
+  // the warp's 16 columns x 32 key rows of S^T in accumulator layout: st[nt] = rows c = g, g + 8, columns (key
+  // rows) d = d0 + 8 nt + 2 t, + 1; their fp16 term into Ss
+  float st[kQuarter / 8][4];
   float* S = state + (size_t)h * kDk * Dv;
   const int c_lo = bcol0 + wc + g, c_hi = c_lo + 8;
+  auto store_s = [&] {
 #pragma unroll
-  for (int nt = 0; nt < kHalf / 8; ++nt) {
+    for (int nt = 0; nt < kQuarter / 8; ++nt) {
+      const int d = d0 + 8 * nt + 2 * t;
+      *reinterpret_cast<__half2*>(Ss + (wc + g) * kHs + d) = __floats2half2_rn(st[nt][0], st[nt][1]);
+      *reinterpret_cast<__half2*>(Ss + (wc + g + 8) * kHs + d) = __floats2half2_rn(st[nt][2], st[nt][3]);
+    }
+  };
+#pragma unroll
+  for (int nt = 0; nt < kQuarter / 8; ++nt) {
     const int d = d0 + 8 * nt + 2 * t;
     st[nt][0] = S[(size_t)d * Dv + c_lo], st[nt][1] = S[(size_t)(d + 1) * Dv + c_lo];
     st[nt][2] = S[(size_t)d * Dv + c_hi], st[nt][3] = S[(size_t)(d + 1) * Dv + c_hi];
   }
+  store_s();
   // ldmatrix lane offsets of a transposed B pair from [k][n] rows
   const int bt_row = (lane % 8) + 8 * ((lane / 8) % 2), bt_col = 8 * (lane / 16);
 
   stage(0);
+  stage_q(0);
   for (int p = 0; p < pieces; ++p) {
     mma::wait<0>();
-    __syncthreads();  // piece p has landed; every warp is done with piece p - 1's buffer
+    __syncthreads();  // piece p has landed, S^T is complete; every warp is done with piece p - 1's buffers
     if (p + 1 < pieces) stage(p + 1);
-    uint8_t* B = smc + (p & 1) * kStage;
+    const uint8_t* B = smc + (p & 1) * kStage;
     const __half* Ws = reinterpret_cast<const __half*>(B + kSW);
-    const __half* Qs = reinterpret_cast<const __half*>(B + kSQ);  // hi, then lo at + kSMat / 2 halves
-    const __half* Kds = reinterpret_cast<const __half*>(B + kSKd);
-    const __half* Ps = reinterpret_cast<const __half*>(B + kSP);  // hi, then lo at + kPiece * kPs halves
+    const __half* Kds = reinterpret_cast<const __half*>(B + kSKd);  // hi, then lo at + kSMat / 2 halves
+    const __half* Ps = reinterpret_cast<const __half*>(B + kSP);    // hi, then lo at + kPiece * kPs halves
     const float* Us = reinterpret_cast<const float*>(B + kSU);
     const float* gam = reinterpret_cast<const float*>(B + kSGam);
 
-    // Δ^T accumulates S^T W^T (then U^T - it), o^T accumulates S^T Q^T: [16 cols][64 tokens] each, over the
-    // warp's key rows, then the pair's two halves added
-    float dl[kPiece / 8][4], o[kPiece / 8][4];
+    // 1. the warp's tokens over all key rows: Δ^T accumulates S^T W^T, o^T S^T Q^T ([16 columns][16 tokens])
+    float dl[2][4] = {}, o[2][4] = {};
 #pragma unroll
-    for (int nt = 0; nt < kPiece / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dl[nt][e] = 0.f, o[nt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kHalf / 16; ++kk) {
-      const float(&c0)[4] = st[2 * kk];
-      const float(&c1)[4] = st[2 * kk + 1];
-      const uint32_t ah[4] = {mma::pack_f16x2(c0[0], c0[1]), mma::pack_f16x2(c0[2], c0[3]),
-                              mma::pack_f16x2(c1[0], c1[1]), mma::pack_f16x2(c1[2], c1[3])};  // S0: one term
-#pragma unroll
-      for (int np = 0; np < kPiece / 16; ++np) {
-        uint32_t bw[4], bq[4], bql[4];
-        const int off = (16 * np + bn_row(lane)) * kHs + d0 + 16 * kk + bn_col(lane);
-        mma::ldsm_x4(bw, Ws + off);
-        mma::ldsm_x4(bq, Qs + off);
-        mma::ldsm_x4(bql, Qs + kSMat / 2 + off);
-        mma::f16_16816(dl[2 * np], ah, bw[0], bw[1]);
-        mma::f16_16816(dl[2 * np + 1], ah, bw[2], bw[3]);
-        mma::f16_16816(o[2 * np], ah, bq[0], bq[1]);
-        mma::f16_16816(o[2 * np], ah, bql[0], bql[1]);
-        mma::f16_16816(o[2 * np + 1], ah, bq[2], bq[3]);
-        mma::f16_16816(o[2 * np + 1], ah, bql[2], bql[3]);
-      }
+    for (int kk = 0; kk < kDk / 16; ++kk) {
+      uint32_t a[4], bw[4], bq[4], bql[4];
+      mma::ldsm_x4(a, Ss + (wc + a_row(lane)) * kHs + 16 * kk + a_col(lane));
+      const int off = (16 * q + bn_row(lane)) * kHs + 16 * kk + bn_col(lane);
+      mma::ldsm_x4(bw, Ws + off);
+      mma::ldsm_x4(bq, Qs + off);
+      mma::ldsm_x4(bql, Qs + kSMat / 2 + off);
+      mma::f16_16816(dl[0], a, bw[0], bw[1]);
+      mma::f16_16816(dl[1], a, bw[2], bw[3]);
+      mma::f16_16816(o[0], a, bq[0], bq[1]);
+      mma::f16_16816(o[0], a, bql[0], bql[1]);
+      mma::f16_16816(o[1], a, bq[2], bq[3]);
+      mma::f16_16816(o[1], a, bql[2], bql[3]);
     }
-    __syncthreads();  // every warp has read W and Q: their space takes the partials
-    float* X = reinterpret_cast<float*>(B + kSW);
-    auto part = [&](int w, int arr, int nt, int e) -> float& {  // lane-contiguous: no bank conflicts
-      return X[((w * 2 + arr) * 32 + nt * 4 + e) * 32 + lane];
-    };
+    // Δ^T = U^T - S^T W^T (into shared memory as two fp16 terms); o^T scaled by Γ_t
 #pragma unroll
-    for (int nt = 0; nt < kPiece / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) part(warp, 0, nt, e) = dl[nt][e], part(warp, 1, nt, e) = o[nt][e];
-    __syncthreads();
-#pragma unroll
-    for (int nt = 0; nt < kPiece / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dl[nt][e] += part(warp ^ 1, 0, nt, e), o[nt][e] += part(warp ^ 1, 1, nt, e);
-    // Δ^T = U^T - S^T W^T; o^T scaled by Γ_t per token; S^T scaled by Γ_L
-#pragma unroll
-    for (int nt = 0; nt < kPiece / 8; ++nt) {
-      const int i = 8 * nt + 2 * t;
+    for (int nt = 0; nt < 2; ++nt) {
+      const int i = 16 * q + 8 * nt + 2 * t;
       const float2 u0 = *reinterpret_cast<const float2*>(Us + (wc + g) * kUs + i);
       const float2 u1 = *reinterpret_cast<const float2*>(Us + (wc + g + 8) * kUs + i);
-      dl[nt][0] = u0.x - dl[nt][0], dl[nt][1] = u0.y - dl[nt][1];
-      dl[nt][2] = u1.x - dl[nt][2], dl[nt][3] = u1.y - dl[nt][3];
+      __half2 hi, lo;
+      split2(hi, lo, u0.x - dl[nt][0], u0.y - dl[nt][1]);
+      *reinterpret_cast<__half2*>(Ds + (wc + g) * kPs + i) = hi;
+      *reinterpret_cast<__half2*>(Ds + kChainCols * kPs + (wc + g) * kPs + i) = lo;
+      split2(hi, lo, u1.x - dl[nt][2], u1.y - dl[nt][3]);
+      *reinterpret_cast<__half2*>(Ds + (wc + g + 8) * kPs + i) = hi;
+      *reinterpret_cast<__half2*>(Ds + kChainCols * kPs + (wc + g + 8) * kPs + i) = lo;
       o[nt][0] *= gam[i], o[nt][1] *= gam[i + 1], o[nt][2] *= gam[i], o[nt][3] *= gam[i + 1];
     }
+    __syncthreads();  // Δ^T complete; every warp is done with Q and S^T
+    if (p + 1 < pieces) stage_q(p + 1);
+
+    // 2. o^T += Δ^T P^T over the token tiles up to the warp's (P causal); S^T = Γ_L S^T + Δ^T Kd over its key rows
     const float gam_l = gam[kPiece];
 #pragma unroll
-    for (int nt = 0; nt < kHalf / 8; ++nt)
+    for (int nt = 0; nt < kQuarter / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) st[nt][e] *= gam_l;
-    // o^T += Δ^T P^T (P causal: token tiles from kk on; token tiles 0 and 3 in the first warp of the pair, 1 and 2
-    // in the second: 5 k-steps each), S^T += Δ^T Kd over the warp's key rows
 #pragma unroll
     for (int kk = 0; kk < kPiece / 16; ++kk) {
       uint32_t vh[4], vl[4];
-      split_a(dl[2 * kk], dl[2 * kk + 1], vh, vl);
-#pragma unroll
-      for (int np = kk; np < kPiece / 16; ++np) {
-        if ((np == 0 || np == 3) != (dh == 0)) continue;
+      const int aoff = (wc + a_row(lane)) * kPs + 16 * kk + a_col(lane);
+      mma::ldsm_x4(vh, Ds + aoff);
+      mma::ldsm_x4(vl, Ds + kChainCols * kPs + aoff);
+      if (kk <= q) {
         uint32_t bp[4], bpl[4];
-        const int off = (16 * np + bn_row(lane)) * kPs + 16 * kk + bn_col(lane);
+        const int off = (16 * q + bn_row(lane)) * kPs + 16 * kk + bn_col(lane);
         mma::ldsm_x4(bp, Ps + off);
         mma::ldsm_x4(bpl, Ps + kPiece * kPs + off);
-        mma3_pair(o[2 * np], o[2 * np + 1], vh, vl, bp, bpl);
+        mma3_pair(o[0], o[1], vh, vl, bp, bpl);
       }
 #pragma unroll
-      for (int np = 0; np < kHalf / 16; ++np) {
+      for (int np = 0; np < kQuarter / 16; ++np) {
         uint32_t bk[4], bkl[4];
         const int off = (16 * kk + bt_row) * kHs + d0 + 16 * np + bt_col;
         mma::ldsm_x4_trans(bk, Kds + off);
@@ -547,12 +562,11 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
         mma3_pair(st[2 * np], st[2 * np + 1], vh, vl, bk, bkl);
       }
     }
-    // the piece's outputs: the warp's token tiles, rows of the launch only
-    const int tp = (piece0 + p) * kPiece - pos0;
+    store_s();  // (S^T is read again only after the next piece's first barrier)
+    // the warp's outputs, rows of the launch only
+    const int tp = (piece0 + p) * kPiece - pos0 + 16 * q;
 #pragma unroll
-    for (int nt = 0; nt < kPiece / 8; ++nt) {
-      const int np = nt / 2;
-      if ((np == 0 || np == 3) != (dh == 0)) continue;
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int tok = tp + 8 * nt + 2 * t + e;
@@ -560,10 +574,9 @@ __global__ void __launch_bounds__(kChainWarps * 32) gdn_wy_chain_kernel(const ui
         float* row = out + (size_t)tok * vd + (size_t)h * Dv;
         row[c_lo] = o[nt][e], row[c_hi] = o[nt][2 + e];
       }
-    }
   }
 #pragma unroll
-  for (int nt = 0; nt < kHalf / 8; ++nt) {
+  for (int nt = 0; nt < kQuarter / 8; ++nt) {
     const int d = d0 + 8 * nt + 2 * t;
     S[(size_t)d * Dv + c_lo] = st[nt][0], S[(size_t)(d + 1) * Dv + c_lo] = st[nt][1];
     S[(size_t)d * Dv + c_hi] = st[nt][2], S[(size_t)(d + 1) * Dv + c_hi] = st[nt][3];
