@@ -227,15 +227,15 @@ __global__ void __launch_bounds__(kPieceThreads, 2) gdn_wy_piece_kernel(
     for (int tile = warp; tile < 20; tile += kPieceThreads / 32) {
       const bool is_p = tile >= 10;
       const int lt = tile % 10, bi = lt >= 6 ? 3 : lt >= 3 ? 2 : lt >= 1 ? 1 : 0, bj = lt - bi * (bi + 1) / 2;
-      const __half* X = is_p ? Qh : Kh;
+      const __half* lhs = is_p ? Qh : Kh;  // (the rows of the product: q or k)
       float c[2][4] = {};
 #pragma unroll
       for (int ks = 0; ks < kDk / 16; ++ks) {
         uint32_t ah[4], al[4], bh[4], bl[4];
         const int ao = (16 * bi + a_row(lane)) * kKs + 16 * ks + a_col(lane);
         const int bo = (16 * bj + bn_row(lane)) * kKs + 16 * ks + bn_col(lane);
-        mma::ldsm_x4(ah, X + ao);
-        mma::ldsm_x4(al, X + kPiece * kKs + ao);
+        mma::ldsm_x4(ah, lhs + ao);
+        mma::ldsm_x4(al, lhs + kPiece * kKs + ao);
         mma::ldsm_x4(bh, Kh + bo);
         mma::ldsm_x4(bl, Kh + kPiece * kKs + bo);
         mma3_pair(c[0], c[1], ah, al, bh, bl);
