@@ -206,17 +206,20 @@ __global__ void __launch_bounds__(kPieceThreads, 2) gdn_wy_piece_kernel(
   auto x_at = [&](int m, int nt, int e, int& col, int& r) {
     col = col0 + 16 * m + g + 8 * (e / 2), r = 8 * nt + 2 * t + e % 2;
   };
-  if (!w_cols && active) {
+  auto each_x = [&](auto&& f) {  // f(m, nt, e) for each of the thread's elements X[m][nt][e]
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
       for (int nt = 0; nt < kPiece / 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          int col, r;
-          x_at(m, nt, e, col, r);
-          X[m][nt][e] = clamp_row(r)[L.v(h) + col];
-        }
+        for (int e = 0; e < 4; ++e) f(m, nt, e);
+  };
+  if (!w_cols && active) {
+    each_x([&](int m, int nt, int e) {
+      int col, r;
+      x_at(m, nt, e, col, r);
+      X[m][nt][e] = clamp_row(r)[L.v(h) + col];
+    });
   }
 
   // K K^T and Q K^T: tile 0-9 the lower blocks (bi, bj) of K K^T in row order, 10-19 those of Q K^T. A's blocks
@@ -301,22 +304,17 @@ __global__ void __launch_bounds__(kPieceThreads, 2) gdn_wy_piece_kernel(
     if (tid < kPiece) gam[tid] = eg[tid];
     if (tid == 0) gam[kPiece] = eg[kPiece - 1];
   }
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int nt = 0; nt < kPiece / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        int col, r;
-        x_at(m, nt, e, col, r);
-        if (w_cols) {
-          const float k = (__half2float(Kh[r * kKs + col]) + __half2float(Kh[kPiece * kKs + r * kKs + col])) *
-                          (1.f / kKScale);
-          X[m][nt][e] = bt[r] * eg[r] * k;
-        } else if (active) {
-          X[m][nt][e] = in_launch(r) ? bt[r] * X[m][nt][e] : 0.f;
-        }
-      }
+  each_x([&](int m, int nt, int e) {
+    int col, r;
+    x_at(m, nt, e, col, r);
+    if (w_cols) {
+      const float k =
+          (__half2float(Kh[r * kKs + col]) + __half2float(Kh[kPiece * kKs + r * kKs + col])) * (1.f / kKScale);
+      X[m][nt][e] = bt[r] * eg[r] * k;
+    } else if (active) {
+      X[m][nt][e] = in_launch(r) ? bt[r] * X[m][nt][e] : 0.f;
+    }
+  });
   __syncthreads();
 
   // the blocked solve
