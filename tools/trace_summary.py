@@ -4,7 +4,8 @@
 For each replayed CUDA graph (the decode graph, a batch pass's graph per row count): the replays' median span and,
 per kernel, the median time it holds the critical path ("exposed": its end minus the later of its start and the
 previous kernels' last end, so overlapped launches under PDL are not counted twice), its median duration and the
-idle time before it. The exposed times and idle gaps of a replay add up to its span.
+idle time before it. The exposed times and idle gaps of a replay add up to its span. --between: the kernels that
+run between a graph's replays (a step's tail outside its graph), as offsets from the replay's end.
 
   python3 tools/trace_summary.py kernel_trace.csv [--graph ID] [--nodes] [--between] [--min-replays N]
 """
@@ -49,13 +50,13 @@ def critical(replay):
 
 
 def summarise_graph(gid, kernels, show_nodes, min_replays):
-    reps = [r for r in replays(sorted(kernels, key=lambda k: k["start_ns"]))]
+    reps = replays(sorted(kernels, key=lambda k: k["start_ns"]))
     # keep the replays with the full node count (a trace may end inside one)
     n_nodes = collections.Counter(len(r) for r in reps).most_common(1)[0][0]
     reps = [r for r in reps if len(r) == n_nodes]
     if len(reps) < min_replays:
         return
-    spans = [r[-1]["end_ns"] - r[0]["start_ns"] for r in reps]
+    spans = [max(k["end_ns"] for k in r) - r[0]["start_ns"] for r in reps]
     by_node = collections.defaultdict(lambda: {"exp": [], "idle": [], "dur": []})
     order = []
     for r in reps:
