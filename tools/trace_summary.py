@@ -38,6 +38,12 @@ def replays(kernels):
     return out
 
 
+def usual(seqs):
+    """The sequences of the most common length (a trace may start or end inside a replay), and that length."""
+    n = collections.Counter(len(x) for x in seqs).most_common(1)[0][0]
+    return [x for x in seqs if len(x) == n], n
+
+
 def critical(replay):
     """Per kernel of a replay (by start): (exposed ns, idle ns before it)."""
     res, last_end = [], replay[0]["start_ns"]
@@ -49,18 +55,14 @@ def critical(replay):
     return res
 
 
-def summarise_graph(gid, kernels, show_nodes, min_replays):
-    reps = replays(sorted(kernels, key=lambda k: k["start_ns"]))
-    # keep the replays with the full node count (a trace may end inside one)
-    n_nodes = collections.Counter(len(r) for r in reps).most_common(1)[0][0]
-    reps = [r for r in reps if len(r) == n_nodes]
-    if len(reps) < min_replays:
-        return
+def summarise_graph(gid, reps, show_nodes):
+    """reps: the graph's complete replays, each sorted by start."""
+    n_nodes = len(reps[0])
     spans = [max(k["end_ns"] for k in r) - r[0]["start_ns"] for r in reps]
     by_node = collections.defaultdict(lambda: {"exp": [], "idle": [], "dur": []})
     order = []
     for r in reps:
-        for k, (exp, idle) in zip(sorted(r, key=lambda k: k["start_ns"]), critical(r)):
+        for k, (exp, idle) in zip(r, critical(r)):
             node = by_node[k["graph_node"]]
             if not node["exp"]:
                 order.append(k["graph_node"])
@@ -95,13 +97,8 @@ def summarise_graph(gid, kernels, show_nodes, min_replays):
                   f"{med(v['idle']) / 1e3:>6.2f}")
 
 
-def between(gid, kernels, rows, min_replays):
+def between(gid, reps, rows):
     """What runs between a graph's replays (the step's tail and the host's gap): offsets from the replay's end."""
-    reps = replays(sorted(kernels, key=lambda k: k["start_ns"]))
-    n_nodes = collections.Counter(len(r) for r in reps).most_common(1)[0][0]
-    reps = [r for r in reps if len(r) == n_nodes]
-    if len(reps) < min_replays + 1:
-        return
     starts = [min(k["start_ns"] for k in r) for r in reps]
     ends = [max(k["end_ns"] for k in r) for r in reps]
     others = sorted((r for r in rows if r["graph_id"] != gid), key=lambda r: r["start_ns"])
@@ -114,9 +111,9 @@ def between(gid, kernels, rows, min_replays):
         while j < len(others) and others[j]["start_ns"] < nxt:
             seq.append(others[j])
             j += 1
-        seqs.append((e, nxt, seq))
-    n_items = collections.Counter(len(s) for _, _, s in seqs).most_common(1)[0][0]
-    same = [x for x in seqs if len(x[2]) == n_items]
+        seqs.append(seq)
+    n_items = usual(seqs)[1]
+    same = [(e, nxt, seq) for e, nxt, seq in zip(ends, starts[1:], seqs) if len(seq) == n_items]
     med = statistics.median
     print(f"\ngraph {gid}: between replays (median of {len(same)} gaps with {n_items} items): replay end to next "
           f"start {med([n - e for e, n, _ in same]) / 1e3:.1f} us")
@@ -146,10 +143,14 @@ def main():
             loose[r["name"]][1] += r["end_ns"] - r["start_ns"]
     print(f"{len(rows)} kernels: {sum(len(v) for v in graphs.values())} in {len(graphs)} graphs")
     for gid, ks in sorted(graphs.items()):
-        if a.graph is None or gid == a.graph:
-            summarise_graph(gid, ks, a.nodes, a.min_replays)
-            if a.between:
-                between(gid, ks, rows, a.min_replays)
+        if a.graph is not None and gid != a.graph:
+            continue
+        reps = usual(replays(sorted(ks, key=lambda k: k["start_ns"])))[0]
+        if len(reps) < a.min_replays:
+            continue
+        summarise_graph(gid, reps, a.nodes)
+        if a.between:
+            between(gid, reps, rows)
     if a.graph is None and loose:
         print("\nkernels outside graphs, by total duration:")
         for name, (n, ns) in sorted(loose.items(), key=lambda kv: -kv[1][1])[:25]:
