@@ -1,9 +1,9 @@
 // A kernel timeline for any lily binary, graph replays included: loaded by the CUDA driver through
-// CUDA_INJECTION64_PATH=libkernel_trace.so, it records every kernel's GPU start and end with CUPTI's activity API
-// and writes them as CSV at exit (LILY_TRACE_OUT, default kernel_trace.csv). Event timing cannot see inside a
-// graph, and Nsight Systems is not on the GPU machine; tools/trace_summary.py turns the CSV into a per-kernel
-// table of a replayed graph (time on the critical path, not just duration, since PDL overlaps launches) and the
-// kernels between replays.
+// CUDA_INJECTION64_PATH=libkernel_trace.so, it records every kernel's GPU start and end (and every memcpy's, as a
+// "kernel" named by its direction) with CUPTI's activity API and writes them as CSV at exit (LILY_TRACE_OUT,
+// default kernel_trace.csv). Event timing cannot see inside a graph, and Nsight Systems is not on the GPU
+// machine; tools/trace_summary.py turns the CSV into a per-kernel table of a replayed graph (time on the critical
+// path, not just duration, since PDL overlaps launches) and the kernels between replays.
 #include <cupti.h>
 
 #include <cstdio>
@@ -65,6 +65,15 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   CUpti_Activity* rec = nullptr;
   std::vector<Record> got;
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+    if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {  // as a kernel named by its direction, grid = bytes
+      const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
+      const char* kind = c->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "memcpy_HtoD"
+                         : c->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "memcpy_DtoH"
+                                                                           : "memcpy_other";
+      got.push_back({c->start, c->end, c->streamId, c->graphId, c->graphNodeId, static_cast<int>(c->bytes), 0, 0,
+                     kind});
+      continue;
+    }
     if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
     got.push_back({k->start, k->end, k->streamId, k->graphId, k->graphNodeId, k->gridX * k->gridY * k->gridZ,
@@ -105,6 +114,7 @@ void write_trace() {
 extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
+  check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable(memcpy)");
   std::atexit(write_trace);
   return 1;
 }

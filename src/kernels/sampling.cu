@@ -70,9 +70,10 @@ struct PrepArgs {
   Stats* stats;         // [blocks]
 };
 
-__global__ void __launch_bounds__(kPrepThreads) prep_kernel(PrepArgs a) {
+// Prep block blk of one row (prep_kernel: blockIdx.x of one row; prep_rows_kernel: of row blockIdx.y).
+__device__ __forceinline__ void prep_block(const PrepArgs& a, int blk) {
   __shared__ uint32_t keys[kPrepPerBlock];
-  const int base = blockIdx.x * kPrepPerBlock;
+  const int base = blk * kPrepPerBlock;
   const int n = min(kPrepPerBlock, a.vocab - base);
   float m = -INFINITY;
   bool nan = false;
@@ -89,10 +90,10 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(PrepArgs a) {
   if (m > -INFINITY)
     for (int j = threadIdx.x; j < n; j += kPrepThreads) s += expf(z_of(keys[j]) - m);
   s = block_reduce<kPrepThreads>(s, false);
-  if (threadIdx.x == 0) a.stats[blockIdx.x] = Stats{m, s, any_nan};
+  if (threadIdx.x == 0) a.stats[blk] = Stats{m, s, any_nan};
   if (a.cand == 0) return;
-  uint32_t* ck = a.cand_key + static_cast<size_t>(blockIdx.x) * a.cand;
-  int* ci = a.cand_id + static_cast<size_t>(blockIdx.x) * a.cand;
+  uint32_t* ck = a.cand_key + static_cast<size_t>(blk) * a.cand;
+  int* ci = a.cand_id + static_cast<size_t>(blk) * a.cand;
   // the block's candidates sorted (key desc, id asc): finish reads each block's best at its entry 0
   if (n <= a.cand) {  // the whole block is a candidate (padded with empty keys: id INT_MAX)
     for (int j = threadIdx.x; j < a.cand; j += kPrepThreads) {
@@ -135,6 +136,16 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(PrepArgs a) {
   static_assert(kSampleFastTopK * kOwned <= kPrepThreads, "the survivors of owned_best_sorted");
   __shared__ BestSmem<kPrepThreads, kPrepThreads> bsm;
   owned_best_sorted<kPrepThreads, kOwned>(bsm, keys, base, n, a.cand, ck, ci);
+}
+
+__global__ void __launch_bounds__(kPrepThreads) prep_kernel(PrepArgs a) { prep_block(a, blockIdx.x); }
+
+// sample_rows: up to kSampleRowsPerLaunch rows' arguments, one row per blockIdx.y.
+struct PrepRows {
+  PrepArgs a[kSampleRowsPerLaunch];
+};
+__global__ void __launch_bounds__(kPrepThreads) prep_rows_kernel(const __grid_constant__ PrepRows r) {
+  prep_block(r.a[blockIdx.y], blockIdx.x);
 }
 
 struct FinishArgs {
@@ -248,7 +259,7 @@ __device__ void emit(const FinishArgs& a, int token, float logprob) {
 }
 
 // Fast path: top_k candidates -> sorted list -> top-p / min-p -> draw (walk in ascending id order).
-__global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs a) {
+__device__ __forceinline__ void finish_fast(const FinishArgs& a) {
   __shared__ uint32_t sk[kSampleFastTopK];
   __shared__ int sid[kSampleFastTopK];
   __shared__ float se[kSampleFastTopK];                // exp(z - z0) of the sorted candidates
@@ -316,6 +327,15 @@ __global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs 
     if (cum > u) break;
   }
   emit(a, token, zt - zmax - logf(total_all));
+}
+
+__global__ void __launch_bounds__(kFinishThreads) finish_fast_kernel(FinishArgs a) { finish_fast(a); }
+
+struct FinishRows {
+  FinishArgs a[kSampleRowsPerLaunch];
+};
+__global__ void __launch_bounds__(kFinishThreads) finish_fast_rows_kernel(const __grid_constant__ FinishRows r) {
+  finish_fast(r.a[blockIdx.x]);
 }
 
 }  // namespace detail
@@ -499,6 +519,30 @@ void launch_full(const FinishArgs& fa, char* scratch, const ScratchLayout& l, cu
 
 // How many of n top log-probabilities exist (the mask leaves n_valid ids).
 int top_valid(int n, const SamplingParams& p, int vocab) { return std::min(n, p.n_valid > 0 ? p.n_valid : vocab); }
+
+// The finish launches' arguments after the prep's (pa), for top_fast top log-probabilities from the candidates.
+FinishArgs finish_args(const PrepArgs& pa, int n_blocks, int* counts, uint64_t* rng, int* out_token,
+                       float* out_logprob, int* advance, int top_fast, int* top_ids, float* top_lps) {
+  FinishArgs fa{};
+  fa.vocab = pa.vocab;
+  fa.n_blocks = n_blocks;
+  fa.cand = pa.cand;
+  fa.p = pa.p;
+  fa.cand_key = pa.cand_key;
+  fa.cand_id = pa.cand_id;
+  fa.z = pa.z;
+  fa.stats = pa.stats;
+  fa.counts = counts;
+  fa.rng = rng;
+  fa.out_token = out_token;
+  fa.out_logprob = out_logprob;
+  fa.advance = advance;
+  fa.top_n = top_fast;
+  fa.top_valid = top_valid(top_fast, pa.p, pa.vocab);
+  fa.top_ids = top_ids;
+  fa.top_lps = top_lps;
+  return fa;
+}
 }  // namespace detail
 
 void sample(const float* logits, int vocab, const SamplingParams& p, int* counts, uint64_t* rng,
@@ -519,29 +563,49 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
   const detail::PrepArgs pa = detail::prep_args(logits, vocab, p, counts, static_cast<char*>(scratch), l, cand, !fast);
   detail::prep_kernel<<<l.n_blocks, detail::kPrepThreads, 0, stream>>>(pa);
   CUDA_CHECK_LAUNCH(stream);
-  detail::FinishArgs fa{};
-  fa.vocab = vocab;
-  fa.n_blocks = l.n_blocks;
-  fa.cand = pa.cand;
-  fa.p = p;
-  fa.cand_key = pa.cand_key;
-  fa.cand_id = pa.cand_id;
-  fa.z = pa.z;
-  fa.stats = pa.stats;
-  fa.counts = counts;
-  fa.rng = rng;
-  fa.out_token = out_token;
-  fa.out_logprob = out_logprob;
-  fa.advance = advance;
-  fa.top_n = top_fast;
-  fa.top_valid = detail::top_valid(top_fast, p, vocab);
-  fa.top_ids = top_ids;
-  fa.top_lps = top_lps;
+  const detail::FinishArgs fa = detail::finish_args(pa, l.n_blocks, counts, rng, out_token, out_logprob, advance,
+                                                    top_fast, top_ids, top_lps);
   if (fast) {
     detail::finish_fast_kernel<<<1, detail::kFinishThreads, 0, stream>>>(fa);
     CUDA_CHECK_LAUNCH(stream);
   } else {
     detail::launch_full(fa, static_cast<char*>(scratch), l, stream);
+  }
+}
+
+bool sample_rows_supported(const SamplingParams& p) {
+  return p.temperature <= 0.f || (p.top_k >= 1 && p.top_k <= kSampleFastTopK);
+}
+
+size_t sample_rows_scratch_bytes(int vocab) {
+  sampling_scratch_bytes(vocab);  // (checks the vocabulary)
+  return detail::layout(vocab).z;  // the per-block stats and candidates: all the fast path uses
+}
+
+void sample_rows(const SampleRow* rows, int n, int vocab, void* scratch, cudaStream_t stream) {
+  LILY_CHECK(n >= 0 && (n == 0 || (rows && scratch)), "sample_rows: ", n, " rows, missing buffer");
+  const detail::ScratchLayout l = detail::layout(vocab);
+  for (int r0 = 0; r0 < n; r0 += kSampleRowsPerLaunch) {
+    const int m = std::min(kSampleRowsPerLaunch, n - r0);
+    detail::PrepRows pr{};
+    detail::FinishRows fr{};
+    for (int j = 0; j < m; ++j) {  // sample()'s fast-path arguments, row by row
+      const SampleRow& r = rows[r0 + j];
+      LILY_CHECK(sample_rows_supported(r.p) && r.logits && r.rng && r.out_token, "sample_rows: row ", r0 + j,
+                 " needs the full path (top_k ", r.p.top_k, ") or misses a buffer");
+      LILY_CHECK(r.top_n <= 0 || (r.top_n <= kMaxTopLogprobs && r.top_ids && r.top_lps), "sample_rows: row ",
+                 r0 + j, ": top_n > ", kMaxTopLogprobs, " or its buffers missing");
+      const int top_fast = std::max(r.top_n, 0);
+      const int cand = std::max(r.p.temperature <= 0.f ? 1 : r.p.top_k, top_fast);
+      char* sc = static_cast<char*>(scratch) + static_cast<size_t>(r0 + j) * l.z;
+      pr.a[j] = detail::prep_args(r.logits, vocab, r.p, r.counts, sc, l, cand, false);
+      fr.a[j] = detail::finish_args(pr.a[j], l.n_blocks, r.counts, r.rng, r.out_token, r.out_logprob, nullptr,
+                                    top_fast, r.top_ids, r.top_lps);
+    }
+    detail::prep_rows_kernel<<<dim3(l.n_blocks, m), detail::kPrepThreads, 0, stream>>>(pr);
+    CUDA_CHECK_LAUNCH(stream);
+    detail::finish_fast_rows_kernel<<<m, detail::kFinishThreads, 0, stream>>>(fr);
+    CUDA_CHECK_LAUNCH(stream);
   }
 }
 

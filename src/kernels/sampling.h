@@ -68,6 +68,21 @@ void sample(const float* logits, int vocab, const SamplingParams& p, int* counts
             int* out_token, void* scratch, cudaStream_t stream, float* out_logprob = nullptr,
             int* advance = nullptr, int top_n = 0, int* top_ids = nullptr, float* top_logprobs = nullptr);
 
+// Several rows' draws at once (a batched decode step): one row's sample() arguments, fast path only.
+inline constexpr int kSampleRowsPerLaunch = 32;  // rows per launch pair (their arguments are kernel parameters)
+struct SampleRow {
+  const float* logits; SamplingParams p; int* counts; uint64_t* rng; int* out_token; float* out_logprob;
+  int top_n; int* top_ids; float* top_lps;
+};
+// sample_rows takes a row of these parameters: greedy, or top_k in 1..kSampleFastTopK (the one-pass path).
+bool sample_rows_supported(const SamplingParams& p);
+// Scratch bytes per row of sample_rows (alignment >= 256).
+size_t sample_rows_scratch_bytes(int vocab);
+// The draws of n rows (host array) in two launches per kSampleRowsPerLaunch rows, each row's blocks those of
+// sample() with its arguments: the same token, log-probabilities, counts and rng update, bit for bit. scratch
+// (device): n * sample_rows_scratch_bytes(vocab) bytes.
+void sample_rows(const SampleRow* rows, int n, int vocab, void* scratch, cudaStream_t stream);
+
 // counts[tokens[i]] += 1 for i < n (device tokens), e.g. the prompt before the first sampled token.
 void count_tokens(int* counts, int vocab, const int* tokens, int n, cudaStream_t stream);
 // The n (1..kMaxTopLogprobs, at most n_valid) most likely ids under the distribution sample() draws from before

@@ -225,6 +225,8 @@ class CudaEngine {
   void prefill_gdn(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_attention(int layer, const SeqRows* seqs, int n_seqs, int n);
   void prefill_moe(int layer, int n);
+  void shared_gate_up(int layer, const GemmXBuf& xh, int n, cudaStream_t s);
+  void shared_down(int layer, int n, cudaStream_t s);
   // The kernels of a pass (after its inputs are staged): embedding, then every layer.
   // False: stopped by stop_ (prefill).
   bool prefill_layers(const SeqRows* seqs, int n_seqs, int n);

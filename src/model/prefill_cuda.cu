@@ -74,6 +74,10 @@ struct PrefillBuffers {
   // (kernels/moe_fused_rows.cu)
   bool moe_fused = false;
   MoeRowsScratch mfr;           // its scratch (allocated where every layer's MoE block is supported)
+  // a pass that streams its routed experts runs the shared expert on a second stream beside the routing and the
+  // routed experts (forked after the router, joined before the combine)
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   bool sums_added = false;      // the layer's out projection added that launch's router sums (gemm_i8)
   bool i8 = false;              // a pass of at most kI8MaxTokens one-token rows: project_i8 may apply
   void* i8x = nullptr;          // [kI8MaxTokens][i8x_row_bytes(i8_width)] its staged x
@@ -144,8 +148,13 @@ void CudaEngine::prefill_alloc() {
   bool fused_rows = opts_.moe_fused_rows > 0;
   for (const LayerDev& l : w_.layers) fused_rows = fused_rows && moe_fused_rows_supported(l.moe, c.top_k);
   if (fused_rows) b->mfr = moe_fused_rows_alloc(c.n_experts);
-  if (moe_rows_ok())
+  if (moe_rows_ok()) {
     b->srows = device_alloc<uint8_t>(std::max(nr * stream_row_bytes(H), (size_t)nr * k * stream_row_bytes(c.moe_ffn)));
+    int lo = 0, hi = 0;  // (the side stream's blocks first: its short branch then ends before the routed launches)
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&b->side, cudaStreamNonBlocking, hi));
+    for (cudaEvent_t* e : {&b->fork_ev, &b->join_ev}) CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
   pf_ = b;
 }
 
@@ -166,8 +175,9 @@ void CudaEngine::prefill_free() {
     if (p) cudaFree(p);
   if (b.host) cudaFreeHost(b.host);
   if (b.dec_host) cudaFreeHost(b.dec_host);
-  for (cudaEvent_t e : b.stop_ev)
+  for (cudaEvent_t e : {b.stop_ev[0], b.stop_ev[1], b.fork_ev, b.join_ev})
     if (e) cudaEventDestroy(e);
+  if (b.side) cudaStreamDestroy(b.side);
   gemm_x_free(b.x);
   if (b.mfr.act) moe_fused_rows_free(b.mfr);
   b.drop_graphs();
@@ -526,6 +536,16 @@ void CudaEngine::prefill_moe(int layer, int n) {
   } else {
     project({{&m.gate, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
   }
+  // a decode pass that streams its routed experts: the shared expert on the side stream from here (the routed
+  // launches read the staged rows, not x; the shared GEMMs' are small, and hide under theirs)
+  const bool side = b.moe_rows && b.side && !prof_ && m.shared_gate.format == m.shared_up.format;
+  if (side) {
+    CUDA_CHECK(cudaEventRecord(b.fork_ev, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(b.side, b.fork_ev, 0));
+    shared_gate_up(layer, xh, n, b.side);
+    shared_down(layer, n, b.side);
+    CUDA_CHECK(cudaEventRecord(b.join_ev, b.side));
+  }
   pmark("routing");
   moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
   moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
@@ -537,19 +557,11 @@ void CudaEngine::prefill_moe(int layer, int n) {
           m.experts_down.format == QFormat::q4;
   gemm_grouped_tiles(b.offsets, E, b.tiles, stream_, xe.ws ? kGemmWsTok : 64);
   const int max_tiles = gemm_grouped_max_tiles(n * k, E);
-  // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer;
-  // gate and up in one launch each (kernels/gemm.cu, paired), or two GEMMs into the yd scratch where their
-  // formats differ
+  // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer
+  if (!side) shared_gate_up(layer, xh, n, stream_);
+  // routed experts: each token's rows go to its 8 experts' slots (x_row), weighted by the routing weight
   float* g = b.yd;
   float* u = b.yd + (size_t)n * k * std::max(F, Fs);
-  pmark("gemm_shared", n * flops_.shared_gate_up);
-  if (m.shared_gate.format == m.shared_up.format) {
-    gemm_swiglu(m.shared_gate, m.shared_up, prompt_x(xh, "shared"), n, b.act, Fs, stream_);
-  } else {
-    project({{&m.shared_gate, g, Fs}, {&m.shared_up, u, Fs}}, prompt_x(xh, "shared"), n);
-    swiglu_rows(g, u, nullptr, n, Fs, b.act, stream_);
-  }
-  // routed experts: each token's rows go to its 8 experts' slots (x_row), weighted by the routing weight
   float* act = b.act + (size_t)n * Fs;
   pmark("gemm_experts_gate_up", n * k * flops_.expert_gate_up);
   if (b.moe_rows) {
@@ -563,12 +575,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
     gemm_grouped(m.experts_up, xe, b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_, n);
     swiglu_rows(g, u, b.w_slot, n * k, F, act, stream_);
   }
-  // the shared expert's activations, then the routed ones after them
-  const FamilyX xs = family_x(Fs, {&m.shared_down}, "shared");
-  pmark("norm");
-  gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs.buf, nullptr, stream_);
-  pmark("gemm_shared", n * flops_.shared_down);
-  gemm(m.shared_down, 0, xs.x, n, b.ysh, H, false, stream_);
+  if (!side) shared_down(layer, n, stream_);
   pmark("norm");
   if (b.moe_rows) {
     stream_rows_prep(act, F, n * k, F, b.srows, stream_);
@@ -581,8 +588,38 @@ void CudaEngine::prefill_moe(int layer, int n) {
     xr.x.ws = xe.ws;  // (the work list's tiles)
     gemm_grouped(m.experts_down, xr.x, nullptr, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, n);
   }
+  if (side) CUDA_CHECK(cudaStreamWaitEvent(stream_, b.join_ev, 0));
   pmark("combine");
   moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);
+}
+
+// The shared expert's SwiGLU of the normed rows xh into act[0, n * Fs): gate and up in one launch where their
+// formats agree, else two GEMMs into the yd scratch (on the engine's stream only).
+void CudaEngine::shared_gate_up(int layer, const GemmXBuf& xh, int n, cudaStream_t s) {
+  PrefillBuffers& b = *pf_;
+  const MoeWeightsDev& m = w_.layers[layer].moe;
+  const int Fs = cfg_.shared_ffn;
+  pmark("gemm_shared", n * flops_.shared_gate_up);
+  if (m.shared_gate.format == m.shared_up.format) {
+    gemm_swiglu(m.shared_gate, m.shared_up, prompt_x(xh, "shared"), n, b.act, Fs, s);
+  } else {
+    float* g = b.yd;
+    float* u = b.yd + (size_t)n * cfg_.top_k * std::max(cfg_.moe_ffn, Fs);
+    project({{&m.shared_gate, g, Fs}, {&m.shared_up, u, Fs}}, prompt_x(xh, "shared"), n);
+    swiglu_rows(g, u, nullptr, n, Fs, b.act, stream_);
+  }
+}
+
+// The shared expert's down projection of act[0, n * Fs) into ysh (x at width Fs in the shared GEMM input).
+void CudaEngine::shared_down(int layer, int n, cudaStream_t s) {
+  PrefillBuffers& b = *pf_;
+  const MoeWeightsDev& m = w_.layers[layer].moe;
+  const int Fs = cfg_.shared_ffn;
+  const FamilyX xs = family_x(Fs, {&m.shared_down}, "shared");
+  pmark("norm");
+  gemm_x_prep(b.act, Fs, n, nullptr, 0.f, xs.buf, nullptr, s);
+  pmark("gemm_shared", n * flops_.shared_down);
+  gemm(m.shared_down, 0, xs.x, n, b.ysh, cfg_.hidden, false, s);
 }
 
 }  // namespace lily::cuda

@@ -28,6 +28,7 @@ CudaBatchBackend::CudaBatchBackend(CudaEngine& engine, int max_seqs, int graph_r
     counts_key_.assign(static_cast<size_t>(max_seqs), 0);
     sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(eng_.config().vocab));
     draw_scratch_ = device_alloc<uint8_t>(kDrawStreams * sampling_scratch_bytes(eng_.config().vocab));
+    rows_scratch_ = device_alloc<uint8_t>(static_cast<size_t>(max_seqs) * sample_rows_scratch_bytes(eng_.config().vocab));
     for (int k = 0; k < kDrawStreams; ++k) {
       CUDA_CHECK(cudaStreamCreateWithFlags(&draw_streams_[k], cudaStreamNonBlocking));
       CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_[k], cudaEventDisableTiming));
@@ -60,8 +61,8 @@ CudaBatchBackend::~CudaBatchBackend() {
     if (g) cudaGraphExecDestroy(g);
   for (SeqStateDev& st : slots_) eng_.seq_free(st);
   cudaFreeHost(step_host_);
-  for (void* p : {(void*)counts_, sample_scratch_, (void*)draw_scratch_, (void*)in_dev_, (void*)out_dev_,
-                  (void*)ids_dev_})
+  for (void* p : {(void*)counts_, sample_scratch_, (void*)draw_scratch_, (void*)rows_scratch_, (void*)in_dev_,
+                  (void*)out_dev_, (void*)ids_dev_})
     if (p) cudaFree(p);
   for (int k = 0; k < kDrawStreams; ++k) {
     if (draw_streams_[k]) cudaStreamDestroy(draw_streams_[k]);
@@ -175,16 +176,29 @@ void CudaBatchBackend::pass(std::span<const BatchEntry> batch, const std::vector
   if (!head_rows.empty()) {  // (distinct slots: at most max_seqs rows, what logits_ holds)
     const int m = static_cast<int>(head_rows.size());
     eng_.head_rows(head_rows.data(), m, logits_);
-    // the draws on the side streams (row j on stream j % kDrawStreams, in row order there); logits copies stay
-    const int k_used = draw_scratch_ ? std::min(kDrawStreams, m) : 0;
-    if (k_used > 0) {
+    // the fast path's draws in one sample_rows; the others on the side streams (the j-th of them on stream
+    // j % kDrawStreams, in row order there); logits copies stay
+    rows_.clear();
+    std::vector<int> rest;
+    for (int j = 0; j < m; ++j) {
+      cuda::SampleRow row;
+      const BatchEntry& b = batch[head_entry[j]];
+      if (!(b.sampler && rows_scratch_ && draw_row(b, logits_ + static_cast<size_t>(j) * V, head_entry[j], row)))
+        rest.push_back(j);
+      else
+        rows_.push_back(row);
+    }
+    const int k_used = draw_scratch_ ? std::min<int>(kDrawStreams, static_cast<int>(rest.size())) : 0;
+    if (k_used > 0) {  // (forked before sample_rows: the side streams' draws run beside it)
       CUDA_CHECK(cudaEventRecord(fork_ev_, eng_.stream()));
       for (int k = 0; k < k_used; ++k) CUDA_CHECK(cudaStreamWaitEvent(draw_streams_[k], fork_ev_, 0));
     }
+    sample_rows(rows_.data(), static_cast<int>(rows_.size()), V, rows_scratch_, eng_.stream());
     const size_t scratch_bytes = draw_scratch_ ? sampling_scratch_bytes(V) : 0;
-    for (int j = 0; j < m; ++j) {
+    for (size_t i = 0; i < rest.size(); ++i) {
+      const int j = rest[i];
       const BatchEntry& b = batch[head_entry[j]];
-      const int k = j % kDrawStreams;
+      const int k = static_cast<int>(i % kDrawStreams);
       if (b.sampler && k_used > 0)
         enqueue_out(b, logits_ + static_cast<size_t>(j) * V, head_entry[j], draw_streams_[k],
                     draw_scratch_ + k * scratch_bytes);
@@ -275,6 +289,20 @@ void CudaBatchBackend::prepare_draws(std::span<const BatchEntry> batch) {
   }
   if (n_draw_ > 0)  // (the stream is past the previous step's copies: finish_out synchronised)
     CUDA_CHECK(cudaMemcpyAsync(in_dev_, in_host_, sizeof(DrawIn) * n_draw_, cudaMemcpyHostToDevice, eng_.stream()));
+}
+
+bool CudaBatchBackend::draw_row(const BatchEntry& b, float* logits, int entry, cuda::SampleRow& row) {
+  const int V = eng_.config().vocab;
+  const ::lily::SamplingParams& p = b.sampler->params();
+  const cuda::SamplingParams d = device_params(p, V);
+  if (!sample_rows_supported(d)) return false;
+  const int r = row_of_[entry];
+  DrawIn* in = in_dev_ + r;
+  if (in_host_[r].n_bias > 0) add_logit_bias(logits, V, in->bias_ids, in->bias_vals, in_host_[r].n_bias, eng_.stream());
+  DrawOut* o = out_dev_ + r;
+  row = {logits, d, d.update_counts ? counts_ + static_cast<size_t>(b.slot) * V : nullptr, in->rng, &o->token,
+         &o->logprob, p.top_logprobs, o->top_ids, o->top_logprobs};
+  return true;
 }
 
 void CudaBatchBackend::enqueue_out(const BatchEntry& b, float* logits, int entry, cudaStream_t s, void* scratch) {

@@ -66,6 +66,9 @@ class CudaBatchBackend : public BatchBackend {
   // copy of its logits into staged_ row j.
   // Enqueued on stream s (null: the engine's) with sampling scratch `scratch` (null: sample_scratch_).
   void enqueue_out(const BatchEntry& b, float* logits, int entry, cudaStream_t s = nullptr, void* scratch = nullptr);
+  // An entry's draw on the fast path as a row of sample_rows (its logit_bias added first, on the engine's
+  // stream); false where its parameters take the full path.
+  bool draw_row(const BatchEntry& b, float* logits, int entry, cuda::SampleRow& row);
   // After the stream's work: the staged logits to their entries (host threads), the drawn ids to theirs.
   void finish_out(std::span<const BatchEntry> batch);
   // The slot's device counts made to mirror the entry's sampler (a new sequence in the slot, or a preempted one
@@ -96,6 +99,9 @@ class CudaBatchBackend : public BatchBackend {
   cudaEvent_t fork_ev_ = nullptr;
   cudaEvent_t join_ev_[kDrawStreams] = {};
   uint8_t* draw_scratch_ = nullptr;     // device [kDrawStreams][sampling_scratch_bytes(vocab)]
+  // the draws on the fast path (the chat defaults) all in one sample_rows instead (two launches a step)
+  uint8_t* rows_scratch_ = nullptr;     // device [max_seqs][sample_rows_scratch_bytes(vocab)]
+  std::vector<cuda::SampleRow> rows_;   // the pass's rows of it
   static constexpr int kMaxBias = 64;   // logit_bias entries a device draw takes (more: the host samples)
   struct DrawOut {                      // what a draw row returns (device, then pinned host)
     int token;

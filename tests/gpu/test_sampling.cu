@@ -255,6 +255,74 @@ TEST(Sampling, FastPathTopKTopPMinP) {
   check_draws(7777, p, 20, 43, true);
 }
 
+// sample_rows (a batched step's draws) against sample() row by row: the same token, log-probability, top
+// log-probabilities, counts and rng counter, bit for bit, over 40 rows (two launches of kSampleRowsPerLaunch) of
+// mixed parameters: greedy, top-k with top-p / min-p, penalties with count updates, top_logprobs.
+TEST(Sampling, RowsMatchOneRowAtATime) {
+  const int V = kVocab, n = 40;
+  std::mt19937_64 rng(77);
+  std::vector<SampleRow> rows(n), one(n);
+  DevBuf<float> logits(static_cast<size_t>(n) * V), lps(2 * n), tops(2 * n * 5);
+  DevBuf<int> counts(static_cast<size_t>(2) * n * V), tokens(2 * n), top_ids(2 * n * 5);
+  DevBuf<uint64_t> rngs(2 * 2 * n);
+  DevBuf<char> scratch(static_cast<size_t>(n) * sample_rows_scratch_bytes(V)), one_scratch(sampling_scratch_bytes(V));
+  std::vector<float> l(static_cast<size_t>(n) * V);
+  for (float& x : l) x = static_cast<float>(static_cast<int>(rng() % 12000) - 6000) * 1e-3f;
+  logits.upload(l);
+  std::vector<int> c(static_cast<size_t>(2) * n * V, 0);
+  for (int r = 0; r < n; ++r)
+    for (int i = 0; i < V / 40; ++i) {
+      const size_t at = static_cast<size_t>(r) * V + rng() % V;
+      c[at] = c[at + static_cast<size_t>(n) * V] = 1 + static_cast<int>(rng() % 3);
+    }
+  counts.upload(c);
+  std::vector<uint64_t> rg(4 * n);
+  for (int r = 0; r < n; ++r) rg[2 * r] = rg[2 * (n + r)] = rng() % 1000, rg[2 * r + 1] = rg[2 * (n + r) + 1] = rng();
+  rngs.upload(rg);
+  for (int r = 0; r < n; ++r) {
+    SamplingParams p;
+    p.n_valid = kVocabReal;
+    switch (r % 5) {
+      case 0: p.temperature = 0.f; break;
+      case 1: p.top_k = 20; p.top_p = 0.95f; p.temperature = 0.6f; break;
+      case 2: p.top_k = 64; p.min_p = 0.05f; p.temperature = 1.3f; break;
+      case 3: p.top_k = 20; p.repetition = 1.1f; p.presence = 0.4f; p.frequency = 0.2f; break;
+      default: p.top_k = 5; p.temperature = 0.9f; p.update_counts = false; break;
+    }
+    const int top_n = r % 3 == 0 ? 5 : 0;
+    for (int copy = 0; copy < 2; ++copy) {
+      const int k = copy * n + r;
+      (copy ? one : rows)[r] = {logits.p + static_cast<size_t>(r) * V, p, counts.p + static_cast<size_t>(k) * V,
+                                rngs.p + 2 * k, tokens.p + k, lps.p + k, top_n, top_ids.p + 5 * k, tops.p + 5 * k};
+    }
+  }
+  tokens.poison();
+  sample_rows(rows.data(), n, V, scratch.p, nullptr);
+  for (const SampleRow& r : one)
+    sample(r.logits, V, r.p, r.counts, r.rng, r.out_token, one_scratch.p, nullptr, r.out_logprob, nullptr, r.top_n,
+           r.top_ids, r.top_lps);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<int> tok = tokens.download(), ids = top_ids.download(), cnt = counts.download();
+  const std::vector<float> lp = lps.download(), tl = tops.download();
+  const std::vector<uint64_t> rg2 = rngs.download();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(tok[r], tok[n + r]) << "row " << r;
+    EXPECT_GE(tok[r], 0) << "row " << r;
+    EXPECT_EQ(std::memcmp(&lp[r], &lp[n + r], sizeof(float)), 0) << "row " << r << ": " << lp[r] << " vs " << lp[n + r];
+    EXPECT_EQ(rg2[2 * r], rg2[2 * (n + r)]) << "row " << r;
+    EXPECT_EQ(rg2[2 * r], rg[2 * r] + 1) << "row " << r;
+    for (int j = 0; j < (r % 3 == 0 ? 5 : 0); ++j) {
+      EXPECT_EQ(ids[5 * r + j], ids[5 * (n + r) + j]) << "row " << r << " top " << j;
+      EXPECT_EQ(std::memcmp(&tl[5 * r + j], &tl[5 * (n + r) + j], sizeof(float)), 0) << "row " << r << " top " << j;
+    }
+    EXPECT_EQ(std::memcmp(&cnt[static_cast<size_t>(r) * V], &cnt[static_cast<size_t>(n + r) * V], sizeof(int) * V), 0)
+        << "row " << r << ": counts differ";
+  }
+  SamplingParams full;
+  full.top_k = 0;
+  EXPECT_FALSE(sample_rows_supported(full));
+}
+
 TEST(Sampling, FullPathExact) {
   SamplingParams p;
   p.update_counts = false;
