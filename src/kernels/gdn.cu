@@ -124,8 +124,10 @@ void launch_gdn_step_rows(const float* qkv, const float* z, const float* a, cons
   check_dims(dims);
   LILY_CHECK(n_rows >= 1 && n_rows <= 65535, "gdn_step_rows: ", n_rows, " rows (1..65535)");
   const int tiles = (dims.v_dim + kCols - 1) / kCols;
-  launch_mixer(gdn_step_rows_kernel, dim3(tiles, dims.n_v_heads, n_rows), dim3(kThreads), 0, s, tiles, qkv, z, a, b,
-               conv_w, a_log, dt_bias, norm_w, rows, out, dims, eps);
+  // in the pass's PDL chain (every launch of a decode pass has it): the state, which no kernel of the pass writes
+  // before this one, is read while the in_proj finishes
+  launch_ex(gdn_step_rows_kernel, dim3(tiles, dims.n_v_heads, n_rows), dim3(kThreads), 0, s,
+            LaunchOpts{true, tiles, false}, qkv, z, a, b, conv_w, a_log, dt_bias, norm_w, rows, out, dims, eps);
 }
 
 }  // namespace lily::cuda
