@@ -1,6 +1,7 @@
 // A kernel timeline for any lily binary, graph replays included: loaded by the CUDA driver through
 // CUDA_INJECTION64_PATH=libkernel_trace.so, it records every kernel's GPU start and end (and every memcpy's, as a
-// "kernel" named by its direction) with CUPTI's activity API and writes them as CSV at exit (LILY_TRACE_OUT,
+// "kernel" named by its direction; with LILY_TRACE_API=1 every CUDA runtime call's host start and end too, as
+// "api:<call>" on stream 0, same clock) with CUPTI's activity API and writes them as CSV at exit (LILY_TRACE_OUT,
 // default kernel_trace.csv). Event timing cannot see inside a graph, and Nsight Systems is not on the GPU
 // machine; tools/trace_summary.py turns the CSV into a per-kernel table of a replayed graph (time on the critical
 // path, not just duration, since PDL overlaps launches) and the kernels between replays.
@@ -74,6 +75,15 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
                      kind});
       continue;
     }
+    if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {  // a host call: grid = its thread (low bits)
+      const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(rec);
+      const char* name = nullptr;
+      cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name);
+      std::string n = std::string("api:") + (name ? name : "?");
+      if (size_t v = n.find("_v"); v != std::string::npos) n.resize(v);  // cudaMemcpyAsync_v3020 -> cudaMemcpyAsync
+      got.push_back({a->start, a->end, 0, 0, 0, static_cast<int>(a->threadId & 0x7fffffff), 0, 0, std::move(n)});
+      continue;
+    }
     if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
     got.push_back({k->start, k->end, k->streamId, k->graphId, k->graphNodeId, k->gridX * k->gridY * k->gridZ,
@@ -115,6 +125,8 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable(memcpy)");
+  if (const char* api = std::getenv("LILY_TRACE_API"); api && *api == '1')
+    check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME), "cuptiActivityEnable(runtime)");
   std::atexit(write_trace);
   return 1;
 }

@@ -5,7 +5,8 @@ For each replayed CUDA graph (the decode graph, a batch pass's graph per row cou
 per kernel, the median time it holds the critical path ("exposed": its end minus the later of its start and the
 previous kernels' last end, so overlapped launches under PDL are not counted twice), its median duration and the
 idle time before it. The exposed times and idle gaps of a replay add up to its span. --between: the kernels that
-run between a graph's replays (a step's tail outside its graph), as offsets from the replay's end.
+run between a graph's replays (a step's tail outside its graph), as offsets from the replay's end; the memcpys
+and, in a trace taken with LILY_TRACE_API=1, the host's CUDA calls ("api:<call>", stream 0) are among them.
 
   python3 tools/trace_summary.py kernel_trace.csv [--graph ID] [--nodes] [--between] [--min-replays N]
 """
