@@ -134,17 +134,18 @@ int run_concurrency(const BenchArgs& a) {
       j["points"].push_back({{"clients", p.clients}, {"total_tok_per_s", p.total_tok_per_s},
                              {"stream_tok_per_s", p.stream_tok_per_s}, {"ttft_ms", p.ttft_ms},
                              {"mean_batch", p.mean_batch}, {"steps", p.steps},
-                             {"step_ms", p.step_ms}, {"forward_ms", p.forward_ms}});
+                             {"step_ms", p.step_ms}, {"forward_ms", p.forward_ms},
+                             {"begin_ms", p.begin_ms}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   std::printf("scheduler on the %s batch backend (%d host threads): %d-token prompts, %d ids each, chat sampling\n",
               be.name().c_str(), ThreadPool::global().size(), o.prompt_tokens, o.gen_tokens);
-  std::printf("%8s %12s %13s %10s %11s %7s %8s %11s\n", "clients", "total tok/s", "stream tok/s", "TTFT ms",
-              "mean batch", "steps", "step ms", "forward ms");
+  std::printf("%8s %12s %13s %10s %11s %7s %8s %11s %9s\n", "clients", "total tok/s", "stream tok/s", "TTFT ms",
+              "mean batch", "steps", "step ms", "forward ms", "begin ms");
   for (const ConcurrencyPoint& p : pts)
-    std::printf("%8d %12.1f %13.1f %10.1f %11.2f %7d %8.2f %11.2f\n", p.clients, p.total_tok_per_s, p.stream_tok_per_s,
-                p.ttft_ms, p.mean_batch, p.steps, p.step_ms, p.forward_ms);
+    std::printf("%8d %12.1f %13.1f %10.1f %11.2f %7d %8.2f %11.2f %9.3f\n", p.clients, p.total_tok_per_s,
+                p.stream_tok_per_s, p.ttft_ms, p.mean_batch, p.steps, p.step_ms, p.forward_ms, p.begin_ms);
   for (const ConcurrencyPoint& p : pts) {
     if (p.families.empty()) continue;
     double sum = 0;

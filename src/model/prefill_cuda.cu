@@ -33,15 +33,19 @@ bool names(const std::string& list, const char* family) {
 }  // namespace
 
 struct PrefillBuffers {
+  // A pass's inputs from the host, uploaded in one copy (prefill_rows packs them for the pass's sizes, so a graph
+  // keyed by its row count finds them at the same places): views into `in`.
   int* tokens = nullptr;        // [n] device
-  int* host = nullptr;          // [2n] pinned staging of the tokens, then of the sequences' positions
-  int* pos = nullptr;           // [n] device: each sequence's first position in a pass (prefill_rows)
+  int* pos = nullptr;           // [n_seqs] device: each sequence's first position in a pass
   // the pass's one-token rows (decode rows of the batched step), whose GDN steps run as one launch per layer
   int n_dec = 0;                // how many
   int* dec = nullptr;           // [2][n_dec] device: their rows, then their positions
   float** dec_ptrs = nullptr;   // [n_layers][2][n_dec] device: per GDN layer their conv rings, then their states
   uint16_t*** dec_pages = nullptr;  // [n_attn][n_dec] device: per attention layer their page tables
-  void* dec_host = nullptr;     // pinned staging of the three
+  uint8_t* in = nullptr;        // [in_bytes] device: the five above, packed
+  uint8_t* in_host = nullptr;   // [in_bytes] pinned staging of `in`
+  size_t in_bytes = 0;
+  cudaEvent_t in_ev = nullptr;  // after the last upload: the staging is free again once it has completed
   int dec_splits = 0;           // the most attention splits of one of them (attention_row_splits)
   float* dec_attn = nullptr;    // [n_dec][n_kv][dec_splits][group][head_dim + 2] their attention's split partials
   size_t dec_attn_floats = 0;   // allocated (grows with the rows and their lengths)
@@ -110,14 +114,12 @@ void CudaEngine::prefill_alloc() {
   const int gdn_proj = c.conv_dim() + c.value_dim() + 2 * c.lin_v_heads;
   const int attn_proj = c.q_proj_rows() + 2 * c.n_kv_heads * d;
   const int mix = std::max(c.value_dim(), c.n_heads * d);
-  b->tokens = device_alloc<int>(n);
   for (cudaEvent_t& e : b->stop_ev) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  CUDA_CHECK(cudaMallocHost(&b->host, sizeof(int) * 2 * n));
-  b->pos = device_alloc<int>(n);
-  b->dec = device_alloc<int>(2 * (size_t)n);
-  b->dec_ptrs = device_alloc<float*>((size_t)c.n_layers * 2 * n);
-  b->dec_pages = device_alloc<uint16_t**>((size_t)c.n_layers * n);
-  CUDA_CHECK(cudaMallocHost(&b->dec_host, sizeof(int) * 2 * n + sizeof(float*) * c.n_layers * 3 * n));
+  // tokens, positions, the decode rows' rows and positions (4 n ints), their pointers (3 n_layers n), alignment
+  b->in_bytes = sizeof(int) * 4 * (size_t)n + sizeof(void*) * (3 * (size_t)c.n_layers * n + 1);
+  b->in = device_alloc<uint8_t>(b->in_bytes);
+  CUDA_CHECK(cudaMallocHost(&b->in_host, b->in_bytes));
+  CUDA_CHECK(cudaEventCreateWithFlags(&b->in_ev, cudaEventDisableTiming));
   b->h = device_alloc<float>((size_t)n * H);
   // rows of width <= max(H, mix) for the chunk's tokens, or of width F for their n * k expert slots: one
   // allocation of x_elems values (and x_elems / 64 group sums), viewed at each width (at_width)
@@ -168,14 +170,13 @@ bool CudaEngine::moe_rows_ok() const {
 void CudaEngine::prefill_free() {
   if (!pf_) return;
   PrefillBuffers& b = *pf_;
-  for (void* p : {(void*)b.tokens, (void*)b.pos, (void*)b.dec, (void*)b.dec_ptrs, (void*)b.dec_pages,
-                  (void*)b.dec_attn, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch, (void*)b.logits, (void*)b.idx,
-                  (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles, (void*)b.x_row, (void*)b.w_slot,
-                  (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh, b.srows, b.i8x})
+  for (void* p : {(void*)b.in, (void*)b.dec_attn, (void*)b.h, (void*)b.proj, (void*)b.mix, b.scratch,
+                  (void*)b.logits, (void*)b.idx, (void*)b.w, (void*)b.sh, (void*)b.offsets, (void*)b.tiles,
+                  (void*)b.x_row, (void*)b.w_slot, (void*)b.slot_of, (void*)b.act, (void*)b.yd, (void*)b.ysh, b.srows,
+                  b.i8x})
     if (p) cudaFree(p);
-  if (b.host) cudaFreeHost(b.host);
-  if (b.dec_host) cudaFreeHost(b.dec_host);
-  for (cudaEvent_t e : {b.stop_ev[0], b.stop_ev[1], b.fork_ev, b.join_ev})
+  if (b.in_host) cudaFreeHost(b.in_host);
+  for (cudaEvent_t e : {b.stop_ev[0], b.stop_ev[1], b.fork_ev, b.join_ev, b.in_ev})
     if (e) cudaEventDestroy(e);
   if (b.side) cudaStreamDestroy(b.side);
   gemm_x_free(b.x);
@@ -250,19 +251,38 @@ bool CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
   prefill_alloc();
   PrefillBuffers& b = *pf_;
   const Config& c = cfg_;
-  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the pinned staging is free again
+  // the pinned staging is free again once the last upload is done; a stoppable prompt also waits for the last
+  // piece, so nothing of it is left queued when the stop is checked
+  if (stop_) CUDA_CHECK(cudaStreamSynchronize(stream_));
+  else CUDA_CHECK(cudaEventSynchronize(b.in_ev));
   pmark("embed");
-  for (int t = 0; t < n; ++t) b.host[t] = tokens[t];
-  for (int q = 0; q < n_seqs; ++q) b.host[kPrefillChunk + q] = seqs[q].pos0;
-  CUDA_CHECK(cudaMemcpyAsync(b.tokens, b.host, sizeof(int) * n, cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(b.pos, b.host + kPrefillChunk, sizeof(int) * n_seqs, cudaMemcpyHostToDevice, stream_));
-  // the one-token rows: their rows, positions and per-layer GDN state pointers for the rows launch
-  int* dec_i = static_cast<int*>(b.dec_host);
-  float** dec_p = reinterpret_cast<float**>(dec_i + 2 * kPrefillChunk);
-  uint16_t*** dec_pg = reinterpret_cast<uint16_t***>(dec_p + (size_t)c.n_layers * 2 * kPrefillChunk);
   const int n_attn = static_cast<int>(seqs[0].page_table->size());
   int m = 0;
   for (int q = 0; q < n_seqs; ++q) m += seqs[q].n == 1;
+  // The pass's inputs packed for its sizes: tokens, positions, then for the one-token rows their rows and
+  // positions, per-layer GDN ring and state pointers (the rows launch) and page tables.
+  size_t at = 0;
+  auto take = [&](size_t bytes, size_t align) {
+    at = (at + align - 1) / align * align;
+    const size_t from = at;
+    at += bytes;
+    return from;
+  };
+  const size_t o_tok = take(sizeof(int) * n, 4), o_pos = take(sizeof(int) * n_seqs, 4);
+  const size_t o_dec = take(sizeof(int) * 2 * m, 4), o_ptr = take(sizeof(float*) * c.n_layers * 2 * m, 8);
+  const size_t o_pg = take(sizeof(uint16_t**) * n_attn * m, 8);
+  int* tok_h = reinterpret_cast<int*>(b.in_host + o_tok);
+  int* pos_h = reinterpret_cast<int*>(b.in_host + o_pos);
+  int* dec_i = reinterpret_cast<int*>(b.in_host + o_dec);
+  float** dec_p = reinterpret_cast<float**>(b.in_host + o_ptr);
+  uint16_t*** dec_pg = reinterpret_cast<uint16_t***>(b.in_host + o_pg);
+  b.tokens = reinterpret_cast<int*>(b.in + o_tok);
+  b.pos = reinterpret_cast<int*>(b.in + o_pos);
+  b.dec = reinterpret_cast<int*>(b.in + o_dec);
+  b.dec_ptrs = reinterpret_cast<float**>(b.in + o_ptr);
+  b.dec_pages = reinterpret_cast<uint16_t***>(b.in + o_pg);
+  for (int t = 0; t < n; ++t) tok_h[t] = tokens[t];
+  for (int q = 0; q < n_seqs; ++q) pos_h[q] = seqs[q].pos0;
   b.n_dec = m;
   b.dec_splits = 0;
   // a decode pass: its rows' results must not depend on one another's count, so the few-token GEMMs, the int8
@@ -288,19 +308,18 @@ bool CudaEngine::prefill_rows(const int32_t* tokens, int n, const SeqRows* seqs,
         for (int l = 0; l < n_attn; ++l) dec_pg[(size_t)l * m + j] = (*seqs[q].page_table)[l];
         ++j;
       }
-    CUDA_CHECK(cudaMemcpyAsync(b.dec, dec_i, sizeof(int) * 2 * m, cudaMemcpyHostToDevice, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(b.dec_ptrs, dec_p, sizeof(float*) * c.n_layers * 2 * m, cudaMemcpyHostToDevice,
-                               stream_));
-    CUDA_CHECK(cudaMemcpyAsync(b.dec_pages, dec_pg, sizeof(uint16_t**) * n_attn * m, cudaMemcpyHostToDevice, stream_));
     const size_t need = (size_t)m * attn_scratch_floats(c.n_kv_heads, b.dec_splits, c.n_heads / c.n_kv_heads,
                                                         c.head_dim);
-    if (n_attn > 0 && need > b.dec_attn_floats) {  // (the stream is idle: synchronised above)
+    if (n_attn > 0 && need > b.dec_attn_floats) {
+      CUDA_CHECK(cudaStreamSynchronize(stream_));  // (an earlier pass of the step may still use the old buffer)
       b.drop_graphs();  // (they name the old buffer)
       if (b.dec_attn) CUDA_CHECK(cudaFree(b.dec_attn));
       b.dec_attn_floats = std::max(need, 2 * b.dec_attn_floats);
       b.dec_attn = device_alloc<float>(b.dec_attn_floats);
     }
   }
+  CUDA_CHECK(cudaMemcpyAsync(b.in, b.in_host, at, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaEventRecord(b.in_ev, stream_));
 
   // (a profiled pass marks its families, a debug run synchronises after each launch: no graph)
   if (m < n || stop_ || !opts_.batch_pass_graphs || prof_ || opts_.debug_sync) return prefill_layers(seqs, n_seqs, n);

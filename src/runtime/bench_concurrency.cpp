@@ -25,12 +25,13 @@ class TimedBackend : public ForwardingBatchBackend {
   void step_begin(std::span<const BatchEntry> batch) override {
     t0_ = Clock::now();
     inner_.step_begin(batch);
+    begin_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0_).count());
   }
   void step_end() override {
     inner_.step_end();
     forward_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0_).count());
   }
-  std::vector<double> forward_ms;
+  std::vector<double> forward_ms, begin_ms;
 
  private:
   Clock::time_point t0_;
@@ -109,6 +110,7 @@ std::vector<ConcurrencyPoint> run_concurrency_bench(BatchBackend& be, const Conc
     p.mean_batch = steps > 0 ? static_cast<double>(seqs) / steps : 0;
     p.step_ms = median(step_ms);
     p.forward_ms = median(timed.forward_ms);
+    p.begin_ms = median(timed.begin_ms);
     p.profiled_steps = families.empty() ? 0 : prof_steps;
     p.families = std::move(families);
     out.push_back(p);

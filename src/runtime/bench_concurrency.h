@@ -24,6 +24,8 @@ struct ConcurrencyPoint {
   int steps = 0;
   double step_ms = 0;                   // median wall time of a scheduler step (forward, sampling, bookkeeping)
   double forward_ms = 0;                // median time of the backend's forward within it (logits on the host)
+  double begin_ms = 0;                  // median host time of its step_begin (checks, inputs, launches): on a GPU,
+                                        // most of what the device waits between two steps
   int profiled_steps = 0;               // steps the families below sum over (launched one by one: slower)
   std::vector<FamilyTime> families;     // model/pass_profile.h, in order of first appearance
 };

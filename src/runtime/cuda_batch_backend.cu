@@ -28,7 +28,8 @@ CudaBatchBackend::CudaBatchBackend(CudaEngine& engine, int max_seqs, int graph_r
     counts_key_.assign(static_cast<size_t>(max_seqs), 0);
     sample_scratch_ = device_alloc<uint8_t>(sampling_scratch_bytes(eng_.config().vocab));
     draw_scratch_ = device_alloc<uint8_t>(kDrawStreams * sampling_scratch_bytes(eng_.config().vocab));
-    rows_scratch_ = device_alloc<uint8_t>(static_cast<size_t>(max_seqs) * sample_rows_scratch_bytes(eng_.config().vocab));
+    rows_scratch_ =
+        device_alloc<uint8_t>(static_cast<size_t>(max_seqs) * sample_rows_scratch_bytes(eng_.config().vocab));
     for (int k = 0; k < kDrawStreams; ++k) {
       CUDA_CHECK(cudaStreamCreateWithFlags(&draw_streams_[k], cudaStreamNonBlocking));
       CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_[k], cudaEventDisableTiming));
@@ -330,12 +331,14 @@ void CudaBatchBackend::enqueue_out(const BatchEntry& b, float* logits, int entry
 void CudaBatchBackend::finish_out(std::span<const BatchEntry> batch) {
   const int V = eng_.config().vocab;
   CUDA_CHECK(cudaStreamSynchronize(eng_.stream()));
-  // staged logits out of the pinned buffer on the host's threads (one thread copies ~5-10 GB/s; 64 rows: 64 MB)
-  ThreadPool::global().parallel_for(0, static_cast<int64_t>(batch.size()), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      if (!batch[i].sampler && batch[i].logits && row_of_[i] >= 0)
-        std::memcpy(batch[i].logits, staged_ + static_cast<size_t>(row_of_[i]) * V, sizeof(float) * V);
-  });
+  // staged logits out of the pinned buffer on the host's threads (one thread copies ~5-10 GB/s; 64 rows: 64 MB);
+  // none staged (every row drawn on the device): the pool's threads are not woken
+  if (n_staged_ > 0)
+    ThreadPool::global().parallel_for(0, static_cast<int64_t>(batch.size()), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        if (!batch[i].sampler && batch[i].logits && row_of_[i] >= 0)
+          std::memcpy(batch[i].logits, staged_ + static_cast<size_t>(row_of_[i]) * V, sizeof(float) * V);
+    });
   for (size_t i = 0; i < batch.size(); ++i) {
     const BatchEntry& b = batch[i];
     if (!b.sampler || row_of_[i] < 0) continue;
