@@ -1,8 +1,11 @@
 // The small per-row kernels of the prompt path (kernels/batched.h): the GEMM's input split (with the RMSNorm
-// fused), the MoE's selection, grouping by expert, SwiGLU and the sum of the expert outputs.
+// fused), the MoE's selection, grouping by expert (both with the grouped GEMMs' work list in one launch for a
+// decode pass), SwiGLU and the sum of the expert outputs.
 // All arithmetic fp32. Tested by tests/gpu/test_batched.cu.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <cub/block/block_scan.cuh>
 
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
@@ -156,6 +159,64 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int* idx, co
   }
 }
 
+// A decode pass's routing in one block (the three launches above in one): warp w selects rows w, w + 32, ... as
+// select_kernel does (the same experts, weights and shared gate), the block groups the pairs by expert as
+// group_kernel does (slots in no fixed order within an expert) and writes the grouped GEMMs' work list as
+// tiles_kernel does (kernels/gemm.cu), for tiles of `tok` slots.
+constexpr int kRouteThreads = 1024;
+template <int NE>
+__global__ void __launch_bounds__(kRouteThreads) route_rows_kernel(const float* logits, int ld, int n, int E,
+                                                                   int top_k, int* idx, float* w, float* sh_scale,
+                                                                   int* offsets, int* x_row, float* w_slot,
+                                                                   int* slot_of, int* tiles, int tok) {
+  using Scan = cub::BlockScan<int, kRouteThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ int cnt[kRouteThreads];            // per expert: its pairs, then its next free slot
+  __shared__ int pair_e[kMoeRouteMaxPairs];     // each pair's expert
+  __shared__ float pair_w[kMoeRouteMaxPairs];   // and weight
+  dep_chain();
+  const int tid = threadIdx.x, lane = tid & 31;
+  cnt[tid] = 0;
+  for (int t = tid / 32; t < n; t += kRouteThreads / 32) {
+    const float* l = logits + static_cast<size_t>(t) * ld;
+    int chosen[kSelMaxK];
+    float p[kSelMaxK];
+    warp_topk<NE>(l, E, top_k, chosen, p);
+    if (lane == 0) {
+#pragma unroll
+      for (int j = 0; j < kSelMaxK; ++j) {
+        if (j >= top_k) break;
+        const int q = t * top_k + j;
+        idx[q] = pair_e[q] = chosen[j];
+        w[q] = pair_w[q] = p[j];
+      }
+      sh_scale[t] = 1.f / (1.f + expf(-l[E]));
+    }
+  }
+  __syncthreads();
+  const int pairs = n * top_k;
+  for (int q = tid; q < pairs; q += kRouteThreads) atomicAdd(&cnt[pair_e[q]], 1);
+  __syncthreads();
+  const int c = cnt[tid];  // (0 past E)
+  int first, total;
+  Scan(tmp).ExclusiveSum(c, first, total);
+  if (tid < E) offsets[tid] = first;
+  if (tid == 0) offsets[E] = total;
+  cnt[tid] = first;  // (each thread reads and writes only its own expert's entry until the barrier)
+  __syncthreads();   // (tmp is reused; the slot bases are in place)
+  const int nt = (c + tok - 1) / tok;
+  int tile0, n_tiles;
+  Scan(tmp).ExclusiveSum(nt, tile0, n_tiles);
+  for (int j = 0; j < nt; ++j) tiles[1 + tile0 + j] = (tid << 16) | j;
+  if (tid == 0) tiles[0] = n_tiles;
+  for (int q = tid; q < pairs; q += kRouteThreads) {
+    const int a = atomicAdd(&cnt[pair_e[q]], 1);
+    x_row[a] = q / top_k;
+    w_slot[a] = pair_w[q];
+    slot_of[q] = a;
+  }
+}
+
 __global__ void swiglu_kernel(const float* g, const float* u, const float* scale, int F, size_t total, float* act) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -225,6 +286,18 @@ void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* off
   LILY_CHECK(n * top_k <= kMoeGroupMaxPairs, "moe_group: ", n * top_k, " pairs (at most ", kMoeGroupMaxPairs, ")");
   launch_pdl(detail::group_kernel, dim3(1), dim3(detail::kGroupThreads), E * sizeof(int), s, idx, w, n * top_k, top_k,
              E, offsets, x_row, w_slot, slot_of);
+}
+
+void moe_route_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
+                    int* offsets, int* x_row, float* w_slot, int* slot_of, int* tiles, int tile_tokens,
+                    cudaStream_t s) {
+  LILY_CHECK(top_k >= 1 && top_k <= detail::kSelMaxK && top_k <= E && E <= 512 && ld > E && n >= 1 &&
+                 n <= kMoeRouteMaxRows && n * top_k <= kMoeRouteMaxPairs && tile_tokens >= 1,
+             "moe_route_rows: ", n, " rows (at most ", kMoeRouteMaxRows, "), top_k ", top_k, " of ", E,
+             " experts (at most 512), tiles of ", tile_tokens);
+  auto* k = E <= 256 ? detail::route_rows_kernel<8> : detail::route_rows_kernel<16>;
+  launch_pdl(k, dim3(1), dim3(detail::kRouteThreads), 0, s, logits, ld, n, E, top_k, idx, w, sh_scale, offsets, x_row,
+             w_slot, slot_of, tiles, tile_tokens);
 }
 
 void swiglu_rows(const float* g, const float* u, const float* scale, int n, int F, float* act, cudaStream_t s) {

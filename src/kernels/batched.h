@@ -132,6 +132,16 @@ inline constexpr int kMoeGroupMaxPairs = 32768;  // (a prompt chunk of 4,096 tok
 // block; n * top_k <= kMoeGroupMaxPairs.
 void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* offsets, int* x_row, float* w_slot,
                int* slot_of, cudaStream_t s);
+// moe_select_rows, moe_group and gemm_grouped_tiles (tiles of tile_tokens slots) in one launch of one block, for
+// a decode pass's few rows: the same idx, w, sh_scale, offsets and tiles, slots in no fixed order within an
+// expert as moe_group's. n <= kMoeRouteMaxRows (a warp a row; more rows than that keep the three launches, whose
+// selection spreads over several SMs: on one SM it is bound by the SM's issue rate, 19 vs 10 us at 64 rows on
+// the H100), E <= 512.
+inline constexpr int kMoeRouteMaxRows = 16;
+inline constexpr int kMoeRouteMaxPairs = 1024;  // (its shared memory)
+void moe_route_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
+                    int* offsets, int* x_row, float* w_slot, int* slot_of, int* tiles, int tile_tokens,
+                    cudaStream_t s);
 // act[a][f] = scale[a] * silu(g[a][f]) * u[a][f] for a < n (scale null: 1); g, u, act [n][F].
 #ifdef __CUDACC__
 // scale * silu(g) * u in fp32, as swiglu_rows and the paired GEMMs compute it (test_batched: bit for bit).

@@ -566,15 +566,20 @@ void CudaEngine::prefill_moe(int layer, int n) {
     CUDA_CHECK(cudaEventRecord(b.join_ev, b.side));
   }
   pmark("routing");
-  moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
-  moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
   // the grouped GEMMs' work list in their tile's slots: the warp-specialised tile's where every routed launch
   // takes it (both families named, 4-bit weights; the streamed experts take 64, as does the bound below)
   GemmX xe = prompt_x(xh, "experts_gate_up");
   xe.ws = xe.ws && names(opts_.prompt_gemm_ws, "experts_down") && !b.moe_rows &&
           m.experts_gate.format == QFormat::q4 && m.experts_up.format == QFormat::q4 &&
           m.experts_down.format == QFormat::q4;
-  gemm_grouped_tiles(b.offsets, E, b.tiles, stream_, xe.ws ? kGemmWsTok : 64);
+  if (b.moe_rows && n <= kMoeRouteMaxRows) {  // (selection, grouping and work list in one launch)
+    moe_route_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, b.offsets, b.x_row, b.w_slot, b.slot_of, b.tiles, 64,
+                   stream_);
+  } else {
+    moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
+    moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
+    gemm_grouped_tiles(b.offsets, E, b.tiles, stream_, xe.ws ? kGemmWsTok : 64);
+  }
   const int max_tiles = gemm_grouped_max_tiles(n * k, E);
   // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer
   if (!side) shared_gate_up(layer, xh, n, stream_);

@@ -10,6 +10,7 @@
 //                   bits whether its tile is full or nearly empty;
 //   moe_select_rows top-k by logit with ties to the lower id, renormalised softmax weights, the shared gate;
 //   moe_group       offsets, slots, their token and weight, slot_of a permutation;
+//   moe_route_rows  the three launches above (with gemm_grouped_tiles) in one: the same bits and lists;
 //   swiglu_rows, moe_combine, embed_rows (out-of-range ids give zero rows).
 // The q4 cases run twice: on x's two bf16 terms (kernels/gemm.cu) and on its fp16 form (kernels/gemm_q4f16.cu).
 // The GEMM's reference takes the input the tensor cores receive (x~ = hi + lo, read back from the GemmX buffer
@@ -653,6 +654,72 @@ TEST(MoeRows, GroupPairsByExpert) {
   run_group(4096, 8, 256, 6003);  // kMoeGroupMaxPairs: a 4,096-token chunk's 32,768 pairs
   run_group(37, 3, 10, 6001);
   run_group(500, 5, 1000, 6004);  // (1,000 experts)
+}
+
+// moe_route_rows against moe_select_rows + moe_group + gemm_grouped_tiles on the same logits (ties, an all-equal
+// row, NaNs as run_select's): idx, w, sh_scale, offsets and the work list equal bit for bit; every pair in a slot
+// of its expert holding its token and weight, slot_of a permutation.
+void run_route(int n, int E, int top_k, int tok, uint64_t seed) {
+  const std::string name = "moe_route_rows n " + std::to_string(n) + " E " + std::to_string(E) + " top_k " +
+                           std::to_string(top_k) + " tiles of " + std::to_string(tok);
+  std::mt19937_64 rng(seed);
+  const int ld = E + 1, P = n * top_k, T = 1 + gemm_grouped_max_tiles(P, E);
+  std::vector<float> logits = random_vec(rng, static_cast<size_t>(n) * ld, -4.f, 4.f);
+  for (int e = 0; e < E && n > 7; ++e) logits[7 * ld + e] = 0.25f;
+  for (int e = 0; e < E && n > 5; e += 3) logits[5 * ld + e] = NAN;
+  for (int e = 0; e < E; e += 5) logits[e] = 1.5f;  // row 0: ties
+  DevBuf<float> dl(logits);
+  struct Out {
+    std::vector<int> idx, off, x_row, slot_of, tiles;
+    std::vector<float> w, sh, w_slot;
+  };
+  auto run = [&](bool fused) {
+    DevBuf<int> didx(P), doff(E + 1), drow(P), dslot(P), dtiles(T);
+    DevBuf<float> dw(P), dsh(n), dws(P);
+    for (auto* b : {&didx, &doff, &drow, &dslot, &dtiles}) b->poison();
+    for (auto* b : {&dw, &dsh, &dws}) b->poison();
+    if (fused) {
+      moe_route_rows(dl.p, ld, n, E, top_k, didx.p, dw.p, dsh.p, doff.p, drow.p, dws.p, dslot.p, dtiles.p, tok,
+                     nullptr);
+    } else {
+      moe_select_rows(dl.p, ld, n, E, top_k, didx.p, dw.p, dsh.p, nullptr);
+      moe_group(didx.p, dw.p, n, top_k, E, doff.p, drow.p, dws.p, dslot.p, nullptr);
+      gemm_grouped_tiles(doff.p, E, dtiles.p, nullptr, tok);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    Out o{didx.download(), doff.download(), drow.download(), dslot.download(), dtiles.download(),
+          dw.download(), dsh.download(), dws.download()};
+    o.tiles.resize(1 + std::max(0, o.tiles[0]));
+    return o;
+  };
+  const Out ref = run(false), got = run(true);
+  EXPECT_EQ(got.idx, ref.idx) << name << ": experts";
+  EXPECT_EQ(0, std::memcmp(got.w.data(), ref.w.data(), sizeof(float) * P)) << name << ": weights";
+  EXPECT_EQ(0, std::memcmp(got.sh.data(), ref.sh.data(), sizeof(float) * n)) << name << ": shared gates";
+  ASSERT_EQ(got.off, ref.off) << name << ": offsets";
+  EXPECT_EQ(got.tiles, ref.tiles) << name << ": work list";
+  std::vector<int> seen(P, 0);
+  size_t bad = 0;
+  for (int p = 0; p < P; ++p) {
+    const int a = got.slot_of[p], e = got.idx[p];
+    const bool ok = a >= got.off[e] && a < got.off[e + 1] && got.x_row[a] == p / top_k && got.w_slot[a] == got.w[p];
+    if (ok) ++seen[a];
+    if (!ok && bad++ < 5) ADD_FAILURE() << name << ": pair " << p << " (expert " << e << ") got slot " << a;
+  }
+  EXPECT_EQ(bad, 0u) << name;
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), P) << name << ": slot_of is not a permutation";
+}
+
+TEST(MoeRows, RouteRowsEqualsSelectGroupTiles) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  run_route(kMoeRouteMaxRows, 256, 8, 64, 8000);
+  run_route(9, 256, 8, kGemmWsTok, 8002);
+  run_route(13, 10, 3, 64, 8003);
+  run_route(11, 300, 8, 64, 8004);  // (more than 256 experts: 16 per lane)
+  run_route(1, 256, 8, 64, 8005);
+  EXPECT_THROW(moe_route_rows(nullptr, 257, kMoeRouteMaxRows + 1, 256, 8, nullptr, nullptr, nullptr, nullptr, nullptr,
+                              nullptr, nullptr, nullptr, 64, nullptr),
+               std::exception);
 }
 
 // act = scale[a] * silu(g) * u, rows 37 x F 513 (a tail past the 256-thread block), with and without scale.
