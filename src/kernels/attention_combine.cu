@@ -22,10 +22,9 @@ constexpr int kCombDims = 32;  // output dims per combine block (one per lane)
 // One block per (query head, 32 dims): warp w sums splits w, w + 8, ... for its lane's dim, then the warps'
 // sums are added in a fixed order. The split weights exp2(m_s - max) / Σ weight·l are computed by warp 0
 // while the other warps' partial loads are in flight.
-template <bool kRows>
 __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
     const float* __restrict__ qg, const int* __restrict__ pos_ptr, float* __restrict__ out, AttnScratch scratch,
-    int splits, int group, int D, AttnRows rows) {
+    int splits, int group, int D) {
   __shared__ float w_sh[kMaxSplits];
   __shared__ float num_sh[kCombWarps][kCombDims];
   __shared__ float inv_den;
@@ -33,17 +32,6 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
   const int h = blockIdx.x, g = h / group, hh = h % group;
   const int dim = blockIdx.y * kCombDims + lane;
   const int tb = blockIdx.x + blockIdx.y * gridDim.x;
-  if constexpr (kRows) {  // sequence blockIdx.z of several one-token rows (AttnRows), read after the wait: in a
-                          // decode pass they change between passes (launch.cuh launch_pdl)
-    dep_wait();
-    const int q = blockIdx.z, n_heads = gridDim.x;
-    const size_t r = (size_t)rows.row[q];
-    qg += r * n_heads * 2 * D;
-    out += r * n_heads * D;
-    pos_ptr = rows.pos + q;
-    scratch.partial += (size_t)q * (n_heads / group) * scratch.max_splits * group * (D + 2);
-    splits = min(attention_row_splits(*pos_ptr + 1), splits);
-  }
   trace_stamp_at(scratch.trace_comb, tb, 0);
   dep_trigger();
   dep_wait();
@@ -109,8 +97,8 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_kernel(
 }
 
 // A decode pass's rows (AttnRows; head_dim <= kCombThreads): one block per (query head, row), thread t its dim t,
-// where attention_combine_kernel<true> takes head_dim / 32 blocks of mostly idle warps (a short context has one
-// split). The same operations in the same order: warp 0 weighs the splits as there, and a dim's numerator is the
+// where attention_combine_kernel's layout would take head_dim / 32 blocks of mostly idle warps (a short context has
+// one split). The same operations in the same order: warp 0 weighs the splits as there, and a dim's numerator is the
 // eight fmaf chains over splits w, w + 8, ... (w < 8) added in w's order, as there across its warps.
 constexpr int kRowSplitsPerChain = kAttnRowMaxSplits / kCombWarps;
 __global__ void __launch_bounds__(kCombThreads) attention_combine_rows_kernel(
@@ -170,18 +158,15 @@ __global__ void __launch_bounds__(kCombThreads) attention_combine_rows_kernel(
 
 void launch_combine(const float* qg, const int* pos, float* out, const AttnScratch& scratch, int splits, int group,
                     int head_dim, int n_heads, AttnRows rows, int n_rows, cudaStream_t s) {
-  if (n_rows > 0 && head_dim <= kCombThreads) {
+  if (n_rows > 0) {  // (the split kernels take head_dim <= 256)
+    LILY_CHECK(head_dim <= kCombThreads, "attention combine: head_dim ", head_dim, " over ", kCombThreads);
     launch_ex(attention_combine_rows_kernel, dim3(n_heads, n_rows), dim3(kCombThreads), 0, s,
               LaunchOpts{true, 1, false}, qg, out, scratch, splits, group, head_dim, rows);
     return;
   }
-  const dim3 grid(n_heads, (head_dim + kCombDims - 1) / kCombDims, n_rows > 0 ? n_rows : 1);
-  if (n_rows > 0)
-    launch_ex(attention_combine_kernel<true>, grid, dim3(kCombThreads), 0, s, LaunchOpts{true, 1, false}, qg, pos,
-              out, scratch, splits, group, head_dim, rows);
-  else
-    launch_ex(attention_combine_kernel<false>, grid, dim3(kCombThreads), 0, s, LaunchOpts{true, 1, false}, qg, pos,
-              out, scratch, splits, group, head_dim, rows);
+  const dim3 grid(n_heads, (head_dim + kCombDims - 1) / kCombDims);
+  launch_ex(attention_combine_kernel, grid, dim3(kCombThreads), 0, s, LaunchOpts{true, 1, false}, qg, pos, out,
+            scratch, splits, group, head_dim);
 }
 
 }  // namespace lily::cuda::attn
