@@ -133,8 +133,9 @@ __global__ void select_kernel(const float* logits, int ld, int n, int E, int top
 constexpr int kGroupThreads = 1024;
 __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int* idx, const float* w, int pairs, int top_k,
                                                               int E, int* offsets, int* x_row, float* w_slot,
-                                                              int* slot_of) {
+                                                              int* slot_of, int n_shared) {
   dep_chain();
+  for (int t = threadIdx.x; t < n_shared; t += blockDim.x) x_row[pairs + t] = t, w_slot[pairs + t] = 1.f;
   extern __shared__ int cnt[];  // [E]
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
@@ -149,6 +150,7 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int* idx, co
       run += c;
     }
     offsets[E] = run;
+    if (n_shared > 0) offsets[E + 1] = run + n_shared;
   }
   __syncthreads();
   for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
@@ -168,7 +170,8 @@ template <int NE>
 __global__ void __launch_bounds__(kRouteThreads) route_rows_kernel(const float* logits, int ld, int n, int E,
                                                                    int top_k, int* idx, float* w, float* sh_scale,
                                                                    int* offsets, int* x_row, float* w_slot,
-                                                                   int* slot_of, int* tiles, int tok) {
+                                                                   int* slot_of, int* tiles, int tok,
+                                                                   int n_shared) {
   using Scan = cub::BlockScan<int, kRouteThreads>;
   __shared__ typename Scan::TempStorage tmp;
   __shared__ int cnt[kRouteThreads];            // per expert: its pairs, then its next free slot
@@ -177,6 +180,9 @@ __global__ void __launch_bounds__(kRouteThreads) route_rows_kernel(const float* 
   dep_chain();
   const int tid = threadIdx.x, lane = tid & 31;
   cnt[tid] = 0;
+  const int pairs = n * top_k, sh_tiles = (n_shared + tok - 1) / tok;  // the shared expert's tiles come first
+  for (int t = tid; t < n_shared; t += kRouteThreads) x_row[pairs + t] = t, w_slot[pairs + t] = 1.f;
+  for (int j = tid; j < sh_tiles; j += kRouteThreads) tiles[1 + j] = (E << 16) | j;
   for (int t = tid / 32; t < n; t += kRouteThreads / 32) {
     const float* l = logits + static_cast<size_t>(t) * ld;
     int chosen[kSelMaxK];
@@ -194,7 +200,6 @@ __global__ void __launch_bounds__(kRouteThreads) route_rows_kernel(const float* 
     }
   }
   __syncthreads();
-  const int pairs = n * top_k;
   for (int q = tid; q < pairs; q += kRouteThreads) atomicAdd(&cnt[pair_e[q]], 1);
   __syncthreads();
   const int c = cnt[tid];  // (0 past E)
@@ -202,13 +207,14 @@ __global__ void __launch_bounds__(kRouteThreads) route_rows_kernel(const float* 
   Scan(tmp).ExclusiveSum(c, first, total);
   if (tid < E) offsets[tid] = first;
   if (tid == 0) offsets[E] = total;
+  if (tid == 0 && n_shared > 0) offsets[E + 1] = total + n_shared;
   cnt[tid] = first;  // (each thread reads and writes only its own expert's entry until the barrier)
   __syncthreads();   // (tmp is reused; the slot bases are in place)
   const int nt = (c + tok - 1) / tok;
   int tile0, n_tiles;
   Scan(tmp).ExclusiveSum(nt, tile0, n_tiles);
-  for (int j = 0; j < nt; ++j) tiles[1 + tile0 + j] = (tid << 16) | j;
-  if (tid == 0) tiles[0] = n_tiles;
+  for (int j = 0; j < nt; ++j) tiles[1 + sh_tiles + tile0 + j] = (tid << 16) | j;
+  if (tid == 0) tiles[0] = sh_tiles + n_tiles;
   for (int q = tid; q < pairs; q += kRouteThreads) {
     const int a = atomicAdd(&cnt[pair_e[q]], 1);
     x_row[a] = q / top_k;
@@ -282,22 +288,23 @@ void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* 
 }
 
 void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* offsets, int* x_row, float* w_slot,
-               int* slot_of, cudaStream_t s) {
-  LILY_CHECK(n * top_k <= kMoeGroupMaxPairs, "moe_group: ", n * top_k, " pairs (at most ", kMoeGroupMaxPairs, ")");
+               int* slot_of, cudaStream_t s, int n_shared) {
+  LILY_CHECK(n * top_k <= kMoeGroupMaxPairs && n_shared >= 0, "moe_group: ", n * top_k, " pairs (at most ",
+             kMoeGroupMaxPairs, "), ", n_shared, " shared slots");
   launch_pdl(detail::group_kernel, dim3(1), dim3(detail::kGroupThreads), E * sizeof(int), s, idx, w, n * top_k, top_k,
-             E, offsets, x_row, w_slot, slot_of);
+             E, offsets, x_row, w_slot, slot_of, n_shared);
 }
 
 void moe_route_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
                     int* offsets, int* x_row, float* w_slot, int* slot_of, int* tiles, int tile_tokens,
-                    cudaStream_t s) {
+                    cudaStream_t s, int n_shared) {
   LILY_CHECK(top_k >= 1 && top_k <= detail::kSelMaxK && top_k <= E && E <= 512 && ld > E && n >= 1 &&
-                 n <= kMoeRouteMaxRows && n * top_k <= kMoeRouteMaxPairs && tile_tokens >= 1,
+                 n <= kMoeRouteMaxRows && n * top_k <= kMoeRouteMaxPairs && tile_tokens >= 1 && n_shared >= 0,
              "moe_route_rows: ", n, " rows (at most ", kMoeRouteMaxRows, "), top_k ", top_k, " of ", E,
              " experts (at most 512), tiles of ", tile_tokens);
   auto* k = E <= 256 ? detail::route_rows_kernel<8> : detail::route_rows_kernel<16>;
   launch_pdl(k, dim3(1), dim3(detail::kRouteThreads), 0, s, logits, ld, n, E, top_k, idx, w, sh_scale, offsets, x_row,
-             w_slot, slot_of, tiles, tile_tokens);
+             w_slot, slot_of, tiles, tile_tokens, n_shared);
 }
 
 void swiglu_rows(const float* g, const float* u, const float* scale, int n, int F, float* act, cudaStream_t s) {

@@ -109,7 +109,9 @@ void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* of
 // The bound: one tile per matrix that holds a slot (at most min(slots, n_mats)) plus one per full 64 slots; it is
 // the launches' grid, so a few slots (a decode pass) launch few blocks that find no tile.
 inline int gemm_grouped_max_tiles(int slots, int n_mats) { return slots / 64 + (slots < n_mats ? slots : n_mats); }
-void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s, int tile_tokens = 64);
+// last_first: the last matrix's tiles first (the shared expert's, MoeRowsShared: its tiles are the longest).
+void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s, int tile_tokens = 64,
+                        bool last_first = false);
 inline constexpr int kGemmWsTok = 128;  // GemmX::ws's tile
 
 // SwiGLU of two projections of one shape sharing x (gate, up: the MoE's experts), in one launch:
@@ -129,19 +131,20 @@ void moe_select_rows(const float* logits, int ld, int n, int E, int top_k, int* 
 inline constexpr int kMoeGroupMaxPairs = 32768;  // (a prompt chunk of 4,096 tokens x 8 experts)
 // Groups the n * top_k (token, choice) pairs by expert (in no fixed order within an expert): offsets [E + 1],
 // x_row[a] = token of slot a, w_slot[a] = its routing weight, slot_of [n][top_k] = the slot of each pair. One
-// block; n * top_k <= kMoeGroupMaxPairs.
+// block; n * top_k <= kMoeGroupMaxPairs. n_shared > 0: also the shared expert's slots as matrix E (MoeRowsShared),
+// slot n * top_k + t token t's with weight 1 (offsets then [E + 2]).
 void moe_group(const int* idx, const float* w, int n, int top_k, int E, int* offsets, int* x_row, float* w_slot,
-               int* slot_of, cudaStream_t s);
+               int* slot_of, cudaStream_t s, int n_shared = 0);
 // moe_select_rows, moe_group and gemm_grouped_tiles (tiles of tile_tokens slots) in one launch of one block, for
 // a decode pass's few rows: the same idx, w, sh_scale, offsets and tiles, slots in no fixed order within an
 // expert as moe_group's. n <= kMoeRouteMaxRows (a warp a row; more rows than that keep the three launches, whose
 // selection spreads over several SMs: on one SM it is bound by the SM's issue rate, 19 vs 10 us at 64 rows on
-// the H100), E <= 512.
+// the H100), E <= 512. n_shared: as moe_group's, the shared expert's tiles first in the list.
 inline constexpr int kMoeRouteMaxRows = 16;
 inline constexpr int kMoeRouteMaxPairs = 1024;  // (its shared memory)
 void moe_route_rows(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w, float* sh_scale,
                     int* offsets, int* x_row, float* w_slot, int* slot_of, int* tiles, int tile_tokens,
-                    cudaStream_t s);
+                    cudaStream_t s, int n_shared = 0);
 // act[a][f] = scale[a] * silu(g[a][f]) * u[a][f] for a < n (scale null: 1); g, u, act [n][F].
 #ifdef __CUDACC__
 // scale * silu(g) * u in fp32, as swiglu_rows and the paired GEMMs compute it (test_batched: bit for bit).
@@ -180,8 +183,9 @@ void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float 
 // router (acc set): also adds the next MoE block's router sums of every written row (kernels/router_partial.cuh),
 // token t's at router->acc + t * kRouterCopies * (E + 1), as moe_router_sums_rows would; needs gemm_i8_router_ok
 // (the MoE block's input, h += W x, W [kHidden][kI8MaxK]) and n <= kI8RouterMaxTokens, and takes ks = 8.
+// async_stage: x into shared memory by cp.async (else by loads and stores).
 void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s, int ks = 0,
-             const RouterSums* router = nullptr);
+             const RouterSums* router = nullptr, bool async_stage = true);
 bool gemm_i8_router_ok(const GemmBatch& b, const RouterSums& r);
 
 // ---- the routed experts of a decode pass, streamed (kernels/moe_rows.cu) ----
@@ -193,12 +197,23 @@ bool moe_rows_supported(const QMat& gate, const QMat& up, const QMat& down);
 // Bytes of one staged row of width K (2048 or 512); x [n][ldx] fp32 staged row by row into out [n] such rows.
 size_t stream_row_bytes(int K);
 void stream_rows_prep(const float* x, int ldx, int n, int K, void* out, cudaStream_t s);
+// The shared expert in the same two launches as the routed ones: the work list's matrix e (the routing's n_shared
+// slots after the routed ones, moe_route_rows / moe_group) takes these weights, of the routed experts' shape.
+struct MoeRowsShared {
+  int e = -1;
+  const QMat* gate = nullptr;
+  const QMat* up = nullptr;
+  const QMat* down = nullptr;
+};
+bool moe_rows_shared_ok(const QMat& gate, const MoeRowsShared& sh);
 // gemm_grouped_swiglu's contract (offsets, tiles over them, max_tiles, x_row, scale, act) with x staged at width 2048.
+// async_stage: the slots' x into shared memory by cp.async (else by loads and stores).
 void moe_rows_swiglu(const QMat& gate, const QMat& up, const void* x, const int* x_row, const int* offsets,
-                     const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s);
+                     const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s,
+                     bool async_stage = true, const MoeRowsShared* shared = nullptr);
 // gemm_grouped's contract (x_row null: slot a reads staged row a) over act staged at width 512.
 void moe_rows_down(const QMat& down, const void* act, const int* offsets, const int* tiles, int max_tiles, float* y,
-                   int ldy, cudaStream_t s);
+                   int ldy, cudaStream_t s, bool async_stage = true, const MoeRowsShared* shared = nullptr);
 
 // ---- the MoE block of a decode pass of a few one-token rows in one launch (kernels/moe_fused_rows.cu) ----
 // For every row r < n: h[r] += MoE(RMSNorm(h[r]) * norm_w), each row's bits those of moe_block's one-launch kernel

@@ -415,14 +415,16 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_q4_wgmma_kernel(GemmArgs
 // One block: per matrix the number of its tiles of `tok` slots, an exclusive scan over the matrices (in rounds of
 // kTileThreads), each matrix's tiles written at its place.
 constexpr int kTileThreads = 256;
-__global__ void __launch_bounds__(kTileThreads) tiles_kernel(const int* offsets, int n_mats, int* tiles, int tok) {
+__global__ void __launch_bounds__(kTileThreads) tiles_kernel(const int* offsets, int n_mats, int* tiles, int tok,
+                                                              bool last_first) {
   using Scan = cub::BlockScan<int, kTileThreads>;
   __shared__ typename Scan::TempStorage tmp;
   dep_chain();
   int base = 0;
   for (int e0 = 0; e0 < n_mats; e0 += kTileThreads) {
-    const int e = e0 + static_cast<int>(threadIdx.x);
-    const int n = e < n_mats ? (offsets[e + 1] - offsets[e] + tok - 1) / tok : 0;
+    const int i = e0 + static_cast<int>(threadIdx.x);
+    const int e = last_first ? (i + n_mats - 1) % n_mats : i;
+    const int n = i < n_mats ? (offsets[e + 1] - offsets[e] + tok - 1) / tok : 0;
     int first, total;
     Scan(tmp).ExclusiveSum(n, first, total);
     for (int j = 0; j < n; ++j) tiles[1 + base + first + j] = (e << 16) | j;
@@ -592,11 +594,12 @@ void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* of
   detail::run(W.format, a, max_tiles, 1, s, false, max_per_mat);
 }
 
-void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s, int tile_tokens) {
+void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s, int tile_tokens, bool last_first) {
   LILY_CHECK(n_mats >= 1 && n_mats <= 32767, "gemm_grouped_tiles: ", n_mats, " matrices (1..32767)");
   LILY_CHECK(tile_tokens == detail::kGemmTok || tile_tokens == kGemmWsTok, "gemm_grouped_tiles: tiles of ",
              tile_tokens, " slots (", detail::kGemmTok, " or ", kGemmWsTok, ")");
-  launch_pdl(detail::tiles_kernel, dim3(1), dim3(detail::kTileThreads), 0, s, offsets, n_mats, tiles, tile_tokens);
+  launch_pdl(detail::tiles_kernel, dim3(1), dim3(detail::kTileThreads), 0, s, offsets, n_mats, tiles, tile_tokens,
+             last_first);
 }
 
 }  // namespace lily::cuda

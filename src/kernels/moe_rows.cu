@@ -10,6 +10,7 @@
 #include "kernels/batched.h"
 #include "kernels/common.cuh"
 #include "kernels/gemv_stream.cuh"
+#include "kernels/mma.cuh"
 
 namespace lily::cuda {
 namespace detail {
@@ -30,25 +31,42 @@ static_assert(sizeof(XH) % 16 == 0 && sizeof(XF) % 16 == 0, "staged rows are cop
 struct Work {
   int e = 0, s0 = 0, s1 = 0;
 };
-__device__ __forceinline__ bool tile_work(const int* tiles, const int* offsets, Work& w) {
-  if (static_cast<int>(blockIdx.y) >= tiles[0]) return false;
-  const int t = tiles[1 + blockIdx.y];
+__device__ __forceinline__ bool tile_work(const int* tiles, const int* offsets, int tile, Work& w) {
+  if (tile >= tiles[0]) return false;
+  const int t = tiles[1 + tile];
   w.e = t >> 16;
   w.s0 = offsets[w.e] + 64 * (t & 0xffff);
   w.s1 = min(offsets[w.e + 1], w.s0 + 64);
   return w.s1 > w.s0;
 }
 
-// Copies n staged rows (slot s0 + j reads row x_row[s0 + j], or its own row when x_row is null) into dst; ends with
-// a barrier.
-template <typename Row>
-__device__ __forceinline__ void stage_slots(Row* dst, const Row* src, const int* x_row, int s0, int n) {
+// Copies n <= NMAX staged rows (slot s0 + j reads row x_row[s0 + j], or its own row when x_row is null) into dst;
+// ends with a barrier. async: the rows' indices through shared memory, then every piece by cp.async, so the copy
+// costs two L2 round trips instead of one per piece a thread copies.
+template <int NMAX, typename Row>
+__device__ __forceinline__ void stage_slots(Row* dst, const Row* src, const int* x_row, int s0, int n, bool async) {
   constexpr int W = sizeof(Row) / 16;
+  if (!async) {
+    for (int i = threadIdx.x; i < n * W; i += kThreads) {
+      const int j = i / W, q = i % W;
+      const int row = x_row ? x_row[s0 + j] : s0 + j;
+      reinterpret_cast<uint4*>(dst + j)[q] = reinterpret_cast<const uint4*>(src + row)[q];
+    }
+    __syncthreads();
+    return;
+  }
+  __shared__ int rows[NMAX];
+  if (x_row) {
+    if (threadIdx.x < n) rows[threadIdx.x] = x_row[s0 + threadIdx.x];
+    __syncthreads();
+  }
   for (int i = threadIdx.x; i < n * W; i += kThreads) {
     const int j = i / W, q = i % W;
-    const int row = x_row ? x_row[s0 + j] : s0 + j;
-    reinterpret_cast<uint4*>(dst + j)[q] = reinterpret_cast<const uint4*>(src + row)[q];
+    const int row = x_row ? rows[j] : s0 + j;
+    mma::cp16(reinterpret_cast<uint4*>(dst + j) + q, reinterpret_cast<const uint4*>(src + row) + q);
   }
+  mma::commit();
+  mma::wait<0>();
   __syncthreads();
 }
 
@@ -60,6 +78,10 @@ struct UpArgs {
   const int* offsets; const int* tiles;
   const float* scale;                                // [slots] or null
   float* act; int ldact;
+  bool async_stage;
+  // the shared expert: the work list's matrix e_shared (-1: none) is gate / up [rows][H] here
+  int e_shared;
+  const uint8_t* sgw; const uint32_t* sgsb; const uint8_t* suw; const uint32_t* susb;
 };
 
 // Block (bx, tile): rows [16 bx, 16 bx + 16) of the tile's expert, 2 (gate, up) pairs per warp.
@@ -69,18 +91,23 @@ __global__ void __launch_bounds__(kThreads) up_kernel(UpArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   XH* xs = reinterpret_cast<XH*>(smem);
   Work wk;
-  if (!tile_work(a.tiles, a.offsets, wk)) return;
+  if (!tile_work(a.tiles, a.offsets, blockIdx.y, wk)) return;
   const int lane = threadIdx.x & 31;
   const int r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * R;
+  const bool shared = wk.e == a.e_shared;
+  const uint8_t* gw = shared ? a.sgw : a.gw + wk.e * a.mat_w_bytes;
+  const uint8_t* uw = shared ? a.suw : a.uw + wk.e * a.mat_w_bytes;
+  const uint32_t* gsb = shared ? a.sgsb : a.gsb + wk.e * a.mat_groups;
+  const uint32_t* usb = shared ? a.susb : a.usb + wk.e * a.mat_groups;
   const uint8_t* w[2 * R];
   const uint32_t* sb[2 * R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {  // rows past the end load the last one and are not stored
     const size_t row = static_cast<size_t>(min(r0 + r, a.rows - 1));
-    w[2 * r] = a.gw + wk.e * a.mat_w_bytes + row * (kH / 2);
-    w[2 * r + 1] = a.uw + wk.e * a.mat_w_bytes + row * (kH / 2);
-    sb[2 * r] = a.gsb + wk.e * a.mat_groups + row * (kH / kGroupSize);
-    sb[2 * r + 1] = a.usb + wk.e * a.mat_groups + row * (kH / kGroupSize);
+    w[2 * r] = gw + row * (kH / 2);
+    w[2 * r + 1] = uw + row * (kH / 2);
+    sb[2 * r] = gsb + row * (kH / kGroupSize);
+    sb[2 * r + 1] = usb + row * (kH / kGroupSize);
   }
   uint4 wv[2 * R][nc];
   uint32_t sv[2 * R][nc];
@@ -88,7 +115,7 @@ __global__ void __launch_bounds__(kThreads) up_kernel(UpArgs a) {
   for (int s = wk.s0; s < wk.s1; s += kUpRound) {
     const int m = min(kUpRound, wk.s1 - s);
     if (s > wk.s0) __syncthreads();  // everyone is done with the last round's x
-    stage_slots(xs, a.x, a.x_row, s, m);
+    stage_slots<kUpRound>(xs, a.x, a.x_row, s, m, a.async_stage);
     for (int j = 0; j < m; ++j) {
       float acc[2 * R];
       stream_dots<kH, 2 * R>(xs[j], wv, sv, acc);
@@ -110,6 +137,9 @@ struct DownArgs {
   const XF* x;                           // staged act rows, one per slot
   const int* offsets; const int* tiles;
   float* y; int ldy;
+  bool async_stage;
+  int e_shared;                          // the work list's matrix that is the shared expert's down (-1: none)
+  const uint8_t* sw; const uint32_t* ssb;
 };
 
 // Block (bx, tile): rows [128 bx, 128 bx + 128) of the tile's expert. A half warp takes a row (lane c of it chunk c
@@ -121,22 +151,25 @@ __global__ void __launch_bounds__(kThreads, 3) down_kernel(DownArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   XF* xs = reinterpret_cast<XF*>(smem);
   Work wk;
-  if (!tile_work(a.tiles, a.offsets, wk)) return;
+  if (!tile_work(a.tiles, a.offsets, blockIdx.y, wk)) return;
   const int lane = threadIdx.x & 31, half = lane >> 4, ch = lane & 15;
   const int r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * 2 * P;
+  const bool shared = wk.e == a.e_shared;
+  const uint8_t* w = shared ? a.sw : a.w + wk.e * a.mat_w_bytes;
+  const uint32_t* sbp = shared ? a.ssb : a.sb + wk.e * a.mat_groups;
   uint4 wv[P];
   uint32_t sv[P];
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     const size_t row = static_cast<size_t>(min(r0 + 2 * p + half, a.rows - 1));
-    wv[p] = ld_stream(a.w + wk.e * a.mat_w_bytes + row * (kF / 2) + ch * 16);
-    sv[p] = ld_stream_u32(a.sb + wk.e * a.mat_groups + row * (kF / kGroupSize) + ch / 2);
+    wv[p] = ld_stream(w + row * (kF / 2) + ch * 16);
+    sv[p] = ld_stream_u32(sbp + row * (kF / kGroupSize) + ch / 2);
   }
   const int my_row = r0 + 2 * ch + half;  // lanes ch < P store row r0 + 2 ch + half: 16 consecutive floats
   for (int s = wk.s0; s < wk.s1; s += kDownRound) {
     const int m = min(kDownRound, wk.s1 - s);
     if (s > wk.s0) __syncthreads();
-    stage_slots(xs, a.x, nullptr, s, m);
+    stage_slots<kDownRound>(xs, a.x, nullptr, s, m, a.async_stage);
     for (int j = 0; j < m; ++j) {
       const XF& x = xs[j];
       uint4 xq[4];
@@ -192,29 +225,46 @@ void stream_rows_prep(const float* x, int ldx, int n, int K, void* out, cudaStre
 }
 
 void moe_rows_swiglu(const QMat& gate, const QMat& up, const void* x, const int* x_row, const int* offsets,
-                     const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s) {
+                     const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s,
+                     bool async_stage, const MoeRowsShared* shared) {
   LILY_CHECK(gate.format == QFormat::q4 && up.format == QFormat::q4 && gate.cols == kHidden && up.cols == kHidden &&
                  gate.rows == up.rows && gate.n_mats == up.n_mats,
              "moe_rows_swiglu: gate / up must be q4 [rows, 2048] stacks of one shape");
+  LILY_CHECK(!shared || moe_rows_shared_ok(gate, *shared), "moe_rows_swiglu: the shared expert must be q4 of the "
+             "routed experts' shape");
   if (max_tiles <= 0) return;
   using namespace detail;
-  const UpArgs a{gate.w, gate.sb, up.w, up.sb, gate.mat_w_bytes(), gate.mat_groups(), gate.rows,
-                 static_cast<const XH*>(x), x_row, offsets, tiles, scale, act, ldact};
+  UpArgs a{gate.w, gate.sb, up.w, up.sb, gate.mat_w_bytes(), gate.mat_groups(), gate.rows,
+           static_cast<const XH*>(x), x_row, offsets, tiles, scale, act, ldact, async_stage, -1};
+  if (shared) a.e_shared = shared->e, a.sgw = shared->gate->w, a.sgsb = shared->gate->sb, a.suw = shared->up->w,
+              a.susb = shared->up->sb;
   const int per_block = kWarps * kUpPairs;
   const dim3 grid((gate.rows + per_block - 1) / per_block, max_tiles);
   launch_pdl(up_kernel, grid, dim3(kThreads), kUpRound * sizeof(XH), s, a);
 }
 
 void moe_rows_down(const QMat& down, const void* act, const int* offsets, const int* tiles, int max_tiles, float* y,
-                   int ldy, cudaStream_t s) {
+                   int ldy, cudaStream_t s, bool async_stage, const MoeRowsShared* shared) {
   LILY_CHECK(down.format == QFormat::q4 && down.cols == kMoeFfn, "moe_rows_down: down must be a q4 [rows, 512] stack");
+  LILY_CHECK(!shared || (shared->down && shared->down->format == QFormat::q4 && shared->down->rows == down.rows &&
+                         shared->down->cols == down.cols && shared->down->n_mats == 1),
+             "moe_rows_down: the shared expert's down must be one q4 matrix of the routed experts' shape");
   if (max_tiles <= 0) return;
   using namespace detail;
-  const DownArgs a{down.w, down.sb, down.mat_w_bytes(), down.mat_groups(), down.rows, static_cast<const XF*>(act),
-                   offsets, tiles, y, ldy};
+  DownArgs a{down.w, down.sb, down.mat_w_bytes(), down.mat_groups(), down.rows, static_cast<const XF*>(act),
+             offsets, tiles, y, ldy, async_stage, -1};
+  if (shared) a.e_shared = shared->e, a.sw = shared->down->w, a.ssb = shared->down->sb;
   const int per_block = kWarps * 2 * kDownPairs;
   const dim3 grid((down.rows + per_block - 1) / per_block, max_tiles);
   launch_pdl(down_kernel, grid, dim3(kThreads), kDownRound * sizeof(XF), s, a);
+}
+
+bool moe_rows_shared_ok(const QMat& gate, const MoeRowsShared& sh) {
+  auto one = [&](const QMat* m, int rows, int cols) {
+    return m && m->format == QFormat::q4 && m->w && m->sb && m->n_mats == 1 && m->rows == rows && m->cols == cols;
+  };
+  return sh.e >= 0 && one(sh.gate, gate.rows, gate.cols) && one(sh.up, gate.rows, gate.cols) &&
+         one(sh.down, gate.cols, gate.rows);
 }
 
 }  // namespace lily::cuda

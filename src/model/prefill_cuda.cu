@@ -134,13 +134,13 @@ void CudaEngine::prefill_alloc() {
   b->idx = device_alloc<int>((size_t)n * k);
   b->w = device_alloc<float>((size_t)n * k);
   b->sh = device_alloc<float>(n);
-  b->offsets = device_alloc<int>(c.n_experts + 1);
-  b->tiles = device_alloc<int>(1 + gemm_grouped_max_tiles(n * k, c.n_experts));
-  b->x_row = device_alloc<int>((size_t)n * k);
-  b->w_slot = device_alloc<float>((size_t)n * k);
+  b->offsets = device_alloc<int>(c.n_experts + 2);  // (+ 1: the shared expert's slots, MoeRowsShared)
+  b->tiles = device_alloc<int>(1 + gemm_grouped_max_tiles(n * k, c.n_experts) + (n + 63) / 64);
+  b->x_row = device_alloc<int>((size_t)n * (k + 1));
+  b->w_slot = device_alloc<float>((size_t)n * (k + 1));
   b->slot_of = device_alloc<int>((size_t)n * k);
   b->act = device_alloc<float>((size_t)n * (k + 1) * F);
-  b->yd = device_alloc<float>((size_t)n * k * std::max(H, 2 * F));  // (2 F: the unpaired gate / up scratch)
+  b->yd = device_alloc<float>((size_t)n * (k + 1) * std::max(H, 2 * F));  // (2 F: the unpaired gate / up scratch)
   b->ysh = device_alloc<float>((size_t)n * H);
   const int in_w = opts_.gemm_i8_in_rows > 0 && H <= kI8MaxK ? H : 0;  // (project_i8 checks each projection)
   const int out_w = opts_.gemm_i8_out_rows > 0 && mix <= kI8MaxK ? mix : 0;
@@ -151,7 +151,8 @@ void CudaEngine::prefill_alloc() {
   for (const LayerDev& l : w_.layers) fused_rows = fused_rows && moe_fused_rows_supported(l.moe, c.top_k);
   if (fused_rows) b->mfr = moe_fused_rows_alloc(c.n_experts);
   if (moe_rows_ok()) {
-    b->srows = device_alloc<uint8_t>(std::max(nr * stream_row_bytes(H), (size_t)nr * k * stream_row_bytes(c.moe_ffn)));
+    b->srows =
+        device_alloc<uint8_t>(std::max(nr * stream_row_bytes(H), (size_t)nr * (k + 1) * stream_row_bytes(c.moe_ffn)));
     int lo = 0, hi = 0;  // (the side stream's blocks first: its short branch then ends before the routed launches)
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     CUDA_CHECK(cudaStreamCreateWithPriority(&b->side, cudaStreamNonBlocking, hi));
@@ -403,7 +404,7 @@ bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float*
     sums = gemm_i8_router_ok(gb, router);
   }
   pmark(family, flops + (sums ? n * flops_.router : 0.0));  // (the router's products, added here)
-  gemm_i8(gb, b.i8x, n, accumulate, stream_, 0, sums ? &router : nullptr);
+  gemm_i8(gb, b.i8x, n, accumulate, stream_, 0, sums ? &router : nullptr, opts_.stage_async);
   b.sums_added = sums;
   return true;
 }
@@ -555,9 +556,13 @@ void CudaEngine::prefill_moe(int layer, int n) {
   } else {
     project({{&m.gate, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
   }
-  // a decode pass that streams its routed experts: the shared expert on the side stream from here (the routed
-  // launches read the staged rows, not x; the shared GEMMs' are small, and hide under theirs)
-  const bool side = b.moe_rows && b.side && !prof_ && m.shared_gate.format == m.shared_up.format;
+  // a decode pass that streams its routed experts takes the shared expert in their launches where it has their
+  // shape (matrix E of the work list), else runs it on the side stream from here (the routed launches read the
+  // staged rows, not x; the shared GEMMs' are small, and hide under theirs)
+  const MoeRowsShared fold{E, &m.shared_gate, &m.shared_up, &m.shared_down};
+  const bool folded = b.moe_rows && opts_.moe_shared_fold && moe_rows_shared_ok(m.experts_gate, fold);
+  const int n_sh = folded ? n : 0;
+  const bool side = b.moe_rows && !folded && b.side && !prof_ && m.shared_gate.format == m.shared_up.format;
   if (side) {
     CUDA_CHECK(cudaEventRecord(b.fork_ev, stream_));
     CUDA_CHECK(cudaStreamWaitEvent(b.side, b.fork_ev, 0));
@@ -574,23 +579,24 @@ void CudaEngine::prefill_moe(int layer, int n) {
           m.experts_down.format == QFormat::q4;
   if (b.moe_rows && n <= kMoeRouteMaxRows) {  // (selection, grouping and work list in one launch)
     moe_route_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, b.offsets, b.x_row, b.w_slot, b.slot_of, b.tiles, 64,
-                   stream_);
+                   stream_, n_sh);
   } else {
     moe_select_rows(b.logits, E + 1, n, E, k, b.idx, b.w, b.sh, stream_);
-    moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_);
-    gemm_grouped_tiles(b.offsets, E, b.tiles, stream_, xe.ws ? kGemmWsTok : 64);
+    moe_group(b.idx, b.w, n, k, E, b.offsets, b.x_row, b.w_slot, b.slot_of, stream_, n_sh);
+    gemm_grouped_tiles(b.offsets, E + (folded ? 1 : 0), b.tiles, stream_, xe.ws ? kGemmWsTok : 64, folded);
   }
-  const int max_tiles = gemm_grouped_max_tiles(n * k, E);
+  const int max_tiles = gemm_grouped_max_tiles(n * k, E) + (n_sh + 63) / 64;
   // the shared expert first: its GEMMs read x before the routed experts' down projection reuses the buffer
-  if (!side) shared_gate_up(layer, xh, n, stream_);
-  // routed experts: each token's rows go to its 8 experts' slots (x_row), weighted by the routing weight
+  if (!side && !folded) shared_gate_up(layer, xh, n, stream_);
+  // routed experts: each token's rows go to its 8 experts' slots (x_row), weighted by the routing weight (folded:
+  // the shared expert's n slots after them)
   float* g = b.yd;
   float* u = b.yd + (size_t)n * k * std::max(F, Fs);
-  float* act = b.act + (size_t)n * Fs;
-  pmark("gemm_experts_gate_up", n * k * flops_.expert_gate_up);
+  float* act = folded ? b.act : b.act + (size_t)n * Fs;
+  pmark("gemm_experts_gate_up", (n * k + n_sh) * flops_.expert_gate_up);
   if (b.moe_rows) {
     moe_rows_swiglu(m.experts_gate, m.experts_up, b.srows, b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act, F,
-                    stream_);
+                    stream_, opts_.stage_async, folded ? &fold : nullptr);
   } else if (m.experts_gate.format == m.experts_up.format) {
     gemm_grouped_swiglu(m.experts_gate, m.experts_up, xe, b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act, F,
                         stream_, n);
@@ -599,12 +605,13 @@ void CudaEngine::prefill_moe(int layer, int n) {
     gemm_grouped(m.experts_up, xe, b.x_row, b.offsets, b.tiles, max_tiles, u, F, stream_, n);
     swiglu_rows(g, u, b.w_slot, n * k, F, act, stream_);
   }
-  if (!side) shared_down(layer, n, stream_);
+  if (!side && !folded) shared_down(layer, n, stream_);
   pmark("norm");
   if (b.moe_rows) {
-    stream_rows_prep(act, F, n * k, F, b.srows, stream_);
-    pmark("gemm_experts_down", n * k * flops_.expert_down);
-    moe_rows_down(m.experts_down, b.srows, b.offsets, b.tiles, max_tiles, b.yd, H, stream_);
+    stream_rows_prep(act, F, n * k + n_sh, F, b.srows, stream_);
+    pmark("gemm_experts_down", (n * k + n_sh) * flops_.expert_down);
+    moe_rows_down(m.experts_down, b.srows, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, opts_.stage_async,
+                  folded ? &fold : nullptr);
   } else {
     FamilyX xr = family_x(F, {&m.experts_down}, "experts_down");
     gemm_x_prep(act, F, n * k, nullptr, 0.f, xr.buf, nullptr, stream_);
@@ -614,7 +621,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   }
   if (side) CUDA_CHECK(cudaStreamWaitEvent(stream_, b.join_ev, 0));
   pmark("combine");
-  moe_combine(b.yd, b.slot_of, k, b.ysh, b.sh, n, H, b.h, stream_);
+  moe_combine(b.yd, b.slot_of, k, folded ? b.yd + (size_t)n * k * H : b.ysh, b.sh, n, H, b.h, stream_);
 }
 
 // The shared expert's SwiGLU of the normed rows xh into act[0, n * Fs): gate and up in one launch where their

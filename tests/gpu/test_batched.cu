@@ -659,11 +659,13 @@ TEST(MoeRows, GroupPairsByExpert) {
 // moe_route_rows against moe_select_rows + moe_group + gemm_grouped_tiles on the same logits (ties, an all-equal
 // row, NaNs as run_select's): idx, w, sh_scale, offsets and the work list equal bit for bit; every pair in a slot
 // of its expert holding its token and weight, slot_of a permutation.
-void run_route(int n, int E, int top_k, int tok, uint64_t seed) {
+void run_route(int n, int E, int top_k, int tok, uint64_t seed, int n_shared = 0) {
   const std::string name = "moe_route_rows n " + std::to_string(n) + " E " + std::to_string(E) + " top_k " +
-                           std::to_string(top_k) + " tiles of " + std::to_string(tok);
+                           std::to_string(top_k) + " tiles of " + std::to_string(tok) + " shared " +
+                           std::to_string(n_shared);
   std::mt19937_64 rng(seed);
-  const int ld = E + 1, P = n * top_k, T = 1 + gemm_grouped_max_tiles(P, E);
+  const int ld = E + 1, P = n * top_k, S = P + n_shared;
+  const int T = 1 + gemm_grouped_max_tiles(P, E) + (n_shared + tok - 1) / tok;
   std::vector<float> logits = random_vec(rng, static_cast<size_t>(n) * ld, -4.f, 4.f);
   for (int e = 0; e < E && n > 7; ++e) logits[7 * ld + e] = 0.25f;
   for (int e = 0; e < E && n > 5; e += 3) logits[5 * ld + e] = NAN;
@@ -674,22 +676,23 @@ void run_route(int n, int E, int top_k, int tok, uint64_t seed) {
     std::vector<float> w, sh, w_slot;
   };
   auto run = [&](bool fused) {
-    DevBuf<int> didx(P), doff(E + 1), drow(P), dslot(P), dtiles(T);
-    DevBuf<float> dw(P), dsh(n), dws(P);
+    DevBuf<int> didx(P), doff(E + 2), drow(S), dslot(P), dtiles(T);
+    DevBuf<float> dw(P), dsh(n), dws(S);
     for (auto* b : {&didx, &doff, &drow, &dslot, &dtiles}) b->poison();
     for (auto* b : {&dw, &dsh, &dws}) b->poison();
     if (fused) {
       moe_route_rows(dl.p, ld, n, E, top_k, didx.p, dw.p, dsh.p, doff.p, drow.p, dws.p, dslot.p, dtiles.p, tok,
-                     nullptr);
+                     nullptr, n_shared);
     } else {
       moe_select_rows(dl.p, ld, n, E, top_k, didx.p, dw.p, dsh.p, nullptr);
-      moe_group(didx.p, dw.p, n, top_k, E, doff.p, drow.p, dws.p, dslot.p, nullptr);
-      gemm_grouped_tiles(doff.p, E, dtiles.p, nullptr, tok);
+      moe_group(didx.p, dw.p, n, top_k, E, doff.p, drow.p, dws.p, dslot.p, nullptr, n_shared);
+      gemm_grouped_tiles(doff.p, E + (n_shared > 0), dtiles.p, nullptr, tok, n_shared > 0);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
     Out o{didx.download(), doff.download(), drow.download(), dslot.download(), dtiles.download(),
           dw.download(), dsh.download(), dws.download()};
     o.tiles.resize(1 + std::max(0, o.tiles[0]));
+    o.off.resize(E + 1 + (n_shared > 0));
     return o;
   };
   const Out ref = run(false), got = run(true);
@@ -708,6 +711,13 @@ void run_route(int n, int E, int top_k, int tok, uint64_t seed) {
   }
   EXPECT_EQ(bad, 0u) << name;
   EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), P) << name << ": slot_of is not a permutation";
+  if (n_shared > 0) {  // the shared expert: matrix E, its slots after the pairs, token t's weight 1; its tile first
+    EXPECT_EQ(got.off[E + 1], got.off[E] + n_shared) << name << ": shared slots";
+    for (int t = 0; t < n_shared; ++t)
+      EXPECT_TRUE(got.x_row[P + t] == t && got.w_slot[P + t] == 1.f) << name << ": shared slot " << t;
+    ASSERT_GE(got.tiles.size(), 2u);
+    EXPECT_EQ(got.tiles[1], E << 16) << name << ": the shared expert's tile first";
+  }
 }
 
 TEST(MoeRows, RouteRowsEqualsSelectGroupTiles) {
@@ -717,6 +727,8 @@ TEST(MoeRows, RouteRowsEqualsSelectGroupTiles) {
   run_route(13, 10, 3, 64, 8003);
   run_route(11, 300, 8, 64, 8004);  // (more than 256 experts: 16 per lane)
   run_route(1, 256, 8, 64, 8005);
+  run_route(kMoeRouteMaxRows, 256, 8, 64, 8006, kMoeRouteMaxRows);  // (the shared expert as matrix E)
+  run_route(9, 300, 8, 64, 8007, 9);
   EXPECT_THROW(moe_route_rows(nullptr, 257, kMoeRouteMaxRows + 1, 256, 8, nullptr, nullptr, nullptr, nullptr, nullptr,
                               nullptr, nullptr, nullptr, 64, nullptr),
                std::exception);

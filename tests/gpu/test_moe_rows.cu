@@ -2,7 +2,8 @@
 // 16-bit fixed point of kernel_test_util.h (stream_x), bit for bit; gate|up with SwiGLU and down against a CPU
 // reference on x~ (the decode GEMVs' rule: 2x a sequential fp32 reference's error) with experts of 0, 1, a few,
 // more than one round of staged slots and more than one 64-slot tile, rows off the blocks' row counts, gathered
-// token rows; and a slot's bits the same when every expert keeps only its first slot.
+// token rows; a slot's bits the same when every expert keeps only its first slot; the shared expert as one more
+// matrix of the work list.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -120,13 +121,14 @@ struct Tiles {
 };
 
 std::vector<float> run_swiglu(const DevMat& gate, const DevMat& up, const DevBuf<uint8_t>& xs, const Grouping& g,
-                              const std::vector<float>& scale, int rows) {
+                              const std::vector<float>& scale, int rows, const MoeRowsShared* sh = nullptr) {
   const int E = gate.m.n_mats;
   Tiles t(g, E);
   DevBuf<int> drow(g.x_row);
   DevBuf<float> dsc(scale), act(static_cast<size_t>(g.S) * (rows + 5));
   act.poison();
-  moe_rows_swiglu(gate.m, up.m, xs.p, drow.p, t.off.p, t.tiles.p, t.max_tiles, dsc.p, act.p, rows + 5, nullptr);
+  moe_rows_swiglu(gate.m, up.m, xs.p, drow.p, t.off.p, t.tiles.p, t.max_tiles, dsc.p, act.p, rows + 5, nullptr, true,
+                  sh);
   CUDA_CHECK(cudaDeviceSynchronize());
   return act.download();
 }
@@ -181,11 +183,12 @@ TEST(StreamedExperts, SwigluMatchesTheReference) {
   }
 }
 
-std::vector<float> run_down(const DevMat& down, const DevBuf<uint8_t>& acts, const Grouping& g, int rows) {
+std::vector<float> run_down(const DevMat& down, const DevBuf<uint8_t>& acts, const Grouping& g, int rows,
+                            const MoeRowsShared* sh = nullptr) {
   Tiles t(g, down.m.n_mats);
   DevBuf<float> y(static_cast<size_t>(g.S) * (rows + 3));
   y.poison();
-  moe_rows_down(down.m, acts.p, t.off.p, t.tiles.p, t.max_tiles, y.p, rows + 3, nullptr);
+  moe_rows_down(down.m, acts.p, t.off.p, t.tiles.p, t.max_tiles, y.p, rows + 3, nullptr, true, sh);
   CUDA_CHECK(cudaDeviceSynchronize());
   return y.download();
 }
@@ -232,6 +235,59 @@ TEST(StreamedExperts, DownMatchesTheReference) {
                             sizeof(float) * rows) != 0;
     EXPECT_EQ(differ, 0u) << "slots whose values changed with the other slots of their expert";
   }
+}
+
+// Matrix e of a stack as a one-matrix HostMat, and the stack with matrix e drawn again.
+HostMat slice(const HostMat& h, int e) {
+  HostMat m = h;
+  m.n = 1;
+  const size_t w = h.words.size() / h.n, g = h.scales.size() / h.n;
+  m.words.assign(h.words.begin() + e * w, h.words.begin() + (e + 1) * w);
+  m.scales.assign(h.scales.begin() + e * g, h.scales.begin() + (e + 1) * g);
+  m.biases.assign(h.biases.begin() + e * g, h.biases.begin() + (e + 1) * g);
+  return m;
+}
+HostMat redrawn(const HostMat& h, int e, std::mt19937_64& rng) {
+  HostMat m = h;
+  const HostMat r = random_mat(rng, h.fmt, 1, h.rows, h.cols);
+  std::copy(r.words.begin(), r.words.end(), m.words.begin() + e * r.words.size());
+  std::copy(r.scales.begin(), r.scales.end(), m.scales.begin() + e * r.scales.size());
+  std::copy(r.biases.begin(), r.biases.end(), m.biases.begin() + e * r.biases.size());
+  return m;
+}
+
+// The shared expert as matrix e of the work list (MoeRowsShared): its slots (more than a round of staged slots)
+// take its own weights, bit for bit what the same weights give at index e of the stack, whatever the stack holds
+// there; the other experts' slots are unchanged.
+TEST(StreamedExperts, SharedExpertTakesItsOwnWeights) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(8500);
+  std::vector<int> counts = kSlots;
+  counts.back() = 20;
+  const int E = static_cast<int>(counts.size()), e = E - 1, H = 2048, F = 512, X = 80;
+  const HostMat hg = random_mat(rng, QFormat::q4, E, F, H), hu = random_mat(rng, QFormat::q4, E, F, H);
+  const HostMat hd = random_mat(rng, QFormat::q4, E, H, F);
+  DevMat gate(hg), up(hu), down(hd), gate2(redrawn(hg, e, rng)), up2(redrawn(hu, e, rng)), down2(redrawn(hd, e, rng));
+  DevMat sg(slice(hg, e)), su(slice(hu, e)), sd(slice(hd, e));
+  const MoeRowsShared sh{e, &sg.m, &su.m, &sd.m};
+  const std::vector<float> x = random_x(rng, X, H);
+  DevBuf<uint8_t> xs(X * stream_row_bytes(H));
+  stage(x, X, H, H, xs);
+  const Grouping g = grouping(counts, X, rng);
+  const std::vector<float> scale = random_vec(rng, g.S, 0.05f, 1.f);
+  // (byte compares: the rows' padding holds NaN poison)
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
+  };
+  const std::vector<float> want = run_swiglu(gate, up, xs, g, scale, F);
+  EXPECT_TRUE(same(run_swiglu(gate2, up2, xs, g, scale, F, &sh), want)) << "gate|up: the shared expert's slots";
+  EXPECT_FALSE(same(run_swiglu(gate2, up2, xs, g, scale, F), want)) << "gate|up: the redrawn matrix changes nothing";
+  const std::vector<float> act = random_x(rng, g.S, F);
+  DevBuf<uint8_t> acts(g.S * stream_row_bytes(F));
+  stage(act, g.S, F, F, acts);
+  const std::vector<float> want_y = run_down(down, acts, g, H);
+  EXPECT_TRUE(same(run_down(down2, acts, g, H, &sh), want_y)) << "down: the shared expert's slots";
+  EXPECT_FALSE(same(run_down(down2, acts, g, H), want_y)) << "down: the redrawn matrix changes nothing";
 }
 
 TEST(StreamedExperts, SupportsTheRealShapesOnly) {
