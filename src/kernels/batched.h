@@ -109,7 +109,7 @@ void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* of
 // The bound: one tile per matrix that holds a slot (at most min(slots, n_mats)) plus one per full 64 slots; it is
 // the launches' grid, so a few slots (a decode pass) launch few blocks that find no tile.
 inline int gemm_grouped_max_tiles(int slots, int n_mats) { return slots / 64 + (slots < n_mats ? slots : n_mats); }
-// last_first: the last matrix's tiles first (the shared expert's, MoeRowsShared: its tiles are the longest).
+// last_first: the last matrix's tiles first (the shared expert's, MoeRowsShared: every token's slot is in them).
 void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s, int tile_tokens = 64,
                         bool last_first = false);
 inline constexpr int kGemmWsTok = 128;  // GemmX::ws's tile
@@ -183,9 +183,8 @@ void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float 
 // router (acc set): also adds the next MoE block's router sums of every written row (kernels/router_partial.cuh),
 // token t's at router->acc + t * kRouterCopies * (E + 1), as moe_router_sums_rows would; needs gemm_i8_router_ok
 // (the MoE block's input, h += W x, W [kHidden][kI8MaxK]) and n <= kI8RouterMaxTokens, and takes ks = 8.
-// async_stage: x into shared memory by cp.async (else by loads and stores).
 void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s, int ks = 0,
-             const RouterSums* router = nullptr, bool async_stage = true);
+             const RouterSums* router = nullptr);
 bool gemm_i8_router_ok(const GemmBatch& b, const RouterSums& r);
 
 // ---- the routed experts of a decode pass, streamed (kernels/moe_rows.cu) ----
@@ -198,7 +197,8 @@ bool moe_rows_supported(const QMat& gate, const QMat& up, const QMat& down);
 size_t stream_row_bytes(int K);
 void stream_rows_prep(const float* x, int ldx, int n, int K, void* out, cudaStream_t s);
 // The shared expert in the same two launches as the routed ones: the work list's matrix e (the routing's n_shared
-// slots after the routed ones, moe_route_rows / moe_group) takes these weights, of the routed experts' shape.
+// slots after the routed ones, moe_route_rows / moe_group; its tiles first in the list) takes these weights, of the
+// routed experts' shape.
 struct MoeRowsShared {
   int e = -1;
   const QMat* gate = nullptr;
@@ -207,13 +207,12 @@ struct MoeRowsShared {
 };
 bool moe_rows_shared_ok(const QMat& gate, const MoeRowsShared& sh);
 // gemm_grouped_swiglu's contract (offsets, tiles over them, max_tiles, x_row, scale, act) with x staged at width 2048.
-// async_stage: the slots' x into shared memory by cp.async (else by loads and stores).
 void moe_rows_swiglu(const QMat& gate, const QMat& up, const void* x, const int* x_row, const int* offsets,
                      const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s,
-                     bool async_stage = true, const MoeRowsShared* shared = nullptr);
+                     const MoeRowsShared* shared = nullptr);
 // gemm_grouped's contract (x_row null: slot a reads staged row a) over act staged at width 512.
 void moe_rows_down(const QMat& down, const void* act, const int* offsets, const int* tiles, int max_tiles, float* y,
-                   int ldy, cudaStream_t s, bool async_stage = true, const MoeRowsShared* shared = nullptr);
+                   int ldy, cudaStream_t s, const MoeRowsShared* shared = nullptr);
 
 // ---- the MoE block of a decode pass of a few one-token rows in one launch (kernels/moe_fused_rows.cu) ----
 // For every row r < n: h[r] += MoE(RMSNorm(h[r]) * norm_w), each row's bits those of moe_block's one-launch kernel

@@ -594,7 +594,8 @@ void gemm_grouped(const QMat& W, const GemmX& x, const int* x_row, const int* of
   detail::run(W.format, a, max_tiles, 1, s, false, max_per_mat);
 }
 
-void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s, int tile_tokens, bool last_first) {
+void gemm_grouped_tiles(const int* offsets, int n_mats, int* tiles, cudaStream_t s, int tile_tokens,
+                        bool last_first) {
   LILY_CHECK(n_mats >= 1 && n_mats <= 32767, "gemm_grouped_tiles: ", n_mats, " matrices (1..32767)");
   LILY_CHECK(tile_tokens == detail::kGemmTok || tile_tokens == kGemmWsTok, "gemm_grouped_tiles: tiles of ",
              tile_tokens, " slots (", detail::kGemmTok, " or ", kGemmWsTok, ")");

@@ -95,7 +95,6 @@ struct I8Args {
   int parts, K, n;
   const uint8_t* x;             // staged rows [n][row_bytes(K)]
   bool accumulate;
-  bool async_stage;             // x into shared memory by cp.async
   RouterPartialDev rs;          // rs.acc set (KS 8, one matrix of kHidden rows): the next MoE block's router sums of
                                 // the written rows, token t's at rs.acc + t * kRouterCopies * rs.n
 };
@@ -213,23 +212,15 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_i8_kernel(I8Args a) {
   };
   slices(u);
   dep_chain();
-  if (a.async_stage) {  // every piece in flight at once (the router slices' group is waited for as well)
-    for (int i = threadIdx.x; i < NTG * 8 * (rb / 16); i += kThreads) {  // tokens past n: zeros
-      const int tok = i / (rb / 16), q = i % (rb / 16);
-      uint8_t* dst = smem + tok * stride + q * 16;
-      if (tok0 + tok < a.n) mma::cp16(dst, a.x + static_cast<size_t>(tok0 + tok) * rb + q * 16);
-      else *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
-    }
-    mma::commit();
-    mma::wait<0>();
-  } else {
-    for (int i = threadIdx.x; i < NTG * 8 * (rb / 16); i += kThreads) {  // tokens past n: zeros
-      const int tok = i / (rb / 16), q = i % (rb / 16);
-      const uint4 v = tok0 + tok < a.n ? reinterpret_cast<const uint4*>(a.x + static_cast<size_t>(tok0 + tok) * rb)[q]
-                                       : make_uint4(0u, 0u, 0u, 0u);
-      *reinterpret_cast<uint4*>(smem + tok * stride + q * 16) = v;
-    }
+  // x by cp.async, every piece in flight at once (the router slices' group is waited for as well)
+  for (int i = threadIdx.x; i < NTG * 8 * (rb / 16); i += kThreads) {  // tokens past n: zeros
+    const int tok = i / (rb / 16), q = i % (rb / 16);
+    uint8_t* dst = smem + tok * stride + q * 16;
+    if (tok0 + tok < a.n) mma::cp16(dst, a.x + static_cast<size_t>(tok0 + tok) * rb + q * 16);
+    else *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
   }
+  mma::commit();
+  mma::wait<0>();
   __syncthreads();
   for (int base = first; base < n_tiles; base += gridDim.x * kTpb) {  // (every warp: the barriers)
     if (base != first) {
@@ -340,12 +331,11 @@ void i8x_prep(const float* x, int ldx, int n, int K, const float* norm_w, float 
 }
 
 void gemm_i8(const GemmBatch& b, const void* x, int n, bool accumulate, cudaStream_t s, int ks,
-             const RouterSums* router, bool async_stage) {
+             const RouterSums* router) {
   LILY_CHECK(b.n >= 1 && b.n <= kMaxGemmParts && n >= 1 && n <= kI8MaxTokens, "gemm_i8: ", b.n, " matrices, ", n,
              " tokens (1..", kI8MaxTokens, ")");
   detail::I8Args a{};
   a.parts = b.n, a.K = b.W[0].cols, a.n = n, a.x = static_cast<const uint8_t*>(x), a.accumulate = accumulate;
-  a.async_stage = async_stage;
   int tiles = 0;
   for (int i = 0; i < b.n; ++i) {
     const QMat& m = b.W[i];

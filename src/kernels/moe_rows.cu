@@ -4,7 +4,8 @@
 // products (kernels/gemv_stream.cuh); each used expert's rows are streamed once: a warp issues every load of its
 // rows before its first product, then takes the expert's slots one after another, their x staged in shared memory
 // a round of slots at a time. A slot's result is computed the same way whatever the other slots hold, so a
-// row's bits do not depend on the pass's other rows. Tested by tests/gpu/test_moe_rows.cu.
+// row's bits do not depend on the pass's other rows. The shared expert can be one more matrix of the work list
+// (MoeRowsShared: its blocks read its own weights). Tested by tests/gpu/test_moe_rows.cu.
 #include <algorithm>
 
 #include "kernels/batched.h"
@@ -40,21 +41,12 @@ __device__ __forceinline__ bool tile_work(const int* tiles, const int* offsets, 
   return w.s1 > w.s0;
 }
 
-// Copies n <= NMAX staged rows (slot s0 + j reads row x_row[s0 + j], or its own row when x_row is null) into dst;
-// ends with a barrier. async: the rows' indices through shared memory, then every piece by cp.async, so the copy
-// costs two L2 round trips instead of one per piece a thread copies.
+// Copies n <= NMAX staged rows (slot s0 + j reads row x_row[s0 + j], or its own row when x_row is null) into dst
+// by cp.async: the rows' indices through shared memory, then every piece in flight at once (two L2 round trips,
+// not one per piece a thread copies); ends with a barrier.
 template <int NMAX, typename Row>
-__device__ __forceinline__ void stage_slots(Row* dst, const Row* src, const int* x_row, int s0, int n, bool async) {
+__device__ __forceinline__ void stage_slots(Row* dst, const Row* src, const int* x_row, int s0, int n) {
   constexpr int W = sizeof(Row) / 16;
-  if (!async) {
-    for (int i = threadIdx.x; i < n * W; i += kThreads) {
-      const int j = i / W, q = i % W;
-      const int row = x_row ? x_row[s0 + j] : s0 + j;
-      reinterpret_cast<uint4*>(dst + j)[q] = reinterpret_cast<const uint4*>(src + row)[q];
-    }
-    __syncthreads();
-    return;
-  }
   __shared__ int rows[NMAX];
   if (x_row) {
     if (threadIdx.x < n) rows[threadIdx.x] = x_row[s0 + threadIdx.x];
@@ -78,7 +70,6 @@ struct UpArgs {
   const int* offsets; const int* tiles;
   const float* scale;                                // [slots] or null
   float* act; int ldact;
-  bool async_stage;
   // the shared expert: the work list's matrix e_shared (-1: none) is gate / up [rows][H] here
   int e_shared;
   const uint8_t* sgw; const uint32_t* sgsb; const uint8_t* suw; const uint32_t* susb;
@@ -115,7 +106,7 @@ __global__ void __launch_bounds__(kThreads) up_kernel(UpArgs a) {
   for (int s = wk.s0; s < wk.s1; s += kUpRound) {
     const int m = min(kUpRound, wk.s1 - s);
     if (s > wk.s0) __syncthreads();  // everyone is done with the last round's x
-    stage_slots<kUpRound>(xs, a.x, a.x_row, s, m, a.async_stage);
+    stage_slots<kUpRound>(xs, a.x, a.x_row, s, m);
     for (int j = 0; j < m; ++j) {
       float acc[2 * R];
       stream_dots<kH, 2 * R>(xs[j], wv, sv, acc);
@@ -137,7 +128,6 @@ struct DownArgs {
   const XF* x;                           // staged act rows, one per slot
   const int* offsets; const int* tiles;
   float* y; int ldy;
-  bool async_stage;
   int e_shared;                          // the work list's matrix that is the shared expert's down (-1: none)
   const uint8_t* sw; const uint32_t* ssb;
 };
@@ -169,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 3) down_kernel(DownArgs a) {
   for (int s = wk.s0; s < wk.s1; s += kDownRound) {
     const int m = min(kDownRound, wk.s1 - s);
     if (s > wk.s0) __syncthreads();
-    stage_slots<kDownRound>(xs, a.x, nullptr, s, m, a.async_stage);
+    stage_slots<kDownRound>(xs, a.x, nullptr, s, m);
     for (int j = 0; j < m; ++j) {
       const XF& x = xs[j];
       uint4 xq[4];
@@ -226,7 +216,7 @@ void stream_rows_prep(const float* x, int ldx, int n, int K, void* out, cudaStre
 
 void moe_rows_swiglu(const QMat& gate, const QMat& up, const void* x, const int* x_row, const int* offsets,
                      const int* tiles, int max_tiles, const float* scale, float* act, int ldact, cudaStream_t s,
-                     bool async_stage, const MoeRowsShared* shared) {
+                     const MoeRowsShared* shared) {
   LILY_CHECK(gate.format == QFormat::q4 && up.format == QFormat::q4 && gate.cols == kHidden && up.cols == kHidden &&
                  gate.rows == up.rows && gate.n_mats == up.n_mats,
              "moe_rows_swiglu: gate / up must be q4 [rows, 2048] stacks of one shape");
@@ -235,7 +225,7 @@ void moe_rows_swiglu(const QMat& gate, const QMat& up, const void* x, const int*
   if (max_tiles <= 0) return;
   using namespace detail;
   UpArgs a{gate.w, gate.sb, up.w, up.sb, gate.mat_w_bytes(), gate.mat_groups(), gate.rows,
-           static_cast<const XH*>(x), x_row, offsets, tiles, scale, act, ldact, async_stage, -1};
+           static_cast<const XH*>(x), x_row, offsets, tiles, scale, act, ldact, -1};
   if (shared) a.e_shared = shared->e, a.sgw = shared->gate->w, a.sgsb = shared->gate->sb, a.suw = shared->up->w,
               a.susb = shared->up->sb;
   const int per_block = kWarps * kUpPairs;
@@ -244,7 +234,7 @@ void moe_rows_swiglu(const QMat& gate, const QMat& up, const void* x, const int*
 }
 
 void moe_rows_down(const QMat& down, const void* act, const int* offsets, const int* tiles, int max_tiles, float* y,
-                   int ldy, cudaStream_t s, bool async_stage, const MoeRowsShared* shared) {
+                   int ldy, cudaStream_t s, const MoeRowsShared* shared) {
   LILY_CHECK(down.format == QFormat::q4 && down.cols == kMoeFfn, "moe_rows_down: down must be a q4 [rows, 512] stack");
   LILY_CHECK(!shared || (shared->down && shared->down->format == QFormat::q4 && shared->down->rows == down.rows &&
                          shared->down->cols == down.cols && shared->down->n_mats == 1),
@@ -252,7 +242,7 @@ void moe_rows_down(const QMat& down, const void* act, const int* offsets, const 
   if (max_tiles <= 0) return;
   using namespace detail;
   DownArgs a{down.w, down.sb, down.mat_w_bytes(), down.mat_groups(), down.rows, static_cast<const XF*>(act),
-             offsets, tiles, y, ldy, async_stage, -1};
+             offsets, tiles, y, ldy, -1};
   if (shared) a.e_shared = shared->e, a.sw = shared->down->w, a.ssb = shared->down->sb;
   const int per_block = kWarps * 2 * kDownPairs;
   const dim3 grid((down.rows + per_block - 1) / per_block, max_tiles);

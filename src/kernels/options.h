@@ -66,11 +66,10 @@ struct KernelOptions {
   // the GDN out_proj and attention o_proj for at most gemm_i8_out_rows (LILY_GEMM_I8_OUT_ROWS; both at most
   // kI8MaxTokens). Beyond 16 rows the int8 kernel's per-group arithmetic outweighs the tiles' on the large matrices.
   bool gemm_i8 = true;
-  // LILY_MOE_SHARED_FOLD=0: a decode pass that streams its routed experts runs the shared expert on a side stream
-  // (its own GEMMs) instead of as one more expert of the streamed launches (A/B).
-  bool moe_shared_fold = true;
-  // LILY_STAGE_ASYNC=0: the int8 GEMM and the streamed experts stage x by loads and stores instead of cp.async (A/B).
-  bool stage_async = true;
+  // LILY_MOE_FOLD_ROWS=n: a decode pass of at most n rows that streams its routed experts takes the shared expert
+  // as one more expert of those launches (kernels/moe_rows.cu, MoeRowsShared); larger ones run it on a side stream
+  // (beyond 16 rows its one tile of every row's slot becomes the launches' tail).
+  int moe_fold_rows = 16;
   int gemm_i8_in_rows = 16;
   int gemm_i8_out_rows = 64;
   // LILY_MOE_ROWS=0: a decode pass of at most kMoeRowsMaxTokens one-token rows keeps the grouped tensor-core GEMMs

@@ -32,8 +32,7 @@ cuda::KernelOptions parse_kernel_options(const std::function<const char*(const c
   o.moe_rows = flag("LILY_MOE_ROWS", o.moe_rows);
   o.moe_fused_rows = integer("LILY_MOE_FUSED_ROWS", o.moe_fused_rows);
   o.gemm_i8 = flag("LILY_GEMM_I8", o.gemm_i8);
-  o.stage_async = flag("LILY_STAGE_ASYNC", o.stage_async);
-  o.moe_shared_fold = flag("LILY_MOE_SHARED_FOLD", o.moe_shared_fold);
+  o.moe_fold_rows = integer("LILY_MOE_FOLD_ROWS", o.moe_fold_rows);
   o.gemm_i8_in_rows = integer("LILY_GEMM_I8_IN_ROWS", o.gemm_i8_in_rows);
   o.gemm_i8_out_rows = integer("LILY_GEMM_I8_OUT_ROWS", o.gemm_i8_out_rows);
   o.device_masks = flag("LILY_DEVICE_MASKS", o.device_masks);

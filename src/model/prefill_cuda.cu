@@ -404,7 +404,7 @@ bool CudaEngine::project_i8(std::initializer_list<PrefillOut> outs, const float*
     sums = gemm_i8_router_ok(gb, router);
   }
   pmark(family, flops + (sums ? n * flops_.router : 0.0));  // (the router's products, added here)
-  gemm_i8(gb, b.i8x, n, accumulate, stream_, 0, sums ? &router : nullptr, opts_.stage_async);
+  gemm_i8(gb, b.i8x, n, accumulate, stream_, 0, sums ? &router : nullptr);
   b.sums_added = sums;
   return true;
 }
@@ -557,10 +557,10 @@ void CudaEngine::prefill_moe(int layer, int n) {
     project({{&m.gate, b.logits, E + 1}, {&m.shared_expert_gate, b.logits + E, E + 1}}, xh.view(), n);
   }
   // a decode pass that streams its routed experts takes the shared expert in their launches where it has their
-  // shape (matrix E of the work list), else runs it on the side stream from here (the routed launches read the
-  // staged rows, not x; the shared GEMMs' are small, and hide under theirs)
+  // shape (matrix E of the work list) up to opts_.moe_fold_rows rows, else runs it on the side stream from here
+  // (the routed launches read the staged rows, not x; the shared GEMMs' are small and overlap theirs in part)
   const MoeRowsShared fold{E, &m.shared_gate, &m.shared_up, &m.shared_down};
-  const bool folded = b.moe_rows && opts_.moe_shared_fold && moe_rows_shared_ok(m.experts_gate, fold);
+  const bool folded = b.moe_rows && n <= opts_.moe_fold_rows && moe_rows_shared_ok(m.experts_gate, fold);
   const int n_sh = folded ? n : 0;
   const bool side = b.moe_rows && !folded && b.side && !prof_ && m.shared_gate.format == m.shared_up.format;
   if (side) {
@@ -596,7 +596,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   pmark("gemm_experts_gate_up", (n * k + n_sh) * flops_.expert_gate_up);
   if (b.moe_rows) {
     moe_rows_swiglu(m.experts_gate, m.experts_up, b.srows, b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act, F,
-                    stream_, opts_.stage_async, folded ? &fold : nullptr);
+                    stream_, folded ? &fold : nullptr);
   } else if (m.experts_gate.format == m.experts_up.format) {
     gemm_grouped_swiglu(m.experts_gate, m.experts_up, xe, b.x_row, b.offsets, b.tiles, max_tiles, b.w_slot, act, F,
                         stream_, n);
@@ -610,7 +610,7 @@ void CudaEngine::prefill_moe(int layer, int n) {
   if (b.moe_rows) {
     stream_rows_prep(act, F, n * k + n_sh, F, b.srows, stream_);
     pmark("gemm_experts_down", (n * k + n_sh) * flops_.expert_down);
-    moe_rows_down(m.experts_down, b.srows, b.offsets, b.tiles, max_tiles, b.yd, H, stream_, opts_.stage_async,
+    moe_rows_down(m.experts_down, b.srows, b.offsets, b.tiles, max_tiles, b.yd, H, stream_,
                   folded ? &fold : nullptr);
   } else {
     FamilyX xr = family_x(F, {&m.experts_down}, "experts_down");

@@ -127,8 +127,7 @@ std::vector<float> run_swiglu(const DevMat& gate, const DevMat& up, const DevBuf
   DevBuf<int> drow(g.x_row);
   DevBuf<float> dsc(scale), act(static_cast<size_t>(g.S) * (rows + 5));
   act.poison();
-  moe_rows_swiglu(gate.m, up.m, xs.p, drow.p, t.off.p, t.tiles.p, t.max_tiles, dsc.p, act.p, rows + 5, nullptr, true,
-                  sh);
+  moe_rows_swiglu(gate.m, up.m, xs.p, drow.p, t.off.p, t.tiles.p, t.max_tiles, dsc.p, act.p, rows + 5, nullptr, sh);
   CUDA_CHECK(cudaDeviceSynchronize());
   return act.download();
 }
@@ -188,7 +187,7 @@ std::vector<float> run_down(const DevMat& down, const DevBuf<uint8_t>& acts, con
   Tiles t(g, down.m.n_mats);
   DevBuf<float> y(static_cast<size_t>(g.S) * (rows + 3));
   y.poison();
-  moe_rows_down(down.m, acts.p, t.off.p, t.tiles.p, t.max_tiles, y.p, rows + 3, nullptr, true, sh);
+  moe_rows_down(down.m, acts.p, t.off.p, t.tiles.p, t.max_tiles, y.p, rows + 3, nullptr, sh);
   CUDA_CHECK(cudaDeviceSynchronize());
   return y.download();
 }
