@@ -66,10 +66,6 @@ struct KernelOptions {
   // the GDN out_proj and attention o_proj for at most gemm_i8_out_rows (LILY_GEMM_I8_OUT_ROWS; both at most
   // kI8MaxTokens). Beyond 16 rows the int8 kernel's per-group arithmetic outweighs the tiles' on the large matrices.
   bool gemm_i8 = true;
-  // LILY_MOE_FOLD_ROWS=n: a decode pass of at most n rows that streams its routed experts takes the shared expert
-  // as one more expert of those launches (kernels/moe_rows.cu, MoeRowsShared); larger ones run it on a side stream
-  // (beyond 16 rows its one tile of every row's slot becomes the launches' tail).
-  int moe_fold_rows = 16;
   int gemm_i8_in_rows = 16;
   int gemm_i8_out_rows = 64;
   // LILY_MOE_ROWS=0: a decode pass of at most kMoeRowsMaxTokens one-token rows keeps the grouped tensor-core GEMMs
@@ -80,6 +76,10 @@ struct KernelOptions {
   // one persistent launch with the decode step's per-row arithmetic (kernels/moe_fused_rows.cu) instead of 13
   // launches; 0 = never.
   int moe_fused_rows = 8;
+  // LILY_MOE_FOLD_ROWS=n: a decode pass of at most n rows that streams its routed experts takes the shared expert
+  // as one more expert of those launches (kernels/moe_rows.cu, MoeRowsShared); larger ones run it on a side stream
+  // (beyond 16 rows its one tile of every row's slot becomes the launches' tail).
+  int moe_fold_rows = 16;
   // LILY_BATCH_PASS_GRAPHS=0: a pass of one-token rows only launches its kernels one by one instead of replaying
   // the graph captured for its row count and attention splits (model/prefill_cuda.cu).
   bool batch_pass_graphs = true;

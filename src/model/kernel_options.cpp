@@ -31,8 +31,8 @@ cuda::KernelOptions parse_kernel_options(const std::function<const char*(const c
   o.gemm_rows = flag("LILY_GEMM_ROWS", o.gemm_rows);
   o.moe_rows = flag("LILY_MOE_ROWS", o.moe_rows);
   o.moe_fused_rows = integer("LILY_MOE_FUSED_ROWS", o.moe_fused_rows);
-  o.gemm_i8 = flag("LILY_GEMM_I8", o.gemm_i8);
   o.moe_fold_rows = integer("LILY_MOE_FOLD_ROWS", o.moe_fold_rows);
+  o.gemm_i8 = flag("LILY_GEMM_I8", o.gemm_i8);
   o.gemm_i8_in_rows = integer("LILY_GEMM_I8_IN_ROWS", o.gemm_i8_in_rows);
   o.gemm_i8_out_rows = integer("LILY_GEMM_I8_OUT_ROWS", o.gemm_i8_out_rows);
   o.device_masks = flag("LILY_DEVICE_MASKS", o.device_masks);
@@ -61,7 +61,8 @@ std::string describe(const cuda::KernelOptions& o) {
     << " prompt_attn_one_term=" << o.prompt_attn_one_term
     << " prompt_attn_wgmma=" << o.prompt_attn_wgmma
     << " batch_pass_graphs=" << o.batch_pass_graphs
-    << " gemm_rows=" << o.gemm_rows << " moe_rows=" << o.moe_rows << " moe_fused_rows=" << o.moe_fused_rows << " gemm_i8=" << o.gemm_i8
+    << " gemm_rows=" << o.gemm_rows << " moe_rows=" << o.moe_rows << " moe_fused_rows=" << o.moe_fused_rows
+    << " moe_fold_rows=" << o.moe_fold_rows << " gemm_i8=" << o.gemm_i8
     << " gemm_i8_in_rows=" << o.gemm_i8_in_rows << " gemm_i8_out_rows=" << o.gemm_i8_out_rows
     << " debug_sync=" << o.debug_sync << " trace=" << o.trace
     << " skip=" << (o.skip.empty() ? "-" : o.skip);
