@@ -106,25 +106,34 @@ __global__ void __launch_bounds__(256) x_prep_kernel(const float* x, int ldx, co
 // by logit (ties: lower id) and weighted exp(l - l_max) / sum over the chosen of exp(l' - l_max); the shared
 // expert's gate through a sigmoid.
 constexpr int kSelMaxK = 16;
+// The calling warp: row t's experts and weights into idx / w [t][top_k] (and into pair_e / pair_w when given), its
+// shared gate into sh_scale[t].
 template <int NE>
-__global__ void select_kernel(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w,
-                              float* sh_scale) {
-  dep_chain();
-  const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-  if (t >= n) return;
+__device__ __forceinline__ void select_row(const float* logits, int ld, int t, int E, int top_k, int* idx, float* w,
+                                           float* sh_scale, int* pair_e = nullptr, float* pair_w = nullptr) {
   const float* l = logits + static_cast<size_t>(t) * ld;
   int chosen[kSelMaxK];
   float p[kSelMaxK];
   warp_topk<NE>(l, E, top_k, chosen, p);
-  if (lane == 0) {
+  if ((threadIdx.x & 31) == 0) {
 #pragma unroll
     for (int j = 0; j < kSelMaxK; ++j) {
       if (j >= top_k) break;
-      idx[static_cast<size_t>(t) * top_k + j] = chosen[j];
-      w[static_cast<size_t>(t) * top_k + j] = p[j];
+      const size_t q = static_cast<size_t>(t) * top_k + j;
+      idx[q] = chosen[j];
+      w[q] = p[j];
+      if (pair_e) pair_e[q] = chosen[j], pair_w[q] = p[j];
     }
     sh_scale[t] = 1.f / (1.f + expf(-l[E]));
   }
+}
+template <int NE>
+__global__ void select_kernel(const float* logits, int ld, int n, int E, int top_k, int* idx, float* w,
+                              float* sh_scale) {
+  dep_chain();
+  const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (t >= n) return;
+  select_row<NE>(logits, ld, t, E, top_k, idx, w, sh_scale);
 }
 
 // One block: counts per expert, exclusive prefix, then each pair takes the next free slot of its expert. The
@@ -178,27 +187,13 @@ __global__ void __launch_bounds__(kRouteThreads) route_rows_kernel(const float* 
   __shared__ int pair_e[kMoeRouteMaxPairs];     // each pair's expert
   __shared__ float pair_w[kMoeRouteMaxPairs];   // and weight
   dep_chain();
-  const int tid = threadIdx.x, lane = tid & 31;
+  const int tid = threadIdx.x;
   cnt[tid] = 0;
   const int pairs = n * top_k, sh_tiles = (n_shared + tok - 1) / tok;  // the shared expert's tiles come first
   for (int t = tid; t < n_shared; t += kRouteThreads) x_row[pairs + t] = t, w_slot[pairs + t] = 1.f;
   for (int j = tid; j < sh_tiles; j += kRouteThreads) tiles[1 + j] = (E << 16) | j;
-  for (int t = tid / 32; t < n; t += kRouteThreads / 32) {
-    const float* l = logits + static_cast<size_t>(t) * ld;
-    int chosen[kSelMaxK];
-    float p[kSelMaxK];
-    warp_topk<NE>(l, E, top_k, chosen, p);
-    if (lane == 0) {
-#pragma unroll
-      for (int j = 0; j < kSelMaxK; ++j) {
-        if (j >= top_k) break;
-        const int q = t * top_k + j;
-        idx[q] = pair_e[q] = chosen[j];
-        w[q] = pair_w[q] = p[j];
-      }
-      sh_scale[t] = 1.f / (1.f + expf(-l[E]));
-    }
-  }
+  for (int t = tid / 32; t < n; t += kRouteThreads / 32)
+    select_row<NE>(logits, ld, t, E, top_k, idx, w, sh_scale, pair_e, pair_w);
   __syncthreads();
   for (int q = tid; q < pairs; q += kRouteThreads) atomicAdd(&cnt[pair_e[q]], 1);
   __syncthreads();
